@@ -1,0 +1,77 @@
+# sparq: the entry point. `make` builds build/sparq and build/libsparq.a;
+# `make run` runs the main job on the default model; `make test` runs every test.
+#
+# Every src/*.c goes into the library (except src/cli*.c and *.cc shims), every
+# tests/test_*.c becomes one test program linked against it, so adding a module
+# or a test never needs an edit here.
+
+CC      ?= cc
+ARCH    ?= -march=native
+OPT     ?= -O2
+SAN     ?=
+CFLAGS  ?=
+CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -Wall -Wextra -Wno-unused-parameter \
+           -Wshadow -Wstrict-prototypes -fopenmp -Iinclude -Isrc
+LDLIBS  += $(SAN) -lz -lm -fopenmp
+BUILD   ?= build
+
+LIB_SRC  := $(filter-out src/cli%.c,$(wildcard src/*.c))
+CLI_SRC  := $(wildcard src/cli*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:src/%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+# Optional C++ shim around Faiss (HNSW index); built only when Faiss is installed.
+FAISS_HDR := $(wildcard /usr/include/faiss/IndexHNSW.h)
+ifneq ($(FAISS_HDR),)
+  ifneq ($(wildcard src/index_hnsw_faiss.cc),)
+    CFLAGS   += -DSPARQ_HAVE_FAISS=1
+    LIB_OBJ  += $(BUILD)/obj/index_hnsw_faiss.o
+    LDLIBS   += -lfaiss -lopenblas -lstdc++
+  endif
+endif
+
+.PHONY: all run test test-asan fuzz setup clean bench
+all: $(BUILD)/sparq
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/sparq.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: src/%.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc -c $< -o $@
+
+$(BUILD)/libsparq.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libsparq.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libsparq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq.a $(LDLIBS)
+
+# Installs what the project needs from Debian (idempotent; skipped when present).
+setup:
+	@scripts/setup.sh
+
+run: setup all
+	./$(BUILD)/sparq run -p "Once upon a time" -n 64 --temp 0
+
+test: setup all $(TEST_BIN)
+	@scripts/run_tests.sh $(BUILD)
+
+# The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+test-asan:
+	SPARQ_TEST_QUICK=1 $(MAKE) BUILD=build-asan OPT=-O1 \
+	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+
+# A short libFuzzer run over the GGUF reader (clang + libclang-rt-14-dev).
+fuzz: setup
+	@scripts/fuzz.sh
+
+clean:
+	rm -rf build build-asan build-fuzz

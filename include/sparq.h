@@ -1,0 +1,161 @@
+/* sparq.h - public API of the sparq inference engine.
+ *
+ * sparq runs GGUF language models (llama-family) on the CPU and makes long-
+ * context decoding fast by reading only the part of the KV cache that
+ * matters (SparQ Attention; top-k attention over a key index).
+ *
+ * Usage (C or Python ctypes):
+ *   sparq_model *m;   sparq_model_load("model.gguf", &m, err, sizeof err);
+ *   sparq_context_params cp = sparq_context_default_params();
+ *   sparq_context *c; sparq_context_create(m, &cp, &c, err, sizeof err);
+ *   int n = sparq_tokenize(m, "Once upon a time", -1, 1, ids, 512);
+ *   sparq_eval(c, ids, n, logits_last);          // prefill
+ *   ... pick next id ..., sparq_eval(c, &id, 1, logits_last);   // decode
+ *   sparq_context_free(c); sparq_model_free(m);
+ *
+ * Conventions: functions returning int return 0 (or a count) on success and
+ * -1 on failure with a one-line message in err[err_size]. The library never
+ * prints to stdout and never exits. x_free(NULL) is a no-op. A model may be
+ * shared by several contexts; a context is used by one thread at a time
+ * (it spreads its own work over n_threads).
+ */
+#ifndef SPARQ_H
+#define SPARQ_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sparq_model   sparq_model;
+typedef struct sparq_context sparq_context;
+
+/* ---- attention policy parameters ------------------------------------- */
+
+/* Which positions a decode step reads. Fields left at 0 (or -1 for l) take
+ * the policy's defaults when the context is created (SPEC.md):
+ * SparQ r = d/4, k = 128, l = k/4. */
+typedef struct sparq_attn_params {
+    const char *policy;     /* "dense" (NULL = dense), "sparq", "oracle",
+                               "flexgen", "h2o", "streaming", ...          */
+    int r;                  /* SparQ: query components used for scoring   */
+    int k;                  /* positions kept per step (all policies)     */
+    int l;                  /* SparQ local window (-1 = k/4); H2O recent  */
+    int select_logits;      /* SparQ: select by summed logits, not probs  */
+    int no_realloc;         /* SparQ: alpha = 1 (no mean-value realloc)   */
+    int n_sink;             /* streaming: sink positions (0 = 16)         */
+} sparq_attn_params;
+
+sparq_attn_params sparq_attn_default_params(void);
+
+/* ---- model ----------------------------------------------------------- */
+
+/* Maps a GGUF file and validates it (architecture, tensors, tokenizer). */
+int  sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_size);
+void sparq_model_free(sparq_model *m);
+
+int     sparq_model_n_vocab(const sparq_model *m);
+int     sparq_model_n_layer(const sparq_model *m);
+int     sparq_model_n_head(const sparq_model *m);
+int     sparq_model_n_kv_head(const sparq_model *m);
+int     sparq_model_head_dim(const sparq_model *m);
+int64_t sparq_model_n_ctx_train(const sparq_model *m);
+const char *sparq_model_arch(const sparq_model *m);
+
+/* Tokenizes text (len < 0: NUL-terminated). add_special: BOS/EOS as the
+ * vocabulary asks. Returns the number of ids of the full encoding (which
+ * may exceed max_ids; only max_ids are written), or -1. */
+int sparq_tokenize(const sparq_model *m, const char *text, int len, int add_special,
+                   int32_t *ids, int max_ids);
+/* Bytes of one token as printed (no NUL); returns full length or -1. */
+int sparq_token_to_piece(const sparq_model *m, int32_t id, char *buf, int buf_size);
+int sparq_token_bos(const sparq_model *m);
+int sparq_token_eos(const sparq_model *m);
+int sparq_token_is_eog(const sparq_model *m, int32_t id);
+
+/* Chat prompts. tmpl: "llama3", "chatml", "mistral", "gemma", or NULL to
+ * detect it from the model's tokenizer.chat_template. Renders the messages
+ * (plus the opening of the assistant's reply if add_assistant) and
+ * tokenizes them with the template's special tokens. Returns the id count
+ * (may exceed max_ids), or -1 with a message (unknown template). */
+typedef struct sparq_chat_msg { const char *role, *content; } sparq_chat_msg;
+int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat_msg *msgs,
+                        int n_msgs, int add_assistant, int32_t *ids, int max_ids,
+                        char *err, size_t err_size);
+
+/* ---- context: KV cache + scratch for one sequence --------------------- */
+
+enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1 };
+
+typedef struct sparq_context_params {
+    int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained) */
+    int     n_threads;      /* 0 = all cores                                */
+    int     n_batch;        /* prefill tokens per batch (0 = 512)           */
+    int     kv_type;        /* SPARQ_KV_F16 (default) or SPARQ_KV_F32       */
+    sparq_attn_params attn; /* decode attention policy                      */
+    /* Optional progress callback for long prefills (tokens done, total). */
+    void  (*progress)(void *user, int64_t done, int64_t total);
+    void   *progress_user;
+    /* Optional: checked between batches; non-zero aborts the eval. */
+    volatile sig_atomic_t *abort_flag;
+} sparq_context_params;
+
+sparq_context_params sparq_context_default_params(void);
+
+int  sparq_context_create(sparq_model *m, const sparq_context_params *p,
+                          sparq_context **out, char *err, size_t err_size);
+void sparq_context_free(sparq_context *c);
+
+/* Appends n tokens at the current position and runs the model. n > 1 is a
+ * prefill (exact dense attention, batched); n == 1 is a decode step through
+ * the attention policy. logits: [n_vocab] for the last token, or NULL.
+ * Returns 0, or -1 (context full, bad token id, aborted). */
+int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits);
+/* The same, writing logits for every token: logits_all[n][n_vocab]. */
+int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
+
+int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
+int64_t sparq_context_n_ctx(const sparq_context *c);
+const char *sparq_context_error(const sparq_context *c); /* last error    */
+/* Timing only: appends n positions of random keys and values (about
+ * N(0,1), seeded) to every layer's cache without running the model, so a
+ * benchmark can decode at depth 1M without a 1M-token prefill. The model's
+ * outputs after this are meaningless. Returns 0 or -1 (context full). */
+int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed);
+
+/* Drops every cached token (the sequence starts again at position 0). */
+void sparq_context_reset(sparq_context *c);
+
+/* Attention transfer accounting, summed over all decode steps so far:
+ * elements the policy read/wrote and what dense attention would have. */
+typedef struct sparq_attn_stats {
+    int64_t elements;        /* read + written by the policy                */
+    int64_t dense_elements;  /* the same steps under dense attention        */
+    int64_t formula_elements;/* the policy's SPEC.md formula for those steps */
+    int64_t bytes;           /* elements x KV element size                  */
+    int64_t steps;           /* decode steps counted                        */
+} sparq_attn_stats;
+void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out);
+
+/* ---- sampling --------------------------------------------------------- */
+
+typedef struct sparq_sampler_params {
+    float    temp;          /* 0 = greedy (argmax, ties to lowest id)       */
+    int      top_k;         /* 0 = off                                      */
+    float    top_p;         /* 1 = off                                      */
+    uint64_t seed;
+} sparq_sampler_params;
+
+typedef struct sparq_sampler sparq_sampler;
+sparq_sampler_params sparq_sampler_default_params(void);
+sparq_sampler *sparq_sampler_create(const sparq_sampler_params *p, int n_vocab);
+void    sparq_sampler_free(sparq_sampler *s);
+int32_t sparq_sample(sparq_sampler *s, const float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

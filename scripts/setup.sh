@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages sparq needs beyond gcc/make. Idempotent: a
+# package already installed is left alone, so `make run` / `make test` call it
+# every time at no cost.
+#   zlib1g-dev          reading .gz evaluation data
+#   libclang-rt-14-dev  libFuzzer runtime for the GGUF fuzz harness (clang)
+#   gnuplot-nox         --plot output of bench/eval
+#   libfaiss-dev, libopenblas-dev   the optional HNSW index (Faiss)
+set -u
+pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev"
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "setup: installing$missing" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends $missing; } >&2; then
+  echo "setup: could not install$missing; the parts that need them (fuzzing, plots, HNSW) are skipped" >&2
+fi
+exit 0

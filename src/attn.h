@@ -1,0 +1,186 @@
+/* attn.h - the one narrow interface every attention policy implements.
+ *
+ * A policy decides which cached positions one decode step reads, for one
+ * layer and one KV head with its g query heads (GQA group). Prefill is always
+ * exact dense causal attention (model.c); only decode steps call `attend`.
+ *
+ * Adding a policy = one new file attn_NAME.c defining `const attn_policy
+ * attn_policy_NAME` plus one line in attn.c's registry.
+ *
+ * Threading: the model calls attend() concurrently for different
+ * (layer, kv_head) pairs, each call with its own scratch; a policy's
+ * per-sequence state must therefore be partitioned by (layer, kv_head).
+ */
+#ifndef SPARQ_ATTN_H
+#define SPARQ_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "sparq.h"
+
+enum { KV_F32 = 0, KV_F16 = 1 };   /* element type of K, V and K^T */
+
+/* What the KV cache holds for one (layer, kv_head), positions 0..S-1, the
+ * current token (position S-1) already appended. */
+typedef struct attn_kv_view {
+    int64_t     S;         /* positions, current one included             */
+    int         d;         /* head size                                   */
+    int         elem;      /* KV_F32 or KV_F16                            */
+    const void *K;         /* [S][d], row stride d elements               */
+    const void *V;         /* [S][d]                                      */
+    const void *KT;        /* [d][kt_stride]: K transposed, or NULL        */
+    int64_t     kt_stride; /* elements between rows of KT                 */
+    const float *v_sum;    /* [d] f32 sum of V over all S, or NULL        */
+} attn_kv_view;
+
+/* Elements a step touched; bytes = elements x element size of the cache. */
+typedef struct attn_counts {
+    int64_t read;
+    int64_t written;
+} attn_counts;
+
+/* Model shape a policy's state is sized for. */
+typedef struct attn_shape {
+    int     n_layer;
+    int     n_kv_head;
+    int     g;             /* query heads per KV head                     */
+    int     d;             /* head size                                   */
+    int64_t n_ctx;         /* cache capacity                              */
+} attn_shape;
+
+/* Per-call scratch owned by the caller: at least scratch_floats(...) f32
+ * values, 64-byte aligned, never shared between concurrent calls. */
+typedef struct attn_scratch {
+    float  *f;
+    size_t  n_f;
+    int32_t *i;            /* int32 scratch of the same count             */
+} attn_scratch;
+
+/* What one decode step selected, for tests and the public kernel API.
+ * Every pointer may be NULL (that item is then not reported). */
+typedef struct attn_trace {
+    int32_t *sel;          /* [S] room: positions read, unordered           */
+    int64_t  n_sel;        /* out: entries written to sel                   */
+    int32_t *i1;           /* [d] room: SparQ's query components            */
+    int      n_i1;         /* out: entries written to i1 (r; 0 elsewhere)   */
+    float   *alpha;        /* [g]: SparQ alpha, FlexGen's kept softmax mass, */
+                           /*      1 for policies that renormalise          */
+} attn_trace;
+
+/* Bits of attn_policy.needs: what the KV cache must maintain. */
+enum {
+    ATTN_NEEDS_KT      = 1u << 0,  /* position-contiguous K^T copy        */
+    ATTN_NEEDS_VSUM    = 1u << 1,  /* running f32 sum of V                */
+    ATTN_NEEDS_COLSUM  = 1u << 2,  /* prefill reports attention col sums  */
+};
+
+typedef struct attn_policy {
+    const char *name;
+    unsigned    needs;
+    /* Fills defaults (p fields left 0/-1) for head size d and validates;
+     * returns 0 or -1 with a one-line message. */
+    int  (*resolve)(sparq_attn_params *p, int d, char *err, size_t err_size);
+    /* Per-sequence state (NULL allowed for stateless policies). */
+    int  (*state_create)(const sparq_attn_params *p, const attn_shape *shape, void **state);
+    void (*state_free)(void *state);
+    /* Optional: after each prefill batch, per (layer, kv_head): the cache
+     * view and (if ATTN_NEEDS_COLSUM) colsum[S], the sum over the batch's
+     * queries of the group's attention weights for each key position. */
+    void (*observe_prefill)(void *state, const sparq_attn_params *p, int layer,
+                            int kv_head, const attn_kv_view *kv, const float *colsum);
+    /* f32 and int32 scratch values attend() needs for S positions. */
+    size_t (*scratch_floats)(const sparq_attn_params *p, int64_t S, int d, int g);
+    /* One decode step: q[g][d] (RoPE applied, unscaled) -> out[g][d]. */
+    void (*attend)(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                   const attn_kv_view *kv, const float *q, int g, float *out,
+                   attn_scratch *scratch, attn_counts *counts);
+    /* SPEC.md's transfer formula (elements) for one step of one KV head. */
+    int64_t (*transfer_formula)(const sparq_attn_params *p, int64_t S, int d, int g);
+    /* Optional: attend() that also reports what the step selected (tests,
+     * sparq_attn_run). trace may be NULL; attend(...) == attend_traced(..., NULL). */
+    void (*attend_traced)(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                          const attn_kv_view *kv, const float *q, int g, float *out,
+                          attn_scratch *scratch, attn_counts *counts, struct attn_trace *trace);
+} attn_policy;
+
+/* Registry lookup by name; NULL if unknown. */
+const attn_policy *attn_policy_find(const char *name);
+/* Comma-separated list of registered names, for help and errors. */
+const char *attn_policy_names(void);
+
+/* Dense decode attention over one KV head for its g queries, reading each
+ * key/value row once for the whole group. Shared by policies that fall back
+ * to dense. scratch: at least g*S floats. */
+void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out, float *scratch);
+
+/* Gathered attention over positions sel[0..n_sel) (any order):
+ * out[h] = softmax(q_h . K[sel] / sqrt(d)) V[sel]; scratch >= g*n_sel. */
+void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
+                       const int32_t *sel, int64_t n_sel, float *out, float *scratch);
+
+/* O(S) selection of the k largest values of x[0..n) (k <= n): writes their
+ * indices to idx[0..k) in no particular order. Ties broken toward the lower
+ * index. work: n int32 values. */
+void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work);
+
+/* ---- kernel building blocks (attn.c) ----------------------------------
+ * rows: positions to read, or NULL for 0..n-1. Every kernel has a plain-C
+ * `_ref` twin and, when the build targets AVX-512, an `_avx512` twin with
+ * the same signature; the un-suffixed name is the fastest one compiled in.
+ * Elements read: attn_scores and attn_weighted_sum n*d each,
+ * attn_kt_logits n*r. */
+
+/* s[h*n + i] = (q_h . K[row_i]) / sqrt(d), for h < g, i < n. */
+void attn_scores(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                 int64_t n, float *s);
+/* In place, per head h < g: s[h*n .. h*n+n) = softmax(s[h*n .. h*n+n)). */
+void attn_softmax(float *s, int g, int64_t n);
+/* out[h*d + j] = sum_i w[h*n + i] * V[row_i][j]. */
+void attn_weighted_sum(const attn_kv_view *kv, const float *w, int g, const int32_t *rows,
+                       int64_t n, float *out);
+/* SparQ step 2 from K^T rows: s[h*n + i] = sum_{c<r} qs[h*r + c] * KT[comp[c]][i]
+ * for i < n (needs kv->KT). */
+void attn_kt_logits(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
+                    int g, int64_t n, float *s);
+
+void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                     int64_t n, float *s);
+void attn_softmax_ref(float *s, int g, int64_t n);
+void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const int32_t *rows,
+                           int64_t n, float *out);
+void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
+                        int g, int64_t n, float *s);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define ATTN_HAVE_AVX512 1
+void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                        int64_t n, float *s);
+void attn_softmax_avx512(float *s, int g, int64_t n);
+void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
+                              const int32_t *rows, int64_t n, float *out);
+void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp,
+                           int r, int g, int64_t n, float *s);
+#endif
+
+/* Exact scores for all S positions, keep the k (<= S used) positions with
+ * the largest group-summed softmax weights; renorm != 0 renormalises each
+ * head's softmax over them (oracle), renorm == 0 keeps the weights as they
+ * are (FlexGen). Reads S*d of K and min(k,S)*d of V. Scratch: at least
+ * attn_exact_topk_scratch(S, k, g) floats and int32s. trace may be NULL. */
+size_t attn_exact_topk_scratch(int64_t S, int64_t k, int g);
+void attn_exact_topk_group(const attn_kv_view *kv, const float *q, int g, int64_t k, int renorm,
+                           float *out, attn_scratch *scratch, attn_trace *trace);
+
+/* out[i] = sum_{h<g} x[h*n + i]: a group's per-head rows summed. */
+void attn_sum_heads(const float *x, int g, int64_t n, float *out);
+
+/* IEEE half -> float, plain C (the reference kernels' conversion). */
+float attn_f16_to_f32(uint16_t h);
+
+/* Scratch layout helper: n rounded up to 16 floats (64 bytes). */
+static inline size_t attn_pad16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* The policies the registry knows (one file each). */
+extern const attn_policy attn_policy_dense, attn_policy_sparq, attn_policy_oracle,
+    attn_policy_flexgen, attn_policy_h2o, attn_policy_streaming;
+
+#endif

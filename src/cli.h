@@ -1,0 +1,87 @@
+/* cli.h - the command-line front end: option tables and subcommands.
+ *
+ * The CLI is only a client of the library (include/sparq.h and the module
+ * headers). One table per option group drives both parsing and --help;
+ * a subcommand combines the groups it needs.
+ */
+#ifndef SPARQ_CLI_H
+#define SPARQ_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "sparq.h"
+
+typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_FLOAT, OPT_FLAG } cli_opt_kind;
+
+typedef struct cli_opt {
+    const char  *name;      /* "-m" or "--model"                          */
+    const char  *alias;     /* second spelling or NULL                    */
+    cli_opt_kind kind;
+    size_t       offset;    /* into the group's struct                    */
+    const char  *metavar;   /* "FILE"; NULL for flags                     */
+    const char  *help;
+} cli_opt;
+
+typedef struct cli_group {
+    const char    *title;   /* section in --help                          */
+    const cli_opt *opts;    /* terminated by a zero entry                 */
+    void          *base;    /* struct the offsets point into              */
+} cli_group;
+
+/* Parses argv[0..argc) into the groups. Positional arguments are collected
+ * into pos[0..*n_pos) (at most max_pos). "-h"/"--help" sets *help.
+ * Returns 0, or -1 with a one-line message. */
+int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
+              char **pos, int max_pos, int *n_pos, int *help, char *err, size_t err_size);
+void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_groups);
+
+/* Options shared by every subcommand that loads a model. */
+typedef struct cli_model_opts {
+    const char *model;      /* -m; default: stories260K.gguf on the path  */
+    int64_t     n_ctx;      /* -c                                         */
+    int         n_threads;  /* -t                                         */
+    int         n_batch;    /* -b                                         */
+    const char *kv_type;    /* --kv-type f16|f32                          */
+    int         json;       /* --json                                     */
+} cli_model_opts;
+extern const cli_opt cli_model_table[];
+
+/* Attention policy options (run, bench, eval). */
+typedef struct cli_attn_opts {
+    const char *attn;       /* --attn                                     */
+    int r, k, l;            /* --sparq-r --sparq-k --sparq-l              */
+    int attn_k;             /* --attn-k (baselines' budget)               */
+    const char *select;     /* --sparq-select probs|logits                */
+    int no_realloc;         /* --sparq-no-realloc                         */
+    const char *ratio;      /* --sparq-ratio 1/8                          */
+    int n_sink;             /* --n-sink                                   */
+} cli_attn_opts;
+extern const cli_opt cli_attn_table[];
+void cli_attn_opts_init(cli_attn_opts *o);
+
+/* Turns the options into library parameters; S is the context length the
+ * ratio is aimed at and d the head size. Returns 0 or -1 with message. */
+int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params *out,
+                    char *err, size_t err_size);
+
+/* Resolves -m (or the default model) through the search path and loads
+ * it; on failure prints the error (with download advice) and returns NULL. */
+sparq_model *cli_load_model(const cli_model_opts *o, char *path_out, size_t path_size);
+
+/* KV type from its name; -1 if unknown. */
+int cli_kv_type(const char *name);
+
+/* Peak resident set size of this process in bytes. */
+int64_t cli_peak_rss(void);
+double  cli_now(void);      /* monotonic seconds */
+
+/* Writes s as a JSON string literal (quotes and escapes). */
+void cli_json_str(FILE *f, const char *s, size_t n);
+
+/* Subcommands: argc/argv start after the subcommand name. */
+int cli_run(int argc, char **argv);
+int cli_gen_model(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+
+#endif

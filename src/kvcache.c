@@ -1,0 +1,141 @@
+/* kvcache.c - the per-sequence key/value cache (see kvcache.h). */
+#include "kvcache.h"
+#include "quant.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static void *reserve(size_t bytes)
+{
+    if (bytes == 0) return NULL;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void release(void *p, size_t bytes)
+{
+    if (p) munmap(p, bytes);
+}
+
+int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
+              int with_kt, int with_vsum, char *err, size_t err_size)
+{
+    memset(c, 0, sizeof *c);
+    if (n_layer <= 0 || n_kv_head <= 0 || d <= 0 || cap <= 0 || (elem != KV_F32 && elem != KV_F16)) {
+        snprintf(err, err_size, "kv cache: bad shape (layers %d, heads %d, d %d, ctx %lld)",
+                 n_layer, n_kv_head, d, (long long)cap);
+        return -1;
+    }
+    c->n_layer = n_layer;
+    c->n_kv_head = n_kv_head;
+    c->d = d;
+    c->cap = cap;
+    c->elem = elem;
+    c->elem_size = elem == KV_F16 ? 2 : 4;
+    /* Overflow-safe: layers*heads*d is small, cap is bounded below. */
+    uint64_t per_pos = (uint64_t)n_layer * (uint64_t)n_kv_head * (uint64_t)d * c->elem_size;
+    if ((uint64_t)cap > (UINT64_C(1) << 46) / per_pos) {
+        snprintf(err, err_size, "kv cache: context %lld is too large (%llu bytes per position)",
+                 (long long)cap, (unsigned long long)per_pos);
+        return -1;
+    }
+    c->kv_bytes = (size_t)(per_pos * (uint64_t)cap);
+    c->k = reserve(c->kv_bytes);
+    c->v = reserve(c->kv_bytes);
+    if (with_kt) {
+        c->kt_bytes = c->kv_bytes;
+        c->kt = reserve(c->kt_bytes);
+    }
+    if (with_vsum) c->v_sum = calloc((size_t)n_layer * n_kv_head * d, sizeof(float));
+    if (!c->k || !c->v || (with_kt && !c->kt) || (with_vsum && !c->v_sum)) {
+        snprintf(err, err_size, "kv cache: cannot reserve %.1f GiB for context %lld: %s",
+                 (double)c->kv_bytes * (with_kt ? 3 : 2) / (1 << 30), (long long)cap, strerror(errno));
+        kv_free(c);
+        return -1;
+    }
+    return 0;
+}
+
+void kv_free(kv_cache *c)
+{
+    if (!c) return;
+    release(c->k, c->kv_bytes);
+    release(c->v, c->kv_bytes);
+    release(c->kt, c->kt_bytes);
+    free(c->v_sum);
+    memset(c, 0, sizeof *c);
+}
+
+static size_t head_offset(const kv_cache *c, int layer, int head)
+{
+    return ((size_t)layer * c->n_kv_head + head) * (size_t)c->cap * c->d * c->elem_size;
+}
+
+const void *kv_k(const kv_cache *c, int layer, int head) { return c->k + head_offset(c, layer, head); }
+const void *kv_v(const kv_cache *c, int layer, int head) { return c->v + head_offset(c, layer, head); }
+
+static void store_row(const kv_cache *c, uint8_t *dst, const float *src)
+{
+    if (c->elem == KV_F16) fp32_to_fp16_row(src, (uint16_t *)dst, c->d);
+    else memcpy(dst, src, (size_t)c->d * sizeof(float));
+}
+
+void kv_write(kv_cache *c, int layer, int64_t pos, const float *k, const float *v)
+{
+    const int d = c->d;
+    for (int h = 0; h < c->n_kv_head; h++) {
+        size_t base = head_offset(c, layer, h);
+        size_t row = base + (size_t)pos * d * c->elem_size;
+        store_row(c, c->k + row, k + (size_t)h * d);
+        store_row(c, c->v + row, v + (size_t)h * d);
+        if (c->kt) { /* column `pos` of the d rows of K^T: O(d) scattered stores */
+            uint8_t *kt = c->kt + base;
+            for (int j = 0; j < d; j++) {
+                size_t at = ((size_t)j * c->cap + (size_t)pos) * c->elem_size;
+                if (c->elem == KV_F16) {
+                    uint16_t hv;
+                    memcpy(&hv, c->k + row + (size_t)j * 2, 2);
+                    memcpy(kt + at, &hv, 2);
+                } else {
+                    memcpy(kt + at, k + (size_t)h * d + j, 4);
+                }
+            }
+        }
+        if (c->v_sum) { /* sum what is stored, so the mean matches the cache */
+            float *sum = c->v_sum + ((size_t)layer * c->n_kv_head + h) * d;
+            const uint8_t *vr = c->v + row;
+            for (int j = 0; j < d; j++) {
+                if (c->elem == KV_F16) {
+                    uint16_t hv;
+                    memcpy(&hv, vr + (size_t)j * 2, 2);
+                    sum[j] += fp16_to_fp32(hv);
+                } else {
+                    sum[j] += v[(size_t)h * d + j];
+                }
+            }
+        }
+    }
+}
+
+void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *out)
+{
+    size_t base = head_offset(c, layer, head);
+    out->S = S;
+    out->d = c->d;
+    out->elem = c->elem;
+    out->K = c->k + base;
+    out->V = c->v + base;
+    out->KT = c->kt ? c->kt + base : NULL;
+    out->kt_stride = c->cap;
+    out->v_sum = c->v_sum ? c->v_sum + ((size_t)layer * c->n_kv_head + head) * c->d : NULL;
+}
+
+void kv_reset(kv_cache *c)
+{
+    c->n = 0;
+    if (c->v_sum) memset(c->v_sum, 0, (size_t)c->n_layer * c->n_kv_head * c->d * sizeof(float));
+}

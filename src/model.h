@@ -1,0 +1,104 @@
+/* model.h - llama-family transformer: architecture table, weights, forward.
+ *
+ * The model (sparq_model) holds the mapped GGUF, hyper-parameters and
+ * borrowed weight views; it is shareable and read-only after loading. The
+ * context (sparq_context) holds one sequence's KV cache, scratch buffers and
+ * attention-policy state.
+ */
+#ifndef SPARQ_MODEL_H
+#define SPARQ_MODEL_H
+
+#include <stdint.h>
+#include "attn.h"
+#include "gguf.h"
+#include "kvcache.h"
+#include "sparq.h"
+#include "tokenizer.h"
+
+enum { ROPE_NORM = 0, ROPE_NEOX = 2 };
+
+/* What distinguishes one architecture from another: one row per arch. */
+typedef struct arch_desc {
+    const char *name;        /* general.architecture                      */
+    int rope_type;           /* ROPE_NORM: pairs (2i,2i+1); NEOX: (i,i+n/2) */
+    int has_qkv_bias;        /* qwen2: attn_{q,k,v}.bias                   */
+    int has_qk_norm;         /* qwen3: per-head RMSNorm on q and k         */
+} arch_desc;
+
+/* A weight matrix W [n_out][n_in] (GGUF ne = {n_in, n_out}), borrowed. */
+typedef struct weight {
+    const void *data;
+    uint32_t    type;
+    int64_t     n_in, n_out;
+    size_t      row_bytes;
+    char        name[64];    /* for messages                              */
+} weight;
+
+typedef struct layer_weights {
+    const float *attn_norm;  /* [n_embd]                                  */
+    weight wq, wk, wv, wo;   /* [n_head*hd][n_embd] ... [n_embd][n_head*hd] */
+    const float *bq, *bk, *bv;       /* biases or NULL                    */
+    const float *q_norm, *k_norm;    /* [hd] or NULL                      */
+    const float *ffn_norm;   /* [n_embd]                                  */
+    weight w_gate, w_up, w_down;     /* [n_ff][n_embd], [n_embd][n_ff]    */
+} layer_weights;
+
+typedef struct model_hparams {
+    int     n_vocab, n_embd, n_layer, n_head, n_kv_head, head_dim, n_ff;
+    int64_t n_ctx_train;
+    float   rms_eps;
+    float   rope_base;
+    float   rope_freq_scale;     /* linear scaling: position multiplier     */
+    int     rope_dim;            /* rotated dims per head                   */
+} model_hparams;
+
+struct sparq_model {
+    gguf_file       *file;
+    const arch_desc *arch;
+    model_hparams    hp;
+    tokenizer       *tok;
+    weight           tok_embd;   /* [n_vocab][n_embd]                       */
+    const float     *output_norm;
+    weight           output;     /* tied to tok_embd when absent            */
+    const float     *rope_freqs; /* [rope_dim/2] llama3 frequency factors or NULL */
+    layer_weights   *layers;     /* [n_layer]                               */
+};
+
+/* Per-sequence scratch, allocated once at context creation. */
+typedef struct run_state {
+    int     n_batch;
+    float  *x, *xn;             /* [n_batch][n_embd]                       */
+    float  *q;                  /* [n_batch][n_head*hd]                    */
+    float  *k, *v;              /* [n_batch][n_kv_head*hd]                 */
+    float  *att;                /* [n_batch][n_head*hd]                    */
+    float  *gate, *up;          /* [n_batch][n_ff]                         */
+    float  *rope_cs;            /* [n_batch][rope_dim] cos,sin pairs       */
+    void   *xq;                 /* activations in a weight's vec_dot type  */
+    size_t  xq_row_bytes;       /* stride of xq rows                       */
+    float  *logits;             /* [n_batch][n_vocab]                      */
+    float  *attn_scratch;       /* [n_threads][scratch_floats]             */
+    int32_t *attn_iscratch;     /* [n_threads][scratch_floats]             */
+    size_t  scratch_floats;     /* per thread                              */
+    float  *colsum;             /* [n_kv_head][n_ctx] for H2O, or NULL     */
+} run_state;
+
+struct sparq_context {
+    sparq_model        *model;
+    sparq_context_params params;
+    const attn_policy  *policy;
+    void               *policy_state;
+    kv_cache            kv;
+    run_state           rs;
+    int                 n_threads;
+    sparq_attn_stats    stats;
+    char                error[256];
+};
+
+/* Looks up an architecture by name; NULL if unknown. */
+const arch_desc *arch_find(const char *name);
+
+/* The weight-times-activations product out[n][n_out] = in[n][n_in] W^T,
+ * with activations converted to W's vec_dot type (ggml numerics). */
+void model_matmul(sparq_context *c, float *out, const float *in, int n, const weight *w);
+
+#endif

@@ -1,0 +1,121 @@
+/* quant.h - tensor element types, (de)quantisation and dot-product kernels.
+ *
+ * Type ids are ggml's (GGUF stores them), so a file's type field indexes the
+ * table directly. Block layouts are bit-compatible with ggml's:
+ *   Q8_0  { f16 d; int8 qs[32]; }                          34 B / 32
+ *   Q4_0  { f16 d; uint8 qs[16]; }                         18 B / 32
+ *   Q4_1  { f16 d, m; uint8 qs[16]; }                      20 B / 32
+ *   Q5_0  { f16 d; uint8 qh[4]; uint8 qs[16]; }            22 B / 32
+ *   Q5_1  { f16 d, m; uint8 qh[4]; uint8 qs[16]; }         24 B / 32
+ *   Q8_1  { f16 d, s; int8 qs[32]; }                       36 B / 32
+ *   Q2_K .. Q6_K, Q8_K: super-blocks of 256 (see quant_impl.h)
+ *
+ * Matrix-vector products follow ggml's numerics: the activation row is first
+ * converted to the weight type's `vec_dot_type` (Q8_0 for Q4_0/Q5_0/Q8_0,
+ * Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16, BF16 for BF16, F32
+ * for F32) and the dot product is then taken block by block. Reproducing that
+ * is what makes our logits match llama.cpp's to ~1e-5 instead of ~0.3.
+ *
+ * Exactness: activation quantisation and every dot product reproduce
+ * llama.cpp's x86 (AVX2/AVX-512) decode path bit for bit - including its
+ * float accumulation order, and for Q4_0/Q4_K/Q2_K the order of its
+ * repacked ("CPU_REPACK") kernels; see quant_impl.h. Checked against
+ * llama.cpp's own ggml for every type here, random data, many lengths.
+ *
+ * Kernel twins: every `quant_*` function below has a plain-C `_ref` twin with
+ * the same signature; the un-suffixed one is the fastest version compiled in
+ * (AVX-512 / AVX2 when the build targets them). The twins are bit-identical
+ * (tests/test_quant.c compares them with zero tolerance).
+ *
+ * All functions are thread-safe (no state); n must be a whole number of
+ * blocks of a type with kernels (asserted).
+ */
+#ifndef SPARQ_QUANT_H
+#define SPARQ_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7,
+    QT_Q8_0 = 8, QT_Q8_1 = 9, QT_Q2_K = 10, QT_Q3_K = 11, QT_Q4_K = 12,
+    QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15, QT_IQ2_XXS = 16, QT_IQ2_XS = 17,
+    QT_IQ3_XXS = 18, QT_IQ1_S = 19, QT_IQ4_NL = 20, QT_IQ3_S = 21, QT_IQ2_S = 22,
+    QT_IQ4_XS = 23, QT_I8 = 24, QT_I16 = 25, QT_I32 = 26, QT_I64 = 27,
+    QT_F64 = 28, QT_IQ1_M = 29, QT_BF16 = 30, QT_TQ1_0 = 34, QT_TQ2_0 = 35,
+    QT_MXFP4 = 39,
+    QT_COUNT = 40
+};
+
+typedef struct quant_traits {
+    const char *name;      /* "Q8_0"; NULL for ids ggml never assigned      */
+    int64_t block_size;    /* elements per block                            */
+    size_t  block_bytes;   /* bytes per block                               */
+    int     vec_dot_type;  /* activation type for dot products; -1: none    */
+    int     has_kernels;   /* 1 if dequantize + dot product are implemented */
+} quant_traits;
+
+/* Traits of `type`, or NULL if the id is unknown (or was never assigned). */
+const quant_traits *quant_traits_of(uint32_t type);
+
+/* Bytes of a row of n elements; returns -1 if n is not a whole number of
+ * blocks or the type is unknown, 0 on success. */
+int quant_row_bytes(uint32_t type, int64_t n, size_t *out);
+
+/* IEEE half / bfloat16 <-> float (round to nearest even, like ggml). */
+float    fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);
+float    bf16_to_fp32(uint16_t h);
+uint16_t fp32_to_bf16(float f);
+void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n);
+void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n);
+void fp16_to_fp32_row_ref(const uint16_t *src, float *dst, int64_t n);
+void fp32_to_fp16_row_ref(const float *src, uint16_t *dst, int64_t n);
+
+/* Dequantise n elements (n a multiple of the block size) of a row. */
+void quant_to_float(uint32_t type, const void *src, float *dst, int64_t n);
+void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* Quantise n floats into `type` (any vec_dot type: F32, F16, BF16, Q8_0,
+ * Q8_1, Q8_K; and Q4_0, Q8_0, Q4_K, Q6_K for writing synthetic models).
+ * Returns 0, or -1 if this type cannot be written (or n is not a whole
+ * number of blocks).
+ *   Q8_0/Q8_1/Q8_K: ggml's activation quantisers on x86 (Q8_0: 127/amax,
+ *     round half to even; llama-quantize's Q8_0 differs on rare ties).
+ *   Q4_0: byte-identical to llama-quantize (no imatrix).
+ *   Q4_K, Q6_K: our least-squares group fits; same error as llama-quantize
+ *     on Gaussian weights (not the same bytes). */
+int quant_from_float(uint32_t type, const float *src, void *dst, int64_t n);
+int quant_from_float_ref(uint32_t type, const float *src, void *dst, int64_t n);
+
+/* Dot product of one weight row `w` (type) with one activation row `x`
+ * already converted to traits(type)->vec_dot_type, n elements. */
+float quant_dot(uint32_t type, const void *w, const void *x, int64_t n);
+float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n);
+
+/* The same for nr weight rows (row stride w_stride bytes) against one x:
+ * out[i] = dot(w + i*w_stride, x). The SIMD versions interleave rows so
+ * several rows share each load of x; this is the decode hot loop. */
+void quant_dot_rows(uint32_t type, const void *w, size_t w_stride, int nr,
+                    const void *x, int64_t n, float *out);
+void quant_dot_rows_ref(uint32_t type, const void *w, size_t w_stride, int nr,
+                        const void *x, int64_t n, float *out);
+
+/* Plain f32/f16 helpers the attention kernels share. dot_f32 is
+ * quant_dot(QT_F32) (ggml's summation order); dot_f16_f32 uses the same
+ * order with the f16 operand widened exactly. The SIMD and _ref versions
+ * of all of these are bit-identical. */
+float dot_f32(const float *a, const float *b, int64_t n);
+float dot_f16_f32(const uint16_t *a, const float *b, int64_t n);
+float dot_f32_ref(const float *a, const float *b, int64_t n);
+float dot_f16_f32_ref(const uint16_t *a, const float *b, int64_t n);
+/* y += a * x  for x in f32 / f16, one fma per element */
+void axpy_f32(float *y, float a, const float *x, int64_t n);
+void axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+void axpy_f32_ref(float *y, float a, const float *x, int64_t n);
+void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n);
+
+/* "avx512", "avx2" or "ref": the kernel set the un-suffixed functions use. */
+const char *quant_simd_name(void);
+
+#endif

@@ -1,0 +1,1178 @@
+/* test_attn.c - attention policies and kernels against independent references.
+ *
+ *  1. half floats: attn_f16_to_f32 against the CPU's F16C conversion, all 65536.
+ *  2. top-k: attn_topk_indices against a full sort (ties, NaN, long inputs).
+ *  3. kernel twins: every attn_*_ref against its AVX-512 twin, odd sizes.
+ *  4. policies vs naive double-precision loops written here (random inputs,
+ *     S in {1,2,7,100,1000,4097}, d in {8,64,128}, g in {1,4}, f32 and f16).
+ *  5. H2O over several decode steps with prefill scores, against a naive
+ *     simulation of the eviction.
+ *  6. golden vectors ../shared/golden/sparq/cases/{sparq,dense,exact_topk}.
+ *  7. identities: SparQ k >= S == dense, oracle k >= S == dense, SparQ with
+ *     r = d, l = 0, no realloc selects what the oracle selects.
+ *  8. transfer counts: counted elements == the SPEC formula.
+ *  9. invalid parameters are rejected with a message.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#include "attn.h"
+#include "paths.h"
+#include "sparq_attn.h"
+#include "test.h"
+
+/* ---- small helpers -------------------------------------------------------- */
+
+typedef struct rng { uint64_t s; } rng;
+
+static uint64_t rng_next(rng *r)
+{ /* splitmix64 */
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unif(rng *r) { return ((rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+static float rng_normal(rng *r)
+{
+    double u = rng_unif(r), v = rng_unif(r);
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Heavy-tailed queries, as real ones are (SparQ's premise): normal with a
+ * few channels scaled up. */
+static void fill_query(rng *r, float *q, int g, int d)
+{
+    int hot[4];
+    for (int t = 0; t < 4; t++) hot[t] = (int)(rng_next(r) % (uint64_t)d);
+    for (int h = 0; h < g; h++)
+        for (int j = 0; j < d; j++) {
+            float x = rng_normal(r);
+            for (int t = 0; t < 4; t++)
+                if (j == hot[t]) x *= 4.0f;
+            q[h * d + j] = x;
+        }
+}
+
+#ifdef __F16C__
+static int have_f16 = 1;
+static float round_f16(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
+static uint16_t to_f16(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
+#else
+static int have_f16 = 0;
+static float round_f16(float x) { return x; }
+static uint16_t to_f16(float x) { (void)x; return 0; }
+#endif
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Are the two index sets (any order) equal? Sorts both. */
+static int same_set(int32_t *a, int64_t na, int32_t *b, int64_t nb)
+{
+    if (na != nb) return 0;
+    qsort(a, (size_t)na, sizeof *a, cmp_i32);
+    qsort(b, (size_t)nb, sizeof *b, cmp_i32);
+    for (int64_t i = 0; i < na; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
+/* Indices of x[0..n) ordered best first (value desc, index asc): the naive
+ * ranking every selection here is checked against. */
+static const double *sort_key;
+static int cmp_rank(const void *a, const void *b)
+{
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    double x = sort_key[i], y = sort_key[j];
+    if (x != y) return x > y ? -1 : 1;
+    return (i > j) - (i < j);
+}
+static void rank_desc(const double *x, int64_t n, int32_t *order)
+{
+    for (int64_t i = 0; i < n; i++) order[i] = (int32_t)i;
+    sort_key = x;
+    qsort(order, (size_t)n, sizeof *order, cmp_rank);
+}
+
+/* Relative gap between the k-th and (k+1)-th best of x (1 if k >= n): a
+ * selection this close to a tie is not a fair comparison between a double
+ * reference and f32 kernels. */
+static double rank_margin(const double *x, const int32_t *order, int64_t n, int64_t k)
+{
+    if (k >= n || k <= 0) return 1.0;
+    double a = x[order[k - 1]], b = x[order[k]];
+    return (a - b) / (fabs(a) + 1e-30);
+}
+
+/* ---- naive references (double) ---------------------------------------------- */
+
+/* Softmax attention of every head over the positions set in `use` (NULL =
+ * all S), out[g][d]; p_out (optional) gets the weights [g][S]. */
+static void naive_attn(const float *q, const float *K, const float *V, int64_t S, int d, int g,
+                       const char *use, double *out, double *p_out)
+{
+    double *s = malloc((size_t)S * sizeof *s);
+    for (int h = 0; h < g; h++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < S; i++) {
+            if (use && !use[i]) continue;
+            double a = 0;
+            for (int j = 0; j < d; j++) a += (double)q[h * d + j] * K[i * d + j];
+            s[i] = a / sqrt((double)d);
+            if (s[i] > mx) mx = s[i];
+        }
+        for (int64_t i = 0; i < S; i++) {
+            if (use && !use[i]) { s[i] = 0; continue; }
+            sum += (s[i] = exp(s[i] - mx));
+        }
+        for (int j = 0; j < d; j++) out[h * d + j] = 0;
+        for (int64_t i = 0; i < S; i++) {
+            s[i] /= sum;
+            if (p_out) p_out[h * S + i] = s[i];
+            if (s[i] == 0) continue;
+            for (int j = 0; j < d; j++) out[h * d + j] += s[i] * V[i * d + j];
+        }
+    }
+    free(s);
+}
+
+typedef struct naive_sparq_out {
+    double *y;          /* [g][d] */
+    char   *sel;        /* [S]    */
+    int32_t *i1;        /* [r]    */
+    double *alpha;      /* [g]    */
+    double  margin;     /* min relative gap of the i1 / selection rankings */
+} naive_sparq_out;
+
+static void naive_sparq(const float *q, const float *K, const float *V, const double *vmean,
+                        int64_t S, int d, int g, int r, int k, int l, int select_logits,
+                        int no_realloc, naive_sparq_out *o)
+{
+    double *absq = calloc((size_t)d, sizeof *absq);
+    int32_t *ord = malloc((size_t)(S > d ? S : d) * sizeof *ord);
+    double *lg = malloc((size_t)g * S * sizeof *lg), *score = calloc((size_t)S, sizeof *score);
+    for (int h = 0; h < g; h++)
+        for (int j = 0; j < d; j++) absq[j] += fabs(q[h * d + j]);
+    rank_desc(absq, d, ord);
+    o->margin = rank_margin(absq, ord, d, r);
+    for (int c = 0; c < r; c++) o->i1[c] = ord[c];
+    for (int h = 0; h < g; h++) {
+        double l1 = 0, l1s = 0;
+        for (int j = 0; j < d; j++) l1 += fabs(q[h * d + j]);
+        for (int c = 0; c < r; c++) l1s += fabs(q[h * d + o->i1[c]]);
+        double tau = sqrt(d * l1s / l1), mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < S; i++) {
+            double a = 0;
+            for (int c = 0; c < r; c++) a += (double)q[h * d + o->i1[c]] * K[i * d + o->i1[c]];
+            lg[h * S + i] = a / tau;
+            if (select_logits) score[i] += lg[h * S + i];
+            if (lg[h * S + i] > mx) mx = lg[h * S + i];
+        }
+        for (int64_t i = 0; i < S; i++) sum += (lg[h * S + i] = exp(lg[h * S + i] - mx));
+        for (int64_t i = 0; i < S; i++) {
+            lg[h * S + i] /= sum;
+            if (!select_logits) score[i] += lg[h * S + i];
+        }
+    }
+    memset(o->sel, 0, (size_t)S);
+    if (k >= S) {
+        memset(o->sel, 1, (size_t)S);
+    } else {
+        for (int64_t i = S - l; i < S; i++) o->sel[i] = 1;
+        rank_desc(score, S - l, ord);
+        double m = rank_margin(score, ord, S - l, k - l);
+        if (m < o->margin) o->margin = m;
+        for (int64_t j = 0; j < k - l; j++) o->sel[ord[j]] = 1;
+    }
+    naive_attn(q, K, V, S, d, g, o->sel, o->y, NULL);
+    for (int h = 0; h < g; h++) {
+        double a = 0;
+        for (int64_t i = 0; i < S; i++)
+            if (o->sel[i]) a += lg[h * S + i];
+        if (k >= S || no_realloc) a = 1;
+        o->alpha[h] = a;
+        for (int j = 0; j < d; j++) o->y[h * d + j] = a * o->y[h * d + j] + (1 - a) * vmean[j];
+    }
+    free(absq); free(ord); free(lg); free(score);
+}
+
+/* Exact top-k by group-summed softmax weights; renorm or FlexGen. */
+static double naive_topk(const float *q, const float *K, const float *V, int64_t S, int d, int g,
+                         int k, int renorm, double *y, char *sel)
+{
+    double *P = malloc((size_t)g * S * sizeof *P), *score = calloc((size_t)S, sizeof *score);
+    int32_t *ord = malloc((size_t)S * sizeof *ord);
+    naive_attn(q, K, V, S, d, g, NULL, y, P);
+    for (int h = 0; h < g; h++)
+        for (int64_t i = 0; i < S; i++) score[i] += P[h * S + i];
+    rank_desc(score, S, ord);
+    double margin = rank_margin(score, ord, S, k);
+    for (int64_t i = 0; i < S; i++) sel[i] = 0;
+    for (int64_t j = 0; j < k && j < S; j++) sel[ord[j]] = 1;
+    for (int h = 0; h < g; h++) {
+        double mass = 0;
+        for (int64_t i = 0; i < S; i++)
+            if (sel[i]) mass += P[h * S + i];
+        for (int j = 0; j < d; j++) {
+            double a = 0;
+            for (int64_t i = 0; i < S; i++)
+                if (sel[i]) a += P[h * S + i] * V[i * d + j];
+            y[h * d + j] = renorm ? a / mass : a;
+        }
+    }
+    free(P); free(score); free(ord);
+    return margin;
+}
+
+/* ---- 1. half floats ---------------------------------------------------------- */
+
+static void test_f16(void)
+{
+    if (!have_f16) { test_skip("f16: no F16C to compare with"); return; }
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = attn_f16_to_f32((uint16_t)h), b = _cvtsh_ss((uint16_t)h);
+        uint32_t ba, bb;
+        memcpy(&ba, &a, 4);
+        memcpy(&bb, &b, 4);
+        if (ba != bb && !(isnan(a) && isnan(b))) bad++;
+    }
+    CHECK(bad == 0, "%d half values convert differently from F16C", bad);
+}
+
+/* ---- 2. top-k ------------------------------------------------------------------ */
+
+static void test_topk(void)
+{
+    rng r = { 7 };
+    const int64_t ns[] = { 1, 2, 5, 17, 100, 1000, 9000, 40000, 100003 };
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+        const int64_t n = ns[a];
+        float *x = malloc((size_t)n * sizeof *x);
+        double *xd = malloc((size_t)n * sizeof *xd);
+        int32_t *idx = malloc((size_t)n * sizeof *idx), *work = malloc((size_t)n * sizeof *work);
+        int32_t *ord = malloc((size_t)n * sizeof *ord);
+        for (int kind = 0; kind < 4; kind++) {
+            for (int64_t i = 0; i < n; i++) {
+                switch (kind) {
+                case 0: x[i] = rng_normal(&r); break;
+                case 1: x[i] = (float)(rng_next(&r) % 7); break;  /* many ties */
+                case 2: x[i] = (float)i; break;                    /* sorted */
+                default: x[i] = (i % 13 == 0) ? NAN : rng_normal(&r); break;
+                }
+                xd[i] = isnan(x[i]) ? -INFINITY : x[i];
+            }
+            rank_desc(xd, n, ord);
+            const int64_t ks[] = { 1, 2, 3, 16, 96, 128, n - 1, n };
+            for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++) {
+                const int64_t k = ks[b];
+                if (k < 1 || k > n) continue;
+                attn_topk_indices(x, n, k, idx, work);
+                int32_t *want = malloc((size_t)k * sizeof *want);
+                memcpy(want, ord, (size_t)k * sizeof *want);
+                CHECK(same_set(idx, k, want, k), "topk n=%lld k=%lld kind=%d", (long long)n,
+                      (long long)k, kind);
+                free(want);
+            }
+        }
+        free(x); free(xd); free(idx); free(work); free(ord);
+    }
+}
+
+/* ---- 3. kernel twins ----------------------------------------------------------- */
+
+/* Tolerance 1e-5 relative to 1 + |value|: the twins sum in different orders
+ * (16 lanes vs one accumulator) and the SIMD exp is within ~2 ulp of expf;
+ * with scores of magnitude ~30 (heavy-tailed queries) the f32 rounding of a
+ * score alone moves its softmax weight by a few 1e-6. */
+
+#ifdef ATTN_HAVE_AVX512
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) e = fmax(e, fabs(a[i] - b[i]) / (1 + fabs(a[i])));
+    return e;
+}
+
+/* Worst relative difference of every twin pair on one random shape: n rows
+ * (contiguous, then gathered from S = n + 5), r K^T components. */
+static double twin_case(rng *r, int d, int64_t n, int g, int elem)
+{
+    const int64_t S = n + 5;
+    const size_t es = elem == KV_F16 ? 2 : 4, nel = (size_t)S * d;
+    uint8_t *K = malloc(nel * es), *V = malloc(nel * es), *KT = malloc(nel * es);
+    for (size_t i = 0; i < nel; i++) {
+        const float k = rng_normal(r), v = rng_normal(r), kt = rng_normal(r);
+        if (elem == KV_F16) {
+            ((uint16_t *)K)[i] = to_f16(k);
+            ((uint16_t *)V)[i] = to_f16(v);
+            ((uint16_t *)KT)[i] = to_f16(kt);
+        } else {
+            ((float *)K)[i] = k;
+            ((float *)V)[i] = v;
+            ((float *)KT)[i] = kt;
+        }
+    }
+    attn_kv_view kv = { S, d, elem, K, V, KT, S, NULL };
+    const int nc = d < 33 ? d : 33;
+    float *q = malloc((size_t)g * d * sizeof *q), *qs = malloc((size_t)g * nc * sizeof *qs);
+    float *s1 = malloc((size_t)g * S * sizeof *s1), *s2 = malloc((size_t)g * S * sizeof *s2);
+    float *o1 = malloc((size_t)g * d * sizeof *o1), *o2 = malloc((size_t)g * d * sizeof *o2);
+    int32_t *rows = malloc((size_t)n * sizeof *rows), comp[33];
+    fill_query(r, q, g, d);
+    for (int64_t i = 0; i < n; i++) rows[i] = (int32_t)(rng_next(r) % (uint64_t)S);
+    for (int t = 0; t < nc; t++) comp[t] = (int32_t)(rng_next(r) % (uint64_t)d);
+    for (int t = 0; t < g * nc; t++) qs[t] = rng_normal(r);
+    double e = 0;
+    for (int use_rows = 0; use_rows < 2; use_rows++) {
+        const int32_t *rw = use_rows ? rows : NULL;
+        attn_scores_ref(&kv, q, g, rw, n, s1);
+        attn_scores_avx512(&kv, q, g, rw, n, s2);
+        e = fmax(e, rel_diff(s1, s2, g * n));
+        attn_softmax_ref(s1, g, n);
+        attn_softmax_avx512(s2, g, n);
+        e = fmax(e, rel_diff(s1, s2, g * n));
+        attn_weighted_sum_ref(&kv, s1, g, rw, n, o1);
+        attn_weighted_sum_avx512(&kv, s1, g, rw, n, o2);
+        e = fmax(e, rel_diff(o1, o2, (int64_t)g * d));
+    }
+    for (int rr = 1; rr <= nc; rr += rr < 8 ? 1 : 8) { /* r = 1..8, 9, 17, 25, 33 */
+        attn_kt_logits_ref(&kv, qs, comp, rr, g, S, s1);
+        attn_kt_logits_avx512(&kv, qs, comp, rr, g, S, s2);
+        e = fmax(e, rel_diff(s1, s2, g * S));
+    }
+    free(K); free(V); free(KT); free(q); free(qs); free(s1); free(s2); free(o1); free(o2);
+    free(rows);
+    return e;
+}
+#endif
+
+static void test_twins(void)
+{
+#ifndef ATTN_HAVE_AVX512
+    test_skip("kernel twins: AVX-512 not compiled in");
+#else
+    rng r = { 11 };
+    const int ds[] = { 1, 7, 16, 33, 64, 80, 100, 128, 256 };
+    const int64_t ns[] = { 1, 3, 15, 17, 63, 65, 129, 1001 };
+    const int gs[] = { 1, 3, 4, 5, 8 };
+    double worst = 0;
+    for (size_t a = 0; a < sizeof ds / sizeof ds[0]; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
+            for (size_t c = 0; c < sizeof gs / sizeof gs[0]; c++)
+                for (int elem = 0; elem < 2; elem++) {
+                    if (elem == KV_F16 && !have_f16) continue;
+                    const double e = twin_case(&r, ds[a], ns[b], gs[c], elem);
+                    CHECK(e <= 1e-5, "twins d=%d n=%lld g=%d elem=%d: max err %g", ds[a],
+                          (long long)ns[b], gs[c], elem, e);
+                    worst = fmax(worst, e);
+                }
+    fprintf(stderr, "kernel twins: worst relative difference %.3g (tolerance 1e-5)\n", worst);
+    /* exp on its own: softmax of a spread of values against expf */
+    float x[37], y[37];
+    for (int i = 0; i < 37; i++) x[i] = y[i] = -110.0f + 3.0f * i;
+    attn_softmax_ref(x, 1, 37);
+    attn_softmax_avx512(y, 1, 37);
+    double e = 0;
+    for (int i = 0; i < 37; i++) e = fmax(e, fabs(x[i] - y[i]) / (x[i] + 1e-38));
+    CHECK(e <= 1e-6, "softmax over [-110, 0]: max relative err %g", e);
+#endif
+}
+
+/* ---- 4. policies against the naive loops ----------------------------------------- */
+
+typedef struct case_data {
+    int64_t S;
+    int d, g, elem;
+    float *q, *K, *V;   /* K, V already rounded to f16 when elem == f16 */
+    double *vmean;
+} case_data;
+
+static void case_make(case_data *c, rng *r, int64_t S, int d, int g, int elem)
+{
+    c->S = S; c->d = d; c->g = g; c->elem = elem;
+    c->q = malloc((size_t)g * d * sizeof *c->q);
+    c->K = malloc((size_t)S * d * sizeof *c->K);
+    c->V = malloc((size_t)S * d * sizeof *c->V);
+    c->vmean = calloc((size_t)d, sizeof *c->vmean);
+    fill_query(r, c->q, g, d);
+    for (int64_t i = 0; i < S * d; i++) {
+        c->K[i] = rng_normal(r);
+        c->V[i] = rng_normal(r);
+        if (elem == KV_F16) {
+            c->K[i] = round_f16(c->K[i]);
+            c->V[i] = round_f16(c->V[i]);
+        }
+    }
+    for (int64_t i = 0; i < S; i++)
+        for (int j = 0; j < d; j++) c->vmean[j] += c->V[i * d + j] / (double)S;
+}
+
+static void case_free(case_data *c) { free(c->q); free(c->K); free(c->V); free(c->vmean); }
+
+typedef struct run_out {
+    float *y, *alpha;
+    int32_t *sel, *i1;
+    int64_t n_sel, elements;
+    int rc;
+    char err[256];
+} run_out;
+
+static void run_policy(const case_data *c, const sparq_attn_params *p, run_out *o)
+{
+    o->y = malloc((size_t)c->g * c->d * sizeof *o->y);
+    o->alpha = malloc((size_t)c->g * sizeof *o->alpha);
+    o->sel = malloc((size_t)c->S * sizeof *o->sel);
+    o->i1 = malloc((size_t)c->d * sizeof *o->i1);
+    o->err[0] = 0;
+    o->rc = sparq_attn_run(p, c->elem == KV_F16 ? SPARQ_KV_F16 : SPARQ_KV_F32, c->q, c->K, NULL,
+                           c->V, NULL, c->S, c->d, c->g, o->y, o->sel, &o->n_sel, o->i1, o->alpha,
+                           &o->elements, o->err, sizeof o->err);
+}
+
+static void run_free(run_out *o) { free(o->y); free(o->alpha); free(o->sel); free(o->i1); }
+
+static double max_err(const float *a, const double *b, int64_t n)
+{
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) e = fmax(e, fabs(a[i] - b[i]));
+    return e;
+}
+
+static int sel_matches(const run_out *o, const char *want, int64_t S)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < S; i++) n += want[i] != 0;
+    if (n != o->n_sel) return 0;
+    for (int64_t j = 0; j < o->n_sel; j++)
+        if (o->sel[j] < 0 || o->sel[j] >= S || !want[o->sel[j]]) return 0;
+    return 1;
+}
+
+static sparq_attn_params params(const char *policy, int r, int k, int l)
+{
+    sparq_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.policy = policy;
+    p.r = r; p.k = k; p.l = l;
+    return p;
+}
+
+/* Selections whose k-th and (k+1)-th scores are within 2e-5 (relative) are
+ * not compared: f32 kernels may legitimately order them differently from
+ * the double reference. Counted and bounded. */
+static int n_close_calls, n_sel_calls;
+
+static void check_case(const case_data *c, const char *tag)
+{
+    const int64_t S = c->S;
+    const int d = c->d, g = c->g;
+    double *y = malloc((size_t)g * d * sizeof *y);
+    char *sel = malloc((size_t)S);
+    const double tol = 1e-5;
+
+    /* dense */
+    {
+        sparq_attn_params p = params("dense", 0, 0, -1);
+        run_out o;
+        run_policy(c, &p, &o);
+        naive_attn(c->q, c->K, c->V, S, d, g, NULL, y, NULL);
+        CHECK(o.rc == 0 && max_err(o.y, y, (int64_t)g * d) <= tol, "%s dense: err %g (%s)", tag,
+              max_err(o.y, y, (int64_t)g * d), o.err);
+        run_free(&o);
+    }
+    /* sparq: a few (r, k, l, select, realloc) per shape */
+    const int rs[] = { 1, d / 4 > 0 ? d / 4 : 1, d };
+    const int kl[][2] = { { 1, 0 }, { 16, 4 }, { 16, 0 }, { 128, 32 }, { 4, 4 } };
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 5; b++)
+            for (int variant = 0; variant < 3; variant++) {
+                const int r = rs[a], k = kl[b][0], l = kl[b][1];
+                if (variant && !(a == 1 && b == 1)) continue; /* variants on one setting */
+                sparq_attn_params p = params("sparq", r, k, l);
+                p.select_logits = variant == 1;
+                p.no_realloc = variant == 2;
+                naive_sparq_out n;
+                n.y = y; n.sel = sel;
+                n.i1 = malloc((size_t)d * sizeof *n.i1);
+                n.alpha = malloc((size_t)g * sizeof *n.alpha);
+                naive_sparq(c->q, c->K, c->V, c->vmean, S, d, g, r, k, l, p.select_logits,
+                            p.no_realloc, &n);
+                n_sel_calls++;
+                if (n.margin < 2e-5) {
+                    n_close_calls++;
+                } else {
+                    run_out o;
+                    run_policy(c, &p, &o);
+                    double e = max_err(o.y, y, (int64_t)g * d), ea = max_err(o.alpha, n.alpha, g);
+                    CHECK(o.rc == 0 && e <= tol && ea <= tol && sel_matches(&o, sel, S),
+                          "%s sparq r=%d k=%d l=%d v=%d: y err %g alpha err %g n_sel %lld (%s)",
+                          tag, r, k, l, variant, e, ea, (long long)o.n_sel, o.err);
+                    CHECK(same_set(o.i1, r, n.i1, r), "%s sparq r=%d: i1 differs", tag, r);
+                    run_free(&o);
+                }
+                free(n.i1);
+                free(n.alpha);
+            }
+    /* oracle and flexgen */
+    const int ks[] = { 1, 5, 64 };
+    for (int renorm = 0; renorm < 2; renorm++)
+        for (size_t a = 0; a < 3; a++) {
+            sparq_attn_params p = params(renorm ? "oracle" : "flexgen", 0, ks[a], -1);
+            double m = naive_topk(c->q, c->K, c->V, S, d, g, ks[a], renorm, y, sel);
+            n_sel_calls++;
+            if (m < 2e-5) { n_close_calls++; continue; }
+            run_out o;
+            run_policy(c, &p, &o);
+            double e = max_err(o.y, y, (int64_t)g * d);
+            CHECK(o.rc == 0 && e <= tol && sel_matches(&o, sel, S), "%s %s k=%d: err %g (%s)", tag,
+                  p.policy, ks[a], e, o.err);
+            run_free(&o);
+        }
+    /* streaming: first n_sink + most recent */
+    const int sk[][2] = { { 4, 2 }, { 20, 16 }, { 3, 16 }, { 128, 0 } };
+    for (size_t a = 0; a < 4; a++) {
+        sparq_attn_params p = params("streaming", 0, sk[a][0], -1);
+        p.n_sink = sk[a][1];
+        const int64_t k = sk[a][0], sinks0 = sk[a][1] ? sk[a][1] : 16;
+        const int64_t sinks = sinks0 < k ? sinks0 : k - 1;
+        memset(sel, 0, (size_t)S);
+        for (int64_t i = 0; i < S; i++)
+            sel[i] = k >= S || i < sinks || i >= S - (k - sinks);
+        naive_attn(c->q, c->K, c->V, S, d, g, sel, y, NULL);
+        run_out o;
+        run_policy(c, &p, &o);
+        double e = max_err(o.y, y, (int64_t)g * d);
+        CHECK(o.rc == 0 && e <= tol && sel_matches(&o, sel, S), "%s streaming k=%lld: err %g", tag,
+              (long long)k, e);
+        run_free(&o);
+    }
+    free(y);
+    free(sel);
+}
+
+static void test_policies_naive(void)
+{
+    rng r = { 2024 };
+    const int64_t Ss[] = { 1, 2, 7, 100, 1000, 4097 };
+    const int ds[] = { 8, 64, 128 };
+    const int gs[] = { 1, 4 };
+    int n_cases = 0;
+    for (size_t a = 0; a < 6; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t c = 0; c < 2; c++)
+                for (int elem = 0; elem < 2; elem++) {
+                    if (elem == KV_F16 && !have_f16) continue;
+                    /* sanitizer runs: the biggest shapes only in f32 */
+                    if (test_quick() && Ss[a] > 1000 && (elem == KV_F16 || ds[b] > 64)) continue;
+                    case_data cd;
+                    case_make(&cd, &r, Ss[a], ds[b], gs[c], elem);
+                    char tag[64];
+                    snprintf(tag, sizeof tag, "S=%lld d=%d g=%d %s", (long long)Ss[a], ds[b], gs[c],
+                             elem ? "f16" : "f32");
+                    check_case(&cd, tag);
+                    case_free(&cd);
+                    n_cases++;
+                }
+    if (!have_f16) test_skip("policies: f16 cases (no F16C to round with)");
+    fprintf(stderr, "policies vs naive: %d shapes, %d of %d selections skipped as near-ties\n",
+            n_cases, n_close_calls, n_sel_calls);
+    CHECK(n_close_calls * 50 <= n_sel_calls, "too many near-tie skips: %d of %d", n_close_calls,
+          n_sel_calls);
+}
+
+/* ---- 5. H2O over several steps ------------------------------------------------------ */
+
+/* Naive H2O: scores in double, alive flags; one decode step at S. */
+static void naive_h2o_step(const float *q, const float *K, const float *V, int64_t S, int d, int g,
+                           int k, int l, double *score, char *alive, double *y, char *kept)
+{
+    alive[S - 1] = 1;
+    score[S - 1] = 0;
+    memset(kept, 0, (size_t)S);
+    const int64_t ws = S - (l < S ? l : S);
+    int64_t n = 0, nc = 0;
+    for (int64_t i = ws; i < S; i++)
+        if (alive[i]) { kept[i] = 1; n++; }
+    double *cs = malloc((size_t)S * sizeof *cs);
+    int32_t *ord = malloc((size_t)S * sizeof *ord);
+    for (int64_t i = 0; i < ws; i++) cs[i] = alive[i] ? score[i] : -INFINITY;
+    for (int64_t i = 0; i < ws; i++) nc += alive[i];
+    rank_desc(cs, ws, ord);
+    for (int64_t j = 0; j < k - n && j < nc; j++) kept[ord[j]] = 1;
+    double *P = malloc((size_t)g * S * sizeof *P);
+    naive_attn(q, K, V, S, d, g, kept, y, P);
+    for (int64_t i = 0; i < S; i++) {
+        if (kept[i]) {
+            double a = 0;
+            for (int h = 0; h < g; h++) a += P[h * S + i];
+            score[i] += a / g;
+        } else {
+            alive[i] = 0;
+        }
+    }
+    free(cs); free(ord); free(P);
+}
+
+static void test_h2o_steps(void)
+{
+    const attn_policy *pol = attn_policy_find("h2o");
+    CHECK(pol != NULL, "h2o registered");
+    if (!pol) return;
+    rng r = { 99 };
+    const int S0 = 300, T = 40;
+    /* k, l, d, g: GQA and not, window sizes 0..k, k beyond S */
+    const int kls[][4] = { { 64, -1, 64, 4 }, { 32, 0, 128, 1 }, { 400, -1, 8, 4 },
+                           { 16, 16, 64, 1 }, { 40, 3, 64, 4 } };
+    for (int elem = 0; elem < 2; elem++)
+        for (size_t a = 0; a < sizeof kls / sizeof kls[0]; a++) {
+            if (elem == KV_F16 && !have_f16) continue;
+            const int d = kls[a][2], g = kls[a][3];
+            const int64_t Smax = S0 + T;
+            sparq_attn_params p = params("h2o", 0, kls[a][0], kls[a][1]);
+            char err[128];
+            CHECK(pol->resolve(&p, d, err, sizeof err) == 0, "h2o resolve: %s", err);
+            attn_shape shape = { 2, 2, g, d, Smax };
+            void *state = NULL;
+            CHECK(pol->state_create(&p, &shape, &state) == 0, "h2o state");
+            float *K = malloc((size_t)Smax * d * sizeof *K);
+            float *V = malloc((size_t)Smax * d * sizeof *V);
+            uint16_t *Kh = malloc((size_t)Smax * d * 2), *Vh = malloc((size_t)Smax * d * 2);
+            for (int64_t i = 0; i < Smax * d; i++) {
+                K[i] = rng_normal(&r);
+                V[i] = rng_normal(&r);
+                if (elem == KV_F16) {
+                    Kh[i] = to_f16(K[i]); K[i] = round_f16(K[i]);
+                    Vh[i] = to_f16(V[i]); V[i] = round_f16(V[i]);
+                }
+            }
+            /* prefill scores: colsum of a causal prefill (as the model reports) */
+            float *colsum = calloc((size_t)S0, sizeof *colsum);
+            double *score = calloc((size_t)Smax, sizeof *score);
+            double *y = malloc((size_t)g * d * sizeof *y);
+            char *alive = calloc((size_t)Smax, 1), *kept = malloc((size_t)Smax);
+            float *q = malloc((size_t)g * d * sizeof *q);
+            for (int t = 0; t < S0; t += 7) { /* a subset of rows keeps it quick */
+                fill_query(&r, q, g, d);
+                double *P = malloc((size_t)g * (t + 1) * sizeof *P);
+                naive_attn(q, K, V, t + 1, d, g, NULL, y, P);
+                for (int h = 0; h < g; h++)
+                    for (int i = 0; i <= t; i++) colsum[i] += (float)P[h * (t + 1) + i];
+                free(P);
+            }
+            for (int64_t i = 0; i < S0; i++) {
+                score[i] = colsum[i] / (double)g;
+                alive[i] = 1;
+            }
+            attn_kv_view kv = { S0, d, elem, elem ? (void *)Kh : (void *)K,
+                                elem ? (void *)Vh : (void *)V, NULL, 0, NULL };
+            pol->observe_prefill(state, &p, 1, 1, &kv, colsum);
+            const size_t nscr = pol->scratch_floats(&p, Smax, d, g);
+            attn_scratch scr = { aligned_alloc(64, attn_pad16(nscr) * 4), nscr,
+                                 aligned_alloc(64, attn_pad16(nscr) * 4) };
+            float *out = malloc((size_t)g * d * sizeof *out);
+            int32_t *tsel = malloc((size_t)Smax * sizeof *tsel);
+            int ok_y = 1, ok_sel = 1, ok_cnt = 1;
+            double worst = 0;
+            for (int t = 1; t <= T; t++) {
+                const int64_t S = S0 + t;
+                fill_query(&r, q, g, d);
+                kv.S = S;
+                attn_counts cnt = { 0, 0 };
+                attn_trace tr = { tsel, 0, NULL, 0, NULL };
+                pol->attend_traced(state, &p, 1, 1, &kv, q, g, out, &scr, &cnt, &tr);
+                naive_h2o_step(q, K, V, S, d, g, p.k, p.l, score, alive, y, kept);
+                run_out o = { .sel = tsel, .n_sel = tr.n_sel };
+                ok_sel &= sel_matches(&o, kept, S);
+                worst = fmax(worst, max_err(out, y, (int64_t)g * d));
+                ok_y &= max_err(out, y, (int64_t)g * d) <= 1e-5;
+                ok_cnt &= cnt.read + cnt.written == pol->transfer_formula(&p, S, d, g);
+            }
+            CHECK(ok_y && ok_sel && ok_cnt,
+                  "h2o k=%d l=%d d=%d g=%d elem=%d: y ok %d (worst %g) sel ok %d counts ok %d",
+                  p.k, p.l, d, g, elem, ok_y, worst, ok_sel, ok_cnt);
+            pol->state_free(state);
+            free(K); free(V); free(Kh); free(Vh); free(colsum); free(score); free(y); free(alive);
+            free(kept); free(q); free(scr.f); free(scr.i); free(out); free(tsel);
+        }
+}
+
+/* ---- 6. golden vectors --------------------------------------------------------------- */
+
+/* Minimal manifest reading: the integer after "key": (first occurrence
+ * after `from`), a string value, an integer list. */
+static const char *json_find(const char *js, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = strstr(js, pat);
+    if (!p) return NULL;
+    p += strlen(pat);
+    while (*p == ' ' || *p == ':' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+    return p;
+}
+
+static long json_int(const char *js, const char *key, long def)
+{
+    const char *p = json_find(js, key);
+    if (!p || (*p != '-' && (*p < '0' || *p > '9'))) return def;
+    return strtol(p, NULL, 10);
+}
+
+static int json_int_list(const char *js, const char *key, long *out, int max)
+{
+    const char *p = json_find(js, key);
+    if (!p || *p != '[') return 0;
+    p++;
+    int n = 0;
+    while (n < max) {
+        while (*p == ' ' || *p == '\n' || *p == ',' || *p == '\r' || *p == '\t') p++;
+        if (*p == ']' || !*p) break;
+        char *end;
+        out[n++] = strtol(p, &end, 10);
+        if (end == p) break;
+        p = end;
+    }
+    return n;
+}
+
+static void json_mask_type(const char *js, char *out, size_t n)
+{
+    out[0] = 0;
+    const char *m = json_find(js, "mask");
+    if (!m) return;
+    const char *p = json_find(m, "type");
+    if (!p || *p != '"') return;
+    p++;
+    size_t i = 0;
+    while (*p && *p != '"' && i + 1 < n) out[i++] = *p++;
+    out[i] = 0;
+}
+
+static void *load_arr(const char *dir, const char *name, size_t want_elems)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t n;
+    void *buf = test_read_file(path, &n);
+    if (!buf || n != want_elems * 4) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static int close_rel(float a, float b) { return fabsf(a - b) <= 1e-5f + 1e-5f * fabsf(b); }
+
+static void golden_sparq(const char *dir, const char *js, int *n_ok)
+{
+    const long B = json_int(js, "batch", 0), H = json_int(js, "n_kv_heads", 0);
+    const long g = json_int(js, "group_size", 0), d = json_int(js, "head_size", 0);
+    const long S = json_int(js, "seq_len", 0), r = json_int(js, "r", 0), k = json_int(js, "k", 0);
+    char mt[32];
+    json_mask_type(js, mt, sizeof mt);
+    long vl[16];
+    int nvl = json_int_list(js, "valid_len", vl, 16);
+    if (B < 1 || H < 1 || g < 1 || d < 1 || S < 1 || r < 1 || k < 1 || B > 16) {
+        CHECK(0, "%s: manifest unreadable", dir);
+        return;
+    }
+    if (strcmp(mt, "none") && strcmp(mt, "zero") && !(strcmp(mt, "suffix") == 0 && nvl == B)) {
+        char why[1600];
+        snprintf(why, sizeof why, "%s: mask '%s' is not a suffix", dir, mt);
+        test_skip(why);
+        return;
+    }
+    float *Q = load_arr(dir, "Q.f32", B * H * g * d), *K = load_arr(dir, "K.f32", B * H * S * d);
+    float *V = load_arr(dir, "V.f32", B * H * S * d), *Vm = load_arr(dir, "V_mean.f32", B * H * d);
+    float *Y = load_arr(dir, "y.f32", B * H * g * d), *A = load_arr(dir, "alpha.f32", B * H * g);
+    int32_t *I1 = load_arr(dir, "i1.i32", B * H * r), *I2 = load_arr(dir, "i2.i32", B * H * k);
+    if (!Q || !K || !V || !Vm || !Y || !A || !I1 || !I2) {
+        CHECK(0, "%s: missing or short arrays", dir);
+    } else {
+        sparq_attn_params p = params("sparq", (int)r, (int)k, 0);
+        float *out = malloc(g * d * sizeof *out), alpha[8];
+        int32_t *sel = malloc(S * sizeof *sel), *i1 = malloc(d * sizeof *i1);
+        int32_t *want = malloc((k > r ? k : r) * sizeof *want);
+        int ok = 1;
+        for (long b = 0; b < B; b++)
+            for (long h = 0; h < H; h++) {
+                const long bh = b * H + h, Se = strcmp(mt, "suffix") == 0 ? vl[b] : S;
+                int64_t n_sel = 0, el = 0;
+                char err[256] = "";
+                int rc = sparq_attn_run(&p, SPARQ_KV_F32, Q + bh * g * d, K + bh * S * d, NULL,
+                                        V + bh * S * d, Vm + bh * d, Se, (int)d, (int)g, out, sel,
+                                        &n_sel, i1, alpha, &el, err, sizeof err);
+                if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
+                for (long t = 0; t < g * d; t++)
+                    if (!close_rel(out[t], Y[bh * g * d + t])) {
+                        CHECK(0, "%s b=%ld h=%ld y[%ld]=%.9g want %.9g", dir, b, h, t, out[t],
+                              Y[bh * g * d + t]);
+                        ok = 0;
+                        break;
+                    }
+                for (long t = 0; t < g; t++)
+                    if (!close_rel(alpha[t], A[bh * g + t])) {
+                        CHECK(0, "%s b=%ld h=%ld alpha=%.9g want %.9g", dir, b, h, alpha[t],
+                              A[bh * g + t]);
+                        ok = 0;
+                    }
+                memcpy(want, I1 + bh * r, r * sizeof *want);
+                if (!same_set(i1, r, want, r)) {
+                    CHECK(0, "%s b=%ld h=%ld: i1 differs", dir, b, h);
+                    ok = 0;
+                }
+                /* i2 restricted to the unmasked positions we ran on */
+                long nw = 0;
+                for (long t = 0; t < k; t++)
+                    if (I2[bh * k + t] < Se) want[nw++] = I2[bh * k + t];
+                if (!same_set(sel, n_sel, want, nw)) {
+                    CHECK(0, "%s b=%ld h=%ld: i2 differs", dir, b, h);
+                    ok = 0;
+                }
+            }
+        CHECK(ok, "%s", dir);
+        *n_ok += ok;
+        free(out); free(sel); free(i1); free(want);
+    }
+    free(Q); free(K); free(V); free(Vm); free(Y); free(A); free(I1); free(I2);
+}
+
+static void golden_topk(const char *dir, const char *js, int *n_ok)
+{
+    const long B = json_int(js, "batch", 0), H = json_int(js, "n_kv_heads", 0);
+    const long g = json_int(js, "group_size", 0), d = json_int(js, "head_size", 0);
+    const long S = json_int(js, "seq_len", 0), k = json_int(js, "k", 0);
+    char mt[32];
+    json_mask_type(js, mt, sizeof mt);
+    long vl[16];
+    int nvl = json_int_list(js, "valid_len", vl, 16);
+    if (B < 1 || H < 1 || g < 1 || d < 1 || S < 1 || k < 1 || B > 16 || g > 8) {
+        CHECK(0, "%s: manifest unreadable", dir);
+        return;
+    }
+    if (strcmp(mt, "none") && strcmp(mt, "zero") && !(strcmp(mt, "suffix") == 0 && nvl == B)) {
+        char why[1600];
+        snprintf(why, sizeof why, "%s: mask '%s' is not a suffix", dir, mt);
+        test_skip(why);
+        return;
+    }
+    float *Q = load_arr(dir, "Q.f32", B * H * g * d), *K = load_arr(dir, "K.f32", B * H * S * d);
+    float *V = load_arr(dir, "V.f32", B * H * S * d), *Y = load_arr(dir, "y.f32", B * H * g * d);
+    float *KM = load_arr(dir, "kept_mass.f32", B * H * g);
+    int32_t *I = load_arr(dir, "idx.i32", B * H * k);
+    if (!Q || !K || !V || !Y || !KM || !I) {
+        CHECK(0, "%s: missing or short arrays", dir);
+    } else {
+        sparq_attn_params p = params("flexgen", 0, (int)k, -1);
+        float *out = malloc(g * d * sizeof *out), mass[8];
+        int32_t *sel = malloc(S * sizeof *sel), *want = malloc(k * sizeof *want);
+        int ok = 1;
+        for (long b = 0; b < B; b++)
+            for (long h = 0; h < H; h++) {
+                const long bh = b * H + h, Se = strcmp(mt, "suffix") == 0 ? vl[b] : S;
+                int64_t n_sel = 0;
+                char err[256] = "";
+                int rc = sparq_attn_run(&p, SPARQ_KV_F32, Q + bh * g * d, K + bh * S * d, NULL,
+                                        V + bh * S * d, NULL, Se, (int)d, (int)g, out, sel, &n_sel,
+                                        NULL, mass, NULL, err, sizeof err);
+                if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
+                for (long t = 0; t < g * d; t++)
+                    if (!close_rel(out[t], Y[bh * g * d + t])) {
+                        CHECK(0, "%s b=%ld h=%ld y[%ld]=%.9g want %.9g", dir, b, h, t, out[t],
+                              Y[bh * g * d + t]);
+                        ok = 0;
+                        break;
+                    }
+                for (long t = 0; t < g; t++)
+                    if (!close_rel(mass[t], KM[bh * g + t])) {
+                        CHECK(0, "%s kept mass %.9g want %.9g", dir, mass[t], KM[bh * g + t]);
+                        ok = 0;
+                    }
+                long nw = 0;
+                for (long t = 0; t < k; t++)
+                    if (I[bh * k + t] < Se) want[nw++] = I[bh * k + t];
+                if (!same_set(sel, n_sel, want, nw)) {
+                    CHECK(0, "%s b=%ld h=%ld: idx differs", dir, b, h);
+                    ok = 0;
+                }
+            }
+        CHECK(ok, "%s", dir);
+        *n_ok += ok;
+        free(out); free(sel); free(want);
+    }
+    free(Q); free(K); free(V); free(Y); free(KM); free(I);
+}
+
+static void golden_dense(const char *dir, const char *js, int *n_ok)
+{
+    const long B = json_int(js, "batch", 0), H = json_int(js, "n_kv_heads", 0);
+    const long g = json_int(js, "group_size", 0), d = json_int(js, "head_size", 0);
+    const long S = json_int(js, "seq_len", 0), Lq = json_int(js, "q_len", 1);
+    if (B < 1 || H < 1 || g < 1 || d < 1 || S < 1 || Lq < 1 || Lq > S) {
+        CHECK(0, "%s: manifest unreadable", dir);
+        return;
+    }
+    char mt[32];
+    json_mask_type(js, mt, sizeof mt);
+    float *Q = load_arr(dir, "Q.f32", B * H * g * Lq * d);
+    float *K = load_arr(dir, "K.f32", B * H * S * d), *V = load_arr(dir, "V.f32", B * H * S * d);
+    float *Y = load_arr(dir, "y.f32", B * H * g * Lq * d);
+    float *M = load_arr(dir, "M.f32", B * Lq * S);
+    if (!Q || !K || !V || !Y || !M) {
+        CHECK(0, "%s: missing or short arrays", dir);
+    } else {
+        float *q = malloc(g * d * sizeof *q), *out = malloc(g * d * sizeof *out);
+        float *sc = aligned_alloc(64, attn_pad16(g * S) * sizeof *sc);
+        int32_t *rows = malloc(S * sizeof *rows);
+        int ok = 1;
+        for (long b = 0; b < B; b++)
+            for (long h = 0; h < H; h++)
+                for (long t = 0; t < Lq; t++) {
+                    const long bh = b * H + h;
+                    for (long gi = 0; gi < g; gi++)
+                        memcpy(q + gi * d, Q + ((bh * g + gi) * Lq + t) * d, d * sizeof *q);
+                    /* the positions this query sees, from the mask itself */
+                    int64_t n = 0;
+                    for (long s = 0; s < S; s++)
+                        if (M[(b * Lq + t) * S + s] == 0.0f) rows[n++] = (int32_t)s;
+                    int prefix = n > 0 && rows[n - 1] == n - 1;
+                    if (prefix) { /* a prefix 0..n-1: the dense policy on S = n */
+                        sparq_attn_params p = params("dense", 0, 0, -1);
+                        char err[256] = "";
+                        int rc = sparq_attn_run(&p, SPARQ_KV_F32, q, K + bh * S * d, NULL,
+                                                V + bh * S * d, NULL, n, (int)d, (int)g, out, NULL,
+                                                NULL, NULL, NULL, NULL, err, sizeof err);
+                        if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
+                    } else { /* any other mask: gathered attention over the kept rows */
+                        attn_kv_view kv = { S, (int)d, KV_F32, K + bh * S * d, V + bh * S * d,
+                                            NULL, 0, NULL };
+                        attn_gather_group(&kv, q, (int)g, rows, n, out, sc);
+                    }
+                    for (long gi = 0; gi < g; gi++)
+                        for (long j = 0; j < d; j++) {
+                            float want = Y[((bh * g + gi) * Lq + t) * d + j];
+                            if (!close_rel(out[gi * d + j], want)) {
+                                CHECK(0, "%s b=%ld h=%ld t=%ld: %.9g want %.9g", dir, b, h, t,
+                                      out[gi * d + j], want);
+                                ok = 0;
+                                gi = g;
+                                break;
+                            }
+                        }
+                }
+        CHECK(ok, "%s (%s mask)", dir, mt);
+        *n_ok += ok;
+        free(q); free(out); free(sc); free(rows);
+    }
+    free(Q); free(K); free(V); free(Y); free(M);
+}
+
+static void test_golden(void)
+{
+    const char *kinds[] = { "sparq", "dense", "exact_topk" };
+    for (int a = 0; a < 3; a++) {
+        char rel[128], root[1024];
+        snprintf(rel, sizeof rel, "golden/sparq/cases/%s", kinds[a]);
+        if (path_find(rel, root, sizeof root)) {
+            char why[256];
+            snprintf(why, sizeof why, "golden %s: %s not found", kinds[a], rel);
+            test_skip(why);
+            continue;
+        }
+        DIR *dir = opendir(root);
+        if (!dir) { test_skip("golden: cannot open case directory"); continue; }
+        int n_cases = 0, n_ok = 0;
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            if (e->d_name[0] == '.') continue;
+            char cdir[1400], mpath[1500];
+            snprintf(cdir, sizeof cdir, "%s/%s", root, e->d_name);
+            snprintf(mpath, sizeof mpath, "%s/manifest.json", cdir);
+            size_t n;
+            char *js = test_read_file(mpath, &n);
+            if (!js) continue;
+            n_cases++;
+            if (a == 0) golden_sparq(cdir, js, &n_ok);
+            else if (a == 1) golden_dense(cdir, js, &n_ok);
+            else golden_topk(cdir, js, &n_ok);
+            free(js);
+        }
+        closedir(dir);
+        fprintf(stderr, "golden %s: %d of %d cases match\n", kinds[a], n_ok, n_cases);
+        CHECK(n_cases > 0, "golden %s: no cases in %s", kinds[a], root);
+    }
+}
+
+/* ---- 7. identities ----------------------------------------------------------------------- */
+
+static void test_identities(void)
+{
+    rng r = { 5 };
+    const int64_t Ss[] = { 1, 3, 50, 700, 3000 };
+    for (size_t a = 0; a < 5; a++)
+        for (int elem = 0; elem < 2; elem++) {
+            if (elem == KV_F16 && !have_f16) continue;
+            case_data c;
+            case_make(&c, &r, Ss[a], 64, 4, elem);
+            run_out dn, sp, orc;
+            sparq_attn_params pd = params("dense", 0, 0, -1);
+            run_policy(&c, &pd, &dn);
+            /* k >= S: SparQ and oracle are dense */
+            sparq_attn_params ps = params("sparq", 8, (int)c.S, -1);
+            run_policy(&c, &ps, &sp);
+            CHECK(sp.rc == 0 && memcmp(sp.y, dn.y, 64 * 4 * sizeof(float)) == 0,
+                  "sparq k=S=%lld differs from dense", (long long)c.S);
+            CHECK(sp.alpha[0] == 1.0f && sp.n_sel == c.S, "sparq k=S: alpha %g n_sel %lld",
+                  sp.alpha[0], (long long)sp.n_sel);
+            run_free(&sp);
+            sparq_attn_params po = params("oracle", 0, (int)c.S + 3, -1);
+            run_policy(&c, &po, &orc);
+            double e = 0;
+            for (int i = 0; i < 64 * 4; i++) e = fmax(e, fabs(orc.y[i] - dn.y[i]));
+            CHECK(orc.rc == 0 && e <= 1e-6, "oracle k>=S differs from dense by %g", e);
+            run_free(&orc);
+            /* r = d, l = 0, no realloc: SparQ's scores are exact, so it
+             * selects what the oracle selects and computes the same */
+            if (c.S > 16) {
+                sparq_attn_params pq = params("sparq", 64, 16, 0);
+                pq.no_realloc = 1;
+                sparq_attn_params pk = params("oracle", 0, 16, -1);
+                run_policy(&c, &pq, &sp);
+                run_policy(&c, &pk, &orc);
+                e = 0;
+                for (int i = 0; i < 64 * 4; i++) e = fmax(e, fabs(orc.y[i] - sp.y[i]));
+                CHECK(sp.rc == 0 && orc.rc == 0 && same_set(sp.sel, sp.n_sel, orc.sel, orc.n_sel) &&
+                          e <= 1e-5,
+                      "sparq r=d l=0 no-realloc vs oracle S=%lld: err %g", (long long)c.S, e);
+                run_free(&sp);
+                run_free(&orc);
+            }
+            run_free(&dn);
+            case_free(&c);
+        }
+}
+
+/* ---- 8. transfer counts ------------------------------------------------------------------- */
+
+static void test_counts(void)
+{
+    rng r = { 17 };
+    const char *pols[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming" };
+    const int64_t Ss[] = { 1, 5, 40, 129, 1000 };
+    for (size_t a = 0; a < 5; a++) {
+        case_data c;
+        case_make(&c, &r, Ss[a], 32, 2, KV_F32);
+        for (size_t b = 0; b < 6; b++)
+            for (int kk = 0; kk < 3; kk++) {
+                const int ks[] = { 0, 8, 100 };
+                sparq_attn_params p = params(pols[b], 0, ks[kk], -1);
+                run_out o;
+                run_policy(&c, &p, &o);
+                char err[128];
+                int64_t f = sparq_attn_formula(&p, c.S, 32, 2, err, sizeof err);
+                CHECK(o.rc == 0 && o.elements == f && f > 0,
+                      "%s k=%d S=%lld: counted %lld, formula %lld", pols[b], ks[kk],
+                      (long long)c.S, (long long)o.elements, (long long)f);
+                run_free(&o);
+            }
+        case_free(&c);
+    }
+    /* the formulas themselves, from SPEC.md, at a long context */
+    const int64_t S = 10000;
+    const int d = 128;
+    char err[128];
+    sparq_attn_params p = params("sparq", 0, 0, -1);
+    CHECK(sparq_attn_formula(&p, S, d, 4, err, sizeof err) == S * 32 + 2 * 128 * d + 4 * d,
+          "sparq formula");
+    p = params("dense", 0, 0, -1);
+    CHECK(sparq_attn_formula(&p, S, d, 4, err, sizeof err) == 2 * S * d + 2 * d, "dense formula");
+    p = params("flexgen", 0, 64, -1);
+    CHECK(sparq_attn_formula(&p, S, d, 4, err, sizeof err) == S * d + 64 * d + 2 * d,
+          "flexgen formula");
+    p = params("h2o", 0, 64, -1);
+    CHECK(sparq_attn_formula(&p, S, d, 4, err, sizeof err) == 2 * 64 * d + 2 * d + 2 * S,
+          "h2o formula");
+    p = params("streaming", 0, 64, -1);
+    CHECK(sparq_attn_formula(&p, S, d, 4, err, sizeof err) == 2 * 64 * d + 2 * d,
+          "streaming formula");
+}
+
+/* ---- 9. invalid parameters ------------------------------------------------------------------ */
+
+static void expect_reject(sparq_attn_params p, int d, const char *needle)
+{
+    char err[256] = "";
+    int64_t f = sparq_attn_formula(&p, 100, d, 1, err, sizeof err);
+    CHECK(f == -1 && strstr(err, needle) != NULL && strchr(err, '\n') == NULL,
+          "%s r=%d k=%d l=%d: got %lld '%s', want '%s'", p.policy ? p.policy : "(null)", p.r, p.k,
+          p.l, (long long)f, err, needle);
+}
+
+static void test_invalid(void)
+{
+    expect_reject(params("sparq", 200, 0, -1), 128, "sparq: r=200 exceeds head size 128");
+    expect_reject(params("sparq", -3, 0, -1), 128, "r=-3");
+    expect_reject(params("sparq", 0, -5, -1), 128, "k=-5");
+    expect_reject(params("sparq", 0, 16, 17), 128, "l=17 exceeds k=16");
+    expect_reject(params("sparq", 0, 16, -2), 128, "l=-2");
+    expect_reject(params("h2o", 0, 16, 20), 128, "l=20 exceeds k=16");
+    expect_reject(params("oracle", 0, -1, -1), 64, "k=-1");
+    expect_reject(params("flexgen", 0, -1, -1), 64, "k=-1");
+    expect_reject(params("nosuch", 0, 0, -1), 64, "unknown policy 'nosuch'");
+    sparq_attn_params s = params("streaming", 0, 0, -1);
+    s.n_sink = -1;
+    expect_reject(s, 64, "n_sink=-1");
+
+    /* defaults: r = d/4 (at least 1), k = 128, l = k/4 */
+    sparq_attn_params p = params("sparq", 0, 0, -1);
+    char err[128];
+    const attn_policy *pol = attn_policy_find("sparq");
+    CHECK(pol && pol->resolve(&p, 128, err, sizeof err) == 0 && p.r == 32 && p.k == 128 &&
+              p.l == 32,
+          "sparq defaults r=%d k=%d l=%d", p.r, p.k, p.l);
+    p = params("sparq", 0, 0, -1);
+    CHECK(pol && pol->resolve(&p, 2, err, sizeof err) == 0 && p.r == 1,
+          "sparq r default for d=2: %d", p.r);
+    CHECK(attn_policy_find(NULL) == attn_policy_find("dense"), "NULL policy is dense");
+
+    /* the kernel API's own argument checks */
+    float q[8] = { 0 }, K[8] = { 0 }, out[8];
+    char e2[256] = "";
+    sparq_attn_params pd = params("dense", 0, 0, -1);
+    CHECK(sparq_attn_run(&pd, SPARQ_KV_F32, q, K, NULL, K, NULL, 0, 8, 1, out, NULL, NULL, NULL,
+                         NULL, NULL, e2, sizeof e2) == -1 && strstr(e2, "S=0"), "S=0: '%s'", e2);
+    CHECK(sparq_attn_run(&pd, 7, q, K, NULL, K, NULL, 1, 8, 1, out, NULL, NULL, NULL, NULL, NULL,
+                         e2, sizeof e2) == -1 && strstr(e2, "kv_type"),
+          "kv_type: '%s'", e2);
+    CHECK(sparq_attn_run(&pd, SPARQ_KV_F32, NULL, K, NULL, K, NULL, 1, 8, 1, out, NULL, NULL, NULL,
+                         NULL, NULL, e2, sizeof e2) == -1, "NULL q rejected");
+}
+
+int main(void)
+{
+    test_f16();
+    test_topk();
+    test_twins();
+    test_policies_naive();
+    test_h2o_steps();
+    test_golden();
+    test_identities();
+    test_counts();
+    test_invalid();
+    return test_summary("test_attn");
+}

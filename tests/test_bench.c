@@ -1,0 +1,463 @@
+/* test_bench.c - the benchmark arithmetic and output formats (bench.h).
+ *
+ * No timing is asserted: the statistics, byte counts, GB/s, ratios, list
+ * parsing, test data, the read kernel twins and the JSON / CSV / gnuplot
+ * writers are checked against hand-computed values and an independent
+ * parse of the output (json.h).
+ */
+#include "bench.h"
+#include "json.h"
+#include "kvcache.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void test_stats(void)
+{
+    double x[5] = { 5, 1, 4, 2, 3 }, w[5];
+    bench_stats s;
+    bench_stats_of(x, 5, w, &s);
+    CHECK(s.n == 5, "n=%d", s.n);
+    CHECK_NEAR(s.median, 3, 0);
+    CHECK_NEAR(s.q1, 2, 0);
+    CHECK_NEAR(s.q3, 4, 0);
+    CHECK_NEAR(s.min, 1, 0);
+    CHECK_NEAR(s.max, 5, 0);
+    CHECK_NEAR(s.mean, 3, 1e-15);
+    CHECK(x[0] == 5 && x[1] == 1 && x[4] == 3, "input reordered");
+
+    /* even count: numpy's linear interpolation, position p*(n-1) */
+    double y[4] = { 40, 10, 30, 20 }, wy[4];
+    bench_stats_of(y, 4, wy, &s);
+    CHECK_NEAR(s.median, 25, 1e-12);
+    CHECK_NEAR(s.q1, 17.5, 1e-12);
+    CHECK_NEAR(s.q3, 32.5, 1e-12);
+    CHECK_NEAR(s.mean, 25, 1e-12);
+
+    double one = 7.5, w1;
+    bench_stats_of(&one, 1, &w1, &s);
+    CHECK(s.median == 7.5 && s.q1 == 7.5 && s.q3 == 7.5 && s.min == 7.5 && s.max == 7.5, "single sample");
+    bench_stats_of(NULL, 0, NULL, &s);
+    CHECK(s.n == 0 && isnan(s.median) && isnan(s.mean), "empty sample gives NAN");
+
+    double sorted[3] = { 1, 2, 4 };
+    CHECK_NEAR(bench_quantile_sorted(sorted, 3, 0.0), 1, 0);
+    CHECK_NEAR(bench_quantile_sorted(sorted, 3, 1.0), 4, 0);
+    CHECK_NEAR(bench_quantile_sorted(sorted, 3, 0.75), 3, 1e-12);
+    CHECK_NEAR(bench_quantile_sorted(sorted, 3, 0.9), 3.6, 1e-12);
+}
+
+/* A policy whose formula is SparQ's, written out here independently. */
+static int64_t fake_formula(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)g;
+    return S * p->r + 2 * (int64_t)p->k * d + 4 * (int64_t)d;
+}
+
+static void test_transfer(void)
+{
+    attn_counts c[3] = { { 10, 2 }, { 10, 2 }, { 7, 1 } };
+    CHECK(bench_counted_bytes(c, 3, 2) == 2 * (12 + 12 + 8), "counted f16 = %lld",
+          (long long)bench_counted_bytes(c, 3, 2));
+    CHECK(bench_counted_bytes(c, 2, 4) == 4 * 24, "counted f32 = %lld", (long long)bench_counted_bytes(c, 2, 4));
+
+    attn_policy fake = { 0 };
+    fake.name = "fake";
+    fake.transfer_formula = fake_formula;
+    sparq_attn_params p = sparq_attn_default_params();
+    p.r = 16;
+    p.k = 128;
+    /* paper-shaped target point: S = 32k, d = 128, 8 KV heads, f16 */
+    const int64_t S = 32768;
+    const int64_t sparq_el = S * 16 + 2 * 128 * 128 + 4 * 128; /* 557568 */
+    CHECK(bench_formula_bytes(&fake, &p, S, 128, 4, 8, 2) == 8 * sparq_el * 2, "fake formula bytes");
+
+    const attn_policy *dense = attn_policy_find("dense"), *sparq = attn_policy_find("sparq");
+    CHECK(dense && sparq, "dense and sparq registered");
+    if (!dense || !sparq) return;
+    const int64_t dense_el = 2 * S * 128 + 2 * 128; /* 8388864 */
+    int64_t db = bench_formula_bytes(dense, &p, S, 128, 4, 8, 2);
+    int64_t sb = bench_formula_bytes(sparq, &p, S, 128, 4, 8, 2);
+    CHECK(db == 8 * dense_el * 2, "dense formula bytes %lld", (long long)db);
+    CHECK(sb == 8 * sparq_el * 2, "sparq formula bytes %lld", (long long)sb);
+    CHECK_NEAR(bench_ratio((double)sb, (double)db), 557568.0 / 8388864.0, 1e-15);
+    CHECK_NEAR(1.0 / bench_ratio((double)sb, (double)db), 15.045, 1e-3);
+    CHECK(isnan(bench_ratio(1, 0)), "ratio with no dense bytes is NAN");
+
+    /* 1e9 bytes in one second is 1 GB/s; 4.198e6 bytes in 319.3 us */
+    CHECK_NEAR(bench_gbps(1e9, 1e6), 1.0, 1e-12);
+    CHECK_NEAR(bench_gbps(4198400, 319.3), 4198400 / 319.3e-6 / 1e9, 1e-9);
+    CHECK(isnan(bench_gbps(1, 0)) && isnan(bench_gbps(1, -1)), "GB/s of a zero time is NAN");
+    CHECK_NEAR(bench_speedup(1000, 125), 8, 1e-12);
+    CHECK(isnan(bench_speedup(NAN, 1)) && isnan(bench_speedup(1, 0)), "speed-up without reference is NAN");
+}
+
+/* The counted bytes of real calls through a cache equal the formula (what
+ * `bench attn` reports as counted vs formula), for dense and sparq. */
+static void test_counted_matches_formula(void)
+{
+    const int B = 2, kvh = 2, g = 2, d = 16;
+    const int64_t S = 300;
+    kv_cache kv;
+    char err[256];
+    if (kv_create(&kv, B, kvh, d, S, KV_F16, 1, 1, err, sizeof err)) {
+        CHECK(0, "kv_create: %s", err);
+        return;
+    }
+    bench_rng r;
+    bench_rng_seed(&r, 3);
+    float kvrow[2 * 2 * 16];
+    for (int b = 0; b < B; b++)
+        for (int64_t p = 0; p < S; p++) {
+            bench_randn(&r, kvrow, sizeof kvrow / sizeof kvrow[0]);
+            kv_write(&kv, b, p, kvrow, kvrow + kvh * d);
+        }
+    kv.n = S;
+    const char *names[2] = { "dense", "sparq" };
+    for (int ip = 0; ip < 2; ip++) {
+        const attn_policy *pol = attn_policy_find(names[ip]);
+        if (!pol) { CHECK(0, "policy %s missing", names[ip]); continue; }
+        sparq_attn_params p = sparq_attn_default_params();
+        p.policy = pol->name;
+        p.r = 4;
+        p.k = 64;
+        CHECK(pol->resolve(&p, d, err, sizeof err) == 0, "resolve %s: %s", names[ip], err);
+        size_t nf = attn_pad16(pol->scratch_floats(&p, S, d, g));
+        float *sf = aligned_alloc(64, nf * sizeof(float));
+        int32_t *si = aligned_alloc(64, nf * sizeof(int32_t));
+        float q[2 * 16], out[2 * 16];
+        attn_counts c[4];
+        for (int i = 0; i < B * kvh; i++) {
+            attn_kv_view v;
+            kv_view(&kv, i / kvh, i % kvh, S, &v);
+            attn_scratch s = { .f = sf, .n_f = nf, .i = si };
+            bench_randn(&r, q, 2 * 16);
+            c[i].read = c[i].written = 0;
+            pol->attend(NULL, &p, i / kvh, i % kvh, &v, q, g, out, &s, &c[i]);
+        }
+        int64_t counted = bench_counted_bytes(c, B * kvh, 2);
+        int64_t formula = bench_formula_bytes(pol, &p, S, d, g, B * kvh, 2);
+        CHECK(counted == formula, "%s counted %lld != formula %lld", names[ip], (long long)counted,
+              (long long)formula);
+        free(sf);
+        free(si);
+    }
+    kv_free(&kv);
+}
+
+static void test_lists(void)
+{
+    int64_t v[8];
+    char err[256];
+    CHECK(bench_parse_list("1k,32k,1M", v, 8, err, sizeof err) == 3 && v[0] == 1024 && v[1] == 32768 &&
+              v[2] == 1048576, "suffixes");
+    CHECK(bench_parse_list("0,8192,32768", v, 8, err, sizeof err) == 3 && v[0] == 0 && v[2] == 32768, "plain");
+    CHECK(bench_parse_list("7", v, 8, err, sizeof err) == 1 && v[0] == 7, "single");
+    const char *bad[] = { "", "1,,2", "abc", "1x", "-1", "1,", "99999999999999999999", "9223372036854775807k" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        CHECK(bench_parse_list(bad[i], v, 8, err, sizeof err) == -1 && err[0], "'%s' accepted", bad[i]);
+    }
+    CHECK(bench_parse_list("1,2,3", v, 2, err, sizeof err) == -1, "too many items accepted");
+
+    char buf[64];
+    const char *names[4];
+    CHECK(bench_split_names("dense,sparq,h2o", buf, sizeof buf, names, 4, err, sizeof err) == 3 &&
+              strcmp(names[0], "dense") == 0 && strcmp(names[1], "sparq") == 0 && strcmp(names[2], "h2o") == 0,
+          "names split");
+    CHECK(bench_split_names("a,,b", buf, sizeof buf, names, 4, err, sizeof err) == -1, "empty name accepted");
+    CHECK(bench_split_names("a,b,c,d,e", buf, sizeof buf, names, 4, err, sizeof err) == -1, "5 names in 4 slots");
+}
+
+static void test_data(void)
+{
+    enum { N = 200001 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    bench_rng r;
+    bench_rng_seed(&r, 42);
+    bench_randn(&r, x, N);
+    double m = 0, v = 0;
+    for (int i = 0; i < N; i++) m += x[i];
+    m /= N;
+    for (int i = 0; i < N; i++) v += (x[i] - m) * (x[i] - m);
+    v /= N - 1;
+    /* standard errors: 1/sqrt(N) = 0.0022 for the mean, sqrt(2/N) = 0.0032 for the variance */
+    CHECK(fabs(m) < 0.012, "mean %g", m);
+    CHECK(fabs(v - 1) < 0.016, "variance %g", v);
+    bench_rng_seed(&r, 42);
+    bench_randn(&r, y, N);
+    CHECK(memcmp(x, y, N * sizeof(float)) == 0, "same seed, same data");
+
+    /* heavy == 0 is plain N(0,1); heavy != 0 concentrates |q| on few components */
+    bench_rng_seed(&r, 9);
+    bench_query(&r, y, 2, 128, 0);
+    bench_rng_seed(&r, 9);
+    bench_randn(&r, x, 256);
+    CHECK(memcmp(x, y, 256 * sizeof(float)) == 0, "normal query = randn");
+    double top_share[2];
+    for (int heavy = 0; heavy < 2; heavy++) {
+        double share = 0;
+        for (int t = 0; t < 50; t++) {
+            bench_query(&r, y, 1, 128, heavy);
+            double tot = 0, a[128];
+            for (int j = 0; j < 128; j++) tot += a[j] = fabs(y[j]);
+            for (int i = 0; i < 16; i++) /* the 16 largest, by selection */
+                for (int j = i + 1; j < 128; j++)
+                    if (a[j] > a[i]) { double s = a[i]; a[i] = a[j]; a[j] = s; }
+            double top = 0;
+            for (int i = 0; i < 16; i++) top += a[i];
+            share += top / tot / 50;
+        }
+        top_share[heavy] = share;
+    }
+    CHECK(top_share[1] > top_share[0] + 0.15, "heavy-tailed top-16 share %g vs normal %g", top_share[1],
+          top_share[0]);
+    free(x);
+    free(y);
+}
+
+static void test_sum_kernels(void)
+{
+    enum { N = 1000003 };
+    float *x = malloc((N + 1) * sizeof(float));
+    /* small integers: every partial sum is exact in f32, so any order of
+     * additions must agree exactly (tolerance 0) */
+    for (int i = 0; i < N + 1; i++) x[i] = (float)((i * 7) % 5) - 2.0f;
+    double want = 0;
+    for (int i = 0; i < N; i++) want += x[i];
+    CHECK(bench_sum_f32_ref(x, N) == (float)want, "ref sum");
+    CHECK(bench_sum_f32(x, N) == (float)want, "dispatched sum %g vs %g", bench_sum_f32(x, N), want);
+#ifdef BENCH_HAVE_AVX512
+    int bad = 0;
+    for (size_t n = 0; n < 300; n++) /* odd lengths and a misaligned start */
+        bad += bench_sum_f32_avx512(x + 1, n) != bench_sum_f32_ref(x + 1, n) ||
+               bench_sum_f32_avx512(x, n) != bench_sum_f32_ref(x, n);
+    CHECK(bad == 0, "%d lengths differ between avx512 and ref", bad);
+    CHECK(bench_sum_f32_avx512(x, N) == (float)want, "avx512 long sum");
+#endif
+    free(x);
+}
+
+/* Rows covering each kind, NAN fields and awkward text. */
+static void sample_rows(bench_row *rows)
+{
+    bench_row_init(&rows[0], BENCH_ATTN);
+    strcpy(rows[0].policy, "dense");
+    rows[0].B = 1, rows[0].H = 32, rows[0].kv_heads = 8, rows[0].d = 128, rows[0].S = 4096;
+    rows[0].threads = 2;
+    rows[0].us.n = 10, rows[0].us.median = 1236.5, rows[0].us.q1 = 1200, rows[0].us.q3 = 1300;
+    rows[0].us.min = 1100, rows[0].us.max = 1400, rows[0].us.mean = 1250;
+    rows[0].bytes_counted = rows[0].bytes_formula = rows[0].bytes_dense = 16781312;
+    rows[0].gbps = 13.5, rows[0].speedup_vs_dense = 1, rows[0].theoretical_ratio = 1;
+
+    rows[1] = rows[0];
+    strcpy(rows[1].policy, "sparq");
+    rows[1].r = 16, rows[1].k = 128, rows[1].l = 32;
+    rows[1].us.median = 150;
+    rows[1].bytes_counted = rows[1].bytes_formula = ((int64_t)1 << 40) + 1; /* printed as an integer */
+    rows[1].speedup_vs_dense = 8.25, rows[1].theoretical_ratio = 0.125;
+
+    rows[2] = rows[1];
+    rows[2].S = 1024;
+    rows[2].speedup_vs_dense = 2.0;
+
+    bench_row_init(&rows[3], BENCH_DECODE);
+    strcpy(rows[3].policy, "sparq");
+    strcpy(rows[3].model, "a \"quoted\", model.gguf");
+    strcpy(rows[3].fill, "random");
+    rows[3].depth = rows[3].S = 32768;
+    rows[3].us.median = 4000;
+    rows[3].tok_s = 250;
+    rows[3].peak_rss = (int64_t)9007199254740993LL; /* 2^53 + 1: must print exactly */
+
+    bench_row_init(&rows[4], BENCH_MEMBW);
+    strcpy(rows[4].policy, "read");
+    rows[4].threads = 1;
+    rows[4].bytes_counted = 1 << 30;
+    rows[4].us.median = 1e5;
+    rows[4].gbps = bench_gbps(1 << 30, 1e5);
+}
+
+static char *capture(int which, const bench_row *rows, int n, size_t *len)
+{
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    if (!f) return NULL;
+    if (which == 0) bench_write_json(f, rows, n);
+    else if (which == 1) bench_write_csv(f, rows, n);
+    else if (which == 2) bench_print_table(f, rows, n);
+    else bench_write_gnuplot(f, rows, n, "out's.png", "pngcairo", NULL);
+    fclose(f);
+    return buf;
+}
+
+static double num_of(const json_value *o, const char *key)
+{
+    const json_value *v = json_get(o, key);
+    return v && v->type == JSON_NUMBER ? v->u.number : NAN;
+}
+
+static void test_json(void)
+{
+    bench_row rows[5];
+    sample_rows(rows);
+    size_t len;
+    char *txt = capture(0, rows, 5, &len);
+    char err[256];
+    json_doc *doc = json_parse(txt, len, 0, err, sizeof err);
+    CHECK(doc != NULL, "JSON does not parse: %s\n%s", err, txt);
+    if (doc) {
+        const json_value *root = json_root(doc);
+        CHECK(root->type == JSON_ARRAY && root->n == 5, "array of 5");
+        const json_value *a = json_at(root, 0), *s = json_at(root, 1), *dec = json_at(root, 3);
+        const char *must[] = { "policy", "B", "H", "kv_heads", "d", "S", "r", "k", "threads", "median_us",
+                               "gbps", "speedup_vs_dense", "theoretical_ratio", "depth", "tok_s" };
+        for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
+            CHECK(json_get(a, must[i]) != NULL, "key %s missing", must[i]);
+        const json_value *pol = json_get(s, "policy");
+        CHECK(pol && pol->type == JSON_STRING && strcmp(pol->u.str, "sparq") == 0, "policy sparq");
+        CHECK(num_of(a, "S") == 4096 && num_of(a, "H") == 32 && num_of(a, "kv_heads") == 8, "shape");
+        CHECK(num_of(a, "median_us") == 1236.5 && num_of(a, "q1_us") == 1200, "timings");
+        CHECK(num_of(s, "r") == 16 && num_of(s, "k") == 128, "params");
+        CHECK(num_of(s, "speedup_vs_dense") == 8.25, "speed-up");
+        CHECK(num_of(s, "theoretical_ratio") == 0.125 && num_of(s, "theoretical_speedup") == 8, "ratio");
+        const json_value *kind = json_get(dec, "kind"), *model = json_get(dec, "model");
+        CHECK(kind && strcmp(kind->u.str, "decode") == 0, "decode kind");
+        CHECK(model && strcmp(model->u.str, "a \"quoted\", model.gguf") == 0, "escaped model name");
+        CHECK(num_of(dec, "depth") == 32768 && num_of(dec, "tok_s") == 250, "decode depth, tok/s");
+        CHECK(num_of(dec, "ms_token") == 4, "ms per token");
+        const json_value *g = json_get(dec, "gbps");
+        CHECK(g && g->type == JSON_NULL, "NAN written as null");
+        const json_value *kt = json_get(a, "kv_type");
+        CHECK(kt && strcmp(kt->u.str, "f16") == 0, "kv_type");
+        json_free(doc);
+    }
+    /* integers print exactly, even above 2^53 */
+    CHECK(strstr(txt, "\"peak_rss_bytes\":9007199254740993") != NULL, "exact int64");
+    CHECK(strstr(txt, "\"bytes_counted\":1099511627777") != NULL, "exact bytes");
+    free(txt);
+
+    txt = capture(0, rows, 0, &len);
+    doc = json_parse(txt, len, 0, err, sizeof err);
+    CHECK(doc && json_root(doc)->type == JSON_ARRAY && json_root(doc)->n == 0, "empty array");
+    json_free(doc);
+    free(txt);
+}
+
+/* Splits one CSV line into fields (RFC 4180 quotes); returns the count. */
+static int csv_fields(const char *line, char out[][64], int max)
+{
+    int n = 0;
+    const char *p = line;
+    for (;;) {
+        char *o = out[n];
+        size_t k = 0;
+        if (*p == '"') {
+            p++;
+            while (*p && !(*p == '"' && p[1] != '"')) {
+                if (*p == '"') p++;
+                if (k < 63) o[k++] = *p;
+                p++;
+            }
+            if (*p == '"') p++;
+        } else {
+            while (*p && *p != ',' && *p != '\n')
+                if (k < 63) o[k++] = *p++;
+                else p++;
+        }
+        o[k] = 0;
+        n++;
+        if (*p != ',' || n == max) return n;
+        p++;
+    }
+}
+
+static void test_csv(void)
+{
+    bench_row rows[5];
+    sample_rows(rows);
+    size_t len;
+    char *txt = capture(1, rows, 5, &len);
+    char (*f)[64] = malloc(64 * sizeof *f);
+    char *save = NULL, *line = strtok_r(txt, "\n", &save);
+    int n_head = csv_fields(line, f, 64);
+    CHECK(strcmp(f[0], "kind") == 0 && strcmp(f[1], "policy") == 0, "header starts kind,policy");
+    int col_S = -1, col_gbps = -1, col_model = -1, col_med = -1;
+    for (int i = 0; i < n_head; i++) {
+        if (strcmp(f[i], "S") == 0) col_S = i;
+        if (strcmp(f[i], "gbps") == 0) col_gbps = i;
+        if (strcmp(f[i], "model") == 0) col_model = i;
+        if (strcmp(f[i], "median_us") == 0) col_med = i;
+    }
+    CHECK(col_S > 0 && col_gbps > 0 && col_model > 0 && col_med > 0, "columns present");
+    int n_lines = 0;
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        int n = csv_fields(line, f, 64);
+        CHECK(n == n_head, "line %d has %d fields, header %d", n_lines, n, n_head);
+        if (n_lines == 0) {
+            CHECK(strcmp(f[col_S], "4096") == 0, "S cell '%s'", f[col_S]);
+            CHECK(strcmp(f[col_med], "1236.5") == 0, "median cell '%s'", f[col_med]);
+            CHECK(strcmp(f[col_gbps], "13.5") == 0, "gbps cell '%s'", f[col_gbps]);
+        }
+        if (n_lines == 3) {
+            CHECK(strcmp(f[col_model], "a \"quoted\", model.gguf") == 0, "quoted cell '%s'", f[col_model]);
+            CHECK(f[col_gbps][0] == 0, "NAN cell empty");
+        }
+        n_lines++;
+    }
+    CHECK(n_lines == 5, "5 data lines, got %d", n_lines);
+    free(f);
+    free(txt);
+}
+
+static void test_table_and_plot(void)
+{
+    bench_row rows[5];
+    sample_rows(rows);
+    size_t len;
+    char *txt = capture(2, rows, 5, &len);
+    CHECK(strstr(txt, "policy") && strstr(txt, "sparq") && strstr(txt, "tok/s") && strstr(txt, "GB/s"),
+          "table sections");
+    free(txt);
+
+    char lab[128];
+    bench_series_label(rows, 5, &rows[1], lab, sizeof lab);
+    CHECK(strcmp(lab, "sparq r=16 k=128") == 0, "label '%s'", lab);
+    bench_row two[2] = { rows[1], rows[1] };
+    two[1].threads = 1;
+    bench_series_label(two, 2, &two[0], lab, sizeof lab);
+    CHECK(strcmp(lab, "sparq r=16 k=128 t=2") == 0, "label with threads '%s'", lab);
+
+    txt = capture(3, rows, 5, &len);
+    CHECK(strstr(txt, "set terminal pngcairo") != NULL, "terminal");
+    CHECK(strstr(txt, "set output 'out''s.png'") != NULL, "quoted output path");
+    CHECK(strstr(txt, "'sparq r=16 k=128'") != NULL, "curve title");
+    const char *p1024 = strstr(txt, "\n1024 2 8\n"), *p4096 = strstr(txt, "\n4096 8.25 8\n");
+    CHECK(p1024 && p4096 && p1024 < p4096, "points sorted by S:\n%s", txt);
+    CHECK(strstr(txt, "$s1") == NULL, "one curve only (dense is the reference line)");
+    free(txt);
+
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, &len);
+    CHECK(bench_write_gnuplot(f, rows + 3, 2, "x.png", "png", NULL) == 0, "nothing to plot without attn rows");
+    CHECK(bench_write_gnuplot(f, rows, 3, "x.png", "png", NULL) == 1, "one curve");
+    fclose(f);
+    free(buf);
+}
+
+int main(void)
+{
+    test_stats();
+    test_transfer();
+    test_counted_matches_formula();
+    test_lists();
+    test_data();
+    test_sum_kernels();
+    test_json();
+    test_csv();
+    test_table_and_plot();
+    return test_summary("test_bench");
+}

@@ -1,0 +1,335 @@
+/* test_model.c - the forward pass against llama.cpp's golden outputs
+ * (../shared/golden/llamacpp) and model-loading errors.
+ *
+ * Tolerances (max |logit difference|), justified in the golden README:
+ *   F32 weights, F32 KV:  1e-4  (llama.cpp vs float64 agree to 2e-5)
+ *   F16 KV cache:         0.05  (llama.cpp itself differs by up to 0.03)
+ *   per weight type on the random models: see rand_cases below.
+ */
+#include "test.h"
+#include <unistd.h>
+#include "gguf.h"
+#include "paths.h"
+#include "quant.h"
+#include "sparq.h"
+
+static const char *const stories[] = { "once_upon_a_time", "lily_tom_park", "sad_dog", "boy_cat_story" };
+
+static void *load_golden(const char *rel, size_t *n)
+{
+    char path[1024];
+    if (path_find(rel, path, sizeof path) != 0) return NULL;
+    return test_read_file(path, n);
+}
+
+/* The integer list after "key": [ in a golden JSON file. */
+static int json_int_list(const char *json, const char *key, int32_t *out, int max)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": [", key);
+    const char *p = strstr(json, pat);
+    if (!p) return -1;
+    p += strlen(pat);
+    int n = 0;
+    while (*p && *p != ']' && n < max) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) return -1;
+        out[n++] = (int32_t)v;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    return n;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates as a failure */
+    }
+    return m;
+}
+
+static sparq_context *make_ctx(sparq_model *m, int kv_type, int64_t n_ctx)
+{
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.kv_type = kv_type;
+    cp.n_threads = 2;
+    sparq_context *c = NULL;
+    char err[256];
+    if (sparq_context_create(m, &cp, &c, err, sizeof err)) fprintf(stderr, "context: %s\n", err);
+    return c;
+}
+
+static void test_stories(void)
+{
+    char path[1024], err[512];
+    if (path_find("stories260K.gguf", path, sizeof path)) {
+        test_skip("stories260K.gguf not found");
+        return;
+    }
+    sparq_model *m = NULL;
+    CHECK(sparq_model_load(path, &m, err, sizeof err) == 0, "%s", err);
+    if (!m) return;
+    const int V = sparq_model_n_vocab(m);
+    CHECK(V == 512, "n_vocab %d", V);
+    for (size_t s = 0; s < sizeof stories / sizeof stories[0]; s++) {
+        char rel[256];
+        size_t n_bytes, n_f32, n_f16, n_json, n_txt;
+        snprintf(rel, sizeof rel, "golden/llamacpp/stories260K/%s.tokens.i32", stories[s]);
+        int32_t *toks = load_golden(rel, &n_bytes);
+        snprintf(rel, sizeof rel, "golden/llamacpp/stories260K/%s.logits_kvf32.f32", stories[s]);
+        float *gold32 = load_golden(rel, &n_f32);
+        snprintf(rel, sizeof rel, "golden/llamacpp/stories260K/%s.logits.f32", stories[s]);
+        float *gold16 = load_golden(rel, &n_f16);
+        snprintf(rel, sizeof rel, "golden/llamacpp/stories260K/%s.greedy.json", stories[s]);
+        char *json = load_golden(rel, &n_json);
+        snprintf(rel, sizeof rel, "golden/llamacpp/stories260K/%s.prompt.txt", stories[s]);
+        char *prompt = load_golden(rel, &n_txt);
+        if (!toks || !gold32 || !gold16 || !json || !prompt) {
+            test_skip("stories260K golden files missing");
+            goto next;
+        }
+        const int n = (int)(n_bytes / 4);
+        CHECK(n_f32 == (size_t)n * V * 4 && n_f16 == n_f32, "%s: golden sizes", stories[s]);
+
+        /* the tokenizer gives llama.cpp's ids */
+        int32_t ids[1024];
+        int nt = sparq_tokenize(m, prompt, (int)n_txt, 1, ids, 1024);
+        CHECK(nt == n && memcmp(ids, toks, (size_t)n * 4) == 0, "%s: prompt tokens differ (%d vs %d)",
+              stories[s], nt, n);
+
+        float *logits = malloc((size_t)n * V * sizeof(float));
+        sparq_context *c32 = make_ctx(m, SPARQ_KV_F32, 512);
+        sparq_context *c16 = make_ctx(m, SPARQ_KV_F16, 512);
+        CHECK(c32 && c16 && logits, "contexts");
+        if (!c32 || !c16 || !logits) goto next_free;
+        CHECK(sparq_eval_all(c32, toks, n, logits) == 0, "eval f32");
+        double d32 = max_abs_diff(logits, gold32, (size_t)n * V);
+        CHECK(d32 <= 1e-4, "%s: F32 KV logits max diff %g > 1e-4", stories[s], d32);
+        CHECK(sparq_eval_all(c16, toks, n, logits) == 0, "eval f16");
+        double d16 = max_abs_diff(logits, gold16, (size_t)n * V);
+        CHECK(d16 <= 0.05, "%s: F16 KV logits max diff %g > 0.05", stories[s], d16);
+        printf("%s: %d tokens, max |dlogit| F32-KV %.2e, F16-KV %.2e\n", stories[s], n, d32, d16);
+
+        /* greedy continuation (F16 KV, like the golden run) */
+        int32_t want[512];
+        int n_want = json_int_list(json, "greedy_tokens", want, 512);
+        CHECK(n_want > 0, "greedy_tokens in json");
+        float *last = logits + (size_t)(n - 1) * V;
+        int same = 0;
+        for (int i = 0; i < n_want; i++) {
+            int32_t best = 0;
+            for (int v = 1; v < V; v++)
+                if (last[v] > last[best]) best = v;
+            if (best != want[i]) break;
+            same++;
+            if (i + 1 < n_want && sparq_eval(c16, &best, 1, last)) break;
+        }
+        CHECK(same == n_want, "%s: greedy matches llama.cpp for %d of %d tokens", stories[s], same, n_want);
+    next_free:
+        sparq_context_free(c32);
+        sparq_context_free(c16);
+        free(logits);
+    next:
+        free(toks); free(gold32); free(gold16); free(json); free(prompt);
+    }
+    sparq_model_free(m);
+}
+
+/* Random-weight models: logits of all 64 positions (F32 KV) against
+ * llama.cpp's, with a max and an rms tolerance per weight type. llama.cpp
+ * converts activations to the weight's vec_dot type and we do the same, so
+ * what remains is accumulation order (F32/F16/BF16: the golden README
+ * measures 0.006 / 0.03 for an engine that emulates the rounding) and, for
+ * quantised types, discrete rounding flips in the 8-bit activation blocks:
+ * one flip moves a logit by up to ~0.1-0.2 (the README sees 0.1-0.2 from
+ * llama.cpp's own repack switch), so the max bound is 0.25 and the rms
+ * bound (0.02), which a real bug would blow through, is what stays tight.
+ * rand-qwen2-q8_0/q4_k_m sit at rms 0.011 (llama and qwen3 Q8_0 are exact):
+ * not yet explained; the f32 qwen2 model matches to 1e-5, so it is not the
+ * bias or tied-output wiring. */
+typedef struct rand_case { const char *name; double tol, rms_tol; int required; } rand_case;
+static const rand_case rand_cases[] = {
+    { "rand-llama-f32", 1e-4, 1e-5, 1 },  { "rand-llama-f16", 1e-2, 1e-3, 1 },
+    { "rand-llama-bf16", 3e-2, 3e-3, 1 }, { "rand-llama-q8_0", 0.25, 0.02, 1 },
+    { "rand-llama-q4_0", 0.25, 0.02, 0 }, { "rand-llama-q4_k_m", 0.25, 0.02, 0 },
+    { "rand-llama-q5_k_m", 0.25, 0.02, 0 }, { "rand-llama-q6_k", 0.25, 0.02, 0 },
+    { "rand-qwen2-f32", 1e-4, 1e-5, 0 },  { "rand-qwen2-q8_0", 0.25, 0.02, 0 },
+    { "rand-qwen2-q4_k_m", 0.25, 0.02, 0 }, { "rand-qwen3-f32", 1e-4, 1e-5, 0 },
+    { "rand-qwen3-q8_0", 0.25, 0.02, 0 },  { "rand-qwen3-q4_k_m", 0.25, 0.02, 0 },
+};
+
+static double rms_diff(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(s / (double)n);
+}
+
+static void test_rand_models(void)
+{
+    size_t n_bytes;
+    int32_t *toks = load_golden("golden/llamacpp/rand/seq64.tokens.i32", &n_bytes);
+    if (!toks) {
+        test_skip("golden/llamacpp/rand missing");
+        return;
+    }
+    const int n = (int)(n_bytes / 4);
+    for (size_t i = 0; i < sizeof rand_cases / sizeof rand_cases[0]; i++) {
+        const rand_case *rc = &rand_cases[i];
+        char rel[256], path[1024], err[512];
+        snprintf(rel, sizeof rel, "golden/llamacpp/models/rand/%s.gguf", rc->name);
+        if (path_find(rel, path, sizeof path)) {
+            test_skip(rel);
+            continue;
+        }
+        sparq_model *m = NULL;
+        if (sparq_model_load(path, &m, err, sizeof err)) {
+            if (rc->required) CHECK(0, "%s: %s", rc->name, err);
+            else fprintf(stderr, "SKIP %s: %s\n", rc->name, err), test_n_skip++;
+            continue;
+        }
+        const int V = sparq_model_n_vocab(m);
+        size_t n_gold;
+        snprintf(rel, sizeof rel, "golden/llamacpp/rand/%s.seq64.logits_kvf32.f32", rc->name);
+        float *gold = load_golden(rel, &n_gold);
+        float *logits = malloc((size_t)n * V * sizeof(float));
+        sparq_context *c = make_ctx(m, SPARQ_KV_F32, 512);
+        CHECK(gold && n_gold == (size_t)n * V * 4 && logits && c, "%s: setup", rc->name);
+        if (gold && logits && c && n_gold == (size_t)n * V * 4) {
+            CHECK(sparq_eval_all(c, toks, n, logits) == 0, "%s eval", rc->name);
+            double d = max_abs_diff(logits, gold, (size_t)n * V);
+            double rms = rms_diff(logits, gold, (size_t)n * V);
+            int top1_checked = 0, top1_same = 0;
+            for (int t = 0; t < n; t++) {
+                const float *g = gold + (size_t)t * V, *o = logits + (size_t)t * V;
+                int g1 = 0, g2 = -1, o1 = 0;
+                for (int v = 1; v < V; v++) {
+                    if (g[v] > g[g1]) { g2 = g1; g1 = v; }
+                    else if (g2 < 0 || g[v] > g[g2]) g2 = v;
+                    if (o[v] > o[o1]) o1 = v;
+                }
+                if (g[g1] - g[g2] > rc->tol) {
+                    top1_checked++;
+                    top1_same += g1 == o1;
+                }
+            }
+            printf("%s: max |dlogit| %.2e (tol %.0e), rms %.2e (tol %.0e), top-1 %d/%d\n", rc->name, d,
+                   rc->tol, rms, rc->rms_tol, top1_same, top1_checked);
+            CHECK(d <= rc->tol, "%s: max diff %g > %g", rc->name, d, rc->tol);
+            CHECK(rms <= rc->rms_tol, "%s: rms diff %g > %g", rc->name, rms, rc->rms_tol);
+            CHECK(top1_same == top1_checked, "%s: top-1 differs at %d positions", rc->name,
+                  top1_checked - top1_same);
+        }
+        sparq_context_free(c);
+        free(logits);
+        free(gold);
+        sparq_model_free(m);
+    }
+    free(toks);
+}
+
+/* ---- loading errors, on tiny models written in /tmp ---------------------- */
+
+static int fill_zero(void *user, void *dst, size_t n) { (void)user; memset(dst, 0, n); return 0; }
+
+/* Writes a 1-layer llama model; `skip` names a tensor to leave out,
+ * `arch` the architecture string, `mat_type` the matrices' type. */
+static int write_tiny(const char *path, const char *arch, const char *skip, uint32_t mat_type)
+{
+    gguf_writer *w = gguf_writer_create();
+    if (!w) return -1;
+    char key[64];
+    const char *toks[4] = { "<unk>", "<s>", "</s>", "\xe2\x96\x81" "a" };
+    float scores[4] = { 0, 0, 0, -1 };
+    int32_t types[4] = { 2, 3, 3, 1 };
+    int bad = gguf_writer_set_str(w, "general.architecture", arch);
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
+    bad |= gguf_writer_set_u32(w, KEY("embedding_length"), 32);
+    bad |= gguf_writer_set_u32(w, KEY("block_count"), 1);
+    bad |= gguf_writer_set_u32(w, KEY("feed_forward_length"), 64);
+    bad |= gguf_writer_set_u32(w, KEY("attention.head_count"), 4);
+    bad |= gguf_writer_set_u32(w, KEY("context_length"), 64);
+#undef KEY
+    bad |= gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    bad |= gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 4);
+    bad |= gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, 4);
+    bad |= gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, 4);
+    struct { const char *name; int64_t ne0, ne1; int mat; } t[] = {
+        { "token_embd.weight", 32, 4, 1 }, { "output_norm.weight", 32, 1, 0 },
+        { "blk.0.attn_norm.weight", 32, 1, 0 }, { "blk.0.attn_q.weight", 32, 32, 1 },
+        { "blk.0.attn_k.weight", 32, 32, 1 }, { "blk.0.attn_v.weight", 32, 32, 1 },
+        { "blk.0.attn_output.weight", 32, 32, 1 }, { "blk.0.ffn_norm.weight", 32, 1, 0 },
+        { "blk.0.ffn_gate.weight", 32, 64, 1 }, { "blk.0.ffn_up.weight", 32, 64, 1 },
+        { "blk.0.ffn_down.weight", 64, 32, 1 },
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (skip && strcmp(skip, t[i].name) == 0) continue;
+        int64_t ne[2] = { t[i].ne0, t[i].ne1 };
+        bad |= gguf_writer_add_tensor(w, t[i].name, t[i].mat ? mat_type : QT_F32, t[i].mat ? 2 : 1, ne,
+                                      fill_zero, NULL);
+    }
+    char err[256];
+    if (!bad) bad = gguf_writer_write(w, path, err, sizeof err);
+    gguf_writer_free(w);
+    return bad ? -1 : 0;
+}
+
+static void expect_load_error(const char *path, const char *needle)
+{
+    sparq_model *m = NULL;
+    char err[512] = "";
+    int r = sparq_model_load(path, &m, err, sizeof err);
+    CHECK(r != 0 && m == NULL, "loading %s should fail", path);
+    CHECK(strstr(err, needle) != NULL, "error '%s' should mention '%s'", err, needle);
+    CHECK(strchr(err, '\n') == NULL, "error is one line: '%s'", err);
+    sparq_model_free(m);
+}
+
+static void test_load_errors(void)
+{
+    char path[] = "/tmp/sparq_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    sparq_model *m = NULL;
+    char err[512];
+
+    CHECK(write_tiny(path, "llama", NULL, QT_F32) == 0, "write tiny");
+    CHECK(sparq_model_load(path, &m, err, sizeof err) == 0, "tiny model loads: %s", err);
+    if (m) { /* and runs: a 3-token prompt, then the prompt-too-long error */
+        sparq_context *c = make_ctx(m, SPARQ_KV_F16, 8);
+        int32_t ids[9] = { 1, 3, 3, 3, 3, 3, 3, 3, 3 };
+        float logits[4];
+        CHECK(c && sparq_eval(c, ids, 3, logits) == 0, "tiny eval");
+        CHECK(c && sparq_eval(c, ids, 6, logits) != 0 && strstr(sparq_context_error(c), "context"),
+              "context overflow is an error");
+        int32_t bad_id = 7;
+        CHECK(c && sparq_eval(c, &bad_id, 1, logits) != 0 && strstr(sparq_context_error(c), "token id"),
+              "bad token id is an error");
+        sparq_context_free(c);
+    }
+    sparq_model_free(m);
+
+    CHECK(write_tiny(path, "gpt-neox-9000", NULL, QT_F32) == 0, "write");
+    expect_load_error(path, "unknown architecture 'gpt-neox-9000'");
+    CHECK(write_tiny(path, "llama", "blk.0.attn_k.weight", QT_F32) == 0, "write");
+    expect_load_error(path, "blk.0.attn_k.weight");
+    CHECK(write_tiny(path, "llama", NULL, QT_IQ4_NL) == 0, "write");
+    expect_load_error(path, "IQ4_NL");
+    expect_load_error("/nonexistent/model.gguf", "/nonexistent/model.gguf");
+    unlink(path);
+}
+
+int main(void)
+{
+    test_stories();
+    test_rand_models();
+    test_load_errors();
+    return test_summary("test_model");
+}
