@@ -39,7 +39,7 @@ $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/sparq.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.cc
+$(BUILD)/obj/%.o: src/%.cc $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc -c $< -o $@
 
