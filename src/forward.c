@@ -3,7 +3,7 @@
  *
  * Map:
  *   sparq_context_create / _free   KV cache, scratch, attention policy
- *   model_matmul                   threaded W x, ggml-compatible numerics
+ *   model_matmul(_group)           threaded W x, ggml-compatible numerics
  *   rms_norm, rope_*, silu         small pure kernels
  *   attend_prefill                 exact causal attention, no S x S matrix
  *   attend_decode                  one token through the attention policy
@@ -13,6 +13,7 @@
 #include "model.h"
 #include "quant.h"
 
+#include <assert.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -214,36 +215,62 @@ int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed)
 
 /* ---- kernels ------------------------------------------------------------ */
 
-void model_matmul(sparq_context *c, float *out, const float *in, int n, const weight *w)
+/* Converts n activation rows to vec_dot type vdt (once per product group,
+ * like ggml's vec_dot_type); returns the rows to feed the dot kernels. */
+static const uint8_t *convert_activations(sparq_context *c, const float *in, int n, int64_t n_in,
+                                          int vdt, size_t *x_stride)
 {
-    const int vdt = quant_traits_of(w->type)->vec_dot_type;
-    const int64_t n_in = w->n_in, n_out = w->n_out;
-    const uint8_t *xq = (const uint8_t *)in;
-    size_t x_stride = (size_t)n_in * sizeof(float);
-    if (vdt != QT_F32) { /* convert activations once, like ggml's vec_dot_type */
-        x_stride = c->rs.xq_row_bytes;
-        uint8_t *dst = c->rs.xq;
-#pragma omp parallel for num_threads(c->n_threads) schedule(static) if (n > 1)
-        for (int t = 0; t < n; t++)
-            quant_from_float((uint32_t)vdt, in + (size_t)t * n_in, dst + (size_t)t * x_stride, n_in);
-        xq = dst;
+    if (vdt == QT_F32) {
+        *x_stride = (size_t)n_in * sizeof(float);
+        return (const uint8_t *)in;
     }
-    /* Rows in chunks of 16: a chunk stays in L1 while every token's
-     * activations stream past it. */
-    enum { CHUNK = 16 };
-    const int64_t n_chunks = (n_out + CHUNK - 1) / CHUNK;
-    const uint8_t *wd = w->data;
-#pragma omp parallel for num_threads(c->n_threads) schedule(static)
-    for (int64_t ch = 0; ch < n_chunks; ch++) {
-        const int64_t r0 = ch * CHUNK;
-        const int nr = (int)(n_out - r0 < CHUNK ? n_out - r0 : CHUNK);
-        float tmp[CHUNK];
-        for (int t = 0; t < n; t++) {
-            quant_dot_rows(w->type, wd + (size_t)r0 * w->row_bytes, w->row_bytes, nr,
-                           xq + (size_t)t * x_stride, n_in, tmp);
-            memcpy(out + (size_t)t * n_out + r0, tmp, (size_t)nr * sizeof(float));
+    *x_stride = c->rs.xq_row_bytes;
+    uint8_t *dst = c->rs.xq;
+#pragma omp parallel for num_threads(c->n_threads) schedule(static) if (n > 1)
+    for (int t = 0; t < n; t++)
+        quant_from_float((uint32_t)vdt, in + (size_t)t * n_in, dst + (size_t)t * (*x_stride), n_in);
+    return dst;
+}
+
+void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
+                        float *const *outs)
+{
+    assert(n_w >= 1 && n_w <= 4);
+    const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
+    for (int i = 1; i < n_w; i++) { /* mixed activation types: one product at a time */
+        if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt) {
+            for (int j = 0; j < n_w; j++) model_matmul_group(c, in, n, 1, ws + j, outs + j);
+            return;
         }
     }
+    const int64_t n_in = ws[0]->n_in;
+    size_t x_stride;
+    const uint8_t *xq = convert_activations(c, in, n, n_in, vdt, &x_stride);
+    /* Rows in chunks of 16: a chunk stays in L1 while every token's
+     * activations stream past it. The chunks of all products form one
+     * parallel loop, so q/k/v (or gate/up) cost one barrier, not three. */
+    enum { CHUNK = 16 };
+    int64_t first_chunk[5] = { 0 };
+    for (int i = 0; i < n_w; i++) first_chunk[i + 1] = first_chunk[i] + (ws[i]->n_out + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(c->n_threads) schedule(static)
+    for (int64_t ch = 0; ch < first_chunk[n_w]; ch++) {
+        int i = 0;
+        while (ch >= first_chunk[i + 1]) i++;
+        const weight *w = ws[i];
+        const int64_t r0 = (ch - first_chunk[i]) * CHUNK;
+        const int nr = (int)(w->n_out - r0 < CHUNK ? w->n_out - r0 : CHUNK);
+        const uint8_t *rows = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        float tmp[CHUNK];
+        for (int t = 0; t < n; t++) {
+            quant_dot_rows(w->type, rows, w->row_bytes, nr, xq + (size_t)t * x_stride, n_in, tmp);
+            memcpy(outs[i] + (size_t)t * w->n_out + r0, tmp, (size_t)nr * sizeof(float));
+        }
+    }
+}
+
+void model_matmul(sparq_context *c, float *out, const float *in, int n, const weight *w)
+{
+    model_matmul_group(c, in, n, 1, &w, &out);
 }
 
 /* out = x / rms(x) * w; the sum of squares in double, as ggml does. */
@@ -412,9 +439,9 @@ static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, 
         /* attention block: x += Wo attn(rope(Wq xn), rope(Wk xn), Wv xn) */
         for (int t = 0; t < n; t++)
             rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
-        model_matmul(c, rs->q, rs->xn, n, &L->wq);
-        model_matmul(c, rs->k, rs->xn, n, &L->wk);
-        model_matmul(c, rs->v, rs->xn, n, &L->wv);
+        const weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+        float *const qkv_out[3] = { rs->q, rs->k, rs->v };
+        model_matmul_group(c, rs->xn, n, 3, qkv, qkv_out);
         for (int t = 0; t < n; t++) {
             float *q = rs->q + t * q_dim, *k = rs->k + t * kv_dim, *v = rs->v + t * kv_dim;
             if (L->bq) {
@@ -440,8 +467,9 @@ static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, 
         /* feed-forward block: x += Wdown (silu(Wgate xn) * Wup xn) */
         for (int t = 0; t < n; t++)
             rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
-        model_matmul(c, rs->gate, rs->xn, n, &L->w_gate);
-        model_matmul(c, rs->up, rs->xn, n, &L->w_up);
+        const weight *gate_up[2] = { &L->w_gate, &L->w_up };
+        float *const gate_up_out[2] = { rs->gate, rs->up };
+        model_matmul_group(c, rs->xn, n, 2, gate_up, gate_up_out);
         for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
         model_matmul(c, rs->xn, rs->gate, n, &L->w_down);
         for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];

@@ -100,5 +100,9 @@ const arch_desc *arch_find(const char *name);
 /* The weight-times-activations product out[n][n_out] = in[n][n_in] W^T,
  * with activations converted to W's vec_dot type (ggml numerics). */
 void model_matmul(sparq_context *c, float *out, const float *in, int n, const weight *w);
+/* Several products of the same input (q/k/v, gate/up) in one parallel
+ * loop: outs[i][n][ws[i]->n_out] = in ws[i]^T, 1 <= n_w <= 4. */
+void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
+                        float *const *outs);
 
 #endif
