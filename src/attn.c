@@ -157,12 +157,11 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
         for (int64_t j = 1; j < ks; j++)
             if (ranks_before(x, work[best], work[j])) best = j;
         const float t = topk_key(x[work[best]]);
-        int64_t c = 0;
-        for (int64_t i = 0; i < n; i++)
-            if (topk_key(x[i]) >= t) work[c++] = (int32_t)i;
-        m = c;
-        /* >= k values are >= t, so the k-th best is >= t: all top k are in. */
-        if (c < k) m = n;
+        if (t > -INFINITY) { /* (NaN ranks as -inf but never passes the filter) */
+            const int64_t c = attn_topk_filter(x, n, t, work);
+            /* >= k values are >= t, so the k-th best is >= t: all top k are in */
+            m = c >= k ? c : n;
+        }
     }
     if (m == n)
         for (int64_t i = 0; i < n; i++) work[i] = (int32_t)i;
@@ -171,6 +170,14 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
 }
 
 /* ---- reference kernels --------------------------------------------------- */
+
+int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx)
+{
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] >= t) idx[c++] = (int32_t)i; /* NaN compares false: never kept */
+    return c;
+}
 
 void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                      int64_t n, float *s)
@@ -190,10 +197,11 @@ void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_
 void attn_softmax_ref(float *s, int g, int64_t n)
 {
     for (int h = 0; h < g; h++) {
-        float *x = s + h * n, mx = -INFINITY, sum = 0;
+        float *x = s + h * n, mx = -INFINITY;
+        double sum = 0; /* one running f32 sum over 32k terms would drift ~1e-5 */
         for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
         for (int64_t i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));
-        const float inv = 1.0f / sum;
+        const float inv = (float)(1.0 / sum);
         for (int64_t i = 0; i < n; i++) x[i] *= inv;
     }
 }
@@ -306,7 +314,7 @@ static inline __m512 hsum16x16(const __m512 *v)
  * row and are masked off at the store. */
 static ALWAYS_INLINE void scores_block(const attn_kv_view *kv, const float *q, int h0,
                                        const int HB, const int32_t *rows, int64_t i0, int nb,
-                                       int64_t n, float scale, float *s, const int f16)
+                                       float scale, float *so, int64_t ss, const int f16)
 {
     enum { R = 4 }; /* rows sharing each q chunk: 4 x 4 accumulators + 4 q */
     const int d = kv->d, dfull = d & ~15;
@@ -352,8 +360,32 @@ static ALWAYS_INLINE void scores_block(const attn_kv_view *kv, const float *q, i
     }
     const __mmask16 m = tail_mask(nb);
     UNROLL for (int hh = 0; hh < HB; hh++)
-        _mm512_mask_storeu_ps(s + (h0 + hh) * n + i0, m,
+        _mm512_mask_storeu_ps(so + (h0 + hh) * ss, m,
                               _mm512_mul_ps(hsum16x16(t[hh]), _mm512_set1_ps(scale)));
+}
+
+/* Scores of all g heads for rows [i0, i0+nb), nb <= 16, written to
+ * so[h*ss + (i - i0)]. */
+static ALWAYS_INLINE void scores_rows16(const attn_kv_view *kv, const float *q, int g,
+                                        const int32_t *rows, int64_t i0, int nb, float scale,
+                                        float *so, int64_t ss, const int f16)
+{
+    int h0 = 0;
+    for (; h0 + 4 <= g; h0 += 4) scores_block(kv, q, h0, 4, rows, i0, nb, scale, so, ss, f16);
+    switch (g - h0) {
+    case 3: scores_block(kv, q, h0, 3, rows, i0, nb, scale, so, ss, f16); break;
+    case 2: scores_block(kv, q, h0, 2, rows, i0, nb, scale, so, ss, f16); break;
+    case 1: scores_block(kv, q, h0, 1, rows, i0, nb, scale, so, ss, f16); break;
+    default: break;
+    }
+}
+
+static ALWAYS_INLINE void prefetch_rows(const void *base, const int32_t *rows, int64_t from,
+                                        int64_t to, size_t row_bytes)
+{
+    for (int64_t i = from; i < to; i++)
+        for (size_t b = 0; b < row_bytes; b += 64)
+            _mm_prefetch((const char *)base + (size_t)rows[i] * row_bytes + b, _MM_HINT_T0);
 }
 
 static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, int g,
@@ -364,18 +396,8 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
     for (int64_t i0 = 0; i0 < n; i0 += 16) {
         const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
         if (rows) /* gathered rows: start the next block's loads early */
-            for (int64_t i = i0 + 16; i < i0 + 32 && i < n; i++)
-                for (size_t b = 0; b < row_bytes; b += 64)
-                    _mm_prefetch((const char *)kv->K + (size_t)rows[i] * row_bytes + b,
-                                 _MM_HINT_T0);
-        int h0 = 0;
-        for (; h0 + 4 <= g; h0 += 4) scores_block(kv, q, h0, 4, rows, i0, nb, n, scale, s, f16);
-        switch (g - h0) {
-        case 3: scores_block(kv, q, h0, 3, rows, i0, nb, n, scale, s, f16); break;
-        case 2: scores_block(kv, q, h0, 2, rows, i0, nb, n, scale, s, f16); break;
-        case 1: scores_block(kv, q, h0, 1, rows, i0, nb, n, scale, s, f16); break;
-        default: break;
-        }
+            prefetch_rows(kv->K, rows, i0 + 16, i0 + 32 < n ? i0 + 32 : n, row_bytes);
+        scores_rows16(kv, q, g, rows, i0, nb, scale, s + i0, n, f16);
     }
 }
 
@@ -384,6 +406,27 @@ void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int
 {
     if (kv->elem == KV_F16) scores_avx512(kv, q, g, rows, n, s, 1);
     else scores_avx512(kv, q, g, rows, n, s, 0);
+}
+
+int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx)
+{
+    const __m512 vt = _mm512_set1_ps(t);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t c = 0, i = 0;
+    for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
+        const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vt, _CMP_GE_OQ);
+        if (!m) continue; /* most blocks hold no candidate */
+        /* compress in a register, then a masked store: Zen 4 microcodes
+         * the compress-to-memory form */
+        const int k = __builtin_popcount(m);
+        _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << k) - 1),
+                                 _mm512_maskz_compress_epi32(m, iv));
+        c += k;
+    }
+    for (; i < n; i++)
+        if (x[i] >= t) idx[c++] = (int32_t)i;
+    return c;
 }
 
 void attn_softmax_avx512(float *s, int g, int64_t n)
@@ -410,12 +453,13 @@ void attn_softmax_avx512(float *s, int g, int64_t n)
     }
 }
 
-/* out[h0..h0+HB)[j0..j0+64) += sum over rows [i0, i0+nb) of w * V. The 64
- * output columns of HB <= 4 heads are 16 accumulators held in registers;
- * `masked` tiles (the last, when d % 64 != 0) load with lane masks. */
-static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *w, int h0, const int HB,
-                                    const int masked, const int32_t *rows, int64_t i0,
-                                    int64_t nb, int64_t n, int j0, float *out, const int f16)
+/* out[h0..h0+HB)[j0..j0+64) += sum over rows i in [i0, i0+nb) of
+ * wb[h*ws + i - i0] * V[i]. The 64 output columns of HB <= 4 heads are 16
+ * accumulators held in registers; `masked` tiles (the last, when
+ * d % 64 != 0) load with lane masks. */
+static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *wb, int64_t ws, int h0,
+                                    const int HB, const int masked, const int32_t *rows,
+                                    int64_t i0, int64_t nb, int j0, float *out, const int f16)
 {
     const int d = kv->d;
     __mmask16 mk[4];
@@ -424,7 +468,7 @@ static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *w, int 
         mk[c] = !masked ? 0xffff : left <= 0 ? 0 : tail_mask(left);
     }
     float *o = out + (size_t)h0 * d + j0;
-    const float *wh = w + h0 * n;
+    const float *wh = wb + h0 * ws - i0;
     __m512 acc[4][4];
     UNROLL for (int hh = 0; hh < HB; hh++)
         UNROLL for (int c = 0; c < 4; c++)
@@ -436,7 +480,7 @@ static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *w, int 
             v[c] = masked ? ld16(kv->V, at + 16 * c, f16, mk[c])
                           : ld16_full(kv->V, at + 16 * c, f16);
         UNROLL for (int hh = 0; hh < HB; hh++) {
-            const __m512 wi = _mm512_set1_ps(wh[hh * n + i]);
+            const __m512 wi = _mm512_set1_ps(wh[hh * ws + i]);
             UNROLL for (int c = 0; c < 4; c++) acc[hh][c] = _mm512_fmadd_ps(wi, v[c], acc[hh][c]);
         }
     }
@@ -445,13 +489,29 @@ static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *w, int 
             _mm512_mask_storeu_ps(o + hh * d + 16 * c, mk[c], acc[hh][c]);
 }
 
-static ALWAYS_INLINE void wsum_tiles(const attn_kv_view *kv, const float *w, int h0, const int HB,
-                                     const int32_t *rows, int64_t i0, int64_t nb, int64_t n,
+static ALWAYS_INLINE void wsum_tiles(const attn_kv_view *kv, const float *wb, int64_t ws, int h0,
+                                     const int HB, const int32_t *rows, int64_t i0, int64_t nb,
                                      float *out, const int f16)
 {
     int j0 = 0;
-    for (; j0 + 64 <= kv->d; j0 += 64) wsum_tile(kv, w, h0, HB, 0, rows, i0, nb, n, j0, out, f16);
-    if (j0 < kv->d) wsum_tile(kv, w, h0, HB, 1, rows, i0, nb, n, j0, out, f16);
+    for (; j0 + 64 <= kv->d; j0 += 64)
+        wsum_tile(kv, wb, ws, h0, HB, 0, rows, i0, nb, j0, out, f16);
+    if (j0 < kv->d) wsum_tile(kv, wb, ws, h0, HB, 1, rows, i0, nb, j0, out, f16);
+}
+
+/* out[h] += sum over rows [i0, i0+nb) of wb[h*ws + i - i0] * V[i], all g heads. */
+static ALWAYS_INLINE void wsum_rows(const attn_kv_view *kv, const float *wb, int64_t ws, int g,
+                                    const int32_t *rows, int64_t i0, int64_t nb, float *out,
+                                    const int f16)
+{
+    int h0 = 0;
+    for (; h0 + 4 <= g; h0 += 4) wsum_tiles(kv, wb, ws, h0, 4, rows, i0, nb, out, f16);
+    switch (g - h0) {
+    case 3: wsum_tiles(kv, wb, ws, h0, 3, rows, i0, nb, out, f16); break;
+    case 2: wsum_tiles(kv, wb, ws, h0, 2, rows, i0, nb, out, f16); break;
+    case 1: wsum_tiles(kv, wb, ws, h0, 1, rows, i0, nb, out, f16); break;
+    default: break;
+    }
 }
 
 static ALWAYS_INLINE void weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
@@ -465,18 +525,9 @@ static ALWAYS_INLINE void weighted_sum_avx512(const attn_kv_view *kv, const floa
     for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {
         const int64_t nb = n - i0 < BLOCK ? n - i0 : BLOCK;
         if (rows)
-            for (int64_t i = i0 + BLOCK; i < i0 + 2 * BLOCK && i < n; i++)
-                for (size_t b = 0; b < row_bytes; b += 64)
-                    _mm_prefetch((const char *)kv->V + (size_t)rows[i] * row_bytes + b,
-                                 _MM_HINT_T0);
-        int h0 = 0;
-        for (; h0 + 4 <= g; h0 += 4) wsum_tiles(kv, w, h0, 4, rows, i0, nb, n, out, f16);
-        switch (g - h0) {
-        case 3: wsum_tiles(kv, w, h0, 3, rows, i0, nb, n, out, f16); break;
-        case 2: wsum_tiles(kv, w, h0, 2, rows, i0, nb, n, out, f16); break;
-        case 1: wsum_tiles(kv, w, h0, 1, rows, i0, nb, n, out, f16); break;
-        default: break;
-        }
+            prefetch_rows(kv->V, rows, i0 + BLOCK, i0 + 2 * BLOCK < n ? i0 + 2 * BLOCK : n,
+                          row_bytes);
+        wsum_rows(kv, w + i0, n, g, rows, i0, nb, out, f16);
     }
 }
 
@@ -487,6 +538,21 @@ void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
     else weighted_sum_avx512(kv, w, g, rows, n, out, 0);
 }
 
+/* Two passes (all scores, then all weighted values) rather than one with an
+ * online softmax: a fused version measured 2x slower once K and V came
+ * from memory rather than L2, while each pass alone streams at bandwidth. */
+void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
+                              const int32_t *sel, int64_t n_sel, float *out, float *scratch)
+{
+    if (n_sel <= 0) {
+        memset(out, 0, (size_t)g * kv->d * sizeof *out);
+        return;
+    }
+    attn_scores_avx512(kv, q, g, sel, n_sel, scratch);
+    attn_softmax_avx512(scratch, g, n_sel);
+    attn_weighted_sum_avx512(kv, scratch, g, sel, n_sel, out);
+}
+
 /* Logits of HB <= 4 heads over positions [i0, i0+nb) (nb <= KT_BLOCK),
  * accumulated in place in s, which stays in L1 for the block. The r rows of
  * K^T go four at a time, each a contiguous run of nb positions. Why not all
@@ -495,11 +561,7 @@ void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
  * evict each other; four at a time fit the ways. `prefetch`: request the
  * runs KT_AHEAD groups on (a group takes about as long to compute as its
  * 4 KB take to arrive, so one group ahead is too late). */
-#ifndef KTB
-#define KTB 512
-#define KTA 3
-#endif
-enum { KT_BLOCK = KTB, KT_AHEAD = KTA };
+enum { KT_BLOCK = 512, KT_AHEAD = 4 };
 
 static ALWAYS_INLINE void kt_block(const attn_kv_view *kv, const float *qs, const int32_t *comp,
                                    int r, int h0, const int HB, int64_t i0, int64_t nb,
@@ -588,6 +650,11 @@ void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_
 
 /* ---- dispatch ------------------------------------------------------------ */
 
+int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx)
+{
+    return ATTN_BEST(attn_topk_filter)(x, n, t, idx);
+}
+
 void attn_scores(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                  int64_t n, float *s)
 {
@@ -615,16 +682,22 @@ void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out,
     attn_gather_group(kv, q, g, NULL, kv->S, out, scratch);
 }
 
-void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
-                       const int32_t *sel, int64_t n_sel, float *out, float *scratch)
+void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
+                           const int32_t *sel, int64_t n_sel, float *out, float *scratch)
 {
     if (n_sel <= 0) {
         memset(out, 0, (size_t)g * kv->d * sizeof *out);
         return;
     }
-    attn_scores(kv, q, g, sel, n_sel, scratch);
-    attn_softmax(scratch, g, n_sel);
-    attn_weighted_sum(kv, scratch, g, sel, n_sel, out);
+    attn_scores_ref(kv, q, g, sel, n_sel, scratch);
+    attn_softmax_ref(scratch, g, n_sel);
+    attn_weighted_sum_ref(kv, scratch, g, sel, n_sel, out);
+}
+
+void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
+                       const int32_t *sel, int64_t n_sel, float *out, float *scratch)
+{
+    ATTN_BEST(attn_gather_group)(kv, q, g, sel, n_sel, out, scratch);
 }
 
 void attn_sum_heads(const float *x, int g, int64_t n, float *out)

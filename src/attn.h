@@ -67,6 +67,15 @@ typedef struct attn_trace {
                            /*      1 for policies that renormalise          */
 } attn_trace;
 
+/* Prebuilt per-(layer, kv_head) indexes over a prefix, e.g. in a mapped KV
+ * cache file (kvfile.h): find returns the stored image of `kind` ("exact",
+ * "ivf", "hnsw", "sparq") and its size, or NULL. */
+typedef struct attn_index_source {
+    const void *(*find)(const void *user, int layer, int kv_head, const char *kind,
+                        size_t *bytes);
+    const void *user;
+} attn_index_source;
+
 /* Bits of attn_policy.needs: what the KV cache must maintain. */
 enum {
     ATTN_NEEDS_KT      = 1u << 0,  /* position-contiguous K^T copy        */
@@ -101,6 +110,19 @@ typedef struct attn_policy {
     void (*attend_traced)(void *state, const sparq_attn_params *p, int layer, int kv_head,
                           const attn_kv_view *kv, const float *q, int g, float *out,
                           attn_scratch *scratch, attn_counts *counts, struct attn_trace *trace);
+    /* Optional (policies that index a prefix: topk): positions [0, n_prefix)
+     * are the prefix from now on; src (may be NULL) offers prebuilt indexes
+     * and must stay valid while the state uses it. Not concurrent with
+     * attend. Without a call the policy picks its own boundary. */
+    void (*set_prefix)(void *state, const sparq_attn_params *p, int64_t n_prefix,
+                       const attn_index_source *src);
+    /* Optional: the transfer formula when it depends on the state (topk:
+     * prefix length, the layer's budget); used instead of transfer_formula
+     * for decode steps when present. */
+    int64_t (*transfer_formula_state)(const void *state, const sparq_attn_params *p, int layer,
+                                      int64_t S, int d, int g);
+    /* Optional: adds the policy's own counters (topk: recall, index time). */
+    void (*stats)(const void *state, sparq_attn_stats *out);
 } attn_policy;
 
 /* Registry lookup by name; NULL if unknown. */
@@ -143,6 +165,11 @@ void attn_weighted_sum(const attn_kv_view *kv, const float *w, int g, const int3
 void attn_kt_logits(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                     int g, int64_t n, float *s);
 
+/* Top-k's candidate pass: writes the i with x[i] >= t (NaN never) to idx
+ * in increasing order; returns their count. */
+int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx);
+
+int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx);
 void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                      int64_t n, float *s);
 void attn_softmax_ref(float *s, int g, int64_t n);
@@ -150,8 +177,12 @@ void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const 
                            int64_t n, float *out);
 void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                         int g, int64_t n, float *s);
+/* attn_gather_group's twins: the three _ref kernels, the three _avx512 ones. */
+void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
+                           const int32_t *sel, int64_t n_sel, float *out, float *scratch);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define ATTN_HAVE_AVX512 1
+int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx);
 void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                         int64_t n, float *s);
 void attn_softmax_avx512(float *s, int g, int64_t n);
@@ -159,6 +190,8 @@ void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
                               const int32_t *rows, int64_t n, float *out);
 void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp,
                            int r, int g, int64_t n, float *s);
+void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
+                              const int32_t *sel, int64_t n_sel, float *out, float *scratch);
 #endif
 
 /* Exact scores for all S positions, keep the k (<= S used) positions with
@@ -179,8 +212,31 @@ float attn_f16_to_f32(uint16_t h);
 /* Scratch layout helper: n rounded up to 16 floats (64 bytes). */
 static inline size_t attn_pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+/* ---- top-k attention's prefix indexes (attn_topk.c) -------------------- */
+
+/* The budget of `layer` (0..n_layer-1) under p (resolved): p->k everywhere,
+ * or with SPARQ_TOPK_LINEAR k_l proportional to l + 1 with the same total
+ * n_layer * k (cumulative rounding; at least 1 per layer). */
+int attn_topk_layer_k(const sparq_attn_params *p, int n_layer, int layer);
+/* Builds the index of `kind` over positions [0, n) of kv and returns its
+ * serialized image (*image: 64-byte aligned, release with free()): for
+ * exact/ivf/hnsw idx_serialize's layout (index.h), built with p's
+ * index_key_type and ivf_nlist; for "sparq" K^T (layout in attn_topk.c).
+ * n_threads: build threads (0 = all). Returns 0, or -1 with a message. */
+int attn_topk_index_image(const sparq_attn_params *p, const char *kind, const attn_kv_view *kv,
+                          int64_t n, int n_threads, void **image, size_t *bytes, char *err,
+                          size_t err_size);
+/* The selection step of one decode step alone (what attend uses): for each
+ * query head h its layer's k best prefix positions by the index, ids[h*k +
+ * r] (rank order for exact/ivf/hnsw; -1 pads a short result). Returns k,
+ * 0 when the step is dense (k >= prefix), or -1 if the index is missing.
+ * ids: room for g * attn_topk_layer_k(...) values. */
+int attn_topk_select(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                     const attn_kv_view *kv, const float *q, int g, int32_t *ids,
+                     attn_scratch *scratch);
+
 /* The policies the registry knows (one file each). */
 extern const attn_policy attn_policy_dense, attn_policy_sparq, attn_policy_oracle,
-    attn_policy_flexgen, attn_policy_h2o, attn_policy_streaming;
+    attn_policy_flexgen, attn_policy_h2o, attn_policy_streaming, attn_policy_topk;
 
 #endif

@@ -135,8 +135,9 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
     alpha_buf = malloc((size_t)g * sizeof *alpha_buf);
     const size_t n_scr = pol->scratch_floats(&pp, S, d, g);
     const size_t scr_bytes = attn_pad16(n_scr ? n_scr : 1) * sizeof(float);
-    if (posix_memalign((void **)&fs, 64, scr_bytes)) fs = NULL;
-    if (posix_memalign((void **)&is, 64, scr_bytes)) is = NULL;
+    void *pf = NULL, *pi = NULL; /* 64-byte aligned, as attn_scratch asks */
+    if (posix_memalign(&pf, 64, scr_bytes) == 0) fs = pf;
+    if (posix_memalign(&pi, 64, scr_bytes) == 0) is = pi;
     if (!kbuf || !vbuf || !ktbuf || !vsum || !sel_buf || !i1_buf || !alpha_buf || !fs || !is) {
         snprintf(err, err_size, "attn_run: out of memory for S=%lld d=%d", (long long)S, d);
         goto done;

@@ -132,6 +132,27 @@ static void logits_from_k(const attn_kv_view *kv, const float *qs, const int32_t
         }
 }
 
+/* vmean[d] = v_sum / S. Returns elements read beyond v_sum itself: 0, or
+ * S*d - d when the cache keeps no running sum and V is summed instead. */
+static int64_t mean_value(const attn_kv_view *kv, float *vmean)
+{
+    const int64_t S = kv->S;
+    const int d = kv->d;
+    const float inv_s = 1.0f / (float)S;
+    if (kv->v_sum) {
+        for (int j = 0; j < d; j++) vmean[j] = kv->v_sum[j] * inv_s;
+        return 0;
+    }
+    for (int j = 0; j < d; j++) {
+        double a = 0;
+        for (int64_t i = 0; i < S; i++)
+            a += kv->elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)kv->V)[i * d + j])
+                                    : ((const float *)kv->V)[i * d + j];
+        vmean[j] = (float)a * inv_s;
+    }
+    return S * d - d;
+}
+
 static void sparq_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
                                 const attn_kv_view *kv, const float *q, int g, float *out,
                                 attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
@@ -187,20 +208,8 @@ static void sparq_attend_traced(void *state, const sparq_attn_params *p, int lay
         alpha[h] = p->no_realloc ? 1.0f : a;
     }
     if (!p->no_realloc) {
-        const float inv_s = 1.0f / (float)S;
         float *vmean = s.qs; /* qs is spent; reuse its >= d floats */
-        if (kv->v_sum) {
-            for (int j = 0; j < d; j++) vmean[j] = kv->v_sum[j] * inv_s;
-        } else { /* no running sum in this cache: rebuild it (and say so) */
-            for (int j = 0; j < d; j++) {
-                double a = 0;
-                for (int64_t i = 0; i < S; i++)
-                    a += kv->elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)kv->V)[i * d + j])
-                                            : ((const float *)kv->V)[i * d + j];
-                vmean[j] = (float)a * inv_s;
-            }
-            cnt.read += S * d - d;
-        }
+        cnt.read += mean_value(kv, vmean);
         for (int h = 0; h < g; h++)
             for (int j = 0; j < d; j++)
                 out[h * d + j] = alpha[h] * out[h * d + j] + (1.0f - alpha[h]) * vmean[j];
