@@ -62,7 +62,9 @@ const quant_traits *quant_traits_of(uint32_t type);
  * blocks or the type is unknown, 0 on success. */
 int quant_row_bytes(uint32_t type, int64_t n, size_t *out);
 
-/* IEEE half / bfloat16 <-> float (round to nearest even, like ggml). */
+/* IEEE half / bfloat16 <-> float (round to nearest even, like ggml; the
+ * half conversions equal F16C's vcvtph2ps / vcvtps2ph bit for bit,
+ * including nan payloads). */
 float    fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 float    bf16_to_fp32(uint16_t h);
@@ -94,8 +96,11 @@ float quant_dot(uint32_t type, const void *w, const void *x, int64_t n);
 float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n);
 
 /* The same for nr weight rows (row stride w_stride bytes) against one x:
- * out[i] = dot(w + i*w_stride, x). The SIMD versions interleave rows so
- * several rows share each load of x; this is the decode hot loop. */
+ * out[i] = dot(w + i*w_stride, x), each bit-identical to quant_dot. The
+ * decode hot loop: the AVX-512 set runs Q8_0 and Q4_0 four rows at a time
+ * sharing each load of x (their per-block work is small); the K-quants and
+ * float types go row by row. Single-threaded: callers split rows across
+ * threads. */
 void quant_dot_rows(uint32_t type, const void *w, size_t w_stride, int nr,
                     const void *x, int64_t n, float *out);
 void quant_dot_rows_ref(uint32_t type, const void *w, size_t w_stride, int nr,

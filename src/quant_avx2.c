@@ -122,7 +122,10 @@ float dot_f32_avx2(const float *a, const float *b, int64_t n)
         }
     float s = acc64_reduce(&acc);
     int64_t nf = np + ((n - np) & ~(int64_t)7); /* leftovers: see dot_f32_x64 in quant_ref.c */
-    for (int64_t i = np; i < nf; i++) s += a[i] * b[i];
+    for (int64_t i = np; i < nf; i++) {
+        float p = a[i] * b[i]; /* a separate statement: never contracted */
+        s += p;
+    }
     for (int64_t i = nf; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }

@@ -7,7 +7,9 @@
  * Types without a kernel here fall back to the reference.
  *
  * Map: helpers | f16/f32 rows and helpers | float dots | Q8_0 | 32-element
- * quants | K-quants | entry points.
+ * quants (+ Q8_1 quantiser) | K-quants | dequantise | Q8_K quantiser |
+ * entry points. quant_dot_rows runs four rows at a time for Q8_0 and Q4_0
+ * (whose per-block work is small); the K-quants go row by row.
  */
 #include "quant_impl.h"
 
@@ -32,6 +34,16 @@ static inline float hsum16_ps(__m512 v)
 {
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     return hsum8_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+
+/* Streaming a weight row from RAM, the hardware prefetcher alone leaves
+ * the kernels that do more work per byte than a plain read waiting; asking
+ * for the lines ~2 KB ahead measured 20-60 % faster on 140 MB Q4_K
+ * matrices. (Prefetches past the end of a row are harmless hints.) */
+enum { PREFETCH_AHEAD = 2048 };
+static inline void prefetch_ahead(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, _MM_HINT_T0);
 }
 
 /* Mask with the low n (0..16) bits set. */
@@ -106,6 +118,7 @@ float dot_f32_avx512(const float *a, const float *b, int64_t n)
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t np = n & ~(int64_t)63;
     for (int64_t i = 0; i < np; i += 64) {
+        prefetch_ahead(a + i, 64 * sizeof(*a));
         s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
         s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
         s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
@@ -113,7 +126,10 @@ float dot_f32_avx512(const float *a, const float *b, int64_t n)
     }
     float s = reduce4x16(s0, s1, s2, s3);
     int64_t nf = np + ((n - np) & ~(int64_t)7); /* see dot_f32_x64 */
-    for (int64_t i = np; i < nf; i++) s += a[i] * b[i];
+    for (int64_t i = np; i < nf; i++) {
+        float p = a[i] * b[i]; /* a separate statement: never contracted */
+        s += p;
+    }
     for (int64_t i = nf; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
@@ -140,6 +156,7 @@ static float dot_f16(const uint16_t *a, const uint16_t *b, int64_t n)
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t np = n & ~(int64_t)63;
     for (int64_t i = 0; i < np; i += 64) {
+        prefetch_ahead(a + i, 64 * sizeof(*a));
         s0 = _mm512_fmadd_ps(load_f16x16(a + i), load_f16x16(b + i), s0);
         s1 = _mm512_fmadd_ps(load_f16x16(a + i + 16), load_f16x16(b + i + 16), s1);
         s2 = _mm512_fmadd_ps(load_f16x16(a + i + 32), load_f16x16(b + i + 32), s2);
@@ -186,6 +203,7 @@ static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
     __m512 c1 = _mm512_setzero_ps(), c2 = c1;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+        prefetch_ahead(a + i, 64 * sizeof(*a));
         c1 = dpbf16(c1, a + i, b + i);
         c2 = dpbf16(c2, a + i + 32, b + i + 32);
     }
@@ -469,7 +487,7 @@ static inline void k4_scales(const uint8_t *s, __m512i *scales, __m256i *mins2)
     uint32_t sc_hi = (a[2] & 0x0f0f0f0fu) | ((a[0] >> 6) & 0x03030303u) << 4;
     uint32_t mn_hi = ((a[2] >> 4) & 0x0f0f0f0fu) | ((a[1] >> 6) & 0x03030303u) << 4;
     __m128i v = _mm_set_epi32((int)mn_hi, (int)mn_lo, (int)sc_hi, (int)sc_lo); /* sc[0..7] mn[0..7] */
-    *scales = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(v));
+    *scales = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(v));
     __m128i mn = _mm_unpackhi_epi64(v, v);
     *mins2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
 }
@@ -518,13 +536,14 @@ static float dot_q4_K(const blk_q4_K *w, const blk_q8_K *x, int64_t nb)
     float acc = 0.0f, accm = 0.0f;
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
+        prefetch_ahead(w + i, 4 * sizeof(*w));
         __m256i m0, m1, m2, m3;
         __m512i l0 = q4k_lanes(w + i, x + i, &m0), l1 = q4k_lanes(w + i + 1, x + i + 1, &m1);
         __m512i l2 = q4k_lanes(w + i + 2, x + i + 2, &m2), l3 = q4k_lanes(w + i + 3, x + i + 3, &m3);
         float fs[4], fm[4];
         _mm_storeu_ps(fs, _mm_cvtepi32_ps(hsum4_epi32(l0, l1, l2, l3)));
-        _mm_storeu_ps(fm, _mm_cvtepi32_ps(hsum4_epi32(_mm512_castsi256_si512(m0), _mm512_castsi256_si512(m1),
-                                                      _mm512_castsi256_si512(m2), _mm512_castsi256_si512(m3))));
+        _mm_storeu_ps(fm, _mm_cvtepi32_ps(hsum4_epi32(_mm512_zextsi256_si512(m0), _mm512_zextsi256_si512(m1),
+                                                      _mm512_zextsi256_si512(m2), _mm512_zextsi256_si512(m3))));
         for (int k = 0; k < 4; k++) {
             acc = fmaf(fs[k], h2f(w[i + k].d) * x[i + k].d, acc);
             accm = fmaf(fm[k], h2f(w[i + k].dmin) * x[i + k].d, accm);
@@ -533,7 +552,7 @@ static float dot_q4_K(const blk_q4_K *w, const blk_q8_K *x, int64_t nb)
     for (; i < nb; i++) {
         __m256i m;
         int isum = hsum_epi32(q4k_lanes(w + i, x + i, &m));
-        int imin = hsum_epi32(_mm512_castsi256_si512(m));
+        int imin = hsum_epi32(_mm512_zextsi256_si512(m));
         acc = fmaf((float)isum, h2f(w[i].d) * x[i].d, acc);
         accm = fmaf((float)imin, h2f(w[i].dmin) * x[i].d, accm);
     }
@@ -546,11 +565,12 @@ static float dot_q5_K(const blk_q5_K *w, const blk_q8_K *x, int64_t nb)
     float summs = 0.0f;
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
+        prefetch_ahead(w + i, 4 * sizeof(*w));
         __m256i m[4], l[4];
         for (int k = 0; k < 4; k++) l[k] = fold_lanes(q5k_lanes(w + i + k, x + i + k, &m[k]));
         float fm[4];
-        _mm_storeu_ps(fm, _mm_cvtepi32_ps(hsum4_epi32(_mm512_castsi256_si512(m[0]), _mm512_castsi256_si512(m[1]),
-                                                      _mm512_castsi256_si512(m[2]), _mm512_castsi256_si512(m[3]))));
+        _mm_storeu_ps(fm, _mm_cvtepi32_ps(hsum4_epi32(_mm512_zextsi256_si512(m[0]), _mm512_zextsi256_si512(m[1]),
+                                                      _mm512_zextsi256_si512(m[2]), _mm512_zextsi256_si512(m[3]))));
         for (int k = 0; k < 4; k++) {
             summs = fmaf(-x[i + k].d * h2f(w[i + k].dmin), fm[k], summs);
             acc = lanes_fma(x[i + k].d * h2f(w[i + k].d), l[k], acc);
@@ -559,7 +579,7 @@ static float dot_q5_K(const blk_q5_K *w, const blk_q8_K *x, int64_t nb)
     for (; i < nb; i++) {
         __m256i m;
         __m256i l = fold_lanes(q5k_lanes(w + i, x + i, &m));
-        summs = fmaf(-x[i].d * h2f(w[i].dmin), (float)hsum_epi32(_mm512_castsi256_si512(m)), summs);
+        summs = fmaf(-x[i].d * h2f(w[i].dmin), (float)hsum_epi32(_mm512_zextsi256_si512(m)), summs);
         acc = lanes_fma(x[i].d * h2f(w[i].d), l, acc);
     }
     return hsum8_ps(acc) + summs;
@@ -571,8 +591,9 @@ static float dot_q6_K(const blk_q6_K *w, const blk_q8_K *x, int64_t nb)
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i sh_a = shifts16(0, 2), sh_b = shifts16(4, 6);
     for (int64_t i = 0; i < nb; i++) {
+        prefetch_ahead(w + i, sizeof(*w));
         __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
-        __m512i scales = _mm512_castsi256_si512(s16);
+        __m512i scales = _mm512_zextsi256_si512(s16);
         __m512i lanes = _mm512_setzero_si512();
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -612,7 +633,8 @@ static float dot_q3_K(const blk_q3_K *w, const blk_q8_K *x, int64_t nb)
     const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
     const __m512i sh[2] = { shifts16(0, 2), shifts16(4, 6) };
     for (int64_t i = 0; i < nb; i++) {
-        __m512i scales = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3k_scales(w[i].scales)));
+        prefetch_ahead(w + i, sizeof(*w));
+        __m512i scales = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(q3k_scales(w[i].scales)));
         __m512i hm = bcast32(w[i].hmask);
         __m512i lanes = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -635,7 +657,7 @@ static inline __m512i q2k_lanes(const blk_q2_K *w, const blk_q8_K *x, __m256i *m
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m512i sh[2] = { shifts16(0, 2), shifts16(4, 6) };
     __m128i sc = _mm_loadu_si128((const __m128i *)w->scales);
-    __m512i scales = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm_set1_epi8(0x0F))));
+    __m512i scales = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm_set1_epi8(0x0F))));
     __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
     *min_lanes = _mm256_madd_epi16(mins, bsums16(x));
     __m512i lanes = _mm512_setzero_si512();
@@ -652,13 +674,14 @@ static float dot_q2_K(const blk_q2_K *w, const blk_q8_K *x, int64_t nb)
     float acc = 0.0f, accm = 0.0f;
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
+        prefetch_ahead(w + i, 4 * sizeof(*w));
         __m256i m0, m1, m2, m3;
         __m512i l0 = q2k_lanes(w + i, x + i, &m0), l1 = q2k_lanes(w + i + 1, x + i + 1, &m1);
         __m512i l2 = q2k_lanes(w + i + 2, x + i + 2, &m2), l3 = q2k_lanes(w + i + 3, x + i + 3, &m3);
         float fs[4], fm[4];
         _mm_storeu_ps(fs, _mm_cvtepi32_ps(hsum4_epi32(l0, l1, l2, l3)));
-        _mm_storeu_ps(fm, _mm_cvtepi32_ps(hsum4_epi32(_mm512_castsi256_si512(m0), _mm512_castsi256_si512(m1),
-                                                      _mm512_castsi256_si512(m2), _mm512_castsi256_si512(m3))));
+        _mm_storeu_ps(fm, _mm_cvtepi32_ps(hsum4_epi32(_mm512_zextsi256_si512(m0), _mm512_zextsi256_si512(m1),
+                                                      _mm512_zextsi256_si512(m2), _mm512_zextsi256_si512(m3))));
         for (int k = 0; k < 4; k++) {
             acc = fmaf(fs[k], h2f(w[i + k].d) * x[i + k].d, acc);
             accm = fmaf(fm[k], h2f(w[i + k].dmin) * x[i + k].d, accm);
@@ -667,12 +690,99 @@ static float dot_q2_K(const blk_q2_K *w, const blk_q8_K *x, int64_t nb)
     for (; i < nb; i++) {
         __m256i m;
         int isum = hsum_epi32(q2k_lanes(w + i, x + i, &m));
-        int imin = hsum_epi32(_mm512_castsi256_si512(m));
+        int imin = hsum_epi32(_mm512_zextsi256_si512(m));
         acc = fmaf((float)isum, h2f(w[i].d) * x[i].d, acc);
         accm = fmaf((float)imin, h2f(w[i].dmin) * x[i].d, accm);
     }
     return acc - accm;
 }
+
+/* ---------------------------------------------------------- dequantise */
+
+/* 64 quant bytes (as built for the dot kernels) -> floats, in four pieces of
+ * 16 with per-piece scale a and offset b: y = fma(a, q, -b). */
+static inline void store64_fms(float *y, __m512i q, const float a[4], const float b[4], int is_signed)
+{
+    for (int k = 0; k < 4; k++) {
+        __m128i q16 = _mm512_extracti32x4_epi32(q, 0);
+        switch (k) { /* the extract index must be a constant */
+        case 1: q16 = _mm512_extracti32x4_epi32(q, 1); break;
+        case 2: q16 = _mm512_extracti32x4_epi32(q, 2); break;
+        case 3: q16 = _mm512_extracti32x4_epi32(q, 3); break;
+        default: break;
+        }
+        __m512 f = _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(q16) : _mm512_cvtepu8_epi32(q16));
+        _mm512_storeu_ps(y + 16 * k, _mm512_fmsub_ps(_mm512_set1_ps(a[k]), f, _mm512_set1_ps(b[k])));
+    }
+}
+
+static void deq_q4_0(const blk_q4_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK) {
+        __m256i q = _mm256_sub_epi8(nibbles32(b[i].qs), _mm256_set1_epi8(8));
+        __m512 d = _mm512_set1_ps(h2f(b[i].d));
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d));
+    }
+}
+
+static void deq_q4_K(const blk_q4_K *b, float *y, int64_t nb)
+{
+    const __m512i sh = shifts16(0, 4), m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t i = 0; i < nb; i++, y += QKK) {
+        float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        for (int c = 0; c < 4; c++) {
+            int sc0, m0, sc1, m1;
+            quant_k4_scale_min(b[i].scales, 2 * c, &sc0, &m0);
+            quant_k4_scale_min(b[i].scales, 2 * c + 1, &sc1, &m1);
+            float a[4] = { d * sc0, d * sc0, d * sc1, d * sc1 }, o[4] = { dmin * m0, dmin * m0, dmin * m1, dmin * m1 };
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi16(bcast32(b[i].qs + 32 * c), sh), m4);
+            store64_fms(y + 64 * c, q, a, o, 0);
+        }
+    }
+}
+
+static void deq_q5_K(const blk_q5_K *b, float *y, int64_t nb)
+{
+    const __m512i sh = shifts16(0, 4), m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+    for (int64_t i = 0; i < nb; i++, y += QKK) {
+        float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        __m512i hb = bcast32(b[i].qh);
+        for (int c = 0; c < 4; c++) {
+            int sc0, m0, sc1, m1;
+            quant_k4_scale_min(b[i].scales, 2 * c, &sc0, &m0);
+            quant_k4_scale_min(b[i].scales, 2 * c + 1, &sc1, &m1);
+            float a[4] = { d * sc0, d * sc0, d * sc1, d * sc1 }, o[4] = { dmin * m0, dmin * m0, dmin * m1, dmin * m1 };
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi16(bcast32(b[i].qs + 32 * c), sh), m4);
+            __mmask64 hi = _mm512_test_epi8_mask(hb, bytes2(1 << (2 * c), 1 << (2 * c + 1)));
+            store64_fms(y + 64 * c, _mm512_mask_add_epi8(q, hi, q, sixteen), a, o, 0);
+        }
+    }
+}
+
+static void deq_q6_K(const blk_q6_K *b, float *y, int64_t nb)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), off = _mm512_set1_epi8(32);
+    const __m512i sh_a = shifts16(0, 2), sh_b = shifts16(4, 6);
+    const float zero[4] = { 0, 0, 0, 0 };
+    for (int64_t i = 0; i < nb; i++, y += QKK) {
+        float d = h2f(b[i].d);
+        for (int h = 0; h < 2; h++) {
+            __m512i L = load64(b[i].ql + 64 * h), H = bcast32(b[i].qh + 32 * h);
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                         _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(H, sh_a), 4), m30));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                         _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(H, sh_b), 4), m30));
+            const int8_t *sc = b[i].scales + 8 * h;
+            float a[4] = { d * sc[0], d * sc[1], d * sc[2], d * sc[3] }, c4[4] = { d * sc[4], d * sc[5], d * sc[6], d * sc[7] };
+            /* (d * scale) * q: fmsub with a zero offset is a plain product */
+            store64_fms(y + 128 * h, _mm512_sub_epi8(qa, off), a, zero, 1);
+            store64_fms(y + 128 * h + 64, _mm512_sub_epi8(qb, off), c4, zero, 1);
+        }
+    }
+}
+
+/* ---------------------------------------------------------- Q8_K quantiser */
 
 /* Q8_K as quant_q8_K in quant_ref.c: the scale comes from the first element
  * of largest magnitude, with its sign. */
@@ -715,6 +825,10 @@ void quant_to_float_avx512(uint32_t type, const void *src, float *dst, int64_t n
     switch (type) {
     case QT_F16:  fp16_to_fp32_row_avx512(src, dst, n); return;
     case QT_Q8_0: deq_q8_0(src, dst, n / QK); return;
+    case QT_Q4_0: deq_q4_0(src, dst, n / QK); return;
+    case QT_Q4_K: deq_q4_K(src, dst, n / QKK); return;
+    case QT_Q5_K: deq_q5_K(src, dst, n / QKK); return;
+    case QT_Q6_K: deq_q6_K(src, dst, n / QKK); return;
     default:      quant_to_float_ref(type, src, dst, n); return;
     }
 }

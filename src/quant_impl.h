@@ -24,6 +24,12 @@
  *           (a0+a2)+(a1+a3), then a halving 16-lane reduction; leftovers
  *           are added one by one.        F32, F16 (products exact), BF16
  *           (two 16-lane accumulators fed by vdpbf16ps: odd element first).
+ *
+ * Build: these files rely on the compiler not contracting a*b+c into an
+ * FMA where they do not ask for one (fmaf / _mm*_fmadd_ps): GCC with
+ * -std=c11 (the Makefile) implies -ffp-contract=off, clang only contracts
+ * within one expression and the code keeps such products in their own
+ * statements. tests/test_quant.c checks one case that would change.
  */
 #ifndef SPARQ_QUANT_IMPL_H
 #define SPARQ_QUANT_IMPL_H

@@ -268,7 +268,10 @@ static void quant_q4_0(const float *x, blk_q4_0 *y, int64_t nb)
         float d = max / -8, id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = fp32_to_fp16(d);
         for (int j = 0; j < QK / 2; j++) {
-            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + QK / 2] * id + 8.5f);
+            /* product and offset as separate statements, so no compiler
+             * fuses them (ggml's reference is built without FMA) */
+            float v0 = x[j] * id, v1 = x[j + QK / 2] * id;
+            int q0 = (int)(v0 + 8.5f), q1 = (int)(v1 + 8.5f);
             q0 = q0 > 15 ? 15 : q0;
             q1 = q1 > 15 ? 15 : q1;
             y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
@@ -630,7 +633,10 @@ static float dot_f32_x64(const float *a, const float *b, int64_t n)
     /* leftovers as GCC compiles ggml's `sumf += x[i]*y[i]`: whole groups of
      * 8 as rounded products added in order, the last n % 8 fused */
     int64_t nf = np + ((n - np) & ~(int64_t)7);
-    for (int64_t i = np; i < nf; i++) s += a[i] * b[i];
+    for (int64_t i = np; i < nf; i++) {
+        float p = a[i] * b[i]; /* a separate statement: never contracted */
+        s += p;
+    }
     for (int64_t i = nf; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
