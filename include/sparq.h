@@ -47,7 +47,22 @@ typedef struct sparq_attn_params {
     int select_logits;      /* SparQ: select by summed logits, not probs  */
     int no_realloc;         /* SparQ: alpha = 1 (no mean-value realloc)   */
     int n_sink;             /* streaming: sink positions (0 = 16)         */
+    /* top-k attention over a key index ("topk"): the prefix (positions
+     * before the first decode step, or before sparq_context_mark_prefix)
+     * is searched in a per-(layer, KV head) index, the rest is dense. k is
+     * the budget per query head; r the components of the "sparq" index.  */
+    const char *index;      /* "exact" (NULL = exact), "ivf", "hnsw", "sparq" */
+    int topk_schedule;      /* SPARQ_TOPK_UNIFORM: k in every layer;
+                               SPARQ_TOPK_LINEAR: ramps up, same total     */
+    int index_key_type;     /* exact/ivf keys: SPARQ_KEY_* (0 = f16)       */
+    int ivf_nlist;          /* 0 = round(sqrt(prefix))                     */
+    int ivf_nprobe;         /* 0 = max(8, nlist/16)                        */
+    int hnsw_ef_search;     /* 0 = 64 (raised to k)                        */
+    int topk_check;         /* count recall@k against exact top-k (slow)   */
 } sparq_attn_params;
+
+enum { SPARQ_TOPK_UNIFORM = 0, SPARQ_TOPK_LINEAR = 1 };
+enum { SPARQ_KEY_DEFAULT = 0, SPARQ_KEY_F16 = 1, SPARQ_KEY_BF16 = 2, SPARQ_KEY_I8 = 3 };
 
 sparq_attn_params sparq_attn_default_params(void);
 
@@ -129,6 +144,35 @@ int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed);
 /* Drops every cached token (the sequence starts again at position 0). */
 void sparq_context_reset(sparq_context *c);
 
+/* ---- KV cache files (docs/KVFILE.md) ----------------------------------- */
+
+/* Makes the tokens cached so far the prefix: policies that index a prefix
+ * ("topk") index positions [0, pos) and attend densely to what follows.
+ * Without a call, the prefix is everything before the first decode step. */
+void sparq_context_mark_prefix(sparq_context *c);
+
+/* Writes the cache (every position so far: the prefix) to path, with its
+ * capacity, the model's fingerprint, the prefix's token ids if given
+ * (tokens[n_tokens], n_tokens = positions cached; NULL = none) and, for
+ * each kind in `indexes` (comma list of exact, ivf, hnsw, sparq; NULL or
+ * "" = none), one prebuilt index per layer and KV head, built with the
+ * context's attn parameters (index_key_type, ivf_nlist). Written to
+ * path.tmp, then renamed. */
+int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
+                          const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size);
+
+enum { SPARQ_VERIFY_AUTO = 0, SPARQ_VERIFY_ALWAYS = 1 };
+/* Creates a context whose KV cache is the file at path, mapped privately
+ * (pages are read from disk on demand; later tokens go to private memory).
+ * Its capacity and KV type are the file's (p->n_ctx must be 0 or equal);
+ * the loaded positions are the prefix (sparq_context_mark_prefix) and the
+ * file's indexes serve a "topk" policy. The header and metadata checksums
+ * are always verified; the data checksums too unless verify is AUTO and
+ * the data exceeds 1 GiB. A file of another model, another format version,
+ * truncated or corrupt is an error. */
+int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const char *path,
+                          int verify, sparq_context **out, char *err, size_t err_size);
+
 /* Attention transfer accounting, summed over all decode steps so far:
  * elements the policy read/wrote and what dense attention would have. */
 typedef struct sparq_attn_stats {
@@ -137,6 +181,10 @@ typedef struct sparq_attn_stats {
     int64_t formula_elements;/* the policy's SPEC.md formula for those steps */
     int64_t bytes;           /* elements x KV element size                  */
     int64_t steps;           /* decode steps counted                        */
+    /* topk with topk_check: over every query head of every indexed step,
+     * selected prefix positions that are in the exact top-k, and k.      */
+    int64_t recall_hits, recall_total;
+    double  index_seconds;   /* topk: building or loading prefix indexes    */
 } sparq_attn_stats;
 void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out);
 

@@ -24,7 +24,7 @@ const cli_opt cli_model_table[] = {
 
 const cli_opt cli_attn_table[] = {
     { "--attn", NULL, OPT_STR, OFF(cli_attn_opts, attn), "NAME",
-      "decode attention: dense|sparq|oracle|flexgen|h2o|streaming (default dense)" },
+      "decode attention: dense|sparq|oracle|flexgen|h2o|streaming|topk (default dense)" },
     { "--sparq-r", NULL, OPT_INT, OFF(cli_attn_opts, r), "R", "SparQ query components (default d/4)" },
     { "--sparq-k", NULL, OPT_INT, OFF(cli_attn_opts, k), "K", "SparQ positions kept (default 128)" },
     { "--sparq-l", NULL, OPT_INT, OFF(cli_attn_opts, l), "L", "SparQ local window (default k/4)" },
@@ -36,6 +36,18 @@ const cli_opt cli_attn_table[] = {
       "pick SparQ r and k for this transfer ratio at the context length" },
     { "--attn-k", NULL, OPT_INT, OFF(cli_attn_opts, attn_k), "K", "positions kept by the baselines (default 128)" },
     { "--n-sink", NULL, OPT_INT, OFF(cli_attn_opts, n_sink), "N", "streaming: sink positions (default 16)" },
+    { "--index", NULL, OPT_STR, OFF(cli_attn_opts, index), "KIND",
+      "topk: prefix key index exact|ivf|hnsw|sparq (default exact)" },
+    { "--topk-k", NULL, OPT_INT, OFF(cli_attn_opts, topk_k), "K", "topk: prefix positions per query head (default 128)" },
+    { "--topk-schedule", NULL, OPT_STR, OFF(cli_attn_opts, schedule), "uniform|linear",
+      "topk: k in every layer, or ramped up from first to last layer, same total" },
+    { "--ivf-nlist", NULL, OPT_INT, OFF(cli_attn_opts, ivf_nlist), "N", "topk ivf: lists (default sqrt(prefix))" },
+    { "--ivf-nprobe", NULL, OPT_INT, OFF(cli_attn_opts, ivf_nprobe), "N", "topk ivf: lists probed (default max(8, nlist/16))" },
+    { "--hnsw-ef", NULL, OPT_INT, OFF(cli_attn_opts, hnsw_ef), "N", "topk hnsw: efSearch (default 64)" },
+    { "--index-key-type", NULL, OPT_STR, OFF(cli_attn_opts, key_type), "f16|bf16|i8",
+      "topk exact/ivf: key storage (default f16)" },
+    { "--topk-check", NULL, OPT_FLAG, OFF(cli_attn_opts, topk_check), NULL,
+      "topk: also compute exact top-k each step and report recall@k (slow)" },
     { 0 },
 };
 
@@ -184,7 +196,31 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
     *out = sparq_attn_default_params();
     out->policy = o->attn;
     out->r = o->r;
-    out->k = strcmp(o->attn, "sparq") == 0 ? o->k : o->attn_k;
+    const int topk = strcmp(o->attn, "topk") == 0;
+    out->k = strcmp(o->attn, "sparq") == 0 ? o->k : topk && o->topk_k ? o->topk_k : o->attn_k;
+    out->index = o->index;
+    out->ivf_nlist = o->ivf_nlist;
+    out->ivf_nprobe = o->ivf_nprobe;
+    out->hnsw_ef_search = o->hnsw_ef;
+    out->topk_check = o->topk_check;
+    if (o->schedule) {
+        if (strcmp(o->schedule, "uniform") == 0) out->topk_schedule = SPARQ_TOPK_UNIFORM;
+        else if (strcmp(o->schedule, "linear") == 0) out->topk_schedule = SPARQ_TOPK_LINEAR;
+        else {
+            snprintf(err, err_size, "--topk-schedule must be uniform or linear, not '%s'", o->schedule);
+            return -1;
+        }
+    }
+    if (o->key_type) {
+        if (strcmp(o->key_type, "f16") == 0) out->index_key_type = SPARQ_KEY_F16;
+        else if (strcmp(o->key_type, "bf16") == 0) out->index_key_type = SPARQ_KEY_BF16;
+        else if (strcmp(o->key_type, "i8") == 0 || strcmp(o->key_type, "int8") == 0)
+            out->index_key_type = SPARQ_KEY_I8;
+        else {
+            snprintf(err, err_size, "--index-key-type must be f16, bf16 or i8, not '%s'", o->key_type);
+            return -1;
+        }
+    }
     out->l = o->l;
     out->no_realloc = o->no_realloc;
     out->n_sink = o->n_sink;
@@ -277,6 +313,8 @@ static const subcommand subcommands[] = {
     { "run", cli_run, "generate text from a prompt" },
     { "gen-model", cli_gen_model, "write a random-weight GGUF of a real model shape" },
     { "bench", cli_bench, "benchmarks: attention op, memory bandwidth, decode tok/s" },
+    { "eval", cli_eval, "task metrics and fidelity vs dense, per policy and transfer ratio" },
+    { "stats", cli_stats, "attention statistics of a forward pass (q kurtosis, top-k agreement, ...)" },
 };
 
 static void usage(FILE *f)

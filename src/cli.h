@@ -56,6 +56,12 @@ typedef struct cli_attn_opts {
     int no_realloc;         /* --sparq-no-realloc                         */
     const char *ratio;      /* --sparq-ratio 1/8                          */
     int n_sink;             /* --n-sink                                   */
+    const char *index;      /* --index exact|ivf|hnsw|sparq (topk)        */
+    int topk_k;             /* --topk-k                                   */
+    const char *schedule;   /* --topk-schedule uniform|linear             */
+    int ivf_nlist, ivf_nprobe, hnsw_ef; /* --ivf-nlist --ivf-nprobe --hnsw-ef */
+    const char *key_type;   /* --index-key-type f16|bf16|i8               */
+    int topk_check;         /* --topk-check                               */
 } cli_attn_opts;
 extern const cli_opt cli_attn_table[];
 void cli_attn_opts_init(cli_attn_opts *o);
@@ -83,5 +89,9 @@ void cli_json_str(FILE *f, const char *s, size_t n);
 int cli_run(int argc, char **argv);
 int cli_gen_model(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_eval(int argc, char **argv);
+int cli_stats(int argc, char **argv);
+int cli_prefill(int argc, char **argv);
+int cli_topk(int argc, char **argv);
 
 #endif
