@@ -32,7 +32,11 @@ static void oracle_attend_traced(void *state, const sparq_attn_params *p, int la
                                  attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
     (void)state; (void)layer; (void)kv_head;
-    attn_exact_topk_group(kv, q, g, p->k, 1, out, scratch, tr);
+    /* Keeping everything is dense attention; the dense kernel makes that
+     * an identity to the last bit rather than to f32 rounding of the
+     * renormalised selection. */
+    if (p->k >= kv->S && !tr) attn_dense_group(kv, q, g, out, scratch->f);
+    else attn_exact_topk_group(kv, q, g, p->k, 1, out, scratch, tr);
     if (counts) {
         const int64_t kk = p->k < kv->S ? p->k : kv->S;
         counts->read += kv->S * kv->d + kk * kv->d;
