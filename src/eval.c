@@ -1,7 +1,7 @@
 /* eval.c - the evaluation harness (contract in eval.h).
  *
  * Map:
- *   text_buf, set_err             small helpers
+ *   set_err                       small helper
  *   eval_truncate_left ...        tokens: truncation, tokenizing, characters
  *   eval_generate                 greedy decoding with stop rules
  *   eval_forced_nll               teacher forcing
@@ -16,6 +16,7 @@
  * given. Everything else uses the public API.
  */
 #include "eval.h"
+#include "textbuf.h"
 
 #include "attn.h"
 #include "metrics.h"
@@ -37,28 +38,6 @@ static int set_err(char *err, size_t err_size, const char *fmt, ...)
         va_end(ap);
     }
     return -1;
-}
-
-/* Growable NUL-terminated byte string. */
-typedef struct text_buf {
-    char  *data;
-    size_t len, cap;
-} text_buf;
-
-static int text_append(text_buf *t, const char *s, size_t n)
-{
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 256;
-        while (cap < t->len + n + 1) cap *= 2;
-        char *d = realloc(t->data, cap);
-        if (!d) return -1;
-        t->data = d;
-        t->cap = cap;
-    }
-    memcpy(t->data + t->len, s, n);
-    t->len += n;
-    t->data[t->len] = 0;
-    return 0;
 }
 
 static void attn_stats_add(sparq_attn_stats *acc, const sparq_attn_stats *x)

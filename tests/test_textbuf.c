@@ -1,0 +1,28 @@
+/* test_textbuf.c - growable strings and whole-file reads. */
+#include "test.h"
+#include "textbuf.h"
+#include <unistd.h>
+
+int main(void)
+{
+    text_buf t = { 0 };
+    for (int i = 0; i < 1000; i++) CHECK(text_append(&t, "abc", 3) == 0, "append %d", i);
+    CHECK(t.len == 3000 && strlen(t.data) == 3000 && memcmp(t.data + 2997, "abc", 3) == 0, "contents");
+    CHECK(text_append(&t, "\0x", 2) == 0 && t.len == 3002 && t.data[3000] == 0 && t.data[3001] == 'x',
+          "embedded NUL kept");
+    char path[] = "/tmp/sparq_textbuf_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && write(fd, t.data, t.len) == (ssize_t)t.len, "write temp file");
+    close(fd);
+    size_t n = 0;
+    char *back = text_read_file(path, &n);
+    CHECK(back && n == t.len && memcmp(back, t.data, n) == 0 && back[n] == 0, "read back %zu bytes", n);
+    free(back);
+    unlink(path);
+    CHECK(text_read_file("/nonexistent/file", &n) == NULL, "missing file");
+    back = text_read_file("/dev/null", &n);
+    CHECK(back && n == 0 && back[0] == 0, "empty file");
+    free(back);
+    free(t.data);
+    return test_summary("test_textbuf");
+}
