@@ -145,7 +145,7 @@ void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
  * index. work: n int32 values. */
 void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work);
 
-/* ---- kernel building blocks (attn.c) ----------------------------------
+/* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx512.c) -
  * rows: positions to read, or NULL for 0..n-1. Every kernel has a plain-C
  * `_ref` twin and, when the build targets AVX-512, an `_avx512` twin with
  * the same signature; the un-suffixed name is the fastest one compiled in.
@@ -169,7 +169,54 @@ void attn_kt_logits(const attn_kv_view *kv, const float *qs, const int32_t *comp
  * in increasing order; returns their count. */
 int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx);
 
+/* out[h*d + j] = sum_i softmax(s[h*n .. h*n+n))_i * V[row_i][j]: attn_softmax
+ * then attn_weighted_sum in one pass, the weights never stored (s is only
+ * read). Elements read: n*d. */
+void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
+                               const int32_t *rows, int64_t n, float *out);
+
+/* Positions per block of attn_kt_exp's running maximum. */
+enum { ATTN_EXP_BLOCK = 256 };
+
+/* SparQ step 2 in one pass over K^T (needs kv->KT): per head h < g the logits
+ *   l_h[i] = sum_{c<r} qs[h*r + c] * KT[comp[c]][i],  i < n,
+ * exponentiated against a running maximum kept per block of ATTN_EXP_BLOCK
+ * positions (so each block is finished while in L1). nb = ceil(n / ATTN_EXP_BLOCK):
+ *   shift[h*nb + b] = max of l_h over blocks 0..b,
+ *   e[h*n + i]      = exp(l_h[i] - shift[h*nb + i / ATTN_EXP_BLOCK]),
+ *   zsum[h]         = sum_i exp(l_h[i] - shift[h*nb + nb - 1]),
+ * so softmax(l_h)_i = e[h*n + i] * exp(shift[h*nb + b] - shift[h*nb + nb-1]) / zsum[h].
+ * lsum, unless NULL, gets sum_h l_h[i] (SparQ's select_logits score).
+ * Elements read: n*r. */
+void attn_kt_exp(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
+                 int64_t n, float *e, float *shift, float *zsum, float *lsum);
+
+/* out[i] = sum_{h<g} scale[h*nb + i / ATTN_EXP_BLOCK] * e[h*n + i] for
+ * i < m <= n, nb = ceil(n / ATTN_EXP_BLOCK): the group's softmax rows from
+ * attn_kt_exp, each block rescaled, summed over the heads. */
+void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, int64_t m,
+                          float *out);
+
+/* attn_scaled_head_sum fused with attn_topk_filter: writes the i < m whose
+ * group sum is >= t (NaN never) to idx, in increasing order, and their sums
+ * to val; returns their count. */
+int64_t attn_scaled_head_sum_filter(const float *e, const float *scale, int g, int64_t n,
+                                    int64_t m, float t, int32_t *idx, float *val);
+
+/* Top-k's exact threshold: the largest t with #{i < m : key[i] >= t} >= k
+ * (1 <= k <= m), i.e. the k-th largest key. Keys order floats (attn.c). */
+uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k);
+
 int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx);
+uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k);
+void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
+                                   const int32_t *rows, int64_t n, float *out);
+void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
+                     int64_t n, float *e, float *shift, float *zsum, float *lsum);
+void attn_scaled_head_sum_ref(const float *e, const float *scale, int g, int64_t n, int64_t m,
+                              float *out);
+int64_t attn_scaled_head_sum_filter_ref(const float *e, const float *scale, int g, int64_t n,
+                                        int64_t m, float t, int32_t *idx, float *val);
 void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                      int64_t n, float *s);
 void attn_softmax_ref(float *s, int g, int64_t n);
@@ -183,6 +230,16 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define ATTN_HAVE_AVX512 1
 int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx);
+uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
+void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, int g,
+                                      const int32_t *rows, int64_t n, float *out);
+void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
+                        int g, int64_t n, float *e, float *shift, float *zsum, float *lsum);
+void attn_scaled_head_sum_avx512(const float *e, const float *scale, int g, int64_t n,
+                                 int64_t m, float *out);
+int64_t attn_scaled_head_sum_filter_avx512(const float *e, const float *scale, int g,
+                                           int64_t n, int64_t m, float t, int32_t *idx,
+                                           float *val);
 void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                         int64_t n, float *s);
 void attn_softmax_avx512(float *s, int g, int64_t n);
@@ -215,8 +272,9 @@ static inline size_t attn_pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 /* ---- top-k attention's prefix indexes (attn_topk.c) -------------------- */
 
 /* The budget of `layer` (0..n_layer-1) under p (resolved): p->k everywhere,
- * or with SPARQ_TOPK_LINEAR k_l proportional to l + 1 with the same total
- * n_layer * k (cumulative rounding; at least 1 per layer). */
+ * or with SPARQ_TOPK_LINEAR a non-decreasing ramp k_l ~ 2k(l+1)/(L+1), at
+ * least 1, with the same total n_layer * k (exact unless k is so small
+ * that the floor of 1 per layer forbids it). */
 int attn_topk_layer_k(const sparq_attn_params *p, int n_layer, int layer);
 /* Builds the index of `kind` over positions [0, n) of kv and returns its
  * serialized image (*image: 64-byte aligned, release with free()): for

@@ -13,6 +13,12 @@
  * With k >= S every position is selected and alpha is exactly 1, so the
  * step is plain dense attention (and is run and counted as such).
  *
+ * Step 2 is one pass over K^T (attn_kt_exp): each block of positions is
+ * scored and exponentiated against a running max while in L1, so s_hat_h =
+ * (that block's factor) x (stored value) and the g*S logits are never read
+ * back for a separate softmax; the selection score and alpha apply the
+ * factors on the fly.
+ *
  * Transfer per step (elements): S*r (K^T rows) + 2*k*d (K, V rows) + d (read
  * v_sum) + 2*d (this step's k, v appended) + d (the cache's v_sum update) =
  * SPEC.md's S*r + 2*k*d + 4*d. With k >= S: dense's 2*S*d + 2*d.
@@ -55,13 +61,18 @@ static int sparq_resolve(sparq_attn_params *p, int d, char *err, size_t err_size
 
 /* Scratch carve-up for S positions: see sparq_attend_traced. */
 typedef struct sparq_scratch {
-    float   *lg;    /* [g][S] logits, then s_hat (softmax in place)       */
+    float   *e;     /* [g][S] exp(logit - block shift) (attn_kt_exp)      */
     float   *score; /* [S] selection score                                 */
+    float   *shift; /* [g][nb] running max per block of ATTN_EXP_BLOCK     */
+    float   *scale; /* [g][nb] block factors: s_hat = scale * e            */
+    float   *zsum;  /* [g]                                                 */
     float   *w;     /* [g][k] gather scratch                               */
     float   *qs;    /* [g][r] q_h[i1] / tau_h                              */
     float   *absq;  /* [d] sum_h |q_h|                                     */
     float   *alpha; /* [g]                                                 */
     int32_t *work;  /* [max(S, d)] top-k work                              */
+    int32_t *cand;  /* [S] selection candidates (positions)                */
+    int32_t *pick;  /* [k] chosen candidates                               */
     int32_t *sel;   /* [k]                                                 */
     int32_t *i1;    /* [d]                                                 */
     size_t   n_f, n_i;
@@ -72,9 +83,13 @@ static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params
 {
     sparq_scratch s;
     const size_t kk = (size_t)(p->k < S ? p->k : S), n = (size_t)S;
+    const size_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
     size_t o = 0;
-    s.lg = f ? f + o : NULL;    o += attn_pad16((size_t)g * n);
+    s.e = f ? f + o : NULL;     o += attn_pad16((size_t)g * n);
     s.score = f ? f + o : NULL; o += attn_pad16(n);
+    s.shift = f ? f + o : NULL; o += attn_pad16((size_t)g * nb);
+    s.scale = f ? f + o : NULL; o += attn_pad16((size_t)g * nb);
+    s.zsum = f ? f + o : NULL;  o += attn_pad16((size_t)g);
     s.w = f ? f + o : NULL;     o += attn_pad16((size_t)g * kk);
     s.qs = f ? f + o : NULL;    o += attn_pad16((size_t)g * d);
     s.absq = f ? f + o : NULL;  o += attn_pad16((size_t)d);
@@ -82,6 +97,8 @@ static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params
     s.n_f = o;
     o = 0;
     s.work = iw ? iw + o : NULL; o += attn_pad16(n > (size_t)d ? n : (size_t)d);
+    s.cand = iw ? iw + o : NULL; o += attn_pad16(n);
+    s.pick = iw ? iw + o : NULL; o += attn_pad16(kk);
     s.sel = iw ? iw + o : NULL;  o += attn_pad16(kk);
     s.i1 = iw ? iw + o : NULL;   o += attn_pad16((size_t)d);
     s.n_i = o;
@@ -115,11 +132,15 @@ static void sparq_components(const float *q, int g, int d, int r, sparq_scratch 
     }
 }
 
-/* Logits from K rows when the cache keeps no K^T: same numbers, strided. */
-static void logits_from_k(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
-                          int g, int64_t n, float *lg)
+/* attn_kt_exp's outputs from K rows when the cache keeps no K^T: the same
+ * logits read strided, exponentiated against each head's overall max (a
+ * valid shift for every block). */
+static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
+                       int64_t n, float *e, float *shift, float *zsum, float *lsum)
 {
-    for (int64_t i = 0; i < n; i++)
+    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    for (int64_t i = 0; i < n; i++) {
+        float ls = 0;
         for (int h = 0; h < g; h++) {
             float a = 0;
             for (int c = 0; c < r; c++) {
@@ -128,8 +149,56 @@ static void logits_from_k(const attn_kv_view *kv, const float *qs, const int32_t
                                                    : ((const float *)kv->K)[at];
                 a += qs[h * r + c] * k;
             }
-            lg[h * n + i] = a;
+            e[h * n + i] = a;
+            ls += a;
         }
+        if (lsum) lsum[i] = ls;
+    }
+    for (int h = 0; h < g; h++) {
+        float *x = e + h * n, m = -INFINITY;
+        double z = 0;
+        for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+        for (int64_t i = 0; i < n; i++) z += (x[i] = expf(x[i] - m));
+        for (int64_t b = 0; b < nb; b++) shift[h * nb + b] = m;
+        zsum[h] = (float)z;
+    }
+}
+
+/* Step 3's top kk of positions [0, m) by sum_h s_hat_h, the scores never
+ * written whole: a threshold from 1024 evenly spaced scores, one fused pass
+ * keeping the positions that reach it (with their scores), the exact
+ * selection among those. The same positions as attn_topk_indices over all
+ * m scores (those computed the same way; ties to the lower position), to
+ * which it falls back when the sample misleads. */
+static void select_by_probs(const sparq_scratch *s, int g, int64_t S, int64_t m, int64_t kk)
+{
+    enum { SAMPLE = 1024 };
+    const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    if (m > 8 * SAMPLE && kk <= m / 32) {
+        float *sv = s->score;
+        for (int64_t j = 0; j < SAMPLE; j++) {
+            const int64_t i = j * m / SAMPLE;
+            float a = 0;
+            for (int h = 0; h < g; h++) a += s->scale[h * nb + i / ATTN_EXP_BLOCK] * s->e[h * S + i];
+            sv[j] = a;
+        }
+        /* the ks-th best sample: about 2 kk + m/64 positions reach it */
+        const int64_t ks = 2 * ((kk * SAMPLE + m - 1) / m) + 16;
+        attn_topk_indices(sv, SAMPLE, ks, s->pick, s->work);
+        float t = INFINITY;
+        for (int64_t j = 0; j < ks; j++) t = sv[s->pick[j]] < t ? sv[s->pick[j]] : t;
+        if (t > -INFINITY) { /* (false for NaN too) */
+            const int64_t c = attn_scaled_head_sum_filter(s->e, s->scale, g, S, m, t, s->cand,
+                                                          s->score);
+            if (c >= kk) { /* then the kk best all reach t */
+                attn_topk_indices(s->score, c, kk, s->pick, s->work);
+                for (int64_t j = 0; j < kk; j++) s->sel[j] = s->cand[s->pick[j]];
+                return;
+            }
+        }
+    }
+    attn_scaled_head_sum(s->e, s->scale, g, S, m, s->score);
+    attn_topk_indices(s->score, m, kk, s->sel, s->work);
 }
 
 /* vmean[d] = v_sum / S. Returns elements read beyond v_sum itself: 0, or
@@ -170,7 +239,7 @@ static void sparq_attend_traced(void *state, const sparq_attn_params *p, int lay
     }
 
     if (p->k >= S) { /* everything selected, alpha = 1: dense attention */
-        attn_dense_group(kv, q, g, out, s.lg);
+        attn_dense_group(kv, q, g, out, s.e);
         cnt.read = 2 * S * d;
         cnt.written = 2 * (int64_t)d;
         if (tr) {
@@ -183,17 +252,22 @@ static void sparq_attend_traced(void *state, const sparq_attn_params *p, int lay
         goto done;
     }
 
-    /* 2. approximate scores over all S positions */
-    if (kv->KT) attn_kt_logits(kv, s.qs, s.i1, r, g, S, s.lg);
-    else logits_from_k(kv, s.qs, s.i1, r, g, S, s.lg);
+    /* 2. approximate scores over all S positions: s_hat_h[i] =
+     * scale[h][block of i] * e[h][i], never stored whole */
+    const int64_t k = p->k, l = p->l, nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    float *lsum = p->select_logits ? s.score : NULL;
+    if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.shift, s.zsum, lsum);
+    else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.shift, s.zsum, lsum);
     cnt.read += S * r;
-    if (p->select_logits) attn_sum_heads(s.lg, g, S, s.score);
-    attn_softmax(s.lg, g, S);
-    if (!p->select_logits) attn_sum_heads(s.lg, g, S, s.score);
+    for (int h = 0; h < g; h++) {
+        const float *sh = s.shift + h * nb, last = sh[nb - 1], inv = 1.0f / s.zsum[h];
+        for (int64_t b = 0; b < nb; b++)
+            s.scale[h * nb + b] = sh[b] == last ? inv : expf(sh[b] - last) * inv;
+    }
 
     /* 3. selection: top (k - l) of the older positions, then the window */
-    const int64_t k = p->k, l = p->l;
-    attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
+    if (p->select_logits) attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
+    else select_by_probs(&s, g, S, S - l, k - l);
     for (int64_t t = 0; t < l; t++) s.sel[k - l + t] = (int32_t)(S - l + t);
 
     /* 4. exact attention over the selection */
@@ -203,8 +277,9 @@ static void sparq_attend_traced(void *state, const sparq_attn_params *p, int lay
     /* 5. mean-value reallocation */
     float *alpha = s.alpha;
     for (int h = 0; h < g; h++) {
+        const float *eh = s.e + h * S, *sc = s.scale + h * nb;
         float a = 0;
-        for (int64_t j = 0; j < k; j++) a += s.lg[h * S + s.sel[j]];
+        for (int64_t j = 0; j < k; j++) a += sc[s.sel[j] / ATTN_EXP_BLOCK] * eh[s.sel[j]];
         alpha[h] = p->no_realloc ? 1.0f : a;
     }
     if (!p->no_realloc) {

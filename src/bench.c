@@ -168,16 +168,20 @@ uint64_t bench_rng_next(bench_rng *r)
     return z ^ (z >> 31);
 }
 
+/* Marsaglia's polar method: two exact N(0,1) values per accepted point of
+ * the unit disc (acceptance pi/4), one log and one sqrt, no trigonometry. */
 void bench_randn(bench_rng *r, float *x, size_t n)
 {
-    const double two_pi = 6.283185307179586;
     for (size_t i = 0; i < n; i += 2) {
-        /* u1 in (0, 1] keeps log finite; u2 in [0, 1) */
-        double u1 = (double)((bench_rng_next(r) >> 11) + 1) * 0x1.0p-53;
-        double u2 = (double)(bench_rng_next(r) >> 11) * 0x1.0p-53;
-        double rad = sqrt(-2.0 * log(u1));
-        x[i] = (float)(rad * cos(two_pi * u2));
-        if (i + 1 < n) x[i + 1] = (float)(rad * sin(two_pi * u2));
+        double u, v, s;
+        do {
+            u = (double)(bench_rng_next(r) >> 11) * 0x1.0p-52 - 1.0;
+            v = (double)(bench_rng_next(r) >> 11) * 0x1.0p-52 - 1.0;
+            s = u * u + v * v;
+        } while (s >= 1.0 || s == 0.0);
+        double f = sqrt(-2.0 * log(s) / s);
+        x[i] = (float)(u * f);
+        if (i + 1 < n) x[i + 1] = (float)(v * f);
     }
 }
 

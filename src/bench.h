@@ -71,7 +71,7 @@ int bench_split_names(const char *s, char *buf, size_t buf_size, const char **ou
 typedef struct bench_rng { uint64_t s; } bench_rng;
 void     bench_rng_seed(bench_rng *r, uint64_t seed);
 uint64_t bench_rng_next(bench_rng *r);
-/* x[0..n) ~ N(0, 1) (Box-Muller on 53-bit uniforms). */
+/* x[0..n) ~ N(0, 1) (Marsaglia's polar method on 52-bit uniforms). */
 void bench_randn(bench_rng *r, float *x, size_t n);
 /* Queries for n_heads heads of size d. heavy == 0: N(0,1). heavy != 0: each
  * component is N(0,1) times a per-component scale exp(1.5 N(0,1)) shared by

@@ -315,6 +315,8 @@ static const subcommand subcommands[] = {
     { "bench", cli_bench, "benchmarks: attention op, memory bandwidth, decode tok/s" },
     { "eval", cli_eval, "task metrics and fidelity vs dense, per policy and transfer ratio" },
     { "stats", cli_stats, "attention statistics of a forward pass (q kurtosis, top-k agreement, ...)" },
+    { "prefill", cli_prefill, "prefill a context once and save its KV cache (and indexes) to a file" },
+    { "bench-topk", cli_topk, "top-k attention over a synthetic N-token prefix decoded from a KV file" },
 };
 
 static void usage(FILE *f)

@@ -35,7 +35,7 @@ enum { MAX_LIST = 64, MAX_CFG = 64 };
 typedef struct bench_opts {
     /* attn shapes (comma lists) */
     const char *B, *H, *kv_heads, *d, *S, *threads, *kv_type;
-    int heavy, flush, membw;
+    int heavy, flush, membw, skip_dense;
     /* policies */
     const char *attn, *r, *k, *attn_k, *ratio, *select;
     int l, no_realloc, n_sink;
@@ -62,8 +62,10 @@ static const cli_opt shape_table[] = {
     { "--heavy-tailed-query", NULL, OPT_FLAG, OFF(heavy), NULL,
       "queries with a few dominant components (x exp(1.5 N(0,1)) per component) instead of N(0,1)" },
     { "--flush", NULL, OPT_FLAG, OFF(flush), NULL, "evict the caches (read 64 MiB) before every timed sample" },
+    { "--skip-dense", NULL, OPT_FLAG, OFF(skip_dense), NULL,
+      "do not run the dense reference (no speed-up column; for profiling one policy)" },
     { "--membw", NULL, OPT_FLAG, OFF(membw), NULL,
-      "measure read bandwidth first (per thread count) and report %% of it (column %bw)" },
+      "measure read bandwidth first (per thread count) and report % of it (column %bw)" },
     { 0 },
 };
 
@@ -380,30 +382,35 @@ static int measure_membw(int64_t bytes, int threads, int reps, int warmup, bench
 
 /* Writes positions [from, to) of every batch element: keys and values
  * N(0,1), seeded per (element, position) so the data does not depend on how
- * the fill is split. One thread per batch element (kv_write keeps a running
- * V sum per element, so elements are the unit of parallelism). */
+ * the fill is split. Generating the numbers is the slow part and runs on
+ * all threads, a chunk of positions at a time; kv_write keeps a running V
+ * sum per element, so each element's rows are then stored by one thread. */
 static int fill_kv(kv_cache *kv, int64_t from, int64_t to, uint64_t seed, int threads)
 {
-    const size_t row = (size_t)kv->n_kv_head * kv->d;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *k = malloc(2 * row * sizeof(float));
-        if (!k) failed = 1;
-#pragma omp for schedule(static)
-        for (int b = 0; b < kv->n_layer; b++) {
-            if (!k) continue;
-            for (int64_t p = from; p < to; p++) {
-                bench_rng r;
-                bench_rng_seed(&r, seed ^ ((uint64_t)p * 0xD1B54A32D192ED03ull) ^ ((uint64_t)b << 48));
-                bench_randn(&r, k, 2 * row);
-                kv_write(kv, b, p, k, k + row);
-            }
+    const size_t row = (size_t)kv->n_kv_head * kv->d, B = (size_t)kv->n_layer;
+    int64_t chunk = (int64_t)(((size_t)8 << 20) / (B * 2 * row)); /* ~32 MiB of f32 */
+    if (chunk < 1) chunk = 1;
+    float *buf = malloc((size_t)chunk * B * 2 * row * sizeof(float));
+    if (!buf) return -1;
+    for (int64_t p0 = from; p0 < to; p0 += chunk) {
+        const int64_t n = to - p0 < chunk ? to - p0 : chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n * (int64_t)B; i++) {
+            const int64_t b = i / n, p = p0 + i % n;
+            bench_rng r;
+            bench_rng_seed(&r, seed ^ ((uint64_t)p * 0xD1B54A32D192ED03ull) ^ ((uint64_t)b << 48));
+            bench_randn(&r, buf + (size_t)i * 2 * row, 2 * row);
         }
-        free(k);
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int b = 0; b < (int)B; b++)
+            for (int64_t i = 0; i < n; i++) {
+                const float *k = buf + ((size_t)b * n + i) * 2 * row;
+                kv_write(kv, b, p0 + i, k, k + row);
+            }
     }
-    if (!failed) kv->n = to;
-    return failed ? -1 : 0;
+    free(buf);
+    kv->n = to;
+    return 0;
 }
 
 typedef struct attn_job {
@@ -547,6 +554,100 @@ static double bw_for(const bw_ref *bw, int n_bw, int threads)
     return NAN;
 }
 
+/* What every shape of an attn sweep shares. */
+typedef struct attn_sweep {
+    const bench_opts *o;
+    const int64_t *S;      /* ascending */
+    int n_S;
+    const int64_t *threads;
+    int n_threads;
+    const pol_cfg *cfg;    /* cfg[0] is dense */
+    int n_cfg;
+    unsigned needs;        /* union of the policies' cache needs */
+    const bw_ref *bw;
+    int n_bw;
+    float *flush;          /* NULL unless --flush */
+    size_t flush_n;
+} attn_sweep;
+
+/* Every policy at every thread count on one cache, S ascending. */
+static int sweep_S(const attn_sweep *w, kv_cache *kv, attn_point pt, int n_fit, const char *kv_name,
+                   row_list *rl, char *err, size_t err_size)
+{
+    int64_t filled = 0;
+    for (int iS = 0; iS < n_fit; iS++) {
+        pt.S = w->S[iS];
+        double t0 = cli_now();
+        if (fill_kv(kv, filled, pt.S, w->o->seed, omp_get_num_procs())) {
+            snprintf(err, err_size, "attn: out of memory filling the cache");
+            return -1;
+        }
+        if (pt.S - filled > 65536)
+            fprintf(stderr, "attn: filled %lld positions in %.1f s\n", (long long)(pt.S - filled), cli_now() - t0);
+        filled = pt.S;
+        for (int it = 0; it < w->n_threads; it++) {
+            pt.threads = (int)w->threads[it];
+            double dense_us = NAN;
+            for (int c = w->o->skip_dense ? 1 : 0; c < w->n_cfg; c++) {
+                sparq_attn_params p;
+                char e[256];
+                if (cfg_params(&w->cfg[c], pt.S, pt.d, &p, e, sizeof e)) {
+                    fprintf(stderr, "attn: skipping %s at S=%lld d=%d: %s\n", w->cfg[c].pol->name,
+                            (long long)pt.S, pt.d, e);
+                    continue;
+                }
+                bench_row *row = row_push(rl);
+                if (!row) {
+                    snprintf(err, err_size, "out of memory");
+                    return -1;
+                }
+                if (measure_attn(w->o, kv, w->cfg[c].pol, &p, &pt, w->flush, w->flush_n, row, err, err_size))
+                    return -1;
+                if (c == 0) dense_us = row->us.median;
+                row->speedup_vs_dense = bench_speedup(dense_us, row->us.median);
+                double ref = bw_for(w->bw, w->n_bw, pt.threads);
+                if (ref > 0) row->pct_bw = 100.0 * row->gbps / ref;
+                fprintf(stderr, "attn: %-9s r=%-3d k=%-5d B=%d H=%d kv=%d d=%d S=%-7lld t=%d %s: %10.1f us  "
+                        "%6.2f GB/s  x%.2f (theory x%.2f)\n", row->policy, row->r, row->k, pt.B, pt.H, pt.kvh,
+                        pt.d, (long long)pt.S, pt.threads, kv_name, row->us.median, row->gbps,
+                        row->speedup_vs_dense, 1.0 / row->theoretical_ratio);
+            }
+        }
+    }
+    return 0;
+}
+
+/* One shape (B, H, KV heads, d, element type): a cache for the largest S
+ * that fits in memory, then the S sweep on it. */
+static int sweep_shape(const attn_sweep *w, attn_point pt, const char *kv_name, row_list *rl, char *err,
+                       size_t err_size)
+{
+    if (pt.H % pt.kvh != 0) {
+        fprintf(stderr, "attn: skipping H=%d kv-heads=%d (H must be a multiple of the KV heads)\n", pt.H, pt.kvh);
+        return 0;
+    }
+    /* K, V (and K^T) of every sequence, keeping 30% of the available
+     * memory for everything else */
+    const int with_kt = !!(w->needs & ATTN_NEEDS_KT);
+    const double per_pos = (double)pt.B * pt.kvh * pt.d * pt.elem_size * (2 + with_kt);
+    const int64_t avail = mem_available();
+    int n_fit = w->n_S;
+    if (avail > 0)
+        while (n_fit > 0 && per_pos * (double)w->S[n_fit - 1] > 0.7 * (double)avail) n_fit--;
+    for (int i = n_fit; i < w->n_S; i++)
+        fprintf(stderr, "attn: skipping S=%lld for B=%d kv-heads=%d d=%d %s: needs %.1f GiB, %.1f GiB available\n",
+                (long long)w->S[i], pt.B, pt.kvh, pt.d, kv_name, per_pos * (double)w->S[i] / (1 << 30),
+                (double)avail / (1 << 30));
+    if (n_fit == 0) return 0;
+    kv_cache kv;
+    if (kv_create(&kv, pt.B, pt.kvh, pt.d, w->S[n_fit - 1], pt.elem_size == 4 ? KV_F32 : KV_F16, with_kt,
+                  !!(w->needs & ATTN_NEEDS_VSUM), err, err_size))
+        return -1;
+    int rc = sweep_S(w, &kv, pt, n_fit, kv_name, rl, err, err_size);
+    kv_free(&kv);
+    return rc;
+}
+
 static int bench_attn(const bench_opts *o, row_list *rl, char *err, size_t err_size)
 {
     int64_t Bs[MAX_LIST], Hs[MAX_LIST], KVs[MAX_LIST], ds[MAX_LIST], Ss[MAX_LIST], ts[MAX_LIST];
@@ -572,101 +673,37 @@ static int bench_attn(const bench_opts *o, row_list *rl, char *err, size_t err_s
     pol_cfg cfg[MAX_CFG];
     int ncfg = build_cfgs(o, cfg, names_buf, sizeof names_buf, ratio_buf, sizeof ratio_buf, err, err_size);
     if (ncfg < 0) return -1;
-    unsigned needs = 0;
-    for (int c = 0; c < ncfg; c++) needs |= cfg[c].pol->needs;
-
     bw_ref bw[MAX_LIST];
-    int n_bw = 0;
+    attn_sweep w = { .o = o, .S = Ss, .n_S = nS, .threads = ts, .n_threads = nt, .cfg = cfg, .n_cfg = ncfg,
+                     .bw = bw, .flush_n = (size_t)64 << 20 >> 2 };
+    for (int c = 0; c < ncfg; c++) w.needs |= cfg[c].pol->needs;
+
     if (o->membw)
         for (int i = 0; i < nt; i++) {
             bench_row *row = row_push(rl);
             if (!row || measure_membw((int64_t)512 << 20, (int)ts[i], 5, 1, row, err, err_size)) return -1;
-            bw[n_bw].threads = (int)ts[i];
-            bw[n_bw++].gbps = row->gbps;
+            bw[w.n_bw].threads = (int)ts[i];
+            bw[w.n_bw++].gbps = row->gbps;
             fprintf(stderr, "membw: %d thread(s): %.2f GB/s\n", (int)ts[i], row->gbps);
         }
-    float *flush_buf = NULL;
-    const size_t flush_n = (size_t)64 << 20 >> 2;
-    if (o->flush && !(flush_buf = alloc64(flush_n * sizeof(float)))) {
-        snprintf(err, err_size, "--flush: cannot allocate 64 MiB");
-        return -1;
-    }
-    if (flush_buf) memset(flush_buf, 0, flush_n * sizeof(float));
-
-    int rc = -1;
-    for (int ie = 0; ie < nkv; ie++)
-    for (int iB = 0; iB < nB; iB++)
-    for (int iH = 0; iH < nH; iH++)
-    for (int iK = 0; iK < nKV; iK++)
-    for (int id = 0; id < nd; id++) {
-        attn_point pt = { (int)Bs[iB], (int)Hs[iH], (int)KVs[iK], (int)ds[id], 0,
-                          cli_kv_type(kv_names[ie]) == SPARQ_KV_F32 ? 4 : 2, 0 };
-        if (pt.H % pt.kvh != 0) {
-            fprintf(stderr, "attn: skipping H=%d kv-heads=%d (H must be a multiple of the KV heads)\n", pt.H, pt.kvh);
-            continue;
+    if (o->flush) {
+        if (!(w.flush = alloc64(w.flush_n * sizeof(float)))) {
+            snprintf(err, err_size, "--flush: cannot allocate 64 MiB");
+            return -1;
         }
-        /* the largest S the machine holds: K, V (and K^T) of every sequence,
-         * keeping 30% of the available memory for everything else */
-        const int with_kt = !!(needs & ATTN_NEEDS_KT);
-        const double per_pos = (double)pt.B * pt.kvh * pt.d * pt.elem_size * (2 + with_kt);
-        const int64_t avail = mem_available();
-        int n_fit = nS;
-        if (avail > 0)
-            while (n_fit > 0 && per_pos * (double)Ss[n_fit - 1] > 0.7 * (double)avail) n_fit--;
-        for (int i = n_fit; i < nS; i++)
-            fprintf(stderr, "attn: skipping S=%lld for B=%d kv-heads=%d d=%d %s: needs %.1f GiB, %.1f GiB available\n",
-                    (long long)Ss[i], pt.B, pt.kvh, pt.d, kv_names[ie], per_pos * (double)Ss[i] / (1 << 30),
-                    (double)avail / (1 << 30));
-        if (n_fit == 0) continue;
-        kv_cache kv;
-        if (kv_create(&kv, pt.B, pt.kvh, pt.d, Ss[n_fit - 1], pt.elem_size == 4 ? KV_F32 : KV_F16, with_kt,
-                      !!(needs & ATTN_NEEDS_VSUM), err, err_size))
-            goto done;
-        int64_t filled = 0;
-        for (int iS = 0; iS < n_fit; iS++) {
-            pt.S = Ss[iS];
-            double t0 = cli_now();
-            if (fill_kv(&kv, filled, pt.S, o->seed, (int)ts[nt - 1] > pt.B ? pt.B : (int)ts[nt - 1])) {
-                snprintf(err, err_size, "attn: out of memory filling the cache");
-                kv_free(&kv);
-                goto done;
-            }
-            if (pt.S - filled > 65536)
-                fprintf(stderr, "attn: filled %lld positions in %.1f s\n", (long long)(pt.S - filled), cli_now() - t0);
-            filled = pt.S;
-            for (int it = 0; it < nt; it++) {
-                pt.threads = (int)ts[it];
-                double dense_us = NAN;
-                for (int c = 0; c < ncfg; c++) {
-                    sparq_attn_params p;
-                    char e[256];
-                    if (cfg_params(&cfg[c], pt.S, pt.d, &p, e, sizeof e)) {
-                        fprintf(stderr, "attn: skipping %s at S=%lld d=%d: %s\n", cfg[c].pol->name,
-                                (long long)pt.S, pt.d, e);
-                        continue;
-                    }
-                    bench_row *row = row_push(rl);
-                    if (!row || measure_attn(o, &kv, cfg[c].pol, &p, &pt, flush_buf, flush_n, row, err, err_size)) {
-                        if (!row) snprintf(err, err_size, "out of memory");
-                        kv_free(&kv);
-                        goto done;
-                    }
-                    if (c == 0) dense_us = row->us.median;
-                    row->speedup_vs_dense = bench_speedup(dense_us, row->us.median);
-                    double ref = bw_for(bw, n_bw, pt.threads);
-                    if (ref > 0) row->pct_bw = 100.0 * row->gbps / ref;
-                    fprintf(stderr, "attn: %-9s r=%-3d k=%-5d B=%d H=%d kv=%d d=%d S=%-7lld t=%d %s: %10.1f us  %6.2f GB/s  x%.2f (theory x%.2f)\n",
-                            row->policy, row->r, row->k, pt.B, pt.H, pt.kvh, pt.d, (long long)pt.S, pt.threads,
-                            kv_names[ie], row->us.median, row->gbps, row->speedup_vs_dense,
-                            1.0 / row->theoretical_ratio);
-                }
-            }
-        }
-        kv_free(&kv);
+        memset(w.flush, 0, w.flush_n * sizeof(float));
     }
-    rc = 0;
-done:
-    free(flush_buf);
+    int rc = 0;
+    for (int ie = 0; ie < nkv && rc == 0; ie++)
+        for (int iB = 0; iB < nB && rc == 0; iB++)
+            for (int iH = 0; iH < nH && rc == 0; iH++)
+                for (int iK = 0; iK < nKV && rc == 0; iK++)
+                    for (int id = 0; id < nd && rc == 0; id++) {
+                        attn_point pt = { (int)Bs[iB], (int)Hs[iH], (int)KVs[iK], (int)ds[id], 0,
+                                          cli_kv_type(kv_names[ie]) == SPARQ_KV_F32 ? 4 : 2, 0 };
+                        rc = sweep_shape(&w, pt, kv_names[ie], rl, err, err_size);
+                    }
+    free(w.flush);
     return rc;
 }
 

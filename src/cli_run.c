@@ -24,6 +24,8 @@ typedef struct run_opts {
     int         chat;          /* --chat / -cnv */
     const char *chat_template;
     const char *system;
+    const char *load_kv;       /* --load-kv FILE */
+    int         verify_kv;     /* --verify-kv */
 } run_opts;
 
 #define OFF(f) offsetof(run_opts, f)
@@ -44,6 +46,10 @@ static const cli_opt run_table[] = {
     { "--chat-template", NULL, OPT_STR, OFF(chat_template), "NAME",
       "llama3 | chatml | mistral | gemma (default: from the model)" },
     { "--system", NULL, OPT_STR, OFF(system), "TEXT", "system message for --chat" },
+    { "--load-kv", NULL, OPT_STR, OFF(load_kv), "FILE",
+      "start from a saved KV cache (sparq prefill --save-kv); the prompt continues it" },
+    { "--verify-kv", NULL, OPT_FLAG, OFF(verify_kv), NULL,
+      "check the data checksums of --load-kv even when the file is over 1 GiB" },
     { 0 },
 };
 #undef OFF
@@ -220,9 +226,10 @@ int cli_run(int argc, char **argv)
                 goto done;
             }
         } else {
-            n_prompt = sparq_tokenize(m, text, (int)len, 1, NULL, 0);
+            const int bos = ro.load_kv ? 0 : 1; /* a loaded cache already began the sequence */
+            n_prompt = sparq_tokenize(m, text, (int)len, bos, NULL, 0);
             if (n_prompt < 0 || !(ids = malloc((size_t)(n_prompt + 1) * sizeof *ids)) ||
-                sparq_tokenize(m, text, (int)len, 1, ids, n_prompt) != n_prompt) {
+                sparq_tokenize(m, text, (int)len, bos, ids, n_prompt) != n_prompt) {
                 fprintf(stderr, "error: cannot tokenize the prompt\n");
                 goto done;
             }
@@ -239,22 +246,37 @@ int cli_run(int argc, char **argv)
         }
 
     sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : sparq_model_n_ctx_train(m);
+    cp.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : ro.load_kv ? 0 : sparq_model_n_ctx_train(m);
     cp.n_threads = mo.n_threads;
     cp.n_batch = mo.n_batch;
     cp.kv_type = kv_type;
-    if (n_prompt > cp.n_ctx) {
+    if (!ro.load_kv && n_prompt > cp.n_ctx) {
         fprintf(stderr, "error: the prompt has %d tokens but the context holds %lld (-c)\n", n_prompt,
                 (long long)cp.n_ctx);
         goto done;
     }
-    if (cli_attn_params(&ao, cp.n_ctx, sparq_model_head_dim(m), &cp.attn, err, sizeof err)) {
+    if (cli_attn_params(&ao, cp.n_ctx > 0 ? cp.n_ctx : sparq_model_n_ctx_train(m), sparq_model_head_dim(m),
+                        &cp.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
     if (isatty(2)) cp.progress = progress;
     cp.abort_flag = &interrupted;
-    if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
+    if (ro.load_kv) {
+        double tl = cli_now();
+        if (sparq_context_load_kv(m, &cp, ro.load_kv, ro.verify_kv ? SPARQ_VERIFY_ALWAYS : SPARQ_VERIFY_AUTO,
+                                  &c, err, sizeof err)) {
+            fprintf(stderr, "error: %s\n", err);
+            goto done;
+        }
+        fprintf(stderr, "loaded %s: %lld cached positions, capacity %lld (%.2f s)\n", ro.load_kv,
+                (long long)sparq_context_pos(c), (long long)sparq_context_n_ctx(c), cli_now() - tl);
+        if (sparq_context_pos(c) + n_prompt > sparq_context_n_ctx(c)) {
+            fprintf(stderr, "error: the prompt has %d tokens but the loaded cache has room for %lld more\n",
+                    n_prompt, (long long)(sparq_context_n_ctx(c) - sparq_context_pos(c)));
+            goto done;
+        }
+    } else if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
@@ -330,6 +352,10 @@ int cli_run(int argc, char **argv)
             n_prompt, prefill_tps, n_gen, decode_tps, rss / 1048576.0);
     fprintf(stderr, "attention %s: %lld elements read+written over %lld decode steps, %.4f of dense\n",
             cp.attn.policy ? cp.attn.policy : "dense", (long long)st.elements, (long long)st.steps, ratio);
+    if (st.recall_total > 0)
+        fprintf(stderr, "topk: recall@k vs exact top-k %.4f (%lld / %lld), index build/load %.2f s\n",
+                (double)st.recall_hits / (double)st.recall_total, (long long)st.recall_hits,
+                (long long)st.recall_total, st.index_seconds);
 
     if (mo.json) {
         printf("{\"model\":");
@@ -347,6 +373,11 @@ int cli_run(int argc, char **argv)
                cp.attn.policy ? cp.attn.policy : "dense", (long long)st.elements,
                (long long)st.dense_elements, (long long)st.formula_elements, ratio,
                cp.attn.r, cp.attn.k, cp.attn.l);
+        if (st.recall_total > 0)
+            printf(",\"recall_at_k\":%.6f,\"recall_hits\":%lld,\"recall_total\":%lld",
+                   (double)st.recall_hits / (double)st.recall_total, (long long)st.recall_hits,
+                   (long long)st.recall_total);
+        printf(",\"index_s\":%.4f", st.index_seconds);
         printf(",\"stop\":");
         const char *why = stop ? stop : "n_predict";
         cli_json_str(stdout, why, strlen(why));

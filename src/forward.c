@@ -10,6 +10,7 @@
  *   forward                        the layer loop, reading like the maths
  *   sparq_eval / sparq_eval_all    batching, progress, abort
  */
+#include "kvfile.h"
 #include "model.h"
 #include "quant.h"
 
@@ -102,10 +103,15 @@ static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
     return 0;
 }
 
-int sparq_context_create(sparq_model *m, const sparq_context_params *p,
-                         sparq_context **out, char *err, size_t err_size)
+static void kvf_release(void *f) { kvf_close(f); }
+
+/* kvf != NULL: the cache is the file's private mapping holding its prefix;
+ * *kvf_taken tells whether the context now owns kvf (freed with it). */
+static int context_create(sparq_model *m, const sparq_context_params *p, kvf_file *kvf,
+                          int *kvf_taken, sparq_context **out, char *err, size_t err_size)
 {
     *out = NULL;
+    *kvf_taken = 0;
     sparq_context *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, err_size, "context: out of memory");
@@ -132,15 +138,28 @@ int sparq_context_create(sparq_model *m, const sparq_context_params *p,
     c->params.attn.policy = c->policy->name;
     if (c->policy->resolve(&c->params.attn, hp->head_dim, err, err_size)) goto fail;
     unsigned needs = c->policy->needs;
-    if (kv_create(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx,
-                  p->kv_type == SPARQ_KV_F16 ? KV_F16 : KV_F32, !!(needs & ATTN_NEEDS_KT),
-                  !!(needs & ATTN_NEEDS_VSUM), err, err_size))
+    const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : KV_F32;
+    if (kvf) {
+        if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf->k,
+                               kvf->v, kvf->kt, kvf->n, kvf->v_sum, !!(needs & ATTN_NEEDS_KT),
+                               !!(needs & ATTN_NEEDS_VSUM), kvf, kvf_release, err,
+                               err_size))
+            goto fail;
+        *kvf_taken = 1;
+    } else if (kv_create(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem,
+                         !!(needs & ATTN_NEEDS_KT), !!(needs & ATTN_NEEDS_VSUM), err, err_size)) {
         goto fail;
+    }
     attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, n_ctx };
     if (c->policy->state_create && c->policy->state_create(&c->params.attn, &shape, &c->policy_state)) {
         snprintf(err, err_size, "context: cannot create %s state for context %lld", c->policy->name,
                  (long long)n_ctx);
         goto fail;
+    }
+    /* a loaded prefix is the prefix; its indexes serve a topk policy */
+    if (kvf && c->policy->set_prefix) {
+        c->policy->set_prefix(c->policy_state, &c->params.attn, kvf->n, &kvf->source);
+        kvf_advise_random(kvf); /* the prefix is read a few gathered rows at a time */
     }
     if (run_state_alloc(c, err, err_size)) goto fail;
     *out = c;
@@ -148,6 +167,39 @@ int sparq_context_create(sparq_model *m, const sparq_context_params *p,
 fail:
     sparq_context_free(c);
     return -1;
+}
+
+int sparq_context_create(sparq_model *m, const sparq_context_params *p,
+                         sparq_context **out, char *err, size_t err_size)
+{
+    int taken;
+    return context_create(m, p, NULL, &taken, out, err, err_size);
+}
+
+int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const char *path,
+                          int verify, sparq_context **out, char *err, size_t err_size)
+{
+    *out = NULL;
+    kvf_fingerprint fp;
+    kvf_model_fingerprint(m, &fp);
+    kvf_file *f = NULL;
+    if (kvf_open(path, &fp, verify == SPARQ_VERIFY_ALWAYS ? KVF_VERIFY_ALWAYS : KVF_VERIFY_AUTO,
+                 &f, err, err_size))
+        return -1;
+    if (p->n_ctx > 0 && p->n_ctx != f->cap) {
+        snprintf(err, err_size, "load_kv: '%s' holds a cache of capacity %lld; the context size must be "
+                 "0 (the file's) or %lld, not %lld", path, (long long)f->cap, (long long)f->cap,
+                 (long long)p->n_ctx);
+        kvf_close(f);
+        return -1;
+    }
+    sparq_context_params pp = *p;
+    pp.n_ctx = f->cap;
+    pp.kv_type = f->elem == KV_F16 ? SPARQ_KV_F16 : SPARQ_KV_F32;
+    int taken = 0;
+    int rc = context_create(m, &pp, f, &taken, out, err, err_size);
+    if (rc && !taken) kvf_close(f);
+    return rc;
 }
 
 void sparq_context_free(sparq_context *c)
@@ -162,7 +214,17 @@ void sparq_context_free(sparq_context *c)
 int64_t sparq_context_pos(const sparq_context *c) { return c->kv.n; }
 int64_t sparq_context_n_ctx(const sparq_context *c) { return c->kv.cap; }
 const char *sparq_context_error(const sparq_context *c) { return c->error; }
-void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out) { *out = c->stats; }
+void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out)
+{
+    *out = c->stats;
+    if (c->policy->stats && c->policy_state) c->policy->stats(c->policy_state, out);
+}
+
+void sparq_context_mark_prefix(sparq_context *c)
+{
+    if (c->policy->set_prefix && c->policy_state)
+        c->policy->set_prefix(c->policy_state, &c->params.attn, c->kv.n, NULL);
+}
 
 void sparq_context_reset(sparq_context *c)
 {
@@ -410,7 +472,10 @@ static void attend_decode(sparq_context *c, int il, int64_t pos)
     c->stats.elements += read + written;
     c->stats.bytes += (read + written) * (int64_t)c->kv.elem_size;
     c->stats.dense_elements += n_kv * dense->transfer_formula(&c->params.attn, pos + 1, d, g);
-    c->stats.formula_elements += n_kv * c->policy->transfer_formula(&c->params.attn, pos + 1, d, g);
+    c->stats.formula_elements +=
+        n_kv * (c->policy->transfer_formula_state
+                    ? c->policy->transfer_formula_state(c->policy_state, &c->params.attn, il, pos + 1, d, g)
+                    : c->policy->transfer_formula(&c->params.attn, pos + 1, d, g));
 }
 
 /* ---- the layer loop --------------------------------------------------------- */

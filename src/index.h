@@ -28,7 +28,7 @@
  *          n_train = min(N, 40 * nlist); n_iter = 10. Recall@100 of one query
  *          at the defaults (d = 64): 1.00 on the test set (20000 keys around
  *          64 Gaussian centres, spread 1; tests/test_index.c asserts >= 0.9),
- *          ~0.98 with spread 2, ~0.75 for 100000 keys in 256 overlapping
+ *          ~0.98 with spread 2, ~0.73 for 100000 keys in 256 overlapping
  *          clusters, ~0.35 on isotropic Gaussian keys (no structure: no
  *          inverted file does well there; raise nprobe or use exact).
  *   hnsw   Faiss IndexHNSWFlat (f32 keys, inner product, M = 16) when the build
@@ -78,16 +78,16 @@ enum { IDX_F32 = 0, IDX_F16 = 1, IDX_BF16 = 2, IDX_I8 = 3 };
 enum { IDX_EXACT = 1, IDX_IVF = 2, IDX_HNSW = 3 };
 
 #define IDX_BLOCK 16     /* keys per storage block                        */
-#define IDX_MAX_G 64     /* queries per search (a bit per query in ivf)   */
+#define IDX_MAX_G 64     /* queries per search                            */
 #define IDX_MAX_D 4096   /* largest key dimension accepted               */
 
 typedef struct idx_params {
     const char *kind;     /* "exact" | "ivf" | "hnsw"                        */
     int      key_type;    /* exact, ivf: IDX_F16 (default), IDX_BF16, IDX_I8 */
     int      nlist;       /* ivf lists; 0 = round(sqrt(N))                   */
-    int      nprobe;      /* ivf default probes; 0 = max(8, nlist/8)         */
+    int      nprobe;      /* ivf default probes; 0 = max(8, nlist/16)        */
     int      n_iter;      /* ivf Lloyd iterations (>= 0); default 10         */
-    int64_t  n_train;     /* ivf k-means sample; 0 = min(N, 64*nlist)        */
+    int64_t  n_train;     /* ivf k-means sample; 0 = min(N, 40*nlist)        */
     uint64_t seed;        /* ivf sampling and k-means++ seeding              */
     int      hnsw_m;      /* hnsw links per node; default 16                 */
     int      ef_construction; /* hnsw; default 40 (Faiss's)                  */
@@ -111,7 +111,9 @@ idx_params idx_default_params(void);
 /* Builds an index over keys [N][d] (f32, copied; the caller keeps ownership).
  * 1 <= N <= INT32_MAX, 1 <= d <= IDX_MAX_D. Returns 0 and *out (free with
  * idx_free), or -1 with a message in err (bad parameters, out of memory,
- * hnsw without Faiss). Deterministic for a given seed and any thread count. */
+ * hnsw without Faiss). exact and ivf are deterministic for a given seed and
+ * any thread count (byte-identical images); hnsw is not (Faiss inserts in
+ * parallel). */
 int idx_build(const idx_params *p, const float *keys, int64_t N, int d,
               idx_index **out, char *err, size_t err_size);
 
@@ -281,8 +283,9 @@ int idx_bind_image(idx_index *ix, const uint8_t *img, size_t n, char *err,
 /* ivf (index_ivf.c) */
 int idx_ivf_build(const idx_params *p, const float *keys, int64_t N, int d,
                   idx_index *ix, char *err, size_t err_size);
-int idx_ivf_check(idx_index *ix, const idx_header *h, const size_t off[IDX_N_SECTIONS],
-                  char *err, size_t err_size);
+/* Checks a bound ivf image: lists tile the blocks, counts fit, the ids are
+ * a permutation of 0..n-1 with -1 padding, probe bonuses finite >= 0. */
+int idx_ivf_check(const idx_index *ix, char *err, size_t err_size);
 int idx_ivf_search(const idx_index *ix, const float *q, int g, int k,
                    int nprobe, int n_thr, idx_scratch *s, int32_t *ids,
                    float *scores);

@@ -462,10 +462,8 @@ done:
 
 /* ---- validation of a loaded image --------------------------------------------------------- */
 
-int idx_ivf_check(idx_index *ix, const idx_header *h, const size_t off[IDX_N_SECTIONS], char *err, size_t err_size)
+int idx_ivf_check(const idx_index *ix, char *err, size_t err_size)
 {
-    (void)h;
-    (void)off;
     const int64_t *lo = ix->list_off, *ln = ix->list_n;
     if (lo[0] != 0) return fail(err, err_size, "idx_deserialize: ivf list 0 starts at block %lld", (long long)lo[0]);
     int64_t total = 0;

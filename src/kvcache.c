@@ -21,8 +21,9 @@ static void release(void *p, size_t bytes)
     if (p) munmap(p, bytes);
 }
 
-int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
-              int with_kt, int with_vsum, char *err, size_t err_size)
+/* Shape fields and kv_bytes; -1 with a message if the shape is bad. */
+static int kv_shape(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
+                    char *err, size_t err_size)
 {
     memset(c, 0, sizeof *c);
     if (n_layer <= 0 || n_kv_head <= 0 || d <= 0 || cap <= 0 || (elem != KV_F32 && elem != KV_F16)) {
@@ -44,6 +45,13 @@ int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int e
         return -1;
     }
     c->kv_bytes = (size_t)(per_pos * (uint64_t)cap);
+    return 0;
+}
+
+int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
+              int with_kt, int with_vsum, char *err, size_t err_size)
+{
+    if (kv_shape(c, n_layer, n_kv_head, d, cap, elem, err, err_size)) return -1;
     c->k = reserve(c->kv_bytes);
     c->v = reserve(c->kv_bytes);
     if (with_kt) {
@@ -63,11 +71,84 @@ int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int e
 void kv_free(kv_cache *c)
 {
     if (!c) return;
-    release(c->k, c->kv_bytes);
-    release(c->v, c->kv_bytes);
-    release(c->kt, c->kt_bytes);
+    if (!c->kv_borrowed) {
+        release(c->k, c->kv_bytes);
+        release(c->v, c->kv_bytes);
+    }
+    if (!c->kt_borrowed) release(c->kt, c->kt_bytes);
     free(c->v_sum);
+    if (c->owner && c->owner_free) c->owner_free(c->owner);
     memset(c, 0, sizeof *c);
+}
+
+int kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
+                       uint8_t *k, uint8_t *v, uint8_t *kt, int64_t n, const float *v_sum,
+                       int with_kt, int with_vsum, void *owner, void (*owner_free)(void *),
+                       char *err, size_t err_size)
+{
+    if (kv_shape(c, n_layer, n_kv_head, d, cap, elem, err, err_size)) return -1;
+    if (!k || !v || n < 0 || n > cap) {
+        snprintf(err, err_size, "kv cache: bad borrowed storage (%lld of %lld positions)",
+                 (long long)n, (long long)cap);
+        memset(c, 0, sizeof *c);
+        return -1;
+    }
+    c->k = k;
+    c->v = v;
+    c->kv_borrowed = 1;
+    c->n = n;
+    const size_t es = c->elem_size, heads = (size_t)n_layer * n_kv_head;
+    if (with_kt && kt) {
+        c->kt = kt;
+        c->kt_borrowed = 1;
+        c->kt_bytes = c->kv_bytes;
+    } else if (with_kt) {
+        c->kt_bytes = c->kv_bytes;
+        c->kt = reserve(c->kt_bytes);
+        if (c->kt) /* column s of head h's K^T = row s of its K */
+            for (size_t hh = 0; hh < heads; hh++) {
+                const uint8_t *kh = k + hh * (size_t)cap * d * es;
+                uint8_t *th = c->kt + hh * (size_t)cap * d * es;
+                for (int64_t s = 0; s < n; s++)
+                    for (int j = 0; j < d; j++)
+                        memcpy(th + ((size_t)j * cap + s) * es, kh + ((size_t)s * d + j) * es, es);
+            }
+    }
+    if (with_vsum) {
+        c->v_sum = calloc(heads * d, sizeof(float));
+        if (c->v_sum && v_sum) {
+            memcpy(c->v_sum, v_sum, heads * d * sizeof(float));
+        } else if (c->v_sum) {
+            for (size_t hh = 0; hh < heads; hh++) {
+                const uint8_t *vh = v + hh * (size_t)cap * d * es;
+                float *sum = c->v_sum + hh * d;
+                for (int64_t s = 0; s < n; s++)
+                    for (int j = 0; j < d; j++) {
+                        const uint8_t *e = vh + ((size_t)s * d + j) * es;
+                        if (elem == KV_F16) {
+                            uint16_t hv;
+                            memcpy(&hv, e, 2);
+                            sum[j] += fp16_to_fp32(hv);
+                        } else {
+                            float f;
+                            memcpy(&f, e, 4);
+                            sum[j] += f;
+                        }
+                    }
+            }
+        }
+    }
+    if ((with_kt && !c->kt) || (with_vsum && !c->v_sum)) {
+        snprintf(err, err_size, "kv cache: out of memory for K^T / V sums of context %lld",
+                 (long long)cap);
+        if (!c->kt_borrowed) release(c->kt, c->kt_bytes);
+        free(c->v_sum);
+        memset(c, 0, sizeof *c);
+        return -1;
+    }
+    c->owner = owner;
+    c->owner_free = owner_free;
+    return 0;
 }
 
 static size_t head_offset(const kv_cache *c, int layer, int head)

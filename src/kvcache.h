@@ -9,6 +9,9 @@
  * Storage is reserved with mmap(MAP_NORESERVE): capacity costs address
  * space, not memory, and pages are committed as tokens arrive, so
  * appending is O(d) per head and never moves existing data.
+ * kv_create_borrowed instead uses storage owned by someone else, e.g. a
+ * private mapping of a KV cache file (kvfile.h) holding a prefix: reads
+ * come from the file page by page, writes go to private pages.
  */
 #ifndef SPARQ_KVCACHE_H
 #define SPARQ_KVCACHE_H
@@ -27,12 +30,29 @@ typedef struct kv_cache {
     uint8_t *kt;            /* NULL unless with_kt                         */
     float   *v_sum;         /* NULL unless with_vsum                       */
     size_t  kv_bytes, kt_bytes; /* sizes of the k (= v) and kt mappings    */
+    /* kv_create_borrowed: k, v (and kt when kt_borrowed) are the caller's;
+     * kv_free calls owner_free(owner) when both are set. */
+    int     kv_borrowed, kt_borrowed;
+    void   *owner;
+    void  (*owner_free)(void *owner);
 } kv_cache;
 
 /* Reserves a cache; returns 0, or -1 with a message (e.g. address space). */
 int  kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
                int with_kt, int with_vsum, char *err, size_t err_size);
 void kv_free(kv_cache *c);
+
+/* A cache over caller storage k, v [n_layer][n_kv_head][cap][d] of elem
+ * already holding n positions (and kt [..][d][cap], or NULL). with_kt
+ * without kt reserves a K^T and fills its first n columns from k;
+ * with_vsum copies v_sum [n_layer][n_kv_head][d] (the f32 running sum of
+ * the n positions) or, if NULL, sums v in position order as kv_write does.
+ * On success the cache owns `owner` (kv_free calls owner_free(owner);
+ * owner may be NULL); on failure (-1 and a message) the caller keeps it. */
+int  kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
+                        uint8_t *k, uint8_t *v, uint8_t *kt, int64_t n, const float *v_sum,
+                        int with_kt, int with_vsum, void *owner, void (*owner_free)(void *),
+                        char *err, size_t err_size);
 
 /* Stores position `pos` of `layer`: k[n_kv_head][d], v[n_kv_head][d]
  * (f32; rounded to the cache element type). Updates kt and v_sum. The

@@ -3,7 +3,10 @@
  *  1. half floats: attn_f16_to_f32 against the CPU's F16C conversion, all 65536.
  *  2. top-k: attn_topk_indices against a full sort (ties, NaN, long inputs).
  *  3. kernel twins: every attn_*_ref against its AVX-512 twin, odd sizes
- *     (tolerance 1e-5 relative to 1 + |value|, see test_twins).
+ *     (tolerance 1e-5 relative to 1 + |value|, see test_twins); the fused
+ *     SparQ pass (attn_kt_exp) also against a double softmax of naive
+ *     logits, with maxima that keep rising and falling across blocks; the
+ *     k-th key (top-k threshold) against a sort.
  *  4. policies vs naive double-precision loops written here (random inputs,
  *     S in {1,2,7,100,1000,4097}, d in {8,64,128}, g in {1,4}, f32 and f16).
  *  5. H2O over several decode steps with prefill scores, against a naive
@@ -268,13 +271,15 @@ static void test_topk(void)
         double *xd = malloc((size_t)n * sizeof *xd);
         int32_t *idx = malloc((size_t)n * sizeof *idx), *work = malloc((size_t)n * sizeof *work);
         int32_t *ord = malloc((size_t)n * sizeof *ord);
-        for (int kind = 0; kind < 4; kind++) {
+        for (int kind = 0; kind < 5; kind++) {
+            static const float specials[] = { -0.0f, 0.0f, INFINITY, -INFINITY, 1.0f, -1.0f };
             for (int64_t i = 0; i < n; i++) {
                 switch (kind) {
                 case 0: x[i] = rng_normal(&r); break;
                 case 1: x[i] = (float)(rng_next(&r) % 7); break;  /* many ties */
                 case 2: x[i] = (float)i; break;                    /* sorted */
-                default: x[i] = (i % 13 == 0) ? NAN : rng_normal(&r); break;
+                case 3: x[i] = (i % 13 == 0) ? NAN : rng_normal(&r); break;
+                default: x[i] = specials[rng_next(&r) % 6]; break; /* -0 ties +0 */
                 }
                 xd[i] = isnan(x[i]) ? -INFINITY : x[i];
             }
@@ -317,6 +322,49 @@ static void test_topk_filter(void)
         free(x); free(i1); free(i2);
     }
 #endif
+}
+
+/* attn_topk_kth_key (both twins) against a sort: the k-th largest key. */
+static int cmp_u32_desc(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x < y) - (x > y);
+}
+
+static void test_topk_kth(void)
+{
+    rng r = { 29 };
+    const int64_t ms[] = { 1, 2, 15, 16, 17, 100, 1001 };
+    for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++) {
+        const int64_t m = ms[a];
+        uint32_t *key = malloc((size_t)m * sizeof *key), *sorted = malloc((size_t)m * sizeof *key);
+        for (int kind = 0; kind < 4; kind++) {
+            for (int64_t i = 0; i < m; i++) {
+                const uint64_t x = rng_next(&r);
+                key[i] = kind == 0 ? (uint32_t)x                      /* spread */
+                       : kind == 1 ? (uint32_t)(x % 5) * 0x40000000u  /* ties, extremes */
+                       : kind == 2 ? 0x80000000u + (uint32_t)(x % 3)  /* narrow */
+                                   : (x & 1 ? UINT32_MAX : 0);        /* the two ends */
+            }
+            memcpy(sorted, key, (size_t)m * sizeof *key);
+            qsort(sorted, (size_t)m, sizeof *sorted, cmp_u32_desc);
+            const int64_t ks[] = { 1, 2, m / 2, m - 1, m };
+            for (int b = 0; b < 5; b++) {
+                const int64_t k = ks[b];
+                if (k < 1 || k > m) continue;
+                const uint32_t t1 = attn_topk_kth_key_ref(key, m, k);
+                CHECK(t1 == sorted[k - 1], "kth_key_ref m=%lld k=%lld kind=%d: %u, want %u",
+                      (long long)m, (long long)k, kind, t1, sorted[k - 1]);
+#ifdef ATTN_HAVE_AVX512
+                const uint32_t t2 = attn_topk_kth_key_avx512(key, m, k);
+                CHECK(t2 == sorted[k - 1], "kth_key_avx512 m=%lld k=%lld kind=%d: %u, want %u",
+                      (long long)m, (long long)k, kind, t2, sorted[k - 1]);
+#endif
+            }
+        }
+        free(key);
+        free(sorted);
+    }
 }
 
 /* ---- 3. kernel twins ----------------------------------------------------------- */
@@ -388,8 +436,34 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
         attn_kt_logits_avx512(&kv, qs, comp, rr, g, S, s2);
         e = fmax(e, rel_diff(s1, s2, g * S));
     }
+    /* the softmax-weighted sum from scores (no weights stored) */
+    for (int use_rows = 0; use_rows < 2; use_rows++) {
+        const int32_t *rw = use_rows ? rows : NULL;
+        attn_scores_ref(&kv, q, g, rw, n, s1);
+        attn_softmax_weighted_sum_ref(&kv, s1, g, rw, n, o1);
+        attn_softmax_weighted_sum_avx512(&kv, s1, g, rw, n, o2);
+        e = fmax(e, rel_diff(o1, o2, (int64_t)g * d));
+    }
+    /* SparQ's fused pass (every output) and the group sum over its blocks */
+    const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    float *sh1 = malloc((size_t)g * nb * sizeof *sh1), *sh2 = malloc((size_t)g * nb * sizeof *sh2);
+    float *z1 = malloc((size_t)g * sizeof *z1), *z2 = malloc((size_t)g * sizeof *z2);
+    float *l1 = malloc((size_t)S * sizeof *l1), *l2 = malloc((size_t)S * sizeof *l2);
+    for (int rr = 1; rr <= nc; rr += rr < 2 ? 1 : 16) { /* r = 1, 2, 18 */
+        const int with_lsum = rr != 2;
+        attn_kt_exp_ref(&kv, qs, comp, rr, g, S, s1, sh1, z1, with_lsum ? l1 : NULL);
+        attn_kt_exp_avx512(&kv, qs, comp, rr, g, S, s2, sh2, z2, with_lsum ? l2 : NULL);
+        e = fmax(e, rel_diff(s1, s2, g * S));
+        e = fmax(e, rel_diff(sh1, sh2, g * nb));
+        e = fmax(e, rel_diff(z1, z2, g));
+        if (with_lsum) e = fmax(e, rel_diff(l1, l2, S));
+        for (int64_t t = 0; t < g * nb; t++) sh1[t] = 0.5f + (float)rng_unif(r); /* block scales */
+        attn_scaled_head_sum_ref(s1, sh1, g, S, S - 2, l1);
+        attn_scaled_head_sum_avx512(s1, sh1, g, S, S - 2, l2);
+        e = fmax(e, rel_diff(l1, l2, S - 2));
+    }
     free(K); free(V); free(KT); free(q); free(qs); free(s1); free(s2); free(o1); free(o2);
-    free(rows);
+    free(rows); free(sh1); free(sh2); free(z1); free(z2); free(l1); free(l2);
     return e;
 }
 #endif
@@ -427,6 +501,81 @@ static void test_twins(void)
     for (int i = 0; i < 37; i++) e = fmax(e, fabs(x[i] - y[i]) / (x[i] + 1e-38));
     CHECK(e <= 1e-6, "softmax over [-110, 0]: max relative err %g", e);
 #endif
+}
+
+/* attn_kt_exp's contract against a double softmax of naive logits:
+ * softmax(l_h)_i == e[h][i] * exp(shift[h][b] - shift[h][last]) / zsum[h]
+ * and lsum == sum_h l_h. K^T rows carry a trend (rising, then falling), so
+ * the running maximum moves across blocks, and a noise spike on top. The
+ * kernel the build dispatches to is checked (AVX-512 when compiled in), for
+ * g = 3 and g = 65 (more heads than one pass keeps on the stack). */
+static void kt_exp_case(rng *r, int64_t S, int g, int rr, int elem, double *worst)
+{
+    const int d = 24, nc = rr;
+    const int64_t stride = S + 7; /* rows not a power of two apart, for variety */
+    const size_t es = elem == KV_F16 ? 2 : 4;
+    uint8_t *KT = calloc((size_t)d * stride, es);
+    double *kt = malloc((size_t)d * S * sizeof *kt);
+    for (int j = 0; j < d; j++)
+        for (int64_t i = 0; i < S; i++) {
+            const double trend = (i < S / 2 ? (double)i : (double)(S - i)) * 8.0 / (double)S;
+            float x = (float)(0.3 * rng_normal(r) + trend * (j % 3 == 0 ? 1 : -0.5));
+            if (rng_next(r) % 1000 == 0) x += 6.0f;
+            if (elem == KV_F16) {
+                ((uint16_t *)KT)[j * stride + i] = to_f16(x);
+                x = round_f16(x);
+            } else {
+                ((float *)KT)[j * stride + i] = x;
+            }
+            kt[j * S + i] = x;
+        }
+    attn_kv_view kv = { S, d, elem, NULL, NULL, KT, stride, NULL };
+    int32_t comp[24];
+    float *qs = malloc((size_t)g * nc * sizeof *qs);
+    for (int c = 0; c < nc; c++) comp[c] = (c * 7) % d;
+    for (int t = 0; t < g * nc; t++) qs[t] = rng_normal(r);
+    const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    float *e = malloc((size_t)g * S * sizeof *e), *sh = malloc((size_t)g * nb * sizeof *sh);
+    float *z = malloc((size_t)g * sizeof *z), *ls = malloc((size_t)S * sizeof *ls);
+    double *l = malloc((size_t)S * sizeof *l);
+    attn_kt_exp(&kv, qs, comp, nc, g, S, e, sh, z, ls);
+    double *lsum = calloc((size_t)S, sizeof *lsum);
+    for (int h = 0; h < g; h++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < S; i++) {
+            double a = 0;
+            for (int c = 0; c < nc; c++) a += (double)qs[h * nc + c] * kt[comp[c] * S + i];
+            l[i] = a;
+            lsum[i] += a;
+            mx = fmax(mx, a);
+        }
+        for (int64_t i = 0; i < S; i++) sum += exp(l[i] - mx);
+        for (int64_t i = 0; i < S; i++) {
+            const int64_t b = i / ATTN_EXP_BLOCK;
+            const double got = e[h * S + i] * exp((double)sh[h * nb + b] - sh[h * nb + nb - 1]) / z[h];
+            const double want = exp(l[i] - mx) / sum;
+            *worst = fmax(*worst, fabs(got - want) / (want + 1e-3 / (double)S));
+        }
+    }
+    for (int64_t i = 0; i < S; i++)
+        *worst = fmax(*worst, fabs(ls[i] - lsum[i]) / (1 + fabs(lsum[i])));
+    free(KT); free(kt); free(qs); free(e); free(sh); free(z); free(ls); free(l); free(lsum);
+}
+
+static void test_kt_exp(void)
+{
+    rng r = { 41 };
+    double worst = 0;
+    const int64_t Ss[] = { 1, 5, 255, 256, 257, 3001 };
+    for (size_t a = 0; a < sizeof Ss / sizeof Ss[0]; a++)
+        for (int elem = 0; elem < 2; elem++) {
+            if (elem == KV_F16 && !have_f16) continue;
+            kt_exp_case(&r, Ss[a], 3, 5, elem, &worst);
+            if (Ss[a] > 256) kt_exp_case(&r, Ss[a], 65, 3, elem, &worst);
+        }
+    fprintf(stderr, "kt_exp vs double softmax: worst relative error %.3g (tolerance 1e-5)\n",
+            worst);
+    CHECK(worst <= 1e-5, "kt_exp: softmax rebuilt from e, shift, zsum off by %g", worst);
 }
 
 /* ---- 4. policies against the naive loops ----------------------------------------- */
@@ -1239,7 +1388,9 @@ int main(void)
     test_f16();
     test_topk();
     test_topk_filter();
+    test_topk_kth();
     test_twins();
+    test_kt_exp();
     test_policies_naive();
     test_h2o_steps();
     test_golden();
