@@ -106,9 +106,10 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
     uint32_t *key = (uint32_t *)work; /* int32 storage, read as its unsigned twin */
     /* Long inputs: a threshold from an evenly spaced sample of 1024 values
      * cuts the candidates to about 2k + n/64 in one sequential pass; the
-     * exact k-th key is then found among them alone. */
+     * exact k-th key is then found among them alone (the bisection over
+     * all n keys costs 32 passes). */
     enum { SAMPLE = 1024 };
-    if (n > 8 * SAMPLE && k <= n / 32) {
+    if (n > 2 * SAMPLE && k <= n / 32) {
         for (int64_t j = 0; j < SAMPLE; j++) key[j] = topk_key(x[j * n / SAMPLE]);
         const int64_t ks = 2 * ((k * SAMPLE + n - 1) / n) + 16;
         const float t = key_value(attn_topk_kth_key(key, SAMPLE, ks));
@@ -168,21 +169,15 @@ void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
 }
 
 void attn_kt_exp(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
-                 int64_t n, float *e, float *shift, float *zsum, float *lsum)
+                 int64_t n, float *e, float *scale, float *lsum)
 {
-    ATTN_BEST(attn_kt_exp)(kv, qs, comp, r, g, n, e, shift, zsum, lsum);
+    ATTN_BEST(attn_kt_exp)(kv, qs, comp, r, g, n, e, scale, lsum);
 }
 
 void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, int64_t m,
                           float *out)
 {
     ATTN_BEST(attn_scaled_head_sum)(e, scale, g, n, m, out);
-}
-
-int64_t attn_scaled_head_sum_filter(const float *e, const float *scale, int g, int64_t n,
-                                    int64_t m, float t, int32_t *idx, float *val)
-{
-    return ATTN_BEST(attn_scaled_head_sum_filter)(e, scale, g, n, m, t, idx, val);
 }
 
 uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k)

@@ -180,28 +180,23 @@ enum { ATTN_EXP_BLOCK = 256 };
 
 /* SparQ step 2 in one pass over K^T (needs kv->KT): per head h < g the logits
  *   l_h[i] = sum_{c<r} qs[h*r + c] * KT[comp[c]][i],  i < n,
- * exponentiated against a running maximum kept per block of ATTN_EXP_BLOCK
- * positions (so each block is finished while in L1). nb = ceil(n / ATTN_EXP_BLOCK):
- *   shift[h*nb + b] = max of l_h over blocks 0..b,
- *   e[h*n + i]      = exp(l_h[i] - shift[h*nb + i / ATTN_EXP_BLOCK]),
- *   zsum[h]         = sum_i exp(l_h[i] - shift[h*nb + nb - 1]),
- * so softmax(l_h)_i = e[h*n + i] * exp(shift[h*nb + b] - shift[h*nb + nb-1]) / zsum[h].
+ * go through softmax in blocks of ATTN_EXP_BLOCK positions, each block
+ * exponentiated while in L1 against the running maximum m_b (the max of
+ * l_h over blocks 0..b) and rescaled only at the end. With nb =
+ * ceil(n / ATTN_EXP_BLOCK) and M the overall max:
+ *   e[h*n + i]       = exp(l_h[i] - m_b)                    (b = i / ATTN_EXP_BLOCK)
+ *   scale[h*nb + b]  = exp(m_b - M) / sum_i exp(l_h[i] - M)
+ * so softmax(l_h)_i = scale[h*nb + b] * e[h*n + i].
  * lsum, unless NULL, gets sum_h l_h[i] (SparQ's select_logits score).
  * Elements read: n*r. */
 void attn_kt_exp(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
-                 int64_t n, float *e, float *shift, float *zsum, float *lsum);
+                 int64_t n, float *e, float *scale, float *lsum);
 
 /* out[i] = sum_{h<g} scale[h*nb + i / ATTN_EXP_BLOCK] * e[h*n + i] for
- * i < m <= n, nb = ceil(n / ATTN_EXP_BLOCK): the group's softmax rows from
- * attn_kt_exp, each block rescaled, summed over the heads. */
+ * i < m <= n, nb = ceil(n / ATTN_EXP_BLOCK): attn_kt_exp's softmax rows
+ * summed over the group. */
 void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, int64_t m,
                           float *out);
-
-/* attn_scaled_head_sum fused with attn_topk_filter: writes the i < m whose
- * group sum is >= t (NaN never) to idx, in increasing order, and their sums
- * to val; returns their count. */
-int64_t attn_scaled_head_sum_filter(const float *e, const float *scale, int g, int64_t n,
-                                    int64_t m, float t, int32_t *idx, float *val);
 
 /* Top-k's exact threshold: the largest t with #{i < m : key[i] >= t} >= k
  * (1 <= k <= m), i.e. the k-th largest key. Keys order floats (attn.c). */
@@ -212,11 +207,9 @@ uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k);
 void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
                                    const int32_t *rows, int64_t n, float *out);
 void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
-                     int64_t n, float *e, float *shift, float *zsum, float *lsum);
+                     int64_t n, float *e, float *scale, float *lsum);
 void attn_scaled_head_sum_ref(const float *e, const float *scale, int g, int64_t n, int64_t m,
                               float *out);
-int64_t attn_scaled_head_sum_filter_ref(const float *e, const float *scale, int g, int64_t n,
-                                        int64_t m, float t, int32_t *idx, float *val);
 void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                      int64_t n, float *s);
 void attn_softmax_ref(float *s, int g, int64_t n);
@@ -224,7 +217,8 @@ void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const 
                            int64_t n, float *out);
 void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                         int g, int64_t n, float *s);
-/* attn_gather_group's twins: the three _ref kernels, the three _avx512 ones. */
+/* attn_gather_group's twins: _ref runs the scores, softmax and weighted-sum
+ * _ref kernels; _avx512 the scores and softmax_weighted_sum _avx512 ones. */
 void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
                            const int32_t *sel, int64_t n_sel, float *out, float *scratch);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -234,12 +228,9 @@ uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
 void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, int g,
                                       const int32_t *rows, int64_t n, float *out);
 void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
-                        int g, int64_t n, float *e, float *shift, float *zsum, float *lsum);
+                        int g, int64_t n, float *e, float *scale, float *lsum);
 void attn_scaled_head_sum_avx512(const float *e, const float *scale, int g, int64_t n,
                                  int64_t m, float *out);
-int64_t attn_scaled_head_sum_filter_avx512(const float *e, const float *scale, int g,
-                                           int64_t n, int64_t m, float t, int32_t *idx,
-                                           float *val);
 void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                         int64_t n, float *s);
 void attn_softmax_avx512(float *s, int g, int64_t n);

@@ -128,16 +128,16 @@ static ALWAYS_INLINE __m512 pair_sum(__m512 a, __m512 b)
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
 }
 
-/* Requests rows [from, to) of a gathered K or V into the cache (`hint`). */
+/* Requests rows [from, to) of a gathered K or V into L2. Not into L1: L1
+ * prefetches wait for the few L1 miss buffers and stall the loads behind
+ * them (2x slower gathers measured); the kernels' own loads then find the
+ * rows in L2. */
 static ALWAYS_INLINE void prefetch_rows(const void *base, const int32_t *rows, int64_t from,
-                                        int64_t to, size_t row_bytes, const int hint)
+                                        int64_t to, size_t row_bytes)
 {
     for (int64_t i = from; i < to; i++)
-        for (size_t b = 0; b < row_bytes; b += 64) {
-            const char *p = (const char *)base + (size_t)rows[i] * row_bytes + b;
-            if (hint == 0) _mm_prefetch(p, _MM_HINT_T0);
-            else _mm_prefetch(p, _MM_HINT_T1);
-        }
+        for (size_t b = 0; b < row_bytes; b += 64)
+            _mm_prefetch((const char *)base + (size_t)rows[i] * row_bytes + b, _MM_HINT_T1);
 }
 
 /* ---- scores --------------------------------------------------------------- */
@@ -230,9 +230,9 @@ static ALWAYS_INLINE void scores_rows16(const attn_kv_view *kv, const float *q, 
 }
 
 /* Gathered rows: K rows this far ahead are requested (a row is 4 lines at
- * d = 128 f16; 32 rows keep ~128 misses in flight). Rows below v_rows also
- * get their V row requested into L2, for the weighted sum that follows. */
-enum { SCORES_AHEAD = 32 };
+ * d = 128 f16; 64 ahead beat 16 and 32). Rows below v_rows also get their V
+ * row requested, for the weighted sum that follows. */
+enum { SCORES_AHEAD = 64 };
 
 static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, int g,
                                         const int32_t *rows, int64_t n, float *s,
@@ -240,13 +240,13 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
 {
     const float scale = 1.0f / sqrtf((float)kv->d);
     const size_t row_bytes = (size_t)kv->d * (f16 ? 2 : 4);
-    if (rows) prefetch_rows(kv->K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, row_bytes, 0);
+    if (rows) prefetch_rows(kv->K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, row_bytes);
     for (int64_t i0 = 0; i0 < n; i0 += 16) {
         const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
         if (rows) {
             const int64_t a = i0 + SCORES_AHEAD, b = a + 16 < n ? a + 16 : n;
-            prefetch_rows(kv->K, rows, a, b, row_bytes, 0);
-            if (i0 < v_rows) prefetch_rows(kv->V, rows, i0, i0 + nb, row_bytes, 1);
+            prefetch_rows(kv->K, rows, a, b, row_bytes);
+            if (i0 < v_rows) prefetch_rows(kv->V, rows, i0, i0 + nb, row_bytes);
         }
         scores_rows16(kv, q, g, rows, i0, nb, scale, s + i0, n, f16);
     }
@@ -366,7 +366,7 @@ static ALWAYS_INLINE void weighted_sum_avx512(const attn_kv_view *kv, const floa
         const int64_t nb = n - i0 < WSUM_BLOCK ? n - i0 : WSUM_BLOCK;
         if (rows)
             prefetch_rows(kv->V, rows, i0 + WSUM_BLOCK,
-                          i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n, row_bytes, 0);
+                          i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n, row_bytes);
         wsum_rows(kv, w + i0, n, g, rows, i0, nb, out, f16);
     }
 }
@@ -406,7 +406,7 @@ static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const floa
             const int64_t nb = n - i0 < WSUM_BLOCK ? n - i0 : WSUM_BLOCK;
             if (rows)
                 prefetch_rows(kv->V, rows, i0 + WSUM_BLOCK,
-                              i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n, row_bytes, 0);
+                              i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n, row_bytes);
             const __mmask16 m0 = tail_mask(nb), m1 = tail_mask(nb - 16);
             for (int hh = 0; hh < hn; hh++) {
                 const float *x = s + (size_t)(hc + hh) * n + i0;
@@ -591,7 +591,7 @@ enum { KT_EXP_HEADS = 64 };
 
 static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
                                         const int32_t *comp, int r, int g, int64_t n, float *e,
-                                        float *shift, float *zsum, float *lsum, const int f16)
+                                        float *scale, float *lsum, const int f16)
 {
     const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
     for (int hc = 0; hc < g; hc += KT_EXP_HEADS) {
@@ -618,60 +618,63 @@ static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
                                  mrun + h, zrun + h, f16); break;
             default: break;
             }
-            for (int hh = 0; hh < hn; hh++) shift[(size_t)(hc + hh) * nb + b] = mrun[hh];
+            for (int hh = 0; hh < hn; hh++) scale[(size_t)(hc + hh) * nb + b] = mrun[hh];
         }
-        for (int hh = 0; hh < hn; hh++) zsum[hc + hh] = (float)zrun[hh];
+        /* the block maxima become exp(m_b - M) / Z, 16 blocks at a time */
+        for (int hh = 0; hh < hn; hh++) {
+            float *sc = scale + (size_t)(hc + hh) * nb;
+            __m512 mhi, mlo;
+            exp_shift(mrun[hh], &mhi, &mlo);
+            const __m512 inv = _mm512_set1_ps((float)(1.0 / zrun[hh]));
+            for (int64_t b = 0; b < nb; b += 16) {
+                const __mmask16 m = tail_mask(nb - b);
+                const __m512 x = exp_sub(_mm512_maskz_loadu_ps(m, sc + b), mhi, mlo);
+                _mm512_mask_storeu_ps(sc + b, m, _mm512_mul_ps(x, inv));
+            }
+        }
     }
 }
 
 void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
-                        int g, int64_t n, float *e, float *shift, float *zsum, float *lsum)
+                        int g, int64_t n, float *e, float *scale, float *lsum)
 {
-    if (kv->elem == KV_F16) kt_exp_avx512(kv, qs, comp, r, g, n, e, shift, zsum, lsum, 1);
-    else kt_exp_avx512(kv, qs, comp, r, g, n, e, shift, zsum, lsum, 0);
+    if (kv->elem == KV_F16) kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 1);
+    else kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 0);
 }
 
 /* ---- group sum, top-k ----------------------------------------------------------------- */
+
+/* Group sums of 64 positions from i (lanes at or past m - i zero): four
+ * independent FMA chains over the heads, so the g-long chains overlap
+ * (one at a time waits on FMA latency: 2x slower). ATTN_EXP_BLOCK % 64 ==
+ * 0, so the 64 share one block scale. */
+static ALWAYS_INLINE void head_sum64(const float *e, const float *scale, int g, int64_t n,
+                                     int64_t nb, int64_t i, int64_t left, __m512 a[4],
+                                     __mmask16 mk[4])
+{
+    const float *sc = scale + i / ATTN_EXP_BLOCK;
+    UNROLL for (int u = 0; u < 4; u++) {
+        mk[u] = tail_mask(left - 16 * u);
+        a[u] = _mm512_setzero_ps();
+    }
+    for (int h = 0; h < g; h++) {
+        const __m512 w = _mm512_set1_ps(sc[h * nb]);
+        const float *eh = e + h * n + i;
+        UNROLL for (int u = 0; u < 4; u++)
+            a[u] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mk[u], eh + 16 * u), a[u]);
+    }
+}
 
 void attn_scaled_head_sum_avx512(const float *e, const float *scale, int g, int64_t n,
                                  int64_t m, float *out)
 {
     const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
-    for (int64_t i = 0; i < m; i += 16) { /* ATTN_EXP_BLOCK % 16 == 0: one block per vector */
-        const __mmask16 mk = tail_mask(m - i);
-        const float *sc = scale + i / ATTN_EXP_BLOCK;
-        __m512 a = _mm512_setzero_ps();
-        for (int h = 0; h < g; h++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(sc[h * nb]), _mm512_maskz_loadu_ps(mk, e + h * n + i), a);
-        _mm512_mask_storeu_ps(out + i, mk, a);
+    for (int64_t i = 0; i < m; i += 64) {
+        __m512 a[4];
+        __mmask16 mk[4];
+        head_sum64(e, scale, g, n, nb, i, m - i, a, mk);
+        UNROLL for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(out + i + 16 * u, mk[u], a[u]);
     }
-}
-
-int64_t attn_scaled_head_sum_filter_avx512(const float *e, const float *scale, int g,
-                                           int64_t n, int64_t m, float t, int32_t *idx,
-                                           float *val)
-{
-    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
-    const __m512 vt = _mm512_set1_ps(t);
-    const __m512i step = _mm512_set1_epi32(16);
-    __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int64_t c = 0;
-    for (int64_t i = 0; i < m; i += 16, iv = _mm512_add_epi32(iv, step)) {
-        const __mmask16 mk = tail_mask(m - i);
-        const float *sc = scale + i / ATTN_EXP_BLOCK;
-        __m512 a = _mm512_setzero_ps();
-        for (int h = 0; h < g; h++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(sc[h * nb]), _mm512_maskz_loadu_ps(mk, e + h * n + i), a);
-        const __mmask16 hit = _mm512_mask_cmp_ps_mask(mk, a, vt, _CMP_GE_OQ);
-        if (!hit) continue; /* most blocks hold no candidate */
-        /* compress in registers, then masked stores (see attn_topk_filter) */
-        const int k = __builtin_popcount(hit);
-        const __mmask16 out = (__mmask16)((1u << k) - 1);
-        _mm512_mask_storeu_epi32(idx + c, out, _mm512_maskz_compress_epi32(hit, iv));
-        _mm512_mask_storeu_ps(val + c, out, _mm512_maskz_compress_ps(hit, a));
-        c += k;
-    }
-    return c;
 }
 
 int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx)

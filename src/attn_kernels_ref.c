@@ -95,7 +95,7 @@ void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *
 }
 
 void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
-                     int64_t n, float *e, float *shift, float *zsum, float *lsum)
+                     int64_t n, float *e, float *scale, float *lsum)
 {
     const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
     attn_kt_logits_ref(kv, qs, comp, r, g, n, e); /* logits, exponentiated in place below */
@@ -106,18 +106,18 @@ void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *com
             lsum[i] = a;
         }
     for (int h = 0; h < g; h++) {
-        float *x = e + h * n, *sh = shift + h * nb, m = -INFINITY;
-        for (int64_t b = 0; b < nb; b++) {
+        float *x = e + h * n, *sc = scale + h * nb, m = -INFINITY;
+        for (int64_t b = 0; b < nb; b++) { /* running block maxima, kept in scale for now */
             const int64_t end = (b + 1) * ATTN_EXP_BLOCK < n ? (b + 1) * ATTN_EXP_BLOCK : n;
             for (int64_t i = b * ATTN_EXP_BLOCK; i < end; i++) m = x[i] > m ? x[i] : m;
-            sh[b] = m;
+            sc[b] = m;
         }
         double z = 0;
         for (int64_t i = 0; i < n; i++) {
             z += expf(x[i] - m);
-            x[i] = expf(x[i] - sh[i / ATTN_EXP_BLOCK]);
+            x[i] = expf(x[i] - sc[i / ATTN_EXP_BLOCK]);
         }
-        zsum[h] = (float)z;
+        for (int64_t b = 0; b < nb; b++) sc[b] = (float)(expf(sc[b] - m) / z);
     }
 }
 
@@ -130,22 +130,6 @@ void attn_scaled_head_sum_ref(const float *e, const float *scale, int g, int64_t
         for (int h = 0; h < g; h++) a += scale[h * nb + i / ATTN_EXP_BLOCK] * e[h * n + i];
         out[i] = a;
     }
-}
-
-int64_t attn_scaled_head_sum_filter_ref(const float *e, const float *scale, int g, int64_t n,
-                                        int64_t m, float t, int32_t *idx, float *val)
-{
-    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
-    int64_t c = 0;
-    for (int64_t i = 0; i < m; i++) {
-        float a = 0;
-        for (int h = 0; h < g; h++) a += scale[h * nb + i / ATTN_EXP_BLOCK] * e[h * n + i];
-        if (a >= t) { /* NaN compares false: never kept */
-            idx[c] = (int32_t)i;
-            val[c++] = a;
-        }
-    }
-    return c;
 }
 
 int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx)

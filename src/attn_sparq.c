@@ -61,18 +61,14 @@ static int sparq_resolve(sparq_attn_params *p, int d, char *err, size_t err_size
 
 /* Scratch carve-up for S positions: see sparq_attend_traced. */
 typedef struct sparq_scratch {
-    float   *e;     /* [g][S] exp(logit - block shift) (attn_kt_exp)      */
+    float   *e;     /* [g][S] exp(logit - block's running max)            */
     float   *score; /* [S] selection score                                 */
-    float   *shift; /* [g][nb] running max per block of ATTN_EXP_BLOCK     */
     float   *scale; /* [g][nb] block factors: s_hat = scale * e            */
-    float   *zsum;  /* [g]                                                 */
     float   *w;     /* [g][k] gather scratch                               */
     float   *qs;    /* [g][r] q_h[i1] / tau_h                              */
     float   *absq;  /* [d] sum_h |q_h|                                     */
     float   *alpha; /* [g]                                                 */
     int32_t *work;  /* [max(S, d)] top-k work                              */
-    int32_t *cand;  /* [S] selection candidates (positions)                */
-    int32_t *pick;  /* [k] chosen candidates                               */
     int32_t *sel;   /* [k]                                                 */
     int32_t *i1;    /* [d]                                                 */
     size_t   n_f, n_i;
@@ -87,9 +83,7 @@ static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params
     size_t o = 0;
     s.e = f ? f + o : NULL;     o += attn_pad16((size_t)g * n);
     s.score = f ? f + o : NULL; o += attn_pad16(n);
-    s.shift = f ? f + o : NULL; o += attn_pad16((size_t)g * nb);
     s.scale = f ? f + o : NULL; o += attn_pad16((size_t)g * nb);
-    s.zsum = f ? f + o : NULL;  o += attn_pad16((size_t)g);
     s.w = f ? f + o : NULL;     o += attn_pad16((size_t)g * kk);
     s.qs = f ? f + o : NULL;    o += attn_pad16((size_t)g * d);
     s.absq = f ? f + o : NULL;  o += attn_pad16((size_t)d);
@@ -97,8 +91,6 @@ static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params
     s.n_f = o;
     o = 0;
     s.work = iw ? iw + o : NULL; o += attn_pad16(n > (size_t)d ? n : (size_t)d);
-    s.cand = iw ? iw + o : NULL; o += attn_pad16(n);
-    s.pick = iw ? iw + o : NULL; o += attn_pad16(kk);
     s.sel = iw ? iw + o : NULL;  o += attn_pad16(kk);
     s.i1 = iw ? iw + o : NULL;   o += attn_pad16((size_t)d);
     s.n_i = o;
@@ -133,10 +125,10 @@ static void sparq_components(const float *q, int g, int d, int r, sparq_scratch 
 }
 
 /* attn_kt_exp's outputs from K rows when the cache keeps no K^T: the same
- * logits read strided, exponentiated against each head's overall max (a
- * valid shift for every block). */
+ * logits read strided, exponentiated against each head's overall max (so
+ * every block's scale is 1 / sum). */
 static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
-                       int64_t n, float *e, float *shift, float *zsum, float *lsum)
+                       int64_t n, float *e, float *scale, float *lsum)
 {
     const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
     for (int64_t i = 0; i < n; i++) {
@@ -159,46 +151,8 @@ static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *c
         double z = 0;
         for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
         for (int64_t i = 0; i < n; i++) z += (x[i] = expf(x[i] - m));
-        for (int64_t b = 0; b < nb; b++) shift[h * nb + b] = m;
-        zsum[h] = (float)z;
+        for (int64_t b = 0; b < nb; b++) scale[h * nb + b] = (float)(1.0 / z);
     }
-}
-
-/* Step 3's top kk of positions [0, m) by sum_h s_hat_h, the scores never
- * written whole: a threshold from 1024 evenly spaced scores, one fused pass
- * keeping the positions that reach it (with their scores), the exact
- * selection among those. The same positions as attn_topk_indices over all
- * m scores (those computed the same way; ties to the lower position), to
- * which it falls back when the sample misleads. */
-static void select_by_probs(const sparq_scratch *s, int g, int64_t S, int64_t m, int64_t kk)
-{
-    enum { SAMPLE = 1024 };
-    const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
-    if (m > 8 * SAMPLE && kk <= m / 32) {
-        float *sv = s->score;
-        for (int64_t j = 0; j < SAMPLE; j++) {
-            const int64_t i = j * m / SAMPLE;
-            float a = 0;
-            for (int h = 0; h < g; h++) a += s->scale[h * nb + i / ATTN_EXP_BLOCK] * s->e[h * S + i];
-            sv[j] = a;
-        }
-        /* the ks-th best sample: about 2 kk + m/64 positions reach it */
-        const int64_t ks = 2 * ((kk * SAMPLE + m - 1) / m) + 16;
-        attn_topk_indices(sv, SAMPLE, ks, s->pick, s->work);
-        float t = INFINITY;
-        for (int64_t j = 0; j < ks; j++) t = sv[s->pick[j]] < t ? sv[s->pick[j]] : t;
-        if (t > -INFINITY) { /* (false for NaN too) */
-            const int64_t c = attn_scaled_head_sum_filter(s->e, s->scale, g, S, m, t, s->cand,
-                                                          s->score);
-            if (c >= kk) { /* then the kk best all reach t */
-                attn_topk_indices(s->score, c, kk, s->pick, s->work);
-                for (int64_t j = 0; j < kk; j++) s->sel[j] = s->cand[s->pick[j]];
-                return;
-            }
-        }
-    }
-    attn_scaled_head_sum(s->e, s->scale, g, S, m, s->score);
-    attn_topk_indices(s->score, m, kk, s->sel, s->work);
 }
 
 /* vmean[d] = v_sum / S. Returns elements read beyond v_sum itself: 0, or
@@ -256,18 +210,13 @@ static void sparq_attend_traced(void *state, const sparq_attn_params *p, int lay
      * scale[h][block of i] * e[h][i], never stored whole */
     const int64_t k = p->k, l = p->l, nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
     float *lsum = p->select_logits ? s.score : NULL;
-    if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.shift, s.zsum, lsum);
-    else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.shift, s.zsum, lsum);
+    if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
+    else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
     cnt.read += S * r;
-    for (int h = 0; h < g; h++) {
-        const float *sh = s.shift + h * nb, last = sh[nb - 1], inv = 1.0f / s.zsum[h];
-        for (int64_t b = 0; b < nb; b++)
-            s.scale[h * nb + b] = sh[b] == last ? inv : expf(sh[b] - last) * inv;
-    }
+    if (!p->select_logits) attn_scaled_head_sum(s.e, s.scale, g, S, S - l, s.score);
 
     /* 3. selection: top (k - l) of the older positions, then the window */
-    if (p->select_logits) attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
-    else select_by_probs(&s, g, S, S - l, k - l);
+    attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
     for (int64_t t = 0; t < l; t++) s.sel[k - l + t] = (int32_t)(S - l + t);
 
     /* 4. exact attention over the selection */

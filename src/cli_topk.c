@@ -67,7 +67,7 @@ typedef struct topk_opts {
     int         k, tokens, warmup, needles, clusters, nlist, nprobe, ef, threads, recall_heads;
     int         json, keep, reuse, result_fd;
     float       spread, aniso;
-    uint64_t    seed;
+    uint64_t    seed, qseed;
 } topk_opts;
 
 #define OFF(f) offsetof(topk_opts, f)
@@ -88,6 +88,8 @@ static const cli_opt topk_table[] = {
     { "--aniso", NULL, OPT_FLOAT, OFF(aniso), "A", "per-dimension scales exp(A z) of keys and queries (default 0.5)" },
     { "--recall-heads", NULL, OPT_INT, OFF(recall_heads), "H", "(layer, head) pairs sampled for recall per step (default 8)" },
     { "--seed", NULL, OPT_U64, OFF(seed), "N", "data seed (default 1)" },
+    { "--query-seed", NULL, OPT_U64, OFF(qseed), "N",
+      "seed of the decode steps' queries (default 0); a new one reaches rows no earlier run read" },
     { "--file", NULL, OPT_STR, OFF(file), "PATH", "KV cache file (default /tmp/sparq_bench_topk.kv; one per kind)" },
     { "--keep", NULL, OPT_FLAG, OFF(keep), NULL, "keep the KV file(s) (PATH.KIND)" },
     { "--reuse", NULL, OPT_FLAG, OFF(reuse), NULL,
@@ -110,6 +112,7 @@ typedef struct topk_result {
     int64_t elements, dense_elements; /* per token, all layers and heads */
     double  index_seconds;            /* binding the file's indexes        */
     int64_t rss_anon, rss_file;       /* at the end: private memory, mapped file pages */
+    int64_t majflt, read_bytes;       /* over the timed steps: major faults, bytes from disk */
     int     verified;
     char    err[256];
 } topk_result;
@@ -121,7 +124,7 @@ typedef struct synth {
     int64_t  P;
     int      C, M, g;
     float    spread, aniso;
-    uint64_t seed;
+    uint64_t seed, qseed;
 } synth;
 
 static uint64_t mix(uint64_t a, uint64_t b)
@@ -251,7 +254,7 @@ static void gen_queries(const synth *s, int l, int64_t t, const float *cen_layer
             float *qq = q + ((size_t)h * g + qh) * d;
             const float *cen = cen_layer + (size_t)h * (s->C + 1) * d;
             bench_rng r;
-            bench_rng_seed(&r, mix(mix(head_seed(s, l, h, 4), (uint64_t)t), (uint64_t)qh));
+            bench_rng_seed(&r, mix(mix(mix(head_seed(s, l, h, 4), (uint64_t)t), (uint64_t)qh), s->qseed));
             int nd_i = -1;
             for (int i = 0; i < s->M; i++) {
                 needle nd = needle_of(s, i);
@@ -387,6 +390,22 @@ static void score_head(const attn_kv_view *prefix, const float *q, int g, int k,
     }
 }
 
+/* Major page faults so far, and bytes this process caused to be read
+ * from storage (/proc/self/io; -1 if unknown). */
+static void io_counters(int64_t *majflt, int64_t *read_bytes)
+{
+    struct rusage ru;
+    *majflt = getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_majflt : -1;
+    *read_bytes = -1;
+    FILE *f = fopen("/proc/self/io", "r");
+    if (!f) return;
+    char line[128];
+    long long v;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "read_bytes: %lld", &v) == 1) *read_bytes = v;
+    fclose(f);
+}
+
 /* RssAnon and RssFile of this process (bytes; -1 if unknown). */
 static void read_rss(int64_t *anon, int64_t *file)
 {
@@ -461,8 +480,10 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     double t_sum = 0;
     int64_t elems = 0;
     const int steps = o->warmup + o->tokens;
+    int64_t mf0 = 0, rb0 = 0;
     for (int t = 0; t < steps; t++) {
         const int64_t pos = kv.n;
+        if (t == o->warmup) io_counters(&mf0, &rb0);
         double t_step = 0;
         int64_t step_elems = 0;
         for (int l = 0; l < L; l++) {
@@ -529,6 +550,9 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
             elems = step_elems;
         }
     }
+    io_counters(&res->majflt, &res->read_bytes);
+    res->majflt -= mf0;
+    res->read_bytes -= rb0;
     res->s_per_token = o->tokens > 0 ? t_sum / o->tokens : NAN;
     res->recall = res->recall_total ? (double)res->recall_hits / res->recall_total : NAN;
     res->needles_total = s->M;
@@ -601,6 +625,9 @@ static int spawn_decode(char **argv0, const topk_opts *o, const char *path, cons
         snprintf(a[21], sizeof a[21], "%llu", (unsigned long long)o->seed);
         args[n++] = "--seed";
         args[n++] = a[21];
+        snprintf(a[23], sizeof a[23], "%llu", (unsigned long long)o->qseed);
+        args[n++] = "--query-seed";
+        args[n++] = a[23];
     }
     args[n] = NULL;
     fflush(stdout);
@@ -662,7 +689,8 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                        "\"index_build_s\":%s,\"file_write_s\":%s,\"file_bytes\":%lld,"
                        "\"elements_per_token\":%lld,\"dense_elements_per_token\":%lld,"
                        "\"data_verified\":%d,\"threads\":%d,\"rss_anon_end_bytes\":%lld,"
-                       "\"rss_file_end_bytes\":%lld,\"spread\":%.3f,\"aniso\":%.3f,\"clusters\":%d}",
+                       "\"rss_file_end_bytes\":%lld,\"spread\":%.3f,\"aniso\":%.3f,\"clusters\":%d,"
+                       "\"ivf_nprobe\":%d,\"query_seed\":%llu,\"major_faults_per_token\":%.1f,\"disk_read_bytes_per_token\":%.0f}",
                     i ? "," : "", r->index, (long long)r->N, o->shape, o->k,
                     o->key_type ? o->key_type : "f16", o->tokens, jnum(nb[0], r->r.s_per_token, "%.6f"),
                     jnum(nb[1], r->r.s_first, "%.6f"), r->r.s_open, (long long)r->peak_rss,
@@ -671,20 +699,23 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                     r->r.needles_total, jnum(nb[3], r->build_s, "%.3f"), jnum(nb[4], r->write_s, "%.3f"),
                     (long long)r->file_bytes, (long long)r->r.elements, (long long)r->r.dense_elements,
                     r->r.verified, o->threads, (long long)r->r.rss_anon, (long long)r->r.rss_file, o->spread,
-                    o->aniso, o->clusters);
+                    o->aniso, o->clusters, o->nprobe, (unsigned long long)o->qseed, (double)r->r.majflt / o->tokens,
+                    (double)r->r.read_bytes / o->tokens);
         }
         fprintf(f, "\n]\n");
         return;
     }
-    fprintf(f, "%-6s %9s %10s %10s %9s %9s %9s %8s %10s %10s %9s %8s\n", "index", "N", "s/token", "first s",
-            "peak GiB", "anon GiB", "recall@k", "needles", "build s", "write s", "file GiB", "of dense");
+    fprintf(f, "%-6s %9s %10s %10s %9s %9s %9s %8s %10s %10s %9s %8s %10s\n", "index", "N", "s/token", "first s",
+            "peak GiB", "anon GiB", "recall@k", "needles", "build s", "write s", "file GiB", "of dense",
+            "disk MB/t");
     for (int i = 0; i < n; i++) {
         const topk_row *r = &rows[i];
-        fprintf(f, "%-6s %9lld %10.4f %10.4f %9.2f %9.2f %9.4f %4d/%-3d %10.1f %10.1f %9.2f %8.4f\n", r->index,
+        fprintf(f, "%-6s %9lld %10.4f %10.4f %9.2f %9.2f %9.4f %4d/%-3d %10.1f %10.1f %9.2f %8.4f %10.1f\n", r->index,
                 (long long)r->N, r->r.s_per_token, r->r.s_first, r->peak_rss / 1073741824.0,
                 r->r.rss_anon / 1073741824.0, r->r.recall, r->r.needles_found, r->r.needles_total, r->build_s,
                 r->write_s, r->file_bytes / 1073741824.0,
-                r->r.dense_elements ? (double)r->r.elements / (double)r->r.dense_elements : NAN);
+                r->r.dense_elements ? (double)r->r.elements / (double)r->r.dense_elements : NAN,
+                r->r.read_bytes / 1e6 / o->tokens);
     }
 }
 
@@ -743,7 +774,7 @@ int cli_topk(int argc, char **argv)
         return 2;
     }
     if (o.threads <= 0) o.threads = omp_get_num_procs();
-    synth s = { sh, N, o.clusters, o.needles, sh->n_head / sh->n_kv_head, o.spread, o.aniso, o.seed };
+    synth s = { sh, N, o.clusters, o.needles, sh->n_head / sh->n_kv_head, o.spread, o.aniso, o.seed, o.qseed };
 
     if (o.child) { /* decode child: one kind, result on the pipe */
         topk_result res;

@@ -1,14 +1,15 @@
 /* test_attn.c - attention policies and kernels against independent references.
  *
  *  1. half floats: attn_f16_to_f32 against the CPU's F16C conversion, all 65536.
- *  2. top-k: attn_topk_indices against a full sort (ties, NaN, long inputs).
+ *  2. top-k: attn_topk_indices against a full sort (ties, NaN, +-0, +-inf,
+ *     long inputs); the k-th key (exact threshold) against a sort.
  *  3. kernel twins: every attn_*_ref against its AVX-512 twin, odd sizes
  *     (tolerance 1e-5 relative to 1 + |value|, see test_twins); the fused
  *     SparQ pass (attn_kt_exp) also against a double softmax of naive
- *     logits, with maxima that keep rising and falling across blocks; the
- *     k-th key (top-k threshold) against a sort.
+ *     logits, with maxima that keep rising and falling across blocks.
  *  4. policies vs naive double-precision loops written here (random inputs,
- *     S in {1,2,7,100,1000,4097}, d in {8,64,128}, g in {1,4}, f32 and f16).
+ *     S in {1,2,7,100,1000,4097}, d in {8,64,128}, g in {1,4}, f32 and f16;
+ *     and S = 12289, where selections take their sampled-threshold paths).
  *  5. H2O over several decode steps with prefill scores, against a naive
  *     simulation of the eviction.
  *  6. golden vectors ../shared/golden/sparq/cases/{sparq,dense,exact_topk}.
@@ -264,7 +265,7 @@ static void test_f16(void)
 static void test_topk(void)
 {
     rng r = { 7 };
-    const int64_t ns[] = { 1, 2, 5, 17, 100, 1000, 9000, 40000, 100003 };
+    const int64_t ns[] = { 1, 2, 5, 17, 100, 1000, 2500, 9000, 40000, 100003 };
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
         const int64_t n = ns[a];
         float *x = malloc((size_t)n * sizeof *x);
@@ -446,24 +447,23 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
     }
     /* SparQ's fused pass (every output) and the group sum over its blocks */
     const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
-    float *sh1 = malloc((size_t)g * nb * sizeof *sh1), *sh2 = malloc((size_t)g * nb * sizeof *sh2);
-    float *z1 = malloc((size_t)g * sizeof *z1), *z2 = malloc((size_t)g * sizeof *z2);
+    float *sc1 = malloc((size_t)g * nb * sizeof *sc1), *sc2 = malloc((size_t)g * nb * sizeof *sc2);
     float *l1 = malloc((size_t)S * sizeof *l1), *l2 = malloc((size_t)S * sizeof *l2);
     for (int rr = 1; rr <= nc; rr += rr < 2 ? 1 : 16) { /* r = 1, 2, 18 */
         const int with_lsum = rr != 2;
-        attn_kt_exp_ref(&kv, qs, comp, rr, g, S, s1, sh1, z1, with_lsum ? l1 : NULL);
-        attn_kt_exp_avx512(&kv, qs, comp, rr, g, S, s2, sh2, z2, with_lsum ? l2 : NULL);
+        attn_kt_exp_ref(&kv, qs, comp, rr, g, S, s1, sc1, with_lsum ? l1 : NULL);
+        attn_kt_exp_avx512(&kv, qs, comp, rr, g, S, s2, sc2, with_lsum ? l2 : NULL);
         e = fmax(e, rel_diff(s1, s2, g * S));
-        e = fmax(e, rel_diff(sh1, sh2, g * nb));
-        e = fmax(e, rel_diff(z1, z2, g));
+        for (int64_t t = 0; t < g * nb; t++) /* relative: a scale is ~1/S */
+            e = fmax(e, fabs(sc1[t] - sc2[t]) / (fabs(sc1[t]) + 1e-30));
         if (with_lsum) e = fmax(e, rel_diff(l1, l2, S));
-        for (int64_t t = 0; t < g * nb; t++) sh1[t] = 0.5f + (float)rng_unif(r); /* block scales */
-        attn_scaled_head_sum_ref(s1, sh1, g, S, S - 2, l1);
-        attn_scaled_head_sum_avx512(s1, sh1, g, S, S - 2, l2);
+        for (int64_t t = 0; t < g * nb; t++) sc1[t] = 0.5f + (float)rng_unif(r); /* any scales */
+        attn_scaled_head_sum_ref(s1, sc1, g, S, S - 2, l1);
+        attn_scaled_head_sum_avx512(s1, sc1, g, S, S - 2, l2);
         e = fmax(e, rel_diff(l1, l2, S - 2));
     }
     free(K); free(V); free(KT); free(q); free(qs); free(s1); free(s2); free(o1); free(o2);
-    free(rows); free(sh1); free(sh2); free(z1); free(z2); free(l1); free(l2);
+    free(rows); free(sc1); free(sc2); free(l1); free(l2);
     return e;
 }
 #endif
@@ -504,11 +504,11 @@ static void test_twins(void)
 }
 
 /* attn_kt_exp's contract against a double softmax of naive logits:
- * softmax(l_h)_i == e[h][i] * exp(shift[h][b] - shift[h][last]) / zsum[h]
- * and lsum == sum_h l_h. K^T rows carry a trend (rising, then falling), so
- * the running maximum moves across blocks, and a noise spike on top. The
- * kernel the build dispatches to is checked (AVX-512 when compiled in), for
- * g = 3 and g = 65 (more heads than one pass keeps on the stack). */
+ * softmax(l_h)_i == scale[h][i / ATTN_EXP_BLOCK] * e[h][i] and lsum ==
+ * sum_h l_h. K^T rows carry a trend (rising, then falling), so the running
+ * maximum moves across blocks, and noise spikes on top. The kernel the
+ * build dispatches to is checked (AVX-512 when compiled in), for g = 3 and
+ * g = 65 (more heads than one pass keeps on the stack). */
 static void kt_exp_case(rng *r, int64_t S, int g, int rr, int elem, double *worst)
 {
     const int d = 24, nc = rr;
@@ -535,10 +535,10 @@ static void kt_exp_case(rng *r, int64_t S, int g, int rr, int elem, double *wors
     for (int c = 0; c < nc; c++) comp[c] = (c * 7) % d;
     for (int t = 0; t < g * nc; t++) qs[t] = rng_normal(r);
     const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
-    float *e = malloc((size_t)g * S * sizeof *e), *sh = malloc((size_t)g * nb * sizeof *sh);
-    float *z = malloc((size_t)g * sizeof *z), *ls = malloc((size_t)S * sizeof *ls);
+    float *e = malloc((size_t)g * S * sizeof *e), *sc = malloc((size_t)g * nb * sizeof *sc);
+    float *ls = malloc((size_t)S * sizeof *ls);
     double *l = malloc((size_t)S * sizeof *l);
-    attn_kt_exp(&kv, qs, comp, nc, g, S, e, sh, z, ls);
+    attn_kt_exp(&kv, qs, comp, nc, g, S, e, sc, ls);
     double *lsum = calloc((size_t)S, sizeof *lsum);
     for (int h = 0; h < g; h++) {
         double mx = -INFINITY, sum = 0;
@@ -551,15 +551,14 @@ static void kt_exp_case(rng *r, int64_t S, int g, int rr, int elem, double *wors
         }
         for (int64_t i = 0; i < S; i++) sum += exp(l[i] - mx);
         for (int64_t i = 0; i < S; i++) {
-            const int64_t b = i / ATTN_EXP_BLOCK;
-            const double got = e[h * S + i] * exp((double)sh[h * nb + b] - sh[h * nb + nb - 1]) / z[h];
+            const double got = (double)sc[h * nb + i / ATTN_EXP_BLOCK] * e[h * S + i];
             const double want = exp(l[i] - mx) / sum;
             *worst = fmax(*worst, fabs(got - want) / (want + 1e-3 / (double)S));
         }
     }
     for (int64_t i = 0; i < S; i++)
         *worst = fmax(*worst, fabs(ls[i] - lsum[i]) / (1 + fabs(lsum[i])));
-    free(KT); free(kt); free(qs); free(e); free(sh); free(z); free(ls); free(l); free(lsum);
+    free(KT); free(kt); free(qs); free(e); free(sc); free(ls); free(l); free(lsum);
 }
 
 static void test_kt_exp(void)
@@ -575,7 +574,7 @@ static void test_kt_exp(void)
         }
     fprintf(stderr, "kt_exp vs double softmax: worst relative error %.3g (tolerance 1e-5)\n",
             worst);
-    CHECK(worst <= 1e-5, "kt_exp: softmax rebuilt from e, shift, zsum off by %g", worst);
+    CHECK(worst <= 1e-5, "kt_exp: softmax rebuilt from e and scale off by %g", worst);
 }
 
 /* ---- 4. policies against the naive loops ----------------------------------------- */
@@ -773,6 +772,15 @@ static void test_policies_naive(void)
                     case_free(&cd);
                     n_cases++;
                 }
+    /* long enough for the sampled selection paths (S - l > 8192) */
+    for (int elem = 0; elem < 2; elem++) {
+        if (elem == KV_F16 && (!have_f16 || test_quick())) continue;
+        case_data cd;
+        case_make(&cd, &r, 12289, 32, 4, elem);
+        check_case(&cd, elem ? "S=12289 d=32 g=4 f16" : "S=12289 d=32 g=4 f32");
+        case_free(&cd);
+        n_cases++;
+    }
     if (!have_f16) test_skip("policies: f16 cases (no F16C to round with)");
     fprintf(stderr, "policies vs naive: %d shapes, %d of %d selections skipped as near-ties\n",
             n_cases, n_close_calls, n_sel_calls);

@@ -298,6 +298,39 @@ static void test_model_roundtrip(const int32_t *story, int n_story)
         free(b.logits);
     }
 
+    /* a file saved without K^T (dense context) loaded by SparQ: the cache
+     * rebuilds K^T from K and takes the V sums from the file, and decodes
+     * like a SparQ context that prefilled the prefix itself */
+    {
+        sparq_context_params cp = sparq_context_default_params();
+        cp.n_ctx = 512;
+        cp.n_threads = 2;
+        sparq_context *cd = NULL, *cs = NULL, *cl = NULL;
+        CHECK(sparq_context_create(model, &cp, &cd, err, sizeof err) == 0, "%s", err);
+        CHECK(cd && sparq_eval(cd, prefix, N_PREFIX, NULL) == 0, "prefill dense");
+        CHECK(cd && sparq_context_save_kv(cd, tmp_path, "", NULL, 0, err, sizeof err) == 0, "%s", err);
+        cp.attn.policy = "sparq";
+        cp.attn.r = 2;
+        cp.attn.k = 24;
+        run_out a = { 0 }, b = { 0 };
+        a.logits = malloc((size_t)STEPS * V * sizeof(float));
+        b.logits = malloc((size_t)STEPS * V * sizeof(float));
+        CHECK(sparq_context_create(model, &cp, &cs, err, sizeof err) == 0, "%s", err);
+        CHECK(cs && sparq_eval(cs, prefix, N_PREFIX, NULL) == 0, "prefill sparq");
+        CHECK(cs && decode_rest(cs, question, N_Q, STEPS, &a) == 0, "decode sparq");
+        sparq_context_params lp = cp;
+        lp.n_ctx = 0;
+        CHECK(sparq_context_load_kv(model, &lp, tmp_path, SPARQ_VERIFY_AUTO, &cl, err, sizeof err) == 0, "%s", err);
+        CHECK(cl && decode_rest(cl, question, N_Q, STEPS, &b) == 0, "decode sparq after load");
+        CHECK(memcmp(a.logits, b.logits, (size_t)STEPS * V * sizeof(float)) == 0,
+              "sparq from a K^T-less file = sparq prefilled in process");
+        sparq_context_free(cd);
+        sparq_context_free(cs);
+        sparq_context_free(cl);
+        free(a.logits);
+        free(b.logits);
+    }
+
     /* a context size other than the file's is refused, with a message */
     sparq_context_params cp = sparq_context_default_params();
     cp.n_ctx = 1024;
