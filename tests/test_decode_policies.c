@@ -65,7 +65,7 @@ int main(void)
     int32_t dense[N_GEN], other[N_GEN];
     sparq_attn_params dp = params("dense", 0, 0);
     CHECK(greedy(&dp, prompt, n_prompt, N_GEN, dense, NULL) == 0, "dense decode");
-    const char *full[] = { "sparq", "oracle", "h2o", "streaming", "flexgen" };
+    const char *full[] = { "sparq", "oracle", "h2o", "streaming", "flexgen", "topk" };
     for (size_t i = 0; i < sizeof full / sizeof full[0]; i++) {
         sparq_attn_params p = params(full[i], full[i][0] == 's' && full[i][1] == 'p' ? 2 : 0, 512);
         CHECK(greedy(&p, prompt, n_prompt, N_GEN, other, NULL) == 0, "%s decode", full[i]);
@@ -104,7 +104,7 @@ int main(void)
                (double)st.elements / st.dense_elements, (double)want / want_dense);
 
         /* every policy's counted elements equal its formula on this run */
-        const char *all[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming" };
+        const char *all[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming", "topk" };
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
             sparq_attn_params q = params(all[i], all[i][0] == 's' && all[i][1] == 'p' ? 2 : 0, 64);
             CHECK(greedy(&q, prompt, 400, 8, gen, &st) == 0, "%s decode", all[i]);
