@@ -5,6 +5,7 @@
  * stdout: nothing, or one JSON object with --json; progress on stderr.
  */
 #include "cli.h"
+#include "textbuf.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -35,27 +36,6 @@ static void progress(void *user, int64_t done, int64_t total)
     if (done == total) fputc('\n', stderr);
 }
 
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *b2 = realloc(buf, cap * 2);
-        if (!b2) { free(buf); buf = NULL; break; }
-        buf = b2;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) { free(buf); return NULL; }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
 
 int cli_prefill(int argc, char **argv)
 {
@@ -109,7 +89,7 @@ int cli_prefill(int argc, char **argv)
     if (!m) goto done;
     size_t len = 0;
     if (po.prompt_file) {
-        text = read_all(po.prompt_file, &len);
+        text = text_read_file(po.prompt_file, &len);
         if (!text) {
             fprintf(stderr, "error: cannot read context file '%s'\n", po.prompt_file);
             goto done;

@@ -4,6 +4,7 @@
  * timings, progress and errors go to stderr.
  */
 #include "cli.h"
+#include "textbuf.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -65,29 +66,6 @@ static void progress(void *user, int64_t done, int64_t total)
     if (done == total) fputc('\n', stderr);
 }
 
-static char *read_text_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (n < cap - 1) break;
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) { free(buf); buf = NULL; break; }
-        buf = bigger;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) { free(buf); return NULL; }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 /* Parses "1,2,3" into a malloc'ed array; returns count or -1. */
 static int parse_ids(const char *s, int32_t **out)
 {
@@ -108,24 +86,6 @@ static int parse_ids(const char *s, int32_t **out)
     }
     *out = ids;
     return n;
-}
-
-/* Appends piece bytes to a growing buffer (the generated text). */
-typedef struct text_buf { char *data; size_t len, cap; } text_buf;
-static int text_append(text_buf *t, const char *s, size_t n)
-{
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 256;
-        while (cap < t->len + n + 1) cap *= 2;
-        char *d = realloc(t->data, cap);
-        if (!d) return -1;
-        t->data = d;
-        t->cap = cap;
-    }
-    memcpy(t->data + t->len, s, n);
-    t->len += n;
-    t->data[t->len] = 0;
-    return 0;
 }
 
 static int write_rows(FILE *f, const float *rows, size_t n_rows, int n_vocab)
@@ -202,7 +162,7 @@ int cli_run(int argc, char **argv)
     } else {
         size_t len = 0;
         if (ro.prompt_file) {
-            text = read_text_file(ro.prompt_file, &len);
+            text = text_read_file(ro.prompt_file, &len);
             if (!text) {
                 fprintf(stderr, "error: cannot read prompt file '%s'\n", ro.prompt_file);
                 goto done;
