@@ -284,6 +284,13 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_siz
     return m;
 }
 
+void cli_prefill_progress(void *user, int64_t done, int64_t total)
+{
+    (void)user;
+    fprintf(stderr, "\rprefill: %lld / %lld tokens", (long long)done, (long long)total);
+    if (done == total) fputc('\n', stderr);
+}
+
 int64_t cli_peak_rss(void)
 {
     struct rusage ru;

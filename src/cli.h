@@ -78,6 +78,9 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path_out, size_t path
 /* KV type from its name; -1 if unknown. */
 int cli_kv_type(const char *name);
 
+/* sparq_context_params.progress for a terminal: "prefill: done / total". */
+void cli_prefill_progress(void *user, int64_t done, int64_t total);
+
 /* Peak resident set size of this process in bytes. */
 int64_t cli_peak_rss(void);
 double  cli_now(void);      /* monotonic seconds */

@@ -29,12 +29,6 @@ static const cli_opt prefill_table[] = {
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
-static void progress(void *user, int64_t done, int64_t total)
-{
-    (void)user;
-    fprintf(stderr, "\rprefill: %lld / %lld tokens", (long long)done, (long long)total);
-    if (done == total) fputc('\n', stderr);
-}
 
 
 int cli_prefill(int argc, char **argv)
@@ -117,7 +111,7 @@ int cli_prefill(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    if (isatty(2)) cp.progress = progress;
+    if (isatty(2)) cp.progress = cli_prefill_progress;
     cp.abort_flag = &interrupted;
     if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);

@@ -59,12 +59,6 @@ static const cli_opt run_table[] = {
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
-static void progress(void *user, int64_t done, int64_t total)
-{
-    (void)user;
-    fprintf(stderr, "\rprefill: %lld / %lld tokens", (long long)done, (long long)total);
-    if (done == total) fputc('\n', stderr);
-}
 
 /* Parses "1,2,3" into a malloc'ed array; returns count or -1. */
 static int parse_ids(const char *s, int32_t **out)
@@ -220,7 +214,7 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    if (isatty(2)) cp.progress = progress;
+    if (isatty(2)) cp.progress = cli_prefill_progress;
     cp.abort_flag = &interrupted;
     if (ro.load_kv) {
         double tl = cli_now();
