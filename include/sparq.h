@@ -111,7 +111,8 @@ typedef struct sparq_context_params {
     int     n_batch;        /* prefill tokens per batch (0 = 512)           */
     int     kv_type;        /* SPARQ_KV_F16 (default) or SPARQ_KV_F32       */
     sparq_attn_params attn; /* decode attention policy                      */
-    /* Optional progress callback for long prefills (tokens done, total). */
+    /* Optional progress callback for prefills (tokens done, total); not
+     * called for single-token decode steps. */
     void  (*progress)(void *user, int64_t done, int64_t total);
     void   *progress_user;
     /* Optional: checked between batches; non-zero aborts the eval. */
