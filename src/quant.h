@@ -97,10 +97,12 @@ float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n);
 
 /* The same for nr weight rows (row stride w_stride bytes) against one x:
  * out[i] = dot(w + i*w_stride, x), each bit-identical to quant_dot. The
- * decode hot loop: the AVX-512 set runs Q8_0 and Q4_0 four rows at a time
+ * prefill loop, where a chunk of rows stays in cache while many tokens'
+ * x pass over it: the AVX-512 set runs Q8_0 and Q4_0 four rows at a time
  * sharing each load of x (their per-block work is small); the K-quants and
- * float types go row by row. Single-threaded: callers split rows across
- * threads. */
+ * float types go row by row. Rows streamed from DRAM once (decode) are
+ * faster through quant_dot one by one (see model_matmul_group).
+ * Single-threaded: callers split rows across threads. */
 void quant_dot_rows(uint32_t type, const void *w, size_t w_stride, int nr,
                     const void *x, int64_t n, float *out);
 void quant_dot_rows_ref(uint32_t type, const void *w, size_t w_stride, int nr,
