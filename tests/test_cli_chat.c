@@ -1,0 +1,652 @@
+/* test_cli_chat.c - `sparq gen-model` for the qwen2 / qwen3 architectures,
+ * and `sparq run --chat` as an interactive multi-turn session. Runs the
+ * binary from $SPARQ_BUILD (default build/) on tiny models it generates in
+ * /tmp.
+ *
+ * gen-model: the files load through the public API with the architecture
+ * and hyper-parameters of their shape, and their logits equal a naive
+ * forward pass written here from the GGUF tensors (embedding, RMSNorm,
+ * Q/K/V with biases, per-head q/k RMSNorm, NEOX RoPE, causal GQA attention,
+ * SwiGLU, tied output). The same reference with the biases zeroed (qwen2)
+ * or the q/k norms set to one (qwen3) is far from those logits, and a file
+ * patched that way moves sparq to the patched reference: the extra tensors
+ * are read and used. Q8_0 files of the same seed stay close to F32.
+ *
+ * chat: user turns on stdin, one per line. Each reply must equal a single-
+ * shot run (--prompt-tokens) on the whole conversation so far, written here
+ * as ChatML token ids by hand - reusing the KV cache across turns must be
+ * the same as prefilling everything again - and the second turn must
+ * evaluate only its new tokens.
+ */
+#include "test.h"
+#include "gguf.h"
+#include "sparq.h"
+
+#include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char bin[1024];
+
+/* ---- running the binary --------------------------------------------------- */
+
+static char out_path[64], err_path[64], in_path[64];
+
+static int make_temp(char *path, size_t size, const char *stem)
+{
+    snprintf(path, size, "/tmp/%s_XXXXXX", stem);
+    int fd = mkstemp(path);
+    if (fd < 0) return -1;
+    close(fd);
+    return 0;
+}
+
+/* Runs `sparq ARGS` with stdin from `input` (NULL: /dev/null); captures
+ * stdout and stderr (caller frees) and returns the exit code. */
+static int run(const char *args, const char *input, char **out, char **err)
+{
+    char cmd[8192];
+    if (input) {
+        FILE *f = fopen(in_path, "wb");
+        if (f) { fputs(input, f); fclose(f); }
+    }
+    snprintf(cmd, sizeof cmd, "%s %s <%s >%s 2>%s", bin, args, input ? in_path : "/dev/null", out_path, err_path);
+    int st = system(cmd);
+    size_t n;
+    *out = test_read_file(out_path, &n);
+    *err = test_read_file(err_path, &n);
+    if (!*out) *out = calloc(1, 1);
+    if (!*err) *err = calloc(1, 1);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The ids of the "tokens":[...] array of run --json output; returns count. */
+static int json_ids(const char *json, const char *key, int32_t *ids, int max)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":[", key);
+    const char *s = strstr(json, pat);
+    if (!s) return -1;
+    s += strlen(pat);
+    int n = 0;
+    while (*s && *s != ']') {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) return -1;
+        if (n < max) ids[n] = (int32_t)v;
+        n++;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+/* ---- the naive reference forward pass -------------------------------------- */
+
+enum { REF_ZERO_BIAS = 1, REF_UNIT_QK_NORM = 2 };
+
+typedef struct ref_model {
+    const gguf_file *f;
+    int n_embd, n_layer, n_head, n_kv, hd, n_ff, n_vocab;
+    double eps, base;
+} ref_model;
+
+static const float *ref_tensor(const ref_model *r, const char *name, int64_t n)
+{
+    const gguf_tensor *t = gguf_find_tensor(r->f, name);
+    if (!t || t->type != 0) return NULL;
+    int64_t total = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++) total *= t->ne[i];
+    return total == n ? t->data : NULL;
+}
+
+static const float *layer_tensor(const ref_model *r, int il, const char *suffix, int64_t n)
+{
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
+    return ref_tensor(r, name, n);
+}
+
+static int64_t meta_int(const gguf_file *f, const char *arch, const char *key, int64_t def)
+{
+    char k[128];
+    int64_t v;
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_get_int(f, k, &v) == 1 ? v : def;
+}
+
+static int ref_open(ref_model *r, const gguf_file *f)
+{
+    gguf_str a;
+    char arch[32];
+    double d;
+    if (gguf_get_str(f, "general.architecture", &a) != 1 || a.len >= sizeof arch) return -1;
+    snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.data);
+    r->f = f;
+    r->n_embd = (int)meta_int(f, arch, "embedding_length", 0);
+    r->n_layer = (int)meta_int(f, arch, "block_count", 0);
+    r->n_head = (int)meta_int(f, arch, "attention.head_count", 0);
+    r->n_kv = (int)meta_int(f, arch, "attention.head_count_kv", r->n_head);
+    r->hd = (int)meta_int(f, arch, "attention.key_length", r->n_head ? r->n_embd / r->n_head : 0);
+    r->n_ff = (int)meta_int(f, arch, "feed_forward_length", 0);
+    const gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
+    r->n_vocab = te ? (int)te->ne[1] : 0;
+    char k[128];
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
+    r->eps = gguf_get_float(f, k, &d) == 1 ? d : 1e-5;
+    snprintf(k, sizeof k, "%s.rope.freq_base", arch);
+    r->base = gguf_get_float(f, k, &d) == 1 ? d : 10000.0;
+    return r->n_embd && r->n_layer && r->n_head && r->hd && r->n_ff && r->n_vocab ? 0 : -1;
+}
+
+static void rmsnorm(double *out, const double *x, const float *w, int n, double eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    double s = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * s * (w ? w[i] : 1.0);
+}
+
+/* y[n_out] = W x (+ b), W row-major [n_out][n_in] */
+static void matvec(double *y, const float *W, const float *b, const double *x, int n_out, int n_in)
+{
+    for (int o = 0; o < n_out; o++) {
+        double s = b ? b[o] : 0.0;
+        for (int i = 0; i < n_in; i++) s += (double)W[(size_t)o * n_in + i] * x[i];
+        y[o] = s;
+    }
+}
+
+/* NEOX rotation: pairs (i, i + hd/2), angle pos * base^(-2i/hd). */
+static void rope_neox(double *v, int hd, int pos, double base)
+{
+    for (int i = 0; i < hd / 2; i++) {
+        double th = pos * pow(base, -2.0 * i / hd), c = cos(th), s = sin(th);
+        double a = v[i], b = v[i + hd / 2];
+        v[i] = a * c - b * s;
+        v[i + hd / 2] = a * s + b * c;
+    }
+}
+
+/* logits[n][n_vocab] for tokens[n] at positions 0..n-1; returns 0 or -1
+ * (a tensor missing or not F32). */
+static int ref_forward(const ref_model *r, const int32_t *tokens, int n, int flags, float *logits)
+{
+    const int E = r->n_embd, hd = r->hd, qd = r->n_head * hd, kvd = r->n_kv * hd, F = r->n_ff;
+    double *x = calloc((size_t)n * E, sizeof *x), *xn = malloc((size_t)(E > F ? E : F) * sizeof *xn);
+    double *q = malloc((size_t)n * qd * sizeof *q), *k = malloc((size_t)n * kvd * sizeof *k);
+    double *v = malloc((size_t)n * kvd * sizeof *v), *att = malloc((size_t)qd * sizeof *att);
+    double *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
+    double *y = malloc((size_t)(E > r->n_vocab ? E : r->n_vocab) * sizeof *y), *p = malloc((size_t)n * sizeof *p);
+    int rc = -1;
+    const float *emb = ref_tensor(r, "token_embd.weight", (int64_t)E * r->n_vocab);
+    const float *out_w = ref_tensor(r, "output.weight", (int64_t)E * r->n_vocab);
+    const float *out_norm = ref_tensor(r, "output_norm.weight", E);
+    if (!x || !xn || !q || !k || !v || !att || !g || !u || !y || !p || !emb || !out_norm) goto done;
+    if (!out_w) out_w = emb; /* tied */
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < E; i++) x[(size_t)t * E + i] = emb[(size_t)tokens[t] * E + i];
+    for (int il = 0; il < r->n_layer; il++) {
+        const float *an = layer_tensor(r, il, "attn_norm.weight", E), *fn = layer_tensor(r, il, "ffn_norm.weight", E);
+        const float *wq = layer_tensor(r, il, "attn_q.weight", (int64_t)qd * E);
+        const float *wk = layer_tensor(r, il, "attn_k.weight", (int64_t)kvd * E);
+        const float *wv = layer_tensor(r, il, "attn_v.weight", (int64_t)kvd * E);
+        const float *wo = layer_tensor(r, il, "attn_output.weight", (int64_t)E * qd);
+        const float *wg = layer_tensor(r, il, "ffn_gate.weight", (int64_t)F * E);
+        const float *wu = layer_tensor(r, il, "ffn_up.weight", (int64_t)F * E);
+        const float *wd = layer_tensor(r, il, "ffn_down.weight", (int64_t)E * F);
+        const float *bq = layer_tensor(r, il, "attn_q.bias", qd), *bk = layer_tensor(r, il, "attn_k.bias", kvd);
+        const float *bv = layer_tensor(r, il, "attn_v.bias", kvd);
+        const float *qn = layer_tensor(r, il, "attn_q_norm.weight", hd);
+        const float *kn = layer_tensor(r, il, "attn_k_norm.weight", hd);
+        if (!an || !fn || !wq || !wk || !wv || !wo || !wg || !wu || !wd) goto done;
+        if (flags & REF_ZERO_BIAS) bq = bk = bv = NULL;
+        for (int t = 0; t < n; t++) {
+            double *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
+            rmsnorm(xn, x + (size_t)t * E, an, E, r->eps);
+            matvec(qt, wq, bq, xn, qd, E);
+            matvec(kt, wk, bk, xn, kvd, E);
+            matvec(vt, wv, bv, xn, kvd, E);
+            for (int h = 0; h < r->n_head; h++) {
+                if (qn) rmsnorm(qt + h * hd, qt + h * hd, flags & REF_UNIT_QK_NORM ? NULL : qn, hd, r->eps);
+                rope_neox(qt + h * hd, hd, t, r->base);
+            }
+            for (int h = 0; h < r->n_kv; h++) {
+                if (kn) rmsnorm(kt + h * hd, kt + h * hd, flags & REF_UNIT_QK_NORM ? NULL : kn, hd, r->eps);
+                rope_neox(kt + h * hd, hd, t, r->base);
+            }
+        }
+        for (int t = 0; t < n; t++) {
+            for (int h = 0; h < r->n_head; h++) {
+                const int kh = h / (r->n_head / r->n_kv);
+                const double *qh = q + (size_t)t * qd + h * hd;
+                double mx = -1e300, sum = 0;
+                for (int s = 0; s <= t; s++) {
+                    double d = 0;
+                    for (int i = 0; i < hd; i++) d += qh[i] * k[(size_t)s * kvd + kh * hd + i];
+                    p[s] = d / sqrt((double)hd);
+                    if (p[s] > mx) mx = p[s];
+                }
+                for (int s = 0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
+                for (int i = 0; i < hd; i++) {
+                    double a = 0;
+                    for (int s = 0; s <= t; s++) a += p[s] / sum * v[(size_t)s * kvd + kh * hd + i];
+                    att[h * hd + i] = a;
+                }
+            }
+            matvec(y, wo, NULL, att, E, qd);
+            for (int i = 0; i < E; i++) x[(size_t)t * E + i] += y[i];
+        }
+        for (int t = 0; t < n; t++) {
+            rmsnorm(xn, x + (size_t)t * E, fn, E, r->eps);
+            matvec(g, wg, NULL, xn, F, E);
+            matvec(u, wu, NULL, xn, F, E);
+            for (int i = 0; i < F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            matvec(y, wd, NULL, g, E, F);
+            for (int i = 0; i < E; i++) x[(size_t)t * E + i] += y[i];
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        rmsnorm(xn, x + (size_t)t * E, out_norm, E, r->eps);
+        matvec(y, out_w, NULL, xn, r->n_vocab, E);
+        for (int i = 0; i < r->n_vocab; i++) logits[(size_t)t * r->n_vocab + i] = (float)y[i];
+    }
+    rc = 0;
+done:
+    free(x); free(xn); free(q); free(k); free(v); free(att); free(g); free(u); free(y); free(p);
+    return rc;
+}
+
+/* ---- gen-model ------------------------------------------------------------- */
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static double rms(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += ((double)a[i] - (b ? b[i] : 0)) * ((double)a[i] - (b ? b[i] : 0));
+    return sqrt(s / (double)n);
+}
+
+/* sparq's logits [n][n_vocab] of tokens at positions 0.. (F32 KV); NULL on failure. */
+static float *sparq_logits(const char *path, const int32_t *tokens, int n)
+{
+    char err[512];
+    sparq_model *m = NULL;
+    sparq_context *c = NULL;
+    if (sparq_model_load(path, &m, err, sizeof err)) {
+        CHECK(0, "load %s: %s", path, err);
+        return NULL;
+    }
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 1;
+    cp.kv_type = SPARQ_KV_F32;
+    float *logits = malloc((size_t)n * sparq_model_n_vocab(m) * sizeof *logits);
+    if (!logits || sparq_context_create(m, &cp, &c, err, sizeof err) || sparq_eval_all(c, tokens, n, logits)) {
+        CHECK(0, "eval %s: %s", path, c ? sparq_context_error(c) : err);
+        free(logits);
+        logits = NULL;
+    }
+    sparq_context_free(c);
+    sparq_model_free(m);
+    return logits;
+}
+
+typedef struct shape_case {
+    const char *shape, *arch;
+    int n_head, n_kv, hd, n_vocab;
+    int patch_flag;         /* what the patched copy changes */
+} shape_case;
+
+static const shape_case shape_cases[] = {
+    { "tiny-qwen2", "qwen2", 4, 2, 64, 1024, REF_ZERO_BIAS },
+    { "tiny-qwen3", "qwen3", 8, 4, 64, 1024, REF_UNIT_QK_NORM },
+};
+
+/* Writes a copy of the file at src to dst with the qwen2 biases zeroed or
+ * the qwen3 q/k norm weights set to one. Returns the tensors changed. */
+static int patch_copy(const char *src, const char *dst, int flag)
+{
+    size_t size;
+    uint8_t *buf = test_read_file(src, &size);
+    gguf_file *f = NULL;
+    char err[256];
+    int changed = 0;
+    if (!buf || gguf_parse(buf, size, &f, err, sizeof err)) {
+        free(buf);
+        return -1;
+    }
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        char name[80];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
+        int hit = flag == REF_ZERO_BIAS ? strstr(name, ".bias") != NULL
+                                        : strstr(name, "attn_q_norm") || strstr(name, "attn_k_norm");
+        if (!hit || t->type != 0) continue;
+        float *d = (float *)(buf + ((const uint8_t *)t->data - buf)); /* our copy, writable */
+        for (int64_t j = 0; j < t->ne[0]; j++) d[j] = flag == REF_ZERO_BIAS ? 0.0f : 1.0f;
+        changed++;
+    }
+    gguf_close(f);
+    FILE *o = fopen(dst, "wb");
+    if (!o || fwrite(buf, 1, size, o) != size) changed = -1;
+    if (o) fclose(o);
+    free(buf);
+    return changed;
+}
+
+static void test_gen_model_case(const shape_case *sc)
+{
+    char f32[64], q8[64], patched[64], args[512];
+    char *out, *err;
+    if (make_temp(f32, sizeof f32, "sparq_genm") || make_temp(q8, sizeof q8, "sparq_genm") ||
+        make_temp(patched, sizeof patched, "sparq_genm")) {
+        CHECK(0, "mkstemp");
+        return;
+    }
+    snprintf(args, sizeof args, "gen-model --shape %s --type F32 --seed 7 -o %s", sc->shape, f32);
+    int rc = run(args, NULL, &out, &err);
+    CHECK(rc == 0 && strstr(err, sc->arch), "%s F32: exit %d: %s", sc->shape, rc, err);
+    free(out); free(err);
+    snprintf(args, sizeof args, "gen-model --shape %s --type Q8_0 --seed 7 -o %s", sc->shape, q8);
+    rc = run(args, NULL, &out, &err);
+    CHECK(rc == 0, "%s Q8_0: exit %d: %s", sc->shape, rc, err);
+    free(out); free(err);
+
+    /* what the public API reports */
+    const char *files[2] = { f32, q8 };
+    int32_t toks[7];
+    int n_tok = 0;
+    for (int fi = 0; fi < 2; fi++) {
+        sparq_model *m = NULL;
+        char msg[512];
+        if (sparq_model_load(files[fi], &m, msg, sizeof msg)) {
+            CHECK(0, "%s: %s", files[fi], msg);
+            continue;
+        }
+        CHECK(strcmp(sparq_model_arch(m), sc->arch) == 0, "arch %s", sparq_model_arch(m));
+        CHECK(sparq_model_n_layer(m) == 2 && sparq_model_n_head(m) == sc->n_head &&
+              sparq_model_n_kv_head(m) == sc->n_kv && sparq_model_head_dim(m) == sc->hd &&
+              sparq_model_n_vocab(m) == sc->n_vocab && sparq_model_n_ctx_train(m) == 4096,
+              "%s hparams: layers %d heads %d/%d hd %d vocab %d ctx %lld", sc->shape, sparq_model_n_layer(m),
+              sparq_model_n_head(m), sparq_model_n_kv_head(m), sparq_model_head_dim(m), sparq_model_n_vocab(m),
+              (long long)sparq_model_n_ctx_train(m));
+        /* Qwen's vocabulary layout: ... <|endoftext|> <|im_start|> <|im_end|> */
+        const int V = sc->n_vocab;
+        CHECK(sparq_token_bos(m) == V - 3 && sparq_token_eos(m) == V - 1 && sparq_token_is_eog(m, V - 1) &&
+              !sparq_token_is_eog(m, V - 2), "specials: bos %d eos %d", sparq_token_bos(m), sparq_token_eos(m));
+        const char *text = "hello world, the quick brown fox";
+        int n = sparq_tokenize(m, text, -1, 1, toks, 7);
+        CHECK(n > 7 && toks[0] != V - 3, "BPE text: %d ids, no BOS (add_bos false), first %d", n, toks[0]);
+        int32_t all[64];
+        n = sparq_tokenize(m, text, -1, 1, all, 64);
+        char back[256] = "";
+        size_t len = 0;
+        for (int i = 0; i < n && n <= 64; i++) {
+            int l = sparq_token_to_piece(m, all[i], back + len, (int)(sizeof back - 1 - len));
+            if (l > 0) len += (size_t)l;
+        }
+        back[len] = 0;
+        CHECK(strcmp(back, text) == 0, "round trip '%s'", back);
+        sparq_chat_msg msg1 = { "user", "hi" };
+        int32_t cids[16];
+        int nc = sparq_chat_tokenize(m, NULL, &msg1, 1, 1, cids, 16, msg, sizeof msg);
+        CHECK(nc > 4 && cids[0] == V - 2, "template read from the file (ChatML): %d ids, first %d", nc,
+              nc > 0 ? cids[0] : -1);
+        n_tok = 7;
+        sparq_model_free(m);
+    }
+    if (n_tok != 7) goto cleanup;
+    toks[3] = sc->n_vocab - 2; /* a special token in the middle too */
+
+    /* logits against the reference */
+    size_t size;
+    uint8_t *img = test_read_file(f32, &size);
+    gguf_file *gf = NULL;
+    char msg[256];
+    ref_model rm;
+    if (!img || gguf_parse(img, size, &gf, msg, sizeof msg) || ref_open(&rm, gf)) {
+        CHECK(0, "reference cannot read %s", f32);
+        free(img);
+        goto cleanup;
+    }
+    const size_t nl = (size_t)n_tok * rm.n_vocab;
+    float *ref = malloc(nl * sizeof *ref), *ref_p = malloc(nl * sizeof *ref_p);
+    float *got = sparq_logits(f32, toks, n_tok), *got_q8 = sparq_logits(q8, toks, n_tok);
+    if (ref && ref_p && got && got_q8 && ref_forward(&rm, toks, n_tok, 0, ref) == 0 &&
+        ref_forward(&rm, toks, n_tok, sc->patch_flag, ref_p) == 0) {
+        double d = max_diff(got, ref, nl), scale = rms(ref, NULL, nl);
+        CHECK(d < 1e-4, "%s F32 logits vs naive forward: max |diff| %.3g (logit rms %.3g)", sc->shape, d, scale);
+        double dp = max_diff(ref_p, ref, nl);
+        CHECK(dp > 0.05, "%s: the %s must matter (%.3g)", sc->shape,
+              sc->patch_flag == REF_ZERO_BIAS ? "biases" : "q/k norms", dp);
+        int all_finite = 1;
+        for (size_t i = 0; i < nl; i++) all_finite &= isfinite(got_q8[i]);
+        double dq = rms(got_q8, got, nl);
+        CHECK(all_finite && dq < 0.1 * scale, "%s Q8_0 vs F32: rms diff %.3g, logit rms %.3g", sc->shape, dq,
+              scale);
+        int changed = patch_copy(f32, patched, sc->patch_flag);
+        CHECK(changed == (sc->patch_flag == REF_ZERO_BIAS ? 6 : 4), "patched %d tensors", changed);
+        float *got_p = changed > 0 ? sparq_logits(patched, toks, n_tok) : NULL;
+        if (got_p) {
+            double e = max_diff(got_p, ref_p, nl);
+            CHECK(e < 1e-4, "%s patched file vs patched reference: %.3g", sc->shape, e);
+            CHECK(max_diff(got_p, got, nl) > 0.05, "%s: patching moved sparq's logits", sc->shape);
+        }
+        free(got_p);
+    } else {
+        CHECK(0, "%s: reference or sparq forward failed", sc->shape);
+    }
+    free(ref); free(ref_p); free(got); free(got_q8);
+    gguf_close(gf);
+    free(img);
+cleanup:
+    unlink(f32);
+    unlink(q8);
+    unlink(patched);
+}
+
+static void test_gen_model(void)
+{
+    for (size_t i = 0; i < sizeof shape_cases / sizeof shape_cases[0]; i++) test_gen_model_case(&shape_cases[i]);
+    char *out, *err;
+    int rc = run("gen-model --shape qwen9 -o /tmp/sparq_never.gguf", NULL, &out, &err);
+    CHECK(rc == 2 && strstr(err, "qwen2.5-0.5b") && strstr(err, "qwen3-0.6b") && strstr(err, "tiny-qwen3"),
+          "unknown shape: exit %d: %s", rc, err);
+    CHECK(access("/tmp/sparq_never.gguf", F_OK) != 0, "no file written");
+    free(out); free(err);
+}
+
+/* ---- interactive chat -------------------------------------------------------- */
+
+typedef struct ids_buf { int32_t v[512]; int n; } ids_buf;
+
+static void push_id(ids_buf *b, int32_t id) { if (b->n < 512) b->v[b->n++] = id; }
+
+static void push_text(ids_buf *b, const sparq_model *m, const char *s)
+{
+    int n = sparq_tokenize(m, s, -1, 0, b->v + b->n, 512 - b->n);
+    if (n > 0) b->n += n < 512 - b->n ? n : 512 - b->n;
+}
+
+/* ChatML, written out: <|im_start|>ROLE\nCONTENT<|im_end|>\n */
+static void push_msg(ids_buf *b, const sparq_model *m, const char *role, const char *content)
+{
+    const int V = sparq_model_n_vocab(m);
+    char text[512];
+    snprintf(text, sizeof text, "%s\n%s", role, content);
+    push_id(b, V - 2);
+    push_text(b, m, text);
+    push_id(b, V - 1);
+    push_text(b, m, "\n");
+}
+
+static void push_open(ids_buf *b, const sparq_model *m)
+{
+    push_id(b, sparq_model_n_vocab(m) - 2);
+    push_text(b, m, "assistant\n");
+}
+
+/* Greedy single-shot reply to ids; returns its ids (EOG included) in r. */
+static void single_shot(const char *model, const ids_buf *ids, ids_buf *r, const char *n_predict)
+{
+    char args[8192];
+    int len = snprintf(args, sizeof args, "run -m %s -n %s --temp 0 -t 1 --json --prompt-tokens ", model, n_predict);
+    for (int i = 0; i < ids->n && len < (int)sizeof args - 16; i++)
+        len += snprintf(args + len, sizeof args - (size_t)len, "%s%d", i ? "," : "", ids->v[i]);
+    char *out, *err;
+    int rc = run(args, NULL, &out, &err);
+    r->n = json_ids(out, "tokens", r->v, 512);
+    CHECK(rc == 0 && r->n >= 1, "single-shot: exit %d, %d ids: %s", rc, r->n, err);
+    if (r->n < 0) r->n = 0;
+    free(out); free(err);
+}
+
+/* The reply's text as printed (an end-of-generation token prints nothing). */
+static void reply_text(const sparq_model *m, const ids_buf *r, char *buf, size_t size)
+{
+    size_t len = 0;
+    for (int i = 0; i < r->n && !sparq_token_is_eog(m, r->v[i]); i++) {
+        int l = sparq_token_to_piece(m, r->v[i], buf + len, (int)(size - 1 - len));
+        if (l > 0 && len + (size_t)l < size) len += (size_t)l;
+    }
+    buf[len] = 0;
+}
+
+static int turn_prefill(const char *err, int turn)
+{
+    char pat[32];
+    snprintf(pat, sizeof pat, "turn %d: prefill ", turn);
+    const char *s = strstr(err, pat);
+    return s ? atoi(s + strlen(pat)) : -1;
+}
+
+static void test_chat(void)
+{
+    char model[64], args[1024];
+    char *out, *err;
+    if (make_temp(model, sizeof model, "sparq_chatm")) {
+        CHECK(0, "mkstemp");
+        return;
+    }
+    /* seed 2: its replies vary enough that a conversation missing the
+     * reply's closing gives another second reply (checked below) */
+    snprintf(args, sizeof args, "gen-model --shape tiny-qwen3 --type F32 --seed 2 -o %s", model);
+    int rc = run(args, NULL, &out, &err);
+    free(out); free(err);
+    sparq_model *m = NULL;
+    char msg[512];
+    if (rc != 0 || sparq_model_load(model, &m, msg, sizeof msg)) {
+        CHECK(0, "chat model: exit %d", rc);
+        unlink(model);
+        return;
+    }
+    const char *sys = "Be brief.", *u1 = "hello there", *u2 = "what is the time in the city";
+
+    /* the conversation, as the single-shot references see it */
+    ids_buf t1 = { .n = 0 }, r1, t2, r2;
+    push_msg(&t1, m, "system", sys);
+    push_msg(&t1, m, "user", u1);
+    push_open(&t1, m);
+    single_shot(model, &t1, &r1, "8");
+    const int eog1 = r1.n > 0 && sparq_token_is_eog(m, r1.v[r1.n - 1]);
+    t2 = t1;
+    for (int i = 0; i < r1.n - eog1; i++) push_id(&t2, r1.v[i]);
+    push_id(&t2, sparq_model_n_vocab(m) - 1); /* the reply's closing: <|im_end|>\n */
+    push_text(&t2, m, "\n");
+    push_msg(&t2, m, "user", u2);
+    push_open(&t2, m);
+    single_shot(model, &t2, &r2, "8");
+    /* the comparison below can fail: without the closing, reply 2 differs */
+    ids_buf t2_bad = t1, r2_bad;
+    for (int i = 0; i < r1.n - eog1; i++) push_id(&t2_bad, r1.v[i]);
+    push_msg(&t2_bad, m, "user", u2);
+    push_open(&t2_bad, m);
+    single_shot(model, &t2_bad, &r2_bad, "8");
+    CHECK(r2_bad.n != r2.n || memcmp(r2_bad.v, r2.v, (size_t)r2.n * sizeof *r2.v) != 0,
+          "reply 2 depends on the turn boundary");
+    char want[2100], a[1024], b[1024];
+    reply_text(m, &r1, a, sizeof a);
+    reply_text(m, &r2, b, sizeof b);
+    snprintf(want, sizeof want, "%s\n%s\n", a, b);
+
+    /* the same conversation typed on stdin (a blank line in between is skipped) */
+    snprintf(args, sizeof args, "run -m %s --chat --chat-template chatml --system '%s' -n 8 --temp 0 -t 1", model, sys);
+    char input[256];
+    snprintf(input, sizeof input, "%s\n\n%s\n", u1, u2);
+    rc = run(args, input, &out, &err);
+    CHECK(rc == 0, "chat exit %d: %s", rc, err);
+    CHECK(strcmp(out, want) == 0, "two replies equal the single-shot runs:\n got  '%s'\n want '%s'", out, want);
+    /* turn 2 evaluates only what is new: the previous reply's token that had
+     * no forward pass yet (when -n cut it), the closing and the new turn */
+    const int cached = t1.n + (r1.n - eog1) - (eog1 ? 0 : 1);
+    CHECK(turn_prefill(err, 1) == t1.n && turn_prefill(err, 2) == t2.n - cached,
+          "prefills %d and %d, want %d and %d: %s", turn_prefill(err, 1), turn_prefill(err, 2), t1.n,
+          t2.n - cached, err);
+    CHECK(strstr(err, "> ") == NULL && strstr(err, "error") == NULL, "no prompt marker off a tty: %s", err);
+    free(out); free(err);
+
+    /* -p is still one turn, with the same tokens as the hand-written ChatML */
+    snprintf(args, sizeof args, "run -m %s --chat --chat-template chatml --system '%s' -p '%s' -n 8 --temp 0 -t 1 --json",
+             model, sys, u1);
+    rc = run(args, NULL, &out, &err);
+    ids_buf p1;
+    p1.n = json_ids(out, "prompt_tokens", p1.v, 512);
+    CHECK(rc == 0 && p1.n == t1.n && memcmp(p1.v, t1.v, (size_t)t1.n * sizeof *t1.v) == 0,
+          "--chat -p renders ChatML as written here (%d vs %d ids)", p1.n, t1.n);
+    free(out); free(err);
+
+    /* EOF at once: nothing to say, exit 0 */
+    snprintf(args, sizeof args, "run -m %s --chat --chat-template chatml -n 8 --temp 0 -t 1", model);
+    rc = run(args, "", &out, &err);
+    CHECK(rc == 0 && out[0] == 0, "empty stdin: exit %d, out '%s'", rc, out);
+    free(out); free(err);
+
+    /* a turn that does not fit: one error line, non-zero exit, the first reply kept */
+    snprintf(args, sizeof args, "run -m %s --chat --chat-template chatml --system '%s' -n 8 --temp 0 -t 1 -c %d",
+             model, sys, t1.n + 12);
+    char long_turn[1024];
+    snprintf(long_turn, sizeof long_turn, "%s\n", u1);
+    for (int i = 0; i < 40; i++) strcat(long_turn, "more words ");
+    strcat(long_turn, "\n");
+    rc = run(args, long_turn, &out, &err);
+    CHECK(rc != 0 && strstr(err, "error: turn 2 needs") && strstr(err, "context"), "overflow: exit %d: %s", rc, err);
+    snprintf(want, sizeof want, "%s\n", a);
+    CHECK(strcmp(out, want) == 0, "first reply printed: '%s'", out);
+    free(out); free(err);
+
+    /* interactive output is text only */
+    snprintf(args, sizeof args, "run -m %s --chat --json", model);
+    rc = run(args, "hi\n", &out, &err);
+    CHECK(rc == 2 && strstr(err, "--json") && out[0] == 0, "interactive --json: exit %d: %s", rc, err);
+    free(out); free(err);
+
+    sparq_model_free(m);
+    unlink(model);
+}
+
+int main(void)
+{
+    const char *b = getenv("SPARQ_BUILD");
+    snprintf(bin, sizeof bin, "%s/sparq", b ? b : "build");
+    if (access(bin, X_OK) != 0) {
+        CHECK(0, "%s not built", bin);
+        return test_summary("test_cli_chat");
+    }
+    if (make_temp(out_path, sizeof out_path, "sparq_chat_out") || make_temp(err_path, sizeof err_path, "sparq_chat_err") ||
+        make_temp(in_path, sizeof in_path, "sparq_chat_in")) {
+        CHECK(0, "mkstemp");
+        return test_summary("test_cli_chat");
+    }
+    test_gen_model();
+    test_chat();
+    unlink(out_path);
+    unlink(err_path);
+    unlink(in_path);
+    return test_summary("test_cli_chat");
+}
