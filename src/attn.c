@@ -89,9 +89,7 @@ static inline float key_value(uint32_t k)
 static void topk_emit(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                       int64_t k, int32_t *idx)
 {
-    int64_t o = 0;
-    for (int64_t j = 0; j < m; j++)
-        if (key[j] > t) idx[o++] = pos ? pos[j] : (int32_t)j;
+    int64_t o = attn_topk_above(key, pos, m, t, idx);
     for (int64_t j = 0; j < m && o < k; j++)
         if (key[j] == t) idx[o++] = pos ? pos[j] : (int32_t)j;
 }
@@ -107,9 +105,10 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
     /* Long inputs: a threshold from an evenly spaced sample of 1024 values
      * cuts the candidates to about 2k + n/64 in one sequential pass; the
      * exact k-th key is then found among them alone (the bisection over
-     * all n keys costs 32 passes). */
+     * all n keys costs 32 passes). Up to k = n/8 (SparQ at a 1/8 transfer
+     * ratio keeps k = S/16) the candidates stay under half of n. */
     enum { SAMPLE = 1024 };
-    if (n > 2 * SAMPLE && k <= n / 32) {
+    if (n > 2 * SAMPLE && k <= n / 8) {
         for (int64_t j = 0; j < SAMPLE; j++) key[j] = topk_key(x[j * n / SAMPLE]);
         const int64_t ks = 2 * ((k * SAMPLE + n - 1) / n) + 16;
         const float t = key_value(attn_topk_kth_key(key, SAMPLE, ks));
@@ -183,6 +182,11 @@ void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, 
 uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k)
 {
     return ATTN_BEST(attn_topk_kth_key)(key, m, k);
+}
+
+int64_t attn_topk_above(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx)
+{
+    return ATTN_BEST(attn_topk_above)(key, pos, m, t, idx);
 }
 
 /* ---- group attention ------------------------------------------------------ */

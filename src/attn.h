@@ -202,8 +202,15 @@ void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, 
  * (1 <= k <= m), i.e. the k-th largest key. Keys order floats (attn.c). */
 uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k);
 
+/* Top-k's emit pass: writes pos[j] (pos NULL: j) for the j < m with
+ * key[j] > t to idx in increasing j; returns their count. */
+int64_t attn_topk_above(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                        int32_t *idx);
+
 int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx);
 uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k);
+int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                            int32_t *idx);
 void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
                                    const int32_t *rows, int64_t n, float *out);
 void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
@@ -225,6 +232,8 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
 #define ATTN_HAVE_AVX512 1
 int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx);
 uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
+int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                               int32_t *idx);
 void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, int g,
                                       const int32_t *rows, int64_t n, float *out);
 void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,

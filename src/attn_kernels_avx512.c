@@ -698,6 +698,24 @@ int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx
     return c;
 }
 
+int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                               int32_t *idx)
+{
+    const __m512i vt = _mm512_set1_epi32((int)t), step = _mm512_set1_epi32(16);
+    __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t c = 0;
+    for (int64_t i = 0; i < m; i += 16, iv = _mm512_add_epi32(iv, step)) {
+        const __mmask16 mk = tail_mask(m - i);
+        const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(mk, _mm512_maskz_loadu_epi32(mk, key + i), vt);
+        if (!gt) continue;
+        const __m512i v = pos ? _mm512_maskz_loadu_epi32(mk, pos + i) : iv;
+        const int n = __builtin_popcount(gt); /* register compress + masked store, as the filter */
+        _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << n) - 1), _mm512_maskz_compress_epi32(gt, v));
+        c += n;
+    }
+    return c;
+}
+
 static int64_t count_ge(const uint32_t *key, int64_t m, uint32_t t)
 {
     const __m512i vt = _mm512_set1_epi32((int)t), one = _mm512_set1_epi32(1);

@@ -140,6 +140,15 @@ int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx)
     return c;
 }
 
+int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                            int32_t *idx)
+{
+    int64_t c = 0;
+    for (int64_t j = 0; j < m; j++)
+        if (key[j] > t) idx[c++] = pos ? pos[j] : (int32_t)j;
+    return c;
+}
+
 uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k)
 {
     /* bisection on the answer: count(key >= t) falls as t grows */

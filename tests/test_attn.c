@@ -285,7 +285,7 @@ static void test_topk(void)
                 xd[i] = isnan(x[i]) ? -INFINITY : x[i];
             }
             rank_desc(xd, n, ord);
-            const int64_t ks[] = { 1, 2, 3, 16, 96, 128, n - 1, n };
+            const int64_t ks[] = { 1, 2, 3, 16, 96, 128, n / 16, n / 8, n - 1, n }; /* n/16, n/8: the sampled threshold */
             for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++) {
                 const int64_t k = ks[b];
                 if (k < 1 || k > n) continue;
@@ -323,6 +323,43 @@ static void test_topk_filter(void)
         free(x); free(i1); free(i2);
     }
 #endif
+}
+
+/* attn_topk_above: both twins against a loop written here, with and
+ * without a position map, at thresholds that keep none, some and all. */
+static void test_topk_above(void)
+{
+    rng r = { 5 };
+    const int64_t ms[] = { 0, 1, 15, 16, 17, 100, 1001, 40000 };
+    for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++) {
+        const int64_t m = ms[a];
+        uint32_t *key = malloc((size_t)(m + 1) * sizeof *key);
+        int32_t *pos = malloc((size_t)(m + 1) * sizeof *pos);
+        int32_t *want = malloc((size_t)(m + 16) * sizeof *want), *got = malloc((size_t)(m + 16) * sizeof *got);
+        for (int64_t j = 0; j < m; j++) {
+            key[j] = (uint32_t)rng_next(&r) % 1000u * 4000000u; /* ties at every threshold */
+            pos[j] = (int32_t)(3 * j + 7);
+        }
+        const uint32_t ts[] = { 0, 1000000000u, 2000000000u, 3996000000u, UINT32_MAX };
+        for (int b = 0; b < 5; b++)
+            for (int withpos = 0; withpos < 2; withpos++) {
+                int64_t n = 0;
+                for (int64_t j = 0; j < m; j++)
+                    if (key[j] > ts[b]) want[n++] = withpos ? pos[j] : (int32_t)j;
+                const int32_t *pm = withpos ? pos : NULL;
+                int64_t c1 = attn_topk_above_ref(key, pm, m, ts[b], got);
+                CHECK(c1 == n && memcmp(got, want, (size_t)n * sizeof *got) == 0,
+                      "topk_above_ref m=%lld t=%u pos=%d: %lld vs %lld", (long long)m, ts[b], withpos,
+                      (long long)c1, (long long)n);
+#ifdef ATTN_HAVE_AVX512
+                int64_t c2 = attn_topk_above_avx512(key, pm, m, ts[b], got);
+                CHECK(c2 == n && memcmp(got, want, (size_t)n * sizeof *got) == 0,
+                      "topk_above_avx512 m=%lld t=%u pos=%d: %lld vs %lld", (long long)m, ts[b], withpos,
+                      (long long)c2, (long long)n);
+#endif
+            }
+        free(key); free(pos); free(want); free(got);
+    }
 }
 
 /* attn_topk_kth_key (both twins) against a sort: the k-th largest key. */
@@ -1396,6 +1433,7 @@ int main(void)
     test_f16();
     test_topk();
     test_topk_filter();
+    test_topk_above();
     test_topk_kth();
     test_twins();
     test_kt_exp();
