@@ -11,11 +11,19 @@
  *                 ("gpt2" model, "qwen2" pre-tokenizer): the 256 byte
  *                 tokens, made-up words with the merges that build them,
  *                 <|endoftext|> <|im_start|> <|im_end|>, then [PAD] rows up
- *                 to the embedding size; and a ChatML chat template.
+ *                 to the embedding size; and a ChatML chat template;
+ *   phi3 shapes   the llama vocabulary ending in Phi-3's added tokens
+ *                 (<|endoftext|> ... <|end|> <|user|>, then [PAD] rows),
+ *                 fused attn_qkv ([q; k; v] rows) and ffn_up ([gate; up],
+ *                 2*n_ff rows) as Phi-3's files have them, the keys its
+ *                 converter writes (sliding_window,
+ *                 rope.scaling.original_context_length) and, for the 128k
+ *                 shapes, longrope: rope_factors_short/long tables and
+ *                 rope.scaling.attn_factor = sqrt(1 + ln(ctx/orig) / ln orig).
  *
  * Map:
  *   shapes[]                  the model shapes
- *   vocab_spm / vocab_bpe     the synthetic vocabularies
+ *   vocab_spm(_phi3) / _bpe   the synthetic vocabularies
  *   write_metadata            general.*, <arch>.* and tokenizer.* keys
  *   add_weights               every tensor, with a seeded generator
  *   cli_gen_model             options, then the above, one cleanup path
@@ -37,26 +45,38 @@ typedef struct model_shape {
     int64_t n_ctx;
     float rope_base, rms_eps;
     int tied;               /* output shares token_embd                    */
+    int swa;                /* phi3: attention.sliding_window to record (0: none) */
+    int64_t longrope_orig;  /* phi3 128k: original context; 0 = no longrope */
 } model_shape;
 
 static const model_shape shapes[] = {
-    /* name           arch     embd  layers heads kv hd   ff     vocab   ctx     rope     eps    tied */
-    { "smollm2-135m", "llama",  576, 30,    9,    3, 0,   1536,  49152,  8192,   100000,  1e-5f, 1 },
-    { "llama-3.2-1b", "llama", 2048, 16,    32,   8, 0,   8192,  128256, 131072, 500000,  1e-5f, 1 },
-    { "llama-3-8b",   "llama", 4096, 32,    32,   8, 0,   14336, 128256, 8192,   500000,  1e-5f, 0 },
-    { "tiny",         "llama",  256, 2,     8,    2, 0,   768,   512,    4096,   10000,   1e-5f, 0 },
-    { "qwen2.5-0.5b", "qwen2",  896, 24,    14,   2, 0,   4864,  151936, 32768,  1000000, 1e-6f, 1 },
-    { "qwen3-0.6b",   "qwen3", 1024, 28,    16,   8, 128, 3072,  151936, 40960,  1000000, 1e-6f, 1 },
+    /* name             arch     embd  layers heads kv hd   ff     vocab   ctx     rope     eps    tied swa     longrope */
+    { "smollm2-135m",   "llama",  576, 30,    9,    3, 0,   1536,  49152,  8192,   100000,  1e-5f, 1,   0,      0 },
+    { "llama-3.2-1b",   "llama", 2048, 16,    32,   8, 0,   8192,  128256, 131072, 500000,  1e-5f, 1,   0,      0 },
+    { "llama-3-8b",     "llama", 4096, 32,    32,   8, 0,   14336, 128256, 8192,   500000,  1e-5f, 0,   0,      0 },
+    { "tiny",           "llama",  256, 2,     8,    2, 0,   768,   512,    4096,   10000,   1e-5f, 0,   0,      0 },
+    { "qwen2.5-0.5b",   "qwen2",  896, 24,    14,   2, 0,   4864,  151936, 32768,  1000000, 1e-6f, 1,   0,      0 },
+    { "qwen3-0.6b",     "qwen3", 1024, 28,    16,   8, 128, 3072,  151936, 40960,  1000000, 1e-6f, 1,   0,      0 },
+    { "phi3-mini",      "phi3",  3072, 32,    32,  32, 0,   8192,  32064,  4096,   10000,   1e-5f, 0,   2047,   0 },
+    { "phi3-mini-128k", "phi3",  3072, 32,    32,  32, 0,   8192,  32064,  131072, 10000,   1e-5f, 0,   262144, 4096 },
     /* small test models of the same architectures; tiny-qwen3 has
-     * n_head * head_dim (512) != n_embd (256), as Qwen3 does */
-    { "tiny-qwen2",   "qwen2",  256, 2,     4,    2, 0,   768,   1024,   4096,   1000000, 1e-6f, 1 },
-    { "tiny-qwen3",   "qwen3",  256, 2,     8,    4, 64,  768,   1024,   4096,   1000000, 1e-6f, 1 },
+     * n_head * head_dim (512) != n_embd (256), as Qwen3 does; tiny-phi3
+     * has Phi-3's head size 96 and GQA (as Phi-3-medium), and a sliding
+     * window of 4 that llama.cpp ignores (see model.c), so a long prompt
+     * shows whether it is ignored; tiny-phi3-128k has longrope beyond an
+     * original 400, not a multiple of 256, so llama.cpp's rounding of the
+     * context before choosing the table shows (model_rope_factors) */
+    { "tiny-qwen2",     "qwen2",  256, 2,     4,    2, 0,   768,   1024,   4096,   1000000, 1e-6f, 1,   0,      0 },
+    { "tiny-qwen3",     "qwen3",  256, 2,     8,    4, 64,  768,   1024,   4096,   1000000, 1e-6f, 1,   0,      0 },
+    { "tiny-phi3",      "phi3",   384, 2,     4,    2, 0,   512,   512,    4096,   10000,   1e-5f, 0,   4,      0 },
+    { "tiny-phi3-128k", "phi3",   384, 2,     4,    2, 0,   512,   512,    8192,   10000,   1e-5f, 0,   4,      400 },
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
 static int shape_has_bias(const model_shape *s) { return strcmp(s->arch, "qwen2") == 0; }
 static int shape_has_qk_norm(const model_shape *s) { return strcmp(s->arch, "qwen3") == 0; }
-static int shape_is_bpe(const model_shape *s) { return strcmp(s->arch, "llama") != 0; }
+static int shape_is_bpe(const model_shape *s) { return strncmp(s->arch, "qwen", 4) == 0; }
+static int shape_is_fused(const model_shape *s) { return strcmp(s->arch, "phi3") == 0; }
 static int shape_head_dim(const model_shape *s) { return s->head_dim ? s->head_dim : s->n_embd / s->n_head; }
 
 typedef struct gen_opts {
@@ -68,7 +88,8 @@ typedef struct gen_opts {
 #define OFF(f) offsetof(gen_opts, f)
 static const cli_opt gen_table[] = {
     { "--shape", NULL, OPT_STR, OFF(shape), "NAME",
-      "smollm2-135m | llama-3.2-1b | llama-3-8b | tiny | qwen2.5-0.5b | qwen3-0.6b | tiny-qwen2 | tiny-qwen3" },
+      "smollm2-135m | llama-3.2-1b | llama-3-8b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | "
+      "phi3-mini-128k | tiny-qwen2 | tiny-qwen3 | tiny-phi3 | tiny-phi3-128k" },
     { "--type", NULL, OPT_STR, OFF(type), "TYPE",
       "F32 | F16 | Q8_0 | Q4_0 | Q4_K_M (default Q8_0); K-quant rows not a multiple of 256 "
       "fall back to Q4_0 / Q8_0" },
@@ -79,11 +100,12 @@ static const cli_opt gen_table[] = {
 };
 #undef OFF
 
-/* One tensor to generate: rows of n_in values ~ scale * (approx. normal). */
+/* One tensor to generate: rows of n_in values ~ offset + scale * (approx.
+ * normal, bounded by +-3.47). */
 typedef struct tensor_gen {
     uint64_t seed;
-    float    scale;         /* std of the values; norms: 1 + N(0, scale) */
-    int      is_norm;
+    float    scale;         /* std of the values                          */
+    float    offset;        /* mean: 0 matrices, 1 norms, > 3.47 * scale positive */
     uint32_t type;
     int64_t  n_in, n_rows;
 } tensor_gen;
@@ -124,7 +146,7 @@ static int fill_tensor(void *user, void *dst, size_t nbytes)
             if (!row) continue;
             uint64_t st = tg->seed ^ ((uint64_t)r * 0xD1B54A32D192ED03ull);
             for (int64_t i = 0; i < tg->n_in; i++)
-                row[i] = (tg->is_norm ? 1.0f : 0.0f) + tg->scale * approx_normal(&st);
+                row[i] = tg->offset + tg->scale * approx_normal(&st);
             if (quant_from_float(tg->type, row, (uint8_t *)dst + (size_t)r * row_bytes, tg->n_in)) {
 #pragma omp atomic write
                 failed = 1;
@@ -204,6 +226,34 @@ static int vocab_spm(vocab *v, int n)
         v->types[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
     }
     v->unk = 0, v->bos = 1, v->eos = 2;
+    return 0;
+}
+
+/* Phi-3's layout: 32000 SentencePiece pieces, its 11 added tokens, then
+ * [PAD<id>] rows (unused) up to 32064; smaller shapes keep the last 64
+ * ids for the same tail. llama.cpp looks <|endoftext|> up by name in any
+ * model whose general.name mentions phi3, so the file needs it. */
+static const char *const phi3_added[] = {
+    "<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>", "<|placeholder3|>",
+    "<|placeholder4|>", "<|system|>", "<|end|>", "<|placeholder5|>", "<|placeholder6|>", "<|user|>",
+};
+enum { PHI3_N_TAIL = 64 };
+
+static int vocab_spm_phi3(vocab *v, int n)
+{
+    const int base = n - PHI3_N_TAIL, n_added = (int)(sizeof phi3_added / sizeof phi3_added[0]);
+    if (base < 259 + 26 || vocab_spm(v, n)) return -1;
+    for (int i = base; i < n; i++) {
+        char buf[32];
+        const int k = i - base;
+        if (k < n_added) snprintf(buf, sizeof buf, "%s", phi3_added[k]);
+        else snprintf(buf, sizeof buf, "[PAD%d]", i);
+        free(v->toks[i]);
+        if (!(v->toks[i] = strdup(buf))) return -1;
+        v->scores[i] = k < n_added ? -1000.0f : -10000.0f; /* as the converter scores them */
+        v->types[i] = k < n_added ? 3 : 5;
+    }
+    v->eos = base; /* <|endoftext|>, as in Microsoft's Phi-3-mini GGUFs; <|end|> is EOT by name */
     return 0;
 }
 
@@ -329,6 +379,15 @@ static int write_metadata(gguf_writer *w, const model_shape *sh, const vocab *v,
               set_arch_f32(w, a, "rope.freq_base", sh->rope_base) ||
               set_arch_f32(w, a, "attention.layer_norm_rms_epsilon", sh->rms_eps) ||
               set_arch_u32(w, a, "vocab_size", (uint32_t)sh->n_vocab);
+    if (shape_is_fused(sh)) { /* what Phi-3's converter records */
+        int64_t orig = sh->longrope_orig ? sh->longrope_orig : n_ctx;
+        bad = bad || set_arch_u32(w, a, "rope.scaling.original_context_length", (uint32_t)orig) ||
+              set_arch_u32(w, a, "attention.sliding_window", (uint32_t)sh->swa);
+        if (sh->longrope_orig && n_ctx > orig) {
+            double f = sqrt(1.0 + log((double)n_ctx / (double)orig) / log((double)orig));
+            bad = bad || set_arch_f32(w, a, "rope.scaling.attn_factor", (float)f);
+        }
+    }
     if (sh->head_dim) /* only where it differs from n_embd / n_head, as in Qwen3's files */
         bad = bad || set_arch_u32(w, a, "attention.key_length", (uint32_t)hd) ||
               set_arch_u32(w, a, "attention.value_length", (uint32_t)hd);
@@ -372,15 +431,15 @@ static uint32_t fit_type(weight_plan *p, uint32_t type, int64_t n_in)
 
 /* Declares one tensor [n_rows][n_in] (1-D when n_dims == 1). Scales follow
  * the golden random models (attention sharper than N(0, 0.02) would make
- * it, see the golden README); norms are 1 + N(0, scale). */
+ * it, see the golden README); norms are 1 + N(0, scale) (offset 1). */
 static void add(weight_plan *p, const char *name, uint32_t type, int n_dims, int64_t n_in, int64_t n_rows,
-                float scale, int is_norm)
+                float scale, float offset)
 {
     if (p->n == p->max) { p->bad = 1; return; }
     tensor_gen *tg = &p->gens[p->n++];
     tg->seed = p->seed ^ name_hash(name);
     tg->scale = scale;
-    tg->is_norm = is_norm;
+    tg->offset = offset;
     tg->type = n_dims == 1 ? QT_F32 : fit_type(p, type, n_in);
     tg->n_in = n_in;
     tg->n_rows = n_rows;
@@ -396,10 +455,23 @@ static void add_weights(weight_plan *p, const model_shape *sh, uint32_t mat_type
     add(p, "token_embd.weight", sh->tied ? big_type : mat_type, 2, sh->n_embd, sh->n_vocab, 0.1f, 0);
     add(p, "output_norm.weight", QT_F32, 1, sh->n_embd, 1, 0.1f, 1);
     if (!sh->tied) add(p, "output.weight", big_type, 2, sh->n_embd, sh->n_vocab, 0.1f, 0);
+    if (sh->longrope_orig) {
+        /* positive divisors: short ones near 1, long ones stretching */
+        add(p, "rope_factors_short.weight", QT_F32, 1, hd / 2, 1, 0.2f, 1);
+        add(p, "rope_factors_long.weight", QT_F32, 1, hd / 2, 1, 1.0f, 4);
+    }
     for (int il = 0; il < sh->n_layer; il++) {
         uint32_t vt = more_bits(il, sh->n_layer) ? big_type : mat_type;
 #define L(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
         add(p, L("attn_norm.weight"), QT_F32, 1, sh->n_embd, 1, 0.1f, 1);
+        if (shape_is_fused(sh)) {
+            add(p, L("attn_qkv.weight"), mat_type, 2, sh->n_embd, q_dim + 2 * kv_dim, 0.1f, 0);
+            add(p, L("attn_output.weight"), mat_type, 2, q_dim, sh->n_embd, 0.05f, 0);
+            add(p, L("ffn_norm.weight"), QT_F32, 1, sh->n_embd, 1, 0.1f, 1);
+            add(p, L("ffn_up.weight"), mat_type, 2, sh->n_embd, 2 * (int64_t)sh->n_ff, 0.05f, 0);
+            add(p, L("ffn_down.weight"), vt, 2, sh->n_ff, sh->n_embd, 0.05f, 0);
+            continue;
+        }
         add(p, L("attn_q.weight"), mat_type, 2, sh->n_embd, q_dim, 0.1f, 0);
         add(p, L("attn_k.weight"), mat_type, 2, sh->n_embd, kv_dim, 0.1f, 0);
         add(p, L("attn_v.weight"), vt, 2, sh->n_embd, kv_dim, 0.05f, 0);
@@ -467,10 +539,12 @@ int cli_gen_model(int argc, char **argv)
     vocab v = { 0 };
     weight_plan p = { 0 };
     p.w = gguf_writer_create();
-    p.max = 3 + 14 * sh->n_layer;
+    p.max = 5 + 14 * sh->n_layer;
     p.seed = o.seed;
     p.gens = calloc((size_t)p.max, sizeof *p.gens);
-    if (!p.w || !p.gens || (shape_is_bpe(sh) ? vocab_bpe(&v, sh->n_vocab) : vocab_spm(&v, sh->n_vocab))) {
+    int vbad = shape_is_bpe(sh) ? vocab_bpe(&v, sh->n_vocab)
+               : shape_is_fused(sh) ? vocab_spm_phi3(&v, sh->n_vocab) : vocab_spm(&v, sh->n_vocab);
+    if (!p.w || !p.gens || vbad) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }

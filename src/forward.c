@@ -121,6 +121,7 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     c->params = *p;
     const model_hparams *hp = &m->hp;
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
+    c->rope_factors = model_rope_factors(m, n_ctx);
     c->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_num_procs();
     c->rs.n_batch = p->n_batch > 0 ? p->n_batch : 512;
     if (c->rs.n_batch > n_ctx) c->rs.n_batch = (int)n_ctx;
@@ -355,15 +356,17 @@ static void rms_norm(float *out, const float *x, const float *w, int n, float ep
 
 /* cos/sin of every rotated pair at position pos: cs[2i], cs[2i+1]. The
  * angle is advanced by repeated multiplication in float, like ggml, so our
- * rotations match llama.cpp's to the last bit. */
+ * rotations match llama.cpp's to the last bit. Both are scaled by the
+ * attention factor (1 except longrope), which scales q.k by its square. */
 static void rope_angles(float *cs, int64_t pos, const model_hparams *hp, const float *freq_factors)
 {
     const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->rope_dim);
+    const float mscale = hp->rope_attn_factor;
     float theta = (float)pos;
     for (int i = 0; i < hp->rope_dim / 2; i++) {
         float t = theta / (freq_factors ? freq_factors[i] : 1.0f) * hp->rope_freq_scale;
-        cs[2 * i] = cosf(t);
-        cs[2 * i + 1] = sinf(t);
+        cs[2 * i] = cosf(t) * mscale;
+        cs[2 * i + 1] = sinf(t) * mscale;
         theta *= theta_scale;
     }
 }
@@ -504,13 +507,14 @@ static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, 
     for (int t = 0; t < n; t++) { /* token embeddings and rotation angles */
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
         quant_to_float(m->tok_embd.type, row, rs->x + (size_t)t * E, E);
-        rope_angles(rs->rope_cs + (size_t)t * hp->rope_dim, pos0 + t, hp, m->rope_freqs);
+        rope_angles(rs->rope_cs + (size_t)t * hp->rope_dim, pos0 + t, hp, c->rope_factors);
     }
 
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *L = &m->layers[il];
 
-        /* attention block: x += Wo attn(rope(Wq xn), rope(Wk xn), Wv xn) */
+        /* attention block: x += Wo attn(rope(Wq xn), rope(Wk xn), Wv xn);
+         * fused Q/K/V (phi3) arrive as three row views of one tensor */
         for (int t = 0; t < n; t++)
             rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
         const weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
@@ -518,10 +522,10 @@ static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, 
         model_matmul_group(c, rs->xn, n, 3, qkv, qkv_out);
         for (int t = 0; t < n; t++) {
             float *q = rs->q + t * q_dim, *k = rs->k + t * kv_dim, *v = rs->v + t * kv_dim;
-            if (L->bq) {
-                for (size_t i = 0; i < q_dim; i++) q[i] += L->bq[i];
-                for (size_t i = 0; i < kv_dim; i++) k[i] += L->bk[i], v[i] += L->bv[i];
-            }
+            /* each bias is optional on its own, as in llama.cpp */
+            for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
+            for (size_t i = 0; L->bk && i < kv_dim; i++) k[i] += L->bk[i];
+            for (size_t i = 0; L->bv && i < kv_dim; i++) v[i] += L->bv[i];
             const float *cs = rs->rope_cs + (size_t)t * hp->rope_dim;
             for (int h = 0; h < hp->n_head; h++) {
                 if (L->q_norm) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
@@ -538,7 +542,8 @@ static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, 
         model_matmul(c, rs->xn, rs->att, n, &L->wo);
         for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
 
-        /* feed-forward block: x += Wdown (silu(Wgate xn) * Wup xn) */
+        /* feed-forward block: x += Wdown (silu(Wgate xn) * Wup xn); phi3's
+         * gate and up are the two halves of its ffn_up tensor */
         for (int t = 0; t < n; t++)
             rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
         const weight *gate_up[2] = { &L->w_gate, &L->w_up };

@@ -5,6 +5,9 @@
  *   arch_table / arch_find     one row per supported architecture
  *   read_hparams               <arch>.* metadata -> model_hparams
  *   bind_matrix / bind_vector  tensor lookup + shape/type checks
+ *   bind_layer, row_view       one block's tensors; fused ones as row views
+ *   bind_rope_factors          rope_freqs, or the longrope tables
+ *   model_rope_factors         which table a context uses
  *   sparq_model_load           the whole load, one cleanup path
  */
 #include "chat.h"
@@ -15,11 +18,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* phi3 (Phi-3/3.5 mini and medium, Phi-4): fused Q/K/V and gate/up
+ * tensors, NEOX RoPE (as llama.cpp rotates it), optional longrope factors.
+ * Its files carry phi3.attention.sliding_window (2047 for Phi-3-mini-4k),
+ * but llama.cpp deliberately disables Phi SWA (llama.cpp PR 13676) and
+ * attends over the whole context; sparq ignores the key too, so its
+ * outputs stay those of llama.cpp at every context length. */
 static const arch_desc arch_table[] = {
-    /* name     rope       bias  qk_norm */
-    { "llama",  ROPE_NORM, 0,    0 },
-    { "qwen2",  ROPE_NEOX, 1,    0 },
-    { "qwen3",  ROPE_NEOX, 0,    1 },
+    /* name     rope       bias  qk_norm  fused_qkv  fused_gate_up  rope factors */
+    { "llama",  ROPE_NORM, 0,    0,       0,         0,             ROPE_FACTORS_FREQS },
+    { "qwen2",  ROPE_NEOX, 1,    0,       0,         0,             ROPE_FACTORS_FREQS },
+    { "qwen3",  ROPE_NEOX, 0,    1,       0,         0,             ROPE_FACTORS_FREQS },
+    { "phi3",   ROPE_NEOX, 0,    0,       1,         1,             ROPE_FACTORS_LONGROPE },
 };
 
 const arch_desc *arch_find(const char *name)
@@ -92,7 +102,7 @@ static int arch_float(loader *L, const char *suffix, double def, double lo, doub
     return 0;
 }
 
-static int read_hparams(loader *L, model_hparams *hp)
+static int read_hparams(loader *L, const arch_desc *arch, model_hparams *hp)
 {
     int64_t embd, layers, heads, kv_heads, ff, ctx, hd, rope_dim;
     if (arch_int(L, "embedding_length", -1, 1, 1 << 16, &embd) ||
@@ -125,7 +135,10 @@ static int read_hparams(loader *L, model_hparams *hp)
     hp->head_dim = (int)hd;
     hp->rope_dim = (int)rope_dim;
     if (arch_float(L, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->rms_eps) ||
-        arch_float(L, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base))
+        arch_float(L, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base) ||
+        /* any arch, as in llama.cpp; only longrope files carry it */
+        arch_float(L, "rope.scaling.attn_factor", 1.0, 1e-3, 1e3, &hp->rope_attn_factor) ||
+        arch_int(L, "rope.scaling.original_context_length", ctx, 1, INT64_C(1) << 32, &hp->n_ctx_orig))
         return -1;
     /* Linear RoPE scaling: positions are multiplied by 1/factor. */
     hp->rope_freq_scale = 1.0f;
@@ -135,11 +148,15 @@ static int read_hparams(loader *L, model_hparams *hp)
     int has_type = gguf_get_str(L->f, key, &st) == 1;
     float factor = 1.0f;
     if (arch_float(L, "rope.scaling.factor", 1.0, 1e-6, 1e6, &factor)) return -1;
-    if (has_type && gguf_str_eq(st, "linear")) {
+    /* phi3's graph in llama.cpp treats "longrope" like "linear": the long
+     * and short factor tables do the work (see model_rope_factors). */
+    const int longrope = arch->rope_factors == ROPE_FACTORS_LONGROPE && has_type && gguf_str_eq(st, "longrope");
+    if (has_type && (gguf_str_eq(st, "linear") || longrope)) {
         hp->rope_freq_scale = 1.0f / factor;
     } else if (has_type && !gguf_str_eq(st, "none") && !gguf_str_eq(st, "llama3")) {
-        snprintf(L->err, L->err_size, "model: unsupported %s '%.*s' (linear, llama3 and none are)",
-                 key, (int)(st.len > 32 ? 32 : st.len), st.data);
+        snprintf(L->err, L->err_size, "model: unsupported %s '%.*s' (linear, llama3 and none are%s)",
+                 key, (int)(st.len > 32 ? 32 : st.len), st.data,
+                 arch->rope_factors == ROPE_FACTORS_LONGROPE ? ", and longrope" : "");
         return -1;
     }
     return 0;
@@ -207,6 +224,37 @@ static int bind_vector(loader *L, const char *name, int64_t n, const float **out
     return 0;
 }
 
+/* Rows [r0, r0 + n) of a bound matrix as a matrix of their own: rows are
+ * whole quantization blocks, so a row range is a valid weight. */
+static weight row_view(const weight *w, int64_t r0, int64_t n, const char *part)
+{
+    weight v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    v.n_out = n;
+    snprintf(v.name, sizeof v.name, "%.50s[%s]", w->name, part);
+    return v;
+}
+
+/* phi3's attn_qkv.weight: q rows, then k, then v, so the product is the
+ * concatenation [q | k | v] llama.cpp splits into views. The optional
+ * attn_qkv.bias is split the same way. */
+static int bind_fused_qkv(loader *L, int il, int64_t n_embd, int64_t q_dim, int64_t kv_dim,
+                          layer_weights *lw)
+{
+    char name[96];
+    weight qkv;
+    const float *b;
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+    if (bind_matrix(L, name, n_embd, q_dim + 2 * kv_dim, &qkv, 1)) return -1;
+    lw->wq = row_view(&qkv, 0, q_dim, "q");
+    lw->wk = row_view(&qkv, q_dim, kv_dim, "k");
+    lw->wv = row_view(&qkv, q_dim + kv_dim, kv_dim, "v");
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.bias", il);
+    if (bind_vector(L, name, q_dim + 2 * kv_dim, &b, 0)) return -1;
+    if (b) lw->bq = b, lw->bk = b + q_dim, lw->bv = b + q_dim + kv_dim;
+    return 0;
+}
+
 static int bind_layer(loader *L, const sparq_model *m, int il, layer_weights *lw)
 {
     const model_hparams *hp = &m->hp;
@@ -215,24 +263,77 @@ static int bind_layer(loader *L, const sparq_model *m, int il, layer_weights *lw
     char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
     if (bind_vector(L, NAME("attn_norm.weight"), hp->n_embd, &lw->attn_norm, 1) ||
-        bind_matrix(L, NAME("attn_q.weight"), hp->n_embd, q_dim, &lw->wq, 1) ||
-        bind_matrix(L, NAME("attn_k.weight"), hp->n_embd, kv_dim, &lw->wk, 1) ||
-        bind_matrix(L, NAME("attn_v.weight"), hp->n_embd, kv_dim, &lw->wv, 1) ||
         bind_matrix(L, NAME("attn_output.weight"), q_dim, hp->n_embd, &lw->wo, 1) ||
         bind_vector(L, NAME("ffn_norm.weight"), hp->n_embd, &lw->ffn_norm, 1) ||
-        bind_matrix(L, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &lw->w_gate, 1) ||
-        bind_matrix(L, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &lw->w_up, 1) ||
         bind_matrix(L, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &lw->w_down, 1))
         return -1;
-    int bias = m->arch->has_qkv_bias, qkn = m->arch->has_qk_norm;
-    if (bind_vector(L, NAME("attn_q.bias"), q_dim, &lw->bq, bias) ||
-        bind_vector(L, NAME("attn_k.bias"), kv_dim, &lw->bk, bias) ||
-        bind_vector(L, NAME("attn_v.bias"), kv_dim, &lw->bv, bias) ||
-        bind_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, &lw->q_norm, qkn) ||
+    /* like llama.cpp, a fused-QKV arch also takes separate q/k/v tensors */
+    if (m->arch->fused_qkv && gguf_find_tensor(L->f, NAME("attn_qkv.weight"))) {
+        if (bind_fused_qkv(L, il, hp->n_embd, q_dim, kv_dim, lw)) return -1;
+    } else if (m->arch->fused_qkv && !gguf_find_tensor(L->f, NAME("attn_q.weight"))) {
+        snprintf(L->err, L->err_size, "model: block %d has neither attn_qkv.weight nor attn_q/k/v.weight", il);
+        return -1;
+    } else {
+        int bias = m->arch->has_qkv_bias;
+        if (bind_matrix(L, NAME("attn_q.weight"), hp->n_embd, q_dim, &lw->wq, 1) ||
+            bind_matrix(L, NAME("attn_k.weight"), hp->n_embd, kv_dim, &lw->wk, 1) ||
+            bind_matrix(L, NAME("attn_v.weight"), hp->n_embd, kv_dim, &lw->wv, 1) ||
+            bind_vector(L, NAME("attn_q.bias"), q_dim, &lw->bq, bias) ||
+            bind_vector(L, NAME("attn_k.bias"), kv_dim, &lw->bk, bias) ||
+            bind_vector(L, NAME("attn_v.bias"), kv_dim, &lw->bv, bias))
+            return -1;
+    }
+    if (m->arch->fused_gate_up) {
+        /* ffn_up.weight [2*n_ff][n_embd]: the first n_ff rows go through
+         * SiLU and multiply the second n_ff (ggml_swiglu, not swapped) */
+        weight gu;
+        if (bind_matrix(L, NAME("ffn_up.weight"), hp->n_embd, 2 * (int64_t)hp->n_ff, &gu, 1)) return -1;
+        lw->w_gate = row_view(&gu, 0, hp->n_ff, "gate");
+        lw->w_up = row_view(&gu, hp->n_ff, hp->n_ff, "up");
+    } else if (bind_matrix(L, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &lw->w_gate, 1) ||
+               bind_matrix(L, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &lw->w_up, 1)) {
+        return -1;
+    }
+    int qkn = m->arch->has_qk_norm;
+    if (bind_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, &lw->q_norm, qkn) ||
         bind_vector(L, NAME("attn_k_norm.weight"), hp->head_dim, &lw->k_norm, qkn))
         return -1;
 #undef NAME
     return 0;
+}
+
+/* The per-frequency RoPE divisors of the arch's kind (both optional). */
+static int bind_rope_factors(loader *L, sparq_model *m)
+{
+    const int n = m->hp.rope_dim / 2;
+    if (m->arch->rope_factors == ROPE_FACTORS_FREQS)
+        return bind_vector(L, "rope_freqs.weight", n, &m->rope_freqs, 0);
+    if (gguf_find_tensor(L->f, "rope_freqs.weight")) { /* llama.cpp rejects it here too */
+        snprintf(L->err, L->err_size, "model: tensor 'rope_freqs.weight' is not used by %s files "
+                 "(rope_factors_long/short are)", m->arch->name);
+        return -1;
+    }
+    if (bind_vector(L, "rope_factors_short.weight", n, &m->rope_short, 0) ||
+        bind_vector(L, "rope_factors_long.weight", n, &m->rope_long, 0))
+        return -1;
+    if (!m->rope_short != !m->rope_long) {
+        snprintf(L->err, L->err_size, "model: longrope needs both rope_factors_short and rope_factors_long; "
+                 "the file has only %s", m->rope_short ? "the short table" : "the long table");
+        return -1;
+    }
+    return 0;
+}
+
+const float *model_rope_factors(const sparq_model *m, int64_t n_ctx)
+{
+    if (!m->rope_long) return m->rope_freqs;
+    /* llama.cpp's rule (llama_model::get_rope_factors): the long table once
+     * the context exceeds the original training length, compared after
+     * llama.cpp rounds the context up to a multiple of 256. The choice is
+     * per context, not per position: a 128k context uses the long factors
+     * from its first token. */
+    const int64_t padded = (n_ctx + 255) / 256 * 256;
+    return padded > m->hp.n_ctx_orig ? m->rope_long : m->rope_short;
 }
 
 int sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_size)
@@ -261,7 +362,7 @@ int sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_
         goto fail;
     }
     L.arch = m->arch->name;
-    if (read_hparams(&L, &m->hp)) goto fail;
+    if (read_hparams(&L, m->arch, &m->hp)) goto fail;
 
     if (tok_create_from_gguf(m->file, &m->tok, err, err_size)) goto fail;
 
@@ -278,7 +379,7 @@ int sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_
     if (bind_vector(&L, "output_norm.weight", m->hp.n_embd, &m->output_norm, 1)) goto fail;
     if (bind_matrix(&L, "output.weight", m->hp.n_embd, m->hp.n_vocab, &m->output, 0)) goto fail;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
-    if (bind_vector(&L, "rope_freqs.weight", m->hp.rope_dim / 2, &m->rope_freqs, 0)) goto fail;
+    if (bind_rope_factors(&L, m)) goto fail;
 
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {

@@ -17,12 +17,22 @@
 
 enum { ROPE_NORM = 0, ROPE_NEOX = 2 };
 
+/* Where per-frequency RoPE divisors come from (optional in both cases):
+ * FREQS     rope_freqs.weight, one table for every context (llama3);
+ * LONGROPE  rope_factors_short.weight / rope_factors_long.weight, the long
+ *           table for contexts beyond the original training length (Phi-3
+ *           128k "longrope"), see model_rope_factors. */
+enum { ROPE_FACTORS_FREQS = 0, ROPE_FACTORS_LONGROPE = 1 };
+
 /* What distinguishes one architecture from another: one row per arch. */
 typedef struct arch_desc {
     const char *name;        /* general.architecture                      */
     int rope_type;           /* ROPE_NORM: pairs (2i,2i+1); NEOX: (i,i+n/2) */
     int has_qkv_bias;        /* qwen2: attn_{q,k,v}.bias                   */
     int has_qk_norm;         /* qwen3: per-head RMSNorm on q and k         */
+    int fused_qkv;           /* phi3: attn_qkv.weight = [q; k; v] rows     */
+    int fused_gate_up;       /* phi3: ffn_up.weight = [gate; up], 2*n_ff rows */
+    int rope_factors;        /* ROPE_FACTORS_*                             */
 } arch_desc;
 
 /* A weight matrix W [n_out][n_in] (GGUF ne = {n_in, n_out}), borrowed. */
@@ -34,6 +44,8 @@ typedef struct weight {
     char        name[64];    /* for messages                              */
 } weight;
 
+/* Fused tensors (phi3's attn_qkv, ffn_up) are bound as row-range views,
+ * so the forward pass sees the same separate matrices for every arch. */
 typedef struct layer_weights {
     const float *attn_norm;  /* [n_embd]                                  */
     weight wq, wk, wv, wo;   /* [n_head*hd][n_embd] ... [n_embd][n_head*hd] */
@@ -49,7 +61,9 @@ typedef struct model_hparams {
     float   rms_eps;
     float   rope_base;
     float   rope_freq_scale;     /* linear scaling: position multiplier     */
+    float   rope_attn_factor;    /* cos/sin multiplier (longrope: sqrt(1 + ln s / ln n_orig)) */
     int     rope_dim;            /* rotated dims per head                   */
+    int64_t n_ctx_orig;          /* rope.scaling.original_context_length    */
 } model_hparams;
 
 struct sparq_model {
@@ -61,6 +75,7 @@ struct sparq_model {
     const float     *output_norm;
     weight           output;     /* tied to tok_embd when absent            */
     const float     *rope_freqs; /* [rope_dim/2] llama3 frequency factors or NULL */
+    const float     *rope_short, *rope_long; /* [rope_dim/2] longrope factors or NULL */
     layer_weights   *layers;     /* [n_layer]                               */
 };
 
@@ -87,6 +102,7 @@ struct sparq_context {
     sparq_context_params params;
     const attn_policy  *policy;
     void               *policy_state;
+    const float        *rope_factors;  /* [rope_dim/2] for this context size, or NULL */
     kv_cache            kv;
     run_state           rs;
     int                 n_threads;
@@ -96,6 +112,11 @@ struct sparq_context {
 
 /* Looks up an architecture by name; NULL if unknown. */
 const arch_desc *arch_find(const char *name);
+
+/* The RoPE frequency divisors a context of n_ctx positions uses (NULL:
+ * none): rope_freqs, or for longrope the long table when the context
+ * exceeds the original training length, else the short one. */
+const float *model_rope_factors(const sparq_model *m, int64_t n_ctx);
 
 /* The weight-times-activations product out[n][n_out] = in[n][n_in] W^T,
  * with activations converted to W's vec_dot type (ggml numerics). */
