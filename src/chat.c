@@ -22,6 +22,9 @@ static const chat_family families[] = {
       { "<|im_start|>", "<|im_end|>", NULL } },
     { "gemma", "<start_of_turn>", "<bos>", "<start_of_turn>%s\n", "<end_of_turn>\n", "model",
       { "<bos>", "<start_of_turn>", "<end_of_turn>", NULL } },
+    /* Phi-3: <|role|>\n ... <|end|>\n; Microsoft's files add BOS <s>. */
+    { "phi3", "<|assistant|>", "<s>", "<|%s|>\n", "<|end|>\n", "assistant",
+      { "<s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", NULL } },
     /* Mistral has no roles: handled by a special case in chat_render. */
     { "mistral", "[INST]", "<s>", "", "", "", { "<s>", "</s>", "[INST]", "[/INST]", NULL } },
 };
@@ -41,7 +44,7 @@ const char *chat_template_canonical(const char *name)
     return f ? f->name : NULL;
 }
 
-const char *chat_template_names(void) { return "llama3, chatml (qwen), mistral, gemma"; }
+const char *chat_template_names(void) { return "llama3, chatml (qwen), phi3, mistral, gemma"; }
 
 const char *chat_template_detect(const char *jinja, size_t len)
 {

@@ -55,7 +55,7 @@ static const cli_opt run_table[] = {
       "chat format: -p/-f is one user message; without them, user turns are read "
       "from stdin, one per line, until EOF (the cache is kept between turns)" },
     { "--chat-template", NULL, OPT_STR, OFF(chat_template), "NAME",
-      "llama3 | chatml | mistral | gemma (default: from the model)" },
+      "llama3 | chatml | phi3 | mistral | gemma (default: from the model)" },
     { "--system", NULL, OPT_STR, OFF(system), "TEXT", "system message for --chat" },
     { "--load-kv", NULL, OPT_STR, OFF(load_kv), "FILE",
       "start from a saved KV cache (sparq prefill --save-kv); the prompt continues it" },

@@ -30,6 +30,9 @@ int main(void)
     expect_render("gemma", conv + 1, 3, 1,
                   "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
                   "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n");
+    expect_render("phi3", conv, 4, 1,
+                  "<s><|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n"
+                  "<|user|>\n2+2?<|end|>\n<|assistant|>\n");
     expect_render("mistral", conv, 4, 1, "<s>[INST] Be brief.\n\nHi [/INST] Hello!</s>[INST] 2+2? [/INST]");
 
     char out[16];
@@ -44,6 +47,9 @@ int main(void)
     CHECK(strcmp(chat_template_detect(j2, strlen(j2)), "llama3") == 0, "detect llama3");
     CHECK(strcmp(chat_template_detect(j3, strlen(j3)), "mistral") == 0, "detect mistral");
     CHECK(strcmp(chat_template_detect(j4, strlen(j4)), "gemma") == 0, "detect gemma");
+    const char *j5 = "{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] + "
+                     "'<|end|>\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}";
+    CHECK(strcmp(chat_template_detect(j5, strlen(j5)), "phi3") == 0, "detect phi3");
     CHECK(chat_template_detect("{{ messages }}", 14) == NULL, "no marker");
     return test_summary("test_chat");
 }
