@@ -68,8 +68,19 @@ sparq_attn_params sparq_attn_default_params(void);
 
 /* ---- model ----------------------------------------------------------- */
 
-/* Maps a GGUF file and validates it (architecture, tensors, tokenizer). */
+/* Loads a GGUF file and validates it (architecture, tensors, tokenizer).
+ * The file is read into anonymous memory backed by huge pages when it
+ * takes at most half of the machine's RAM (decode reads every weight once
+ * per token and runs faster from huge pages), else memory-mapped. */
 int  sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_size);
+
+typedef struct sparq_model_params {
+    int use_mmap; /* 1: always map the file (less memory, slower decode);
+                     0: the default rule of sparq_model_load */
+} sparq_model_params;
+sparq_model_params sparq_model_default_params(void);
+int  sparq_model_load_params(const char *path, const sparq_model_params *p, sparq_model **out,
+                             char *err, size_t err_size);
 void sparq_model_free(sparq_model *m);
 
 int     sparq_model_n_vocab(const sparq_model *m);

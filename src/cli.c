@@ -19,6 +19,10 @@ const cli_opt cli_model_table[] = {
     { "-b", "--batch-size", OPT_INT, OFF(cli_model_opts, n_batch), "N", "prefill batch size (default 512)" },
     { "--kv-type", NULL, OPT_STR, OFF(cli_model_opts, kv_type), "f16|f32", "KV cache element type (default f16)" },
     { "--json", NULL, OPT_FLAG, OFF(cli_model_opts, json), NULL, "print one JSON object on stdout" },
+    { "--mmap", NULL, OPT_FLAG, OFF(cli_model_opts, use_mmap), NULL,
+      "map the model file instead of reading it into huge pages (less memory, slower decode)" },
+    { "--no-mmap", NULL, OPT_FLAG, OFF(cli_model_opts, no_mmap), NULL,
+      "read the model into memory (the default when it fits in half the RAM)" },
     { 0 },
 };
 
@@ -277,7 +281,9 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_siz
         return NULL;
     }
     sparq_model *m = NULL;
-    if (sparq_model_load(path, &m, err, sizeof err) != 0) {
+    sparq_model_params mp = sparq_model_default_params();
+    mp.use_mmap = o->use_mmap && !o->no_mmap;
+    if (sparq_model_load_params(path, &mp, &m, err, sizeof err) != 0) {
         fprintf(stderr, "error: %s: %s\n", path, err);
         return NULL;
     }

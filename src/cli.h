@@ -44,6 +44,8 @@ typedef struct cli_model_opts {
     int         n_batch;    /* -b                                         */
     const char *kv_type;    /* --kv-type f16|f32                          */
     int         json;       /* --json                                     */
+    int         use_mmap;   /* --mmap (--no-mmap: the default, accepted)  */
+    int         no_mmap;
 } cli_model_opts;
 extern const cli_opt cli_model_table[];
 

@@ -47,6 +47,7 @@ typedef struct bench_opts {
     /* decode */
     const char *model, *depth, *fill;
     int n_tokens, n_batch;
+    int use_mmap;            /* --mmap */
     /* output */
     int json, csv;
     const char *plot, *title;
@@ -108,6 +109,7 @@ static const cli_opt decode_table[] = {
       "how the cache reaches the depth (default prefill; random = sparq_context_fill_random, timing only)" },
     { "-n", "--n-gen", OPT_INT, OFF(n_tokens), "N", "decode tokens timed per depth (default 32)" },
     { "-b", "--batch-size", OPT_INT, OFF(n_batch), "N", "prefill batch size (default 512)" },
+    { "--mmap", NULL, OPT_FLAG, OFF(use_mmap), NULL, "map the model file instead of reading it into huge pages" },
     { 0 },
 };
 
@@ -827,6 +829,7 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
 
     cli_model_opts mo = { 0 };
     mo.model = o->model;
+    mo.use_mmap = o->use_mmap;
     sparq_model *m = cli_load_model(&mo, path, sizeof path);
     if (!m) {
         snprintf(err, err_size, "cannot load the model");

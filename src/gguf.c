@@ -483,7 +483,38 @@ fail:
     return -1;
 }
 
+/* size bytes of fd into anonymous memory advised for huge pages; NULL with
+ * err set on failure (out of memory, a read error, or the file shrinking). */
+static void *read_to_anon(int fd, const char *path, size_t size, char *err, size_t err_size)
+{
+    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        set_err(err, err_size, "gguf: cannot allocate %zu bytes for '%s': %s", size, path, strerror(errno));
+        return NULL;
+    }
+    madvise(mem, size, MADV_HUGEPAGE); /* advice only: without it the copy still works */
+    size_t done = 0;
+    while (done < size) {
+        const size_t chunk = size - done < ((size_t)64 << 20) ? size - done : ((size_t)64 << 20);
+        ssize_t got = pread(fd, (char *)mem + done, chunk, (off_t)done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got < 0) set_err(err, err_size, "gguf: cannot read '%s': %s", path, strerror(errno));
+            else set_err(err, err_size, "gguf: '%s' shrank to %zu bytes while being read", path, done);
+            munmap(mem, size);
+            return NULL;
+        }
+        done += (size_t)got;
+    }
+    return mem;
+}
+
 int gguf_open(const char *path, gguf_file **out, char *err, size_t err_size)
+{
+    return gguf_open_mode(path, GGUF_OPEN_MMAP, out, err, err_size);
+}
+
+int gguf_open_mode(const char *path, int mode, gguf_file **out, char *err, size_t err_size)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -513,12 +544,19 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t err_size)
         return -1;
     }
     size_t size = (size_t)st.st_size;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED) {
-        set_err(err, err_size, "gguf: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(map_errno));
-        return -1;
+    void *map;
+    if (mode == GGUF_OPEN_COPY) {
+        map = read_to_anon(fd, path, size, err, err_size);
+        close(fd);
+        if (!map) return -1;
+    } else {
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        int map_errno = errno;
+        close(fd); /* the mapping keeps the file alive */
+        if (map == MAP_FAILED) {
+            set_err(err, err_size, "gguf: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(map_errno));
+            return -1;
+        }
     }
     gguf_file *f;
     if (gguf_parse(map, size, &f, err, err_size)) {

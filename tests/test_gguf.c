@@ -610,6 +610,20 @@ static void test_files(void)
         CHECK(t && memcmp(t->data, b.p + data_start + 64, 68) == 0, "mapped bytes");
         gguf_close(f);
     }
+    /* the same file read into anonymous memory: same parse, a private copy */
+    f = NULL;
+    CHECK(gguf_open_mode(path, GGUF_OPEN_COPY, &f, err, sizeof err) == 0 && f && f->owns_map == 1 &&
+          f->size == b.n && memcmp(f->base, b.p, b.n) == 0, "open copy: %s", err);
+    if (f) {
+        const gguf_tensor *t = gguf_find_tensor(f, "w.q8");
+        CHECK(t && memcmp(t->data, b.p + data_start + 64, 68) == 0 && f->n_tensors == 3, "copied bytes");
+        gguf_close(f);
+    }
+    /* a truncated copy fails like a truncated map */
+    CHECK(truncate(path, (off_t)(data_start - 1)) == 0, "truncate");
+    f = (gguf_file *)1;
+    CHECK(gguf_open_mode(path, GGUF_OPEN_COPY, &f, err, sizeof err) == -1 && f == NULL && strstr(err, "past end of file"),
+          "truncated copy: %s", err);
     /* unreadable file */
     if (geteuid() != 0) {
         chmod(path, 0);
