@@ -36,10 +36,11 @@ static inline float hsum16_ps(__m512 v)
     return hsum8_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
 
-/* Streaming a weight row from RAM, the hardware prefetcher alone leaves
- * the kernels that do more work per byte than a plain read waiting; asking
- * for the lines ~2 KB ahead measured 20-60 % faster on 140 MB Q4_K
- * matrices. (Prefetches past the end of a row are harmless hints.) */
+/* Streaming a float row from RAM: the lines ~2 KB ahead are requested
+ * (prefetches past the end of a row are harmless hints). The K-quant dots
+ * do without: with the weights in huge pages the hardware prefetcher keeps
+ * up, and the extra loads cost 5-10% (llama-3.2-1b Q4_K_M decode, 1 and 2
+ * threads, alternating runs). */
 enum { PREFETCH_AHEAD = 2048 };
 static inline void prefetch_ahead(const void *p, size_t bytes)
 {
@@ -536,7 +537,6 @@ static float dot_q4_K(const blk_q4_K *w, const blk_q8_K *x, int64_t nb)
     float acc = 0.0f, accm = 0.0f;
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
-        prefetch_ahead(w + i, 4 * sizeof(*w));
         __m256i m0, m1, m2, m3;
         __m512i l0 = q4k_lanes(w + i, x + i, &m0), l1 = q4k_lanes(w + i + 1, x + i + 1, &m1);
         __m512i l2 = q4k_lanes(w + i + 2, x + i + 2, &m2), l3 = q4k_lanes(w + i + 3, x + i + 3, &m3);
@@ -565,7 +565,6 @@ static float dot_q5_K(const blk_q5_K *w, const blk_q8_K *x, int64_t nb)
     float summs = 0.0f;
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
-        prefetch_ahead(w + i, 4 * sizeof(*w));
         __m256i m[4], l[4];
         for (int k = 0; k < 4; k++) l[k] = fold_lanes(q5k_lanes(w + i + k, x + i + k, &m[k]));
         float fm[4];
@@ -591,7 +590,6 @@ static float dot_q6_K(const blk_q6_K *w, const blk_q8_K *x, int64_t nb)
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i sh_a = shifts16(0, 2), sh_b = shifts16(4, 6);
     for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(w + i, sizeof(*w));
         __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
         __m512i scales = _mm512_zextsi256_si512(s16);
         __m512i lanes = _mm512_setzero_si512();
@@ -633,7 +631,6 @@ static float dot_q3_K(const blk_q3_K *w, const blk_q8_K *x, int64_t nb)
     const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
     const __m512i sh[2] = { shifts16(0, 2), shifts16(4, 6) };
     for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(w + i, sizeof(*w));
         __m512i scales = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(q3k_scales(w[i].scales)));
         __m512i hm = bcast32(w[i].hmask);
         __m512i lanes = _mm512_setzero_si512();
@@ -674,7 +671,6 @@ static float dot_q2_K(const blk_q2_K *w, const blk_q8_K *x, int64_t nb)
     float acc = 0.0f, accm = 0.0f;
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
-        prefetch_ahead(w + i, 4 * sizeof(*w));
         __m256i m0, m1, m2, m3;
         __m512i l0 = q2k_lanes(w + i, x + i, &m0), l1 = q2k_lanes(w + i + 1, x + i + 1, &m1);
         __m512i l2 = q2k_lanes(w + i + 2, x + i + 2, &m2), l3 = q2k_lanes(w + i + 3, x + i + 3, &m3);
