@@ -969,7 +969,8 @@ static void usage_all(FILE *f)
             "modes:\n"
             "  attn     the decode attention operation alone (SparQ paper section 6 microbenchmark)\n"
             "  membw    sequential read bandwidth (the roofline for the attn rows)\n"
-            "  decode   end-to-end decode tokens/s at context depths (like llama-bench -d)\n");
+            "  decode   end-to-end decode tokens/s at context depths (like llama-bench -d)\n"
+            "  topk     top-k attention over a key index at up to 1M tokens (= sparq bench-topk)\n");
 }
 
 int cli_bench(int argc, char **argv)
@@ -979,6 +980,7 @@ int cli_bench(int argc, char **argv)
         return argc < 1 ? 2 : 0;
     }
     const char *mode = argv[0];
+    if (strcmp(mode, "topk") == 0) return cli_topk(argc - 1, argv + 1); /* its own options and report */
     bench_opts o;
     memset(&o, 0, sizeof o);
     o.l = -1;

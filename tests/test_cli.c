@@ -107,5 +107,13 @@ int main(void)
     rc = run("run --help", &out, &err);
     CHECK(rc == 0 && strstr(out, "--sparq-r") && strstr(out, "--temp"), "help lists options");
     free(out); free(err);
+
+    /* `bench topk` is `bench-topk`: the same usage and options */
+    rc = run("bench topk --help", &out, &err);
+    CHECK(rc == 0 && strstr(out, "bench-topk") && strstr(out, "--index"), "bench topk --help: exit %d", rc);
+    free(out); free(err);
+    rc = run("bench nosuchmode", &out, &err);
+    CHECK(rc != 0 && strstr(err, "topk"), "unknown bench mode lists topk: exit %d", rc);
+    free(out); free(err);
     return test_summary("test_cli");
 }
