@@ -19,13 +19,17 @@
  *
  * Usage: nf_model r; nf_open(&r, gguf); (adjust r.rope_factors etc.);
  *        nf_forward(&r, tokens, n, logits[n][n_vocab]).
- * Also: nf_max_diff / nf_rms to compare logits, and nf_edit_copy to write
- * a copy of a GGUF with some F32 tensors changed (the tests' patched files).
+ * Also: nf_file_open / nf_file_close to do that on a file by path,
+ * nf_max_diff / nf_rms to compare logits, nf_edit_copy to write a copy of
+ * a GGUF with some F32 tensors changed (the tests' patched files), and
+ * nf_engine_logits: the other side of the comparison, sparq's own logits
+ * through the public API.
  */
 #ifndef SPARQ_NAIVE_FORWARD_H
 #define SPARQ_NAIVE_FORWARD_H
 
 #include "gguf.h"
+#include "sparq.h"
 #include "test.h"
 
 #include <math.h>
@@ -300,6 +304,70 @@ static inline int nf_edit_copy(const char *src, const char *dst, nf_edit_fn edit
     if (o) fclose(o);
     free(buf);
     return changed;
+}
+
+/* ---- files and the engine ------------------------------------------------- */
+
+/* A GGUF read into memory with its reference model. */
+typedef struct nf_file {
+    uint8_t   *img;
+    gguf_file *gf;
+    nf_model   r;
+} nf_file;
+
+/* 0, or -1 (a failed CHECK) if the file cannot be read as a model; call
+ * nf_file_close either way. */
+static inline int nf_file_open(nf_file *nf, const char *path)
+{
+    size_t size;
+    char msg[256];
+    memset(nf, 0, sizeof *nf);
+    nf->img = test_read_file(path, &size);
+    if (!nf->img || gguf_parse(nf->img, size, &nf->gf, msg, sizeof msg) || nf_open(&nf->r, nf->gf)) {
+        CHECK(0, "reference cannot read %s", path);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void nf_file_close(nf_file *nf)
+{
+    gguf_close(nf->gf);
+    free(nf->img);
+}
+
+/* sparq's logits [n][n_vocab] of tokens at positions 0.. (F32 KV cache, one
+ * thread, a context of n_ctx): all rows from one prefill, or (one_by_one)
+ * one decode step per token. NULL (a failed CHECK) on failure; *n_vocab,
+ * unless NULL, gets the row length. */
+static inline float *nf_engine_logits(const char *path, const int32_t *tokens, int n, int64_t n_ctx,
+                                      int one_by_one, int *n_vocab)
+{
+    char err[512];
+    sparq_model *m = NULL;
+    sparq_context *c = NULL;
+    if (sparq_model_load(path, &m, err, sizeof err)) {
+        CHECK(0, "load %s: %s", path, err);
+        return NULL;
+    }
+    const int V = sparq_model_n_vocab(m);
+    if (n_vocab) *n_vocab = V;
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_threads = 1;
+    cp.kv_type = SPARQ_KV_F32;
+    float *logits = malloc((size_t)n * V * sizeof *logits);
+    int rc = !logits || sparq_context_create(m, &cp, &c, err, sizeof err);
+    for (int t = 0; !rc && one_by_one && t < n; t++) rc = sparq_eval(c, tokens + t, 1, logits + (size_t)t * V);
+    if (!rc && !one_by_one) rc = sparq_eval_all(c, tokens, n, logits);
+    if (rc) {
+        CHECK(0, "eval %s: %s", path, c ? sparq_context_error(c) : err);
+        free(logits);
+        logits = NULL;
+    }
+    sparq_context_free(c);
+    sparq_model_free(m);
+    return logits;
 }
 
 #endif

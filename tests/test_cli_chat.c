@@ -86,31 +86,6 @@ static int json_ids(const char *json, const char *key, int32_t *ids, int max)
  * weights set to one (tests/naive_forward.h is the reference for both). */
 enum { PATCH_ZERO_BIAS = 1, PATCH_UNIT_QK_NORM = 2 };
 
-/* sparq's logits [n][n_vocab] of tokens at positions 0.. (F32 KV); NULL on failure. */
-static float *sparq_logits(const char *path, const int32_t *tokens, int n)
-{
-    char err[512];
-    sparq_model *m = NULL;
-    sparq_context *c = NULL;
-    if (sparq_model_load(path, &m, err, sizeof err)) {
-        CHECK(0, "load %s: %s", path, err);
-        return NULL;
-    }
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = 64;
-    cp.n_threads = 1;
-    cp.kv_type = SPARQ_KV_F32;
-    float *logits = malloc((size_t)n * sparq_model_n_vocab(m) * sizeof *logits);
-    if (!logits || sparq_context_create(m, &cp, &c, err, sizeof err) || sparq_eval_all(c, tokens, n, logits)) {
-        CHECK(0, "eval %s: %s", path, c ? sparq_context_error(c) : err);
-        free(logits);
-        logits = NULL;
-    }
-    sparq_context_free(c);
-    sparq_model_free(m);
-    return logits;
-}
-
 typedef struct shape_case {
     const char *shape, *arch;
     int n_head, n_kv, hd, n_vocab;
@@ -135,21 +110,16 @@ static int patch_tensor(const char *name, const gguf_tensor *t, float *d, void *
 /* The naive forward's logits of tokens in the GGUF at path; NULL on failure. */
 static float *naive_logits(const char *path, const int32_t *tokens, int n)
 {
-    size_t size;
-    uint8_t *img = test_read_file(path, &size);
-    gguf_file *gf = NULL;
-    char msg[256];
-    nf_model rm;
+    nf_file nf;
     float *logits = NULL;
-    if (img && !gguf_parse(img, size, &gf, msg, sizeof msg) && !nf_open(&rm, gf)) {
-        logits = malloc((size_t)n * rm.n_vocab * sizeof *logits);
-        if (logits && nf_forward(&rm, tokens, n, logits)) {
+    if (!nf_file_open(&nf, path)) {
+        logits = malloc((size_t)n * nf.r.n_vocab * sizeof *logits);
+        if (logits && nf_forward(&nf.r, tokens, n, logits)) {
             free(logits);
             logits = NULL;
         }
     }
-    gguf_close(gf);
-    free(img);
+    nf_file_close(&nf);
     return logits;
 }
 
@@ -224,7 +194,7 @@ static void test_gen_model_case(const shape_case *sc)
     CHECK(changed == (flag == PATCH_ZERO_BIAS ? 6 : 4), "patched %d tensors", changed);
     const size_t nl = (size_t)n_tok * sc->n_vocab;
     float *ref = naive_logits(f32, toks, n_tok), *ref_p = changed > 0 ? naive_logits(patched, toks, n_tok) : NULL;
-    float *got = sparq_logits(f32, toks, n_tok), *got_q8 = sparq_logits(q8, toks, n_tok);
+    float *got = nf_engine_logits(f32, toks, n_tok, 64, 0, NULL), *got_q8 = nf_engine_logits(q8, toks, n_tok, 64, 0, NULL);
     if (ref && ref_p && got && got_q8) {
         double d = nf_max_diff(got, ref, nl), scale = nf_rms(ref, NULL, nl);
         CHECK(d < 1e-4, "%s F32 logits vs naive forward: max |diff| %.3g (logit rms %.3g)", sc->shape, d, scale);
@@ -236,7 +206,7 @@ static void test_gen_model_case(const shape_case *sc)
         double dq = nf_rms(got_q8, got, nl);
         CHECK(all_finite && dq < 0.1 * scale, "%s Q8_0 vs F32: rms diff %.3g, logit rms %.3g", sc->shape, dq,
               scale);
-        float *got_p = sparq_logits(patched, toks, n_tok);
+        float *got_p = nf_engine_logits(patched, toks, n_tok, 64, 0, NULL);
         if (got_p) {
             double e = nf_max_diff(got_p, ref_p, nl);
             CHECK(e < 1e-4, "%s patched file vs patched reference: %.3g", sc->shape, e);

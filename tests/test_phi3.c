@@ -53,62 +53,21 @@ static int gen_model(const char *shape, const char *type, const char *path)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-/* sparq's logits [N_TOK][VOCAB] (F32 KV, one thread) in a context of n_ctx:
- * all rows of one prefill, or (one_by_one) one decode step per token. */
+/* sparq's logits [N_TOK][VOCAB] of the prompt in a context of n_ctx (see
+ * nf_engine_logits). */
 static float *sparq_logits(const char *path, int64_t n_ctx, int one_by_one)
 {
-    char err[512];
-    sparq_model *m = NULL;
-    sparq_context *c = NULL;
-    if (sparq_model_load(path, &m, err, sizeof err)) {
-        CHECK(0, "load %s: %s", path, err);
-        return NULL;
+    int v = 0;
+    float *l = nf_engine_logits(path, prompt, N_TOK, n_ctx, one_by_one, &v);
+    if (l && v != VOCAB) {
+        CHECK(0, "%s: vocabulary %d, want %d", path, v, VOCAB);
+        free(l);
+        l = NULL;
     }
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = n_ctx;
-    cp.n_threads = 1;
-    cp.kv_type = SPARQ_KV_F32;
-    float *logits = malloc((size_t)N_TOK * VOCAB * sizeof *logits);
-    int rc = !logits || sparq_model_n_vocab(m) != VOCAB || sparq_context_create(m, &cp, &c, err, sizeof err);
-    for (int t = 0; !rc && one_by_one && t < N_TOK; t++)
-        rc = sparq_eval(c, prompt + t, 1, logits + (size_t)t * VOCAB);
-    if (!rc && !one_by_one) rc = sparq_eval_all(c, prompt, N_TOK, logits);
-    if (rc) {
-        CHECK(0, "eval %s: %s", path, c ? sparq_context_error(c) : err);
-        free(logits);
-        logits = NULL;
-    }
-    sparq_context_free(c);
-    sparq_model_free(m);
-    return logits;
+    return l;
 }
 
 /* ---- the reference, on a file ----------------------------------------------- */
-
-typedef struct ref_file {
-    uint8_t   *img;
-    gguf_file *gf;
-    nf_model   r;
-} ref_file;
-
-static int ref_load(ref_file *rf, const char *path)
-{
-    size_t size;
-    char msg[256];
-    memset(rf, 0, sizeof *rf);
-    rf->img = test_read_file(path, &size);
-    if (!rf->img || gguf_parse(rf->img, size, &rf->gf, msg, sizeof msg) || nf_open(&rf->r, rf->gf)) {
-        CHECK(0, "reference cannot read %s", path);
-        return -1;
-    }
-    return 0;
-}
-
-static void ref_free(ref_file *rf)
-{
-    gguf_close(rf->gf);
-    free(rf->img);
-}
 
 /* reference logits [N_TOK][VOCAB]; NULL on failure */
 static float *ref_logits(const nf_model *r)
@@ -124,9 +83,9 @@ static float *ref_logits(const nf_model *r)
 
 static float *ref_logits_of(const char *path)
 {
-    ref_file rf;
-    float *l = ref_load(&rf, path) ? NULL : ref_logits(&rf.r);
-    ref_free(&rf);
+    nf_file rf;
+    float *l = nf_file_open(&rf, path) ? NULL : ref_logits(&rf.r);
+    nf_file_close(&rf);
     return l;
 }
 
@@ -212,9 +171,9 @@ static void test_api(const char *f32)
 static void test_logits(const char *f32, const char *q8, const char *patched)
 {
     const size_t nl = (size_t)N_TOK * VOCAB;
-    ref_file rf;
-    if (ref_load(&rf, f32)) {
-        ref_free(&rf);
+    nf_file rf;
+    if (nf_file_open(&rf, f32)) {
+        nf_file_close(&rf);
         return;
     }
     int64_t swa = 0;
@@ -263,15 +222,15 @@ static void test_logits(const char *f32, const char *q8, const char *patched)
     free(got_s);
     free(ref_s);
     free(ref); free(got); free(dec); free(got_q8);
-    ref_free(&rf);
+    nf_file_close(&rf);
 }
 
 static void test_longrope(const char *lr)
 {
     const size_t nl = (size_t)N_TOK * VOCAB;
-    ref_file rf;
-    if (ref_load(&rf, lr)) {
-        ref_free(&rf);
+    nf_file rf;
+    if (nf_file_open(&rf, lr)) {
+        nf_file_close(&rf);
         return;
     }
     const int n_fac = HD / 2;
@@ -283,7 +242,7 @@ static void test_longrope(const char *lr)
     /* sqrt(1 + ln(8192 / 400) / ln 400), as Phi-3's converter computes it */
     CHECK_NEAR(rf.r.attn_factor, sqrt(1.0 + log(8192.0 / 400.0) / log(400.0)), 1e-6);
     if (!shrt || !lng) {
-        ref_free(&rf);
+        nf_file_close(&rf);
         return;
     }
     rf.r.rope_factors = shrt;
@@ -315,7 +274,7 @@ static void test_longrope(const char *lr)
               nf_max_diff(ref_long_af1, ref_long, nl));
     }
     free(ref_short); free(ref_long); free(ref_long_af1);
-    ref_free(&rf);
+    nf_file_close(&rf);
 }
 
 /* Malformed phi3 variants: each load fails with a message naming it. */
