@@ -544,6 +544,11 @@ int gguf_open_mode(const char *path, int mode, gguf_file **out, char *err, size_
         return -1;
     }
     size_t size = (size_t)st.st_size;
+    if (mode == GGUF_OPEN_AUTO) {
+        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        mode = pages > 0 && page > 0 && (double)size <= 0.5 * (double)pages * (double)page ? GGUF_OPEN_COPY
+                                                                                             : GGUF_OPEN_MMAP;
+    }
     void *map;
     if (mode == GGUF_OPEN_COPY) {
         map = read_to_anon(fd, path, size, err, err_size);

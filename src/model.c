@@ -17,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* phi3 (Phi-3/3.5 mini and medium, Phi-4): fused Q/K/V and gate/up
  * tensors, NEOX RoPE (as llama.cpp rotates it), optional longrope factors.
@@ -350,16 +348,6 @@ int sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_
     return sparq_model_load_params(path, &p, out, err, err_size);
 }
 
-/* GGUF_OPEN_COPY unless asked to map, or the file exceeds half the RAM
- * (a copy that large would push out the rest of the page cache). */
-static int open_mode(const char *path, const sparq_model_params *p)
-{
-    struct stat st;
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (p->use_mmap || stat(path, &st) != 0 || pages <= 0 || page <= 0) return GGUF_OPEN_MMAP;
-    return (double)st.st_size <= 0.5 * (double)pages * (double)page ? GGUF_OPEN_COPY : GGUF_OPEN_MMAP;
-}
-
 int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq_model **out,
                             char *err, size_t err_size)
 {
@@ -369,7 +357,7 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
         snprintf(err, err_size, "model: out of memory");
         return -1;
     }
-    if (gguf_open_mode(path, open_mode(path, p), &m->file, err, err_size)) goto fail;
+    if (gguf_open_mode(path, p->use_mmap ? GGUF_OPEN_MMAP : GGUF_OPEN_AUTO, &m->file, err, err_size)) goto fail;
     loader L = { m->file, NULL, err, err_size };
 
     gguf_str arch;

@@ -619,6 +619,10 @@ static void test_files(void)
         CHECK(t && memcmp(t->data, b.p + data_start + 64, 68) == 0 && f->n_tensors == 3, "copied bytes");
         gguf_close(f);
     }
+    f = NULL;
+    CHECK(gguf_open_mode(path, GGUF_OPEN_AUTO, &f, err, sizeof err) == 0 && f && f->size == b.n &&
+          memcmp(f->base, b.p, b.n) == 0, "open auto: %s", err);
+    gguf_close(f);
     /* a truncated copy fails like a truncated map */
     CHECK(truncate(path, (off_t)(data_start - 1)) == 0, "truncate");
     f = (gguf_file *)1;
