@@ -329,8 +329,7 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
              * keeps one sequential stream the hardware prefetcher follows;
              * the four-row kernels interleave four streams and measured at
              * less than half the read bandwidth here (Q8_0, 1 thread). */
-            for (int r = 0; r < nr; r++) tmp[r] = quant_dot(w->type, rows + (size_t)r * w->row_bytes, xq, n_in);
-            memcpy(outs[i] + r0, tmp, (size_t)nr * sizeof(float));
+            for (int r = 0; r < nr; r++) outs[i][r0 + r] = quant_dot(w->type, rows + (size_t)r * w->row_bytes, xq, n_in);
             continue;
         }
         for (int t = 0; t < n; t++) {
