@@ -153,6 +153,23 @@ int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
     return 0;
 }
 
+int cli_parse_command(const cli_group *groups, int n_groups, int argc, char **argv, const char *usage,
+                      char **pos, int max_pos, int *n_pos)
+{
+    char err[512], *none[1];
+    int n = 0, help = 0;
+    if (cli_parse(groups, n_groups, argc, argv, pos ? pos : none, max_pos, &n, &help, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return 2;
+    }
+    if (n_pos) *n_pos = n;
+    if (help) {
+        cli_print_help(stdout, usage, groups, n_groups);
+        return 0;
+    }
+    return -1;
+}
+
 void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_groups)
 {
     fprintf(f, "%s\n", usage);

@@ -32,6 +32,13 @@ typedef struct cli_group {
 /* Parses argv[0..argc) into the groups. Positional arguments are collected
  * into pos[0..*n_pos) (at most max_pos). "-h"/"--help" sets *help.
  * Returns 0, or -1 with a one-line message. */
+/* The start of every subcommand: cli_parse, then the error on stderr or
+ * the help (usage line and the groups' options) on stdout. Returns -1 to
+ * go on, else the exit status: 2 after an error, 0 after --help. pos and
+ * n_pos may be NULL when max_pos is 0. */
+int cli_parse_command(const cli_group *groups, int n_groups, int argc, char **argv, const char *usage,
+                      char **pos, int max_pos, int *n_pos);
+
 int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
               char **pos, int max_pos, int *n_pos, int *help, char *err, size_t err_size);
 void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_groups);

@@ -1012,16 +1012,10 @@ int cli_bench(int argc, char **argv)
     groups[ng++] = (cli_group){ "runs", common_table, &o };
     groups[ng++] = (cli_group){ "output", out_table, &o };
     char err[512];
-    char *pos[1];
-    int n_pos, help;
-    if (cli_parse(groups, ng, argc - 1, argv + 1, pos, 0, &n_pos, &help, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (help) {
-        cli_print_help(stdout, usage, groups, ng);
-        return 0;
-    }
+    const int parsed = cli_parse_command(groups, ng, argc - 1, argv + 1,
+                                         usage,
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
     if (o.reps < 1 || o.warmup < 0 || o.min_sample_us < 0 || o.size_mib < 1 || o.size_mib > (1 << 20)) {
         fprintf(stderr, "error: --reps must be >= 1, --warmup and --min-sample-us >= 0, --size in [1, 1048576]\n");
         return 2;

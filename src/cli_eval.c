@@ -979,15 +979,11 @@ int cli_eval(int argc, char **argv)
     const int n_groups = 3;
     char err[512], path[4096];
     char *pos[1];
-    int n_pos, help;
-    if (cli_parse(groups, n_groups, argc, argv, pos, 1, &n_pos, &help, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (help) {
-        cli_print_help(stdout, usage_text, groups, n_groups);
-        return 0;
-    }
+    int n_pos;
+    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
+                                         usage_text,
+                                         pos, 1, &n_pos);
+    if (parsed >= 0) return parsed;
     if (n_pos != 1) {
         fprintf(stderr, "error: eval needs a TASK (see sparq eval --help)\n");
         return 2;

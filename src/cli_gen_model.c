@@ -500,16 +500,10 @@ int cli_gen_model(int argc, char **argv)
     gen_opts o = { NULL, "Q8_0", NULL, 1, 0 };
     cli_group groups[] = { { "gen-model", gen_table, &o } };
     char err[512];
-    char *pos[1];
-    int n_pos, help;
-    if (cli_parse(groups, 1, argc, argv, pos, 0, &n_pos, &help, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (help) {
-        cli_print_help(stdout, "usage: sparq gen-model --shape NAME --type TYPE -o FILE", groups, 1);
-        return 0;
-    }
+    const int parsed = cli_parse_command(groups, 1, argc, argv,
+                                         "usage: sparq gen-model --shape NAME --type TYPE -o FILE",
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
     const model_shape *sh = NULL;
     for (size_t i = 0; i < N_SHAPES; i++)
         if (o.shape && strcmp(o.shape, shapes[i].name) == 0) sh = &shapes[i];

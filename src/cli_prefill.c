@@ -45,17 +45,10 @@ int cli_prefill(int argc, char **argv)
     };
     const int n_groups = 3;
     char err[512], path[4096];
-    char *pos[1];
-    int n_pos, help;
-    if (cli_parse(groups, n_groups, argc, argv, pos, 0, &n_pos, &help, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (help) {
-        cli_print_help(stdout, "usage: sparq prefill [-m MODEL] (-f FILE | -p TEXT) --save-kv OUT [--index LIST]",
-                       groups, n_groups);
-        return 0;
-    }
+    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
+                                         "usage: sparq prefill [-m MODEL] (-f FILE | -p TEXT) --save-kv OUT [--index LIST]",
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
     if (!po.save) {
         fprintf(stderr, "error: --save-kv FILE is required\n");
         return 2;

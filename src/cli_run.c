@@ -375,18 +375,11 @@ int cli_run(int argc, char **argv)
     };
     const int n_groups = 3;
     char err[512], path[4096];
-    char *pos[1];
-    int n_pos, help;
-    if (cli_parse(groups, n_groups, argc, argv, pos, 0, &n_pos, &help, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (help) {
-        cli_print_help(stdout, "usage: sparq run [-m MODEL] (-p TEXT | -f FILE | --prompt-tokens IDS) [options]\n"
-                               "       sparq run [-m MODEL] --chat [options] < turns.txt   (interactive)",
-                       groups, n_groups);
-        return 0;
-    }
+    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
+                                         "usage: sparq run [-m MODEL] (-p TEXT | -f FILE | --prompt-tokens IDS) [options]\n"
+                                         "       sparq run [-m MODEL] --chat [options] < turns.txt   (interactive)",
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
     int kv_type = cli_kv_type(mo.kv_type);
     if (kv_type < 0) {
         fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);

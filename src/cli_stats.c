@@ -163,16 +163,10 @@ int cli_stats(int argc, char **argv)
     };
     const int n_groups = 3;
     char err[512], path[4096], text_path[4096];
-    char *pos[1];
-    int n_pos, help;
-    if (cli_parse(groups, n_groups, argc, argv, pos, 0, &n_pos, &help, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (help) {
-        cli_print_help(stdout, "usage: sparq stats [-m MODEL] [-f TEXT] [options]", groups, n_groups);
-        return 0;
-    }
+    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
+                                         "usage: sparq stats [-m MODEL] [-f TEXT] [options]",
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
     eval_stats_params sp = eval_stats_default_params();
     if (so.n_query) sp.n_query = so.n_query;
     if (so.k) sp.k = so.k;

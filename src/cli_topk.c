@@ -739,17 +739,10 @@ int cli_topk(int argc, char **argv)
     o.result_fd = -1;
     cli_group groups[] = { { "bench-topk", topk_table, &o } };
     char err[512];
-    char *pos[1];
-    int n_pos, help;
-    if (cli_parse(groups, 1, argc, argv, pos, 0, &n_pos, &help, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (help) {
-        cli_print_help(stdout, "usage: sparq bench-topk [--shape NAME] [--size N] [--index LIST] [options]",
-                       groups, 1);
-        return 0;
-    }
+    const int parsed = cli_parse_command(groups, 1, argc, argv,
+                                         "usage: sparq bench-topk [--shape NAME] [--size N] [--index LIST] [options]",
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
     const topk_shape *sh = NULL;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (strcmp(o.shape, shapes[i].name) == 0) sh = &shapes[i];
