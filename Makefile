@@ -1,9 +1,10 @@
 # sparq: the entry point. `make` builds build/sparq and build/libsparq.a;
 # `make run` runs the main job on the default model; `make test` runs every test.
 #
-# Every src/*.c goes into the library (except src/cli*.c and *.cc shims), every
-# tests/test_*.c becomes one test program linked against it, so adding a module
-# or a test never needs an edit here.
+# Every src/LAYER/*.c goes into the library (except src/cli/, the command, and
+# *.cc shims), every tests/test_*.c becomes one test program linked against it,
+# so adding a module, a layer folder or a test never needs an edit here.
+# src/README.md says what each layer owns and what it may include.
 
 CC      ?= cc
 ARCH    ?= -march=native
@@ -15,8 +16,9 @@ CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -Wall -Wextra -Wno-un
 LDLIBS  += $(SAN) -lz -lm -fopenmp
 BUILD   ?= build
 
-LIB_SRC  := $(filter-out src/cli%.c,$(wildcard src/*.c))
-CLI_SRC  := $(wildcard src/cli*.c)
+LIB_SRC  := $(filter-out src/cli/%,$(wildcard src/*/*.c))
+CLI_SRC  := $(wildcard src/cli/*.c)
+HDRS     := $(wildcard src/*/*.h) $(wildcard include/*.h)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:src/%.c=$(BUILD)/obj/%.o)
@@ -25,9 +27,9 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # Optional C++ shim around Faiss (HNSW index); built only when Faiss is installed.
 FAISS_HDR := $(wildcard /usr/include/faiss/IndexHNSW.h)
 ifneq ($(FAISS_HDR),)
-  ifneq ($(wildcard src/index_hnsw_faiss.cc),)
+  ifneq ($(wildcard src/index/index_hnsw_faiss.cc),)
     CFLAGS   += -DSPARQ_HAVE_FAISS=1
-    LIB_OBJ  += $(BUILD)/obj/index_hnsw_faiss.o
+    LIB_OBJ  += $(BUILD)/obj/index/index_hnsw_faiss.o
     LDLIBS   += -lfaiss -lopenblas -lstdc++
   endif
 endif
@@ -35,11 +37,11 @@ endif
 .PHONY: all run test test-asan fuzz setup clean bench
 all: $(BUILD)/sparq
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/sparq.h
+$(BUILD)/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.cc $(wildcard src/*.h)
+$(BUILD)/obj/%.o: src/%.cc $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc -c $< -o $@
 
@@ -50,7 +52,7 @@ $(BUILD)/libsparq.a: $(LIB_OBJ)
 $(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libsparq.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libsparq.a
+$(BUILD)/tests/%: tests/%.c tests/test.h $(HDRS) $(BUILD)/libsparq.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq.a $(LDLIBS)
 

@@ -5,7 +5,7 @@
  * accessors, and every tensor's first and last data byte, so ASan flags any
  * view that points outside the input.
  */
-#include "gguf.h"
+#include "tensor/gguf.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -37,13 +37,13 @@ rm -f "$probe" "$OUT/probe"
 FLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -Iinclude -Isrc"
 echo "fuzz: building $OUT/fuzz_gguf with $CC_FUZZ"
 "$CC_FUZZ" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  fuzz/fuzz_gguf.c src/gguf.c src/quant_types.c -o "$OUT/fuzz_gguf" || { echo "fuzz: build failed" >&2; exit 1; }
+  fuzz/fuzz_gguf.c src/tensor/gguf.c src/tensor/quant_types.c -o "$OUT/fuzz_gguf" || { echo "fuzz: build failed" >&2; exit 1; }
 
 # Seeds made with our writer: a tiny model (several tensor types, a vocab),
 # and a metadata-only file.
 cat > "$OUT/gen_seeds.c" <<'GEN'
-#include "gguf.h"
-#include "quant.h"
+#include "tensor/gguf.h"
+#include "tensor/quant.h"
 #include <stdio.h>
 #include <string.h>
 static int fill(void *u, void *dst, size_t n) { memset(dst, (int)(size_t)u, n); return 0; }
@@ -77,7 +77,7 @@ int main(int argc, char **argv)
     return 0;
 }
 GEN
-if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/gguf.c src/quant_types.c -o "$OUT/gen_seeds" &&
+if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/tensor/gguf.c src/tensor/quant_types.c -o "$OUT/gen_seeds" &&
    "$OUT/gen_seeds" "$OUT/seeds/gen-model.gguf" "$OUT/seeds/gen-vocab.gguf"; then :; else
   echo "fuzz: could not generate seeds (continuing with the others)" >&2
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates src/unicode_tables.c: compact codepoint -> category-flag ranges
+"""Generates src/core/unicode_tables.c: compact codepoint -> category-flag ranges
 for the tokenizer's hand-written pre-tokenizers (\\p{L}, \\p{N}, \\p{P}, \\p{S},
 \\p{M}, \\s).
 
@@ -7,9 +7,9 @@ Source of truth: Python's own `unicodedata` (general categories) plus the
 Unicode White_Space property (PropList.txt), which is small and stable, so it
 is listed here. Run from the repo root:
 
-    python3 scripts/gen_unicode_tables.py > src/unicode_tables.c
+    python3 scripts/gen_unicode_tables.py > src/core/unicode_tables.c
 
-The flag values must match the UCF_* constants in src/tok_internal.h.
+The flag values must match the UCF_* constants in src/core/tok_internal.h.
 """
 import sys
 import unicodedata

@@ -28,7 +28,7 @@
 #ifndef SPARQ_NAIVE_FORWARD_H
 #define SPARQ_NAIVE_FORWARD_H
 
-#include "gguf.h"
+#include "tensor/gguf.h"
 #include "sparq.h"
 #include "test.h"
 

@@ -30,8 +30,8 @@
 #include <immintrin.h>
 #endif
 
-#include "attn.h"
-#include "paths.h"
+#include "attn/attn.h"
+#include "util/paths.h"
 #include "sparq_attn.h"
 #include "test.h"
 

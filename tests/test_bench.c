@@ -5,9 +5,9 @@
  * writers are checked against hand-computed values and an independent
  * parse of the output (json.h).
  */
-#include "bench.h"
-#include "json.h"
-#include "kvcache.h"
+#include "bench/bench.h"
+#include "util/json.h"
+#include "core/kvcache.h"
 #include "test.h"
 
 #include <math.h>

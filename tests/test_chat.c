@@ -1,7 +1,7 @@
 /* test_chat.c - chat templates render exactly the published formats
  * (written out by hand below) and are detected from Jinja markers. */
 #include "test.h"
-#include "chat.h"
+#include "core/chat.h"
 
 static void expect_render(const char *tmpl, const chat_msg *msgs, int n, int add, const char *want)
 {

@@ -2,7 +2,7 @@
  * errors as one line on stderr with a non-zero exit. Runs the binary from
  * $SPARQ_BUILD (default build/). */
 #include "test.h"
-#include "paths.h"
+#include "util/paths.h"
 #include <sys/wait.h>
 #include <unistd.h>
 

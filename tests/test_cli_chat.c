@@ -18,7 +18,7 @@
  * evaluate only its new tokens.
  */
 #include "test.h"
-#include "gguf.h"
+#include "tensor/gguf.h"
 #include "naive_forward.h"
 #include "sparq.h"
 

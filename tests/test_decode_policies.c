@@ -2,7 +2,7 @@
  * path: identities against dense decoding, and transfer accounting (the
  * elements the code touched equal SPEC.md's formula, recomputed here). */
 #include "test.h"
-#include "paths.h"
+#include "util/paths.h"
 #include "sparq.h"
 
 static sparq_model *model;

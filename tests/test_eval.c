@@ -8,11 +8,11 @@
  * truncation. The `sparq eval` / `sparq stats` commands are run once each
  * and their JSON checked (skipped if build/sparq is absent).
  */
-#include "eval.h"
-#include "json.h"
-#include "metrics.h"
-#include "paths.h"
-#include "tasks.h"
+#include "eval/eval.h"
+#include "util/json.h"
+#include "eval/metrics.h"
+#include "util/paths.h"
+#include "eval/tasks.h"
 #include "test.h"
 
 #include <stdint.h>

@@ -11,9 +11,9 @@
  *    golden README facts, every model in golden/llamacpp/MODELS.md (types,
  *    shapes, sizes, packed layout), and llama.cpp's vocab-only GGUFs.
  */
-#include "gguf.h"
-#include "paths.h"
-#include "quant.h"
+#include "tensor/gguf.h"
+#include "util/paths.h"
+#include "tensor/quant.h"
 #include "test.h"
 
 #include <stdint.h>

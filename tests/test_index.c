@@ -2,8 +2,8 @@
  * twins, exact top-k against a brute-force sort written here, ivf against
  * exact, recall on clustered data, serialization round trips and hostile
  * images, hnsw (when Faiss is built in), parameter checks. */
-#include "index.h"
-#include "quant.h"
+#include "index/index.h"
+#include "tensor/quant.h"
 #include "test.h"
 
 #include <stdint.h>

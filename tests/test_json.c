@@ -2,7 +2,7 @@
  * the string writer (escaping, UTF-8 repair, round trip through the reader).
  * Every parse gets an exact-size heap copy without a terminating NUL, so
  * the sanitizer run catches any read past the end. */
-#include "json.h"
+#include "util/json.h"
 #include "test.h"
 
 #include <stdint.h>

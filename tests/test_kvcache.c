@@ -1,8 +1,8 @@
 /* test_kvcache.c - the KV cache layout: rows, K^T copy and V sums agree
  * with what was written, for both element types. */
 #include "test.h"
-#include "kvcache.h"
-#include "quant.h"
+#include "core/kvcache.h"
+#include "tensor/quant.h"
 
 static float value(int layer, int head, int64_t pos, int j, int is_v)
 {

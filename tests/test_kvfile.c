@@ -4,9 +4,9 @@
  * stories260K: prefill + save, then load + decode == decoding on in the
  * original process, bit for bit, for several policies. */
 #include "test.h"
-#include "kvfile.h"
-#include "paths.h"
-#include "quant.h"
+#include "io/kvfile.h"
+#include "util/paths.h"
+#include "tensor/quant.h"
 #include "sparq.h"
 
 #include <stdint.h>

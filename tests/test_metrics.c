@@ -3,7 +3,7 @@
  * in ORIGINAL_ALGORITHM and default NLTK_EXTENSIONS modes; the words are
  * the examples of Porter's 1980 paper plus the cases where NLTK differs),
  * and a separately written LCS for ROUGE-L on random token sequences. */
-#include "metrics.h"
+#include "eval/metrics.h"
 #include "test.h"
 
 #include <stdint.h>

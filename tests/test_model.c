@@ -8,9 +8,9 @@
  */
 #include "test.h"
 #include <unistd.h>
-#include "gguf.h"
-#include "paths.h"
-#include "quant.h"
+#include "tensor/gguf.h"
+#include "util/paths.h"
+#include "tensor/quant.h"
 #include "sparq.h"
 
 static const char *const stories[] = { "once_upon_a_time", "lily_tom_park", "sad_dog", "boy_cat_story" };

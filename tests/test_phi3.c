@@ -20,7 +20,7 @@
  * with a message naming the problem.
  */
 #include "test.h"
-#include "gguf.h"
+#include "tensor/gguf.h"
 #include "naive_forward.h"
 #include "sparq.h"
 

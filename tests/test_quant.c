@@ -12,9 +12,9 @@
  *    against the F32 model it was made from (Q4_0 requantises byte-exactly).
  * 6. quant_traits / quant_row_bytes consistency.
  */
-#include "gguf.h"
-#include "paths.h"
-#include "quant.h"
+#include "tensor/gguf.h"
+#include "util/paths.h"
+#include "tensor/quant.h"
 #include "test.h"
 
 #include <stdint.h>

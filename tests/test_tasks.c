@@ -4,10 +4,10 @@
  * the SQuAD seed-0 example 0 is pinned after checking it by hand (and
  * against a Python re-implementation of the authors' format). Each task is
  * skipped when its data is absent. */
-#include "json.h"
-#include "metrics.h"
-#include "paths.h"
-#include "tasks.h"
+#include "util/json.h"
+#include "eval/metrics.h"
+#include "util/paths.h"
+#include "eval/tasks.h"
 #include "test.h"
 
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* test_textbuf.c - growable strings and whole-file reads. */
 #include "test.h"
-#include "textbuf.h"
+#include "util/textbuf.h"
 #include <unistd.h>
 
 int main(void)

@@ -11,10 +11,10 @@
  *      fallback, unknown, user-defined tokens, decoding; malformed metadata
  *      is rejected with a message
  */
-#include "gguf.h"
-#include "paths.h"
+#include "tensor/gguf.h"
+#include "util/paths.h"
 #include "test.h"
-#include "tokenizer.h"
+#include "core/tokenizer.h"
 
 #include <stdint.h>
 

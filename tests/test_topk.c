@@ -9,10 +9,10 @@
  * one ignored); and the `sparq bench-topk` command finds every planted
  * needle at 64k positions. */
 #include "test.h"
-#include "attn.h"
-#include "index.h"
-#include "paths.h"
-#include "quant.h"
+#include "attn/attn.h"
+#include "index/index.h"
+#include "util/paths.h"
+#include "tensor/quant.h"
 #include "sparq.h"
 #include "sparq_attn.h"
 

@@ -1,0 +1,266 @@
+/* attn.c - the policy registry and the pieces every policy shares.
+ *
+ * Map of this file:
+ *   registry            attn_policy_find / attn_policy_names
+ *   half floats         attn_f16_to_f32
+ *   top-k selection     attn_topk_indices (O(n): sampled threshold, exact
+ *                       threshold by bisection on order keys)
+ *   dispatch            the un-suffixed kernel names pick the fastest twin
+ *                       compiled in (attn_kernels_ref.c, attn_kernels_avx512.c)
+ *   group attention     attn_dense_group, attn_gather_group
+ *   exact top-k         attn_exact_topk_group (oracle, FlexGen)
+ *
+ * Decode attention is memory bound: the kernels read each K/V row once for
+ * the whole GQA group (g query heads share one KV head), so g heads cost the
+ * bytes of one. Scores for all rows are kept in scratch (g*n floats, which
+ * stay in L2 for n up to ~32k) so softmax needs no second pass over K.
+ */
+#include "attn/attn.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- registry ------------------------------------------------------------ */
+
+static const attn_policy *const registry[] = {
+    &attn_policy_dense,  &attn_policy_sparq, &attn_policy_oracle,
+    &attn_policy_flexgen, &attn_policy_h2o,  &attn_policy_streaming,
+    &attn_policy_topk,
+};
+#define N_REGISTRY ((int)(sizeof registry / sizeof registry[0]))
+
+const attn_policy *attn_policy_find(const char *name)
+{
+    if (!name) name = "dense";
+    for (int i = 0; i < N_REGISTRY; i++)
+        if (strcmp(registry[i]->name, name) == 0) return registry[i];
+    return NULL;
+}
+
+const char *attn_policy_names(void) { return "dense, sparq, oracle, flexgen, h2o, streaming, topk"; }
+
+/* ---- half floats --------------------------------------------------------- */
+
+float attn_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);          /* inf / nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);  /* normal: rebias 15 -> 127 */
+    } else if (man == 0) {
+        bits = sign;                                        /* +-0 */
+    } else {                                                /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400u));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ---- top-k selection ----------------------------------------------------- */
+
+/* Order key of a float: unsigned order = float order. -0 and +0 share a
+ * key; NaN takes -inf's, so a poisoned score ranks last and never
+ * displaces a real one. */
+static inline uint32_t topk_key(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    if (v != v) b = 0xff800000u; /* NaN -> -inf */
+    if (b == 0x80000000u) b = 0; /* -0 -> +0 */
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+
+static inline float key_value(uint32_t k)
+{
+    const uint32_t b = k & 0x80000000u ? k & 0x7fffffffu : ~k;
+    float v;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
+/* idx[0..k) = the positions pos[j] (increasing; NULL: j itself) whose keys
+ * beat the k-th key t, then those equal to t in increasing order until k:
+ * ties go to the lower index. */
+static void topk_emit(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                      int64_t k, int32_t *idx)
+{
+    int64_t o = attn_topk_above(key, pos, m, t, idx);
+    for (int64_t j = 0; j < m && o < k; j++)
+        if (key[j] == t) idx[o++] = pos ? pos[j] : (int32_t)j;
+}
+
+void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work)
+{
+    if (k <= 0) return;
+    if (k >= n) {
+        for (int64_t i = 0; i < n; i++) idx[i] = (int32_t)i;
+        return;
+    }
+    uint32_t *key = (uint32_t *)work; /* int32 storage, read as its unsigned twin */
+    /* Long inputs: a threshold from an evenly spaced sample of 1024 values
+     * cuts the candidates to about 2k + n/64 in one sequential pass; the
+     * exact k-th key is then found among them alone (the bisection over
+     * all n keys costs 32 passes). Up to k = n/8 (SparQ at a 1/8 transfer
+     * ratio keeps k = S/16) the candidates stay under half of n. */
+    enum { SAMPLE = 1024 };
+    if (n > 2 * SAMPLE && k <= n / 8) {
+        for (int64_t j = 0; j < SAMPLE; j++) key[j] = topk_key(x[j * n / SAMPLE]);
+        const int64_t ks = 2 * ((k * SAMPLE + n - 1) / n) + 16;
+        const float t = key_value(attn_topk_kth_key(key, SAMPLE, ks));
+        if (t > -INFINITY) { /* (NaN ranks as -inf but never passes the filter) */
+            const int64_t c = attn_topk_filter(x, n, t, work);
+            /* >= k values are >= t, so the k-th best is >= t: all top k are
+             * in; their keys go after the positions */
+            if (c >= k && 2 * c <= n) {
+                uint32_t *ck = key + c;
+                for (int64_t j = 0; j < c; j++) ck[j] = topk_key(x[work[j]]);
+                topk_emit(ck, work, c, attn_topk_kth_key(ck, c, k), k, idx);
+                return;
+            }
+        }
+    }
+    for (int64_t i = 0; i < n; i++) key[i] = topk_key(x[i]);
+    topk_emit(key, NULL, n, attn_topk_kth_key(key, n, k), k, idx);
+}
+
+#ifdef ATTN_HAVE_AVX512
+#define ATTN_BEST(fn) fn##_avx512
+#else
+#define ATTN_BEST(fn) fn##_ref
+#endif
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx)
+{
+    return ATTN_BEST(attn_topk_filter)(x, n, t, idx);
+}
+
+void attn_scores(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                 int64_t n, float *s)
+{
+    ATTN_BEST(attn_scores)(kv, q, g, rows, n, s);
+}
+
+void attn_softmax(float *s, int g, int64_t n) { ATTN_BEST(attn_softmax)(s, g, n); }
+
+void attn_weighted_sum(const attn_kv_view *kv, const float *w, int g, const int32_t *rows,
+                       int64_t n, float *out)
+{
+    ATTN_BEST(attn_weighted_sum)(kv, w, g, rows, n, out);
+}
+
+void attn_kt_logits(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
+                    int g, int64_t n, float *s)
+{
+    ATTN_BEST(attn_kt_logits)(kv, qs, comp, r, g, n, s);
+}
+
+void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
+                               const int32_t *rows, int64_t n, float *out)
+{
+    ATTN_BEST(attn_softmax_weighted_sum)(kv, s, g, rows, n, out);
+}
+
+void attn_kt_exp(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
+                 int64_t n, float *e, float *scale, float *lsum)
+{
+    ATTN_BEST(attn_kt_exp)(kv, qs, comp, r, g, n, e, scale, lsum);
+}
+
+void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, int64_t m,
+                          float *out)
+{
+    ATTN_BEST(attn_scaled_head_sum)(e, scale, g, n, m, out);
+}
+
+uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k)
+{
+    return ATTN_BEST(attn_topk_kth_key)(key, m, k);
+}
+
+int64_t attn_topk_above(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx)
+{
+    return ATTN_BEST(attn_topk_above)(key, pos, m, t, idx);
+}
+
+/* ---- group attention ------------------------------------------------------ */
+
+void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out, float *scratch)
+{
+    attn_gather_group(kv, q, g, NULL, kv->S, out, scratch);
+}
+
+void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
+                           const int32_t *sel, int64_t n_sel, float *out, float *scratch)
+{
+    if (n_sel <= 0) {
+        memset(out, 0, (size_t)g * kv->d * sizeof *out);
+        return;
+    }
+    attn_scores_ref(kv, q, g, sel, n_sel, scratch);
+    attn_softmax_ref(scratch, g, n_sel);
+    attn_weighted_sum_ref(kv, scratch, g, sel, n_sel, out);
+}
+
+void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
+                       const int32_t *sel, int64_t n_sel, float *out, float *scratch)
+{
+    ATTN_BEST(attn_gather_group)(kv, q, g, sel, n_sel, out, scratch);
+}
+
+void attn_sum_heads(const float *x, int g, int64_t n, float *out)
+{
+    memcpy(out, x, (size_t)n * sizeof *out);
+    for (int h = 1; h < g; h++) /* head-major so the loop vectorises */
+        for (int64_t i = 0; i < n; i++) out[i] += x[h * n + i];
+}
+
+/* ---- exact top-k (oracle, FlexGen) ---------------------------------------- */
+
+size_t attn_exact_topk_scratch(int64_t S, int64_t k, int g)
+{
+    const size_t n = (size_t)S, kk = (size_t)(k < S ? k : S);
+    const size_t nf = attn_pad16((size_t)g * n) + attn_pad16(n) + attn_pad16((size_t)g * kk) +
+                      attn_pad16((size_t)g);
+    const size_t ni = attn_pad16(n) + attn_pad16(kk);
+    return nf > ni ? nf : ni;
+}
+
+void attn_exact_topk_group(const attn_kv_view *kv, const float *q, int g, int64_t k, int renorm,
+                           float *out, attn_scratch *scratch, attn_trace *tr)
+{
+    const int64_t S = kv->S, kk = k < S ? k : S;
+    float *P = scratch->f;                            /* [g][S] exact softmax    */
+    float *score = P + attn_pad16((size_t)g * S);     /* [S] group sum           */
+    float *w = score + attn_pad16((size_t)S);         /* [g][kk] kept weights    */
+    float *mass = w + attn_pad16((size_t)g * kk);     /* [g]                     */
+    int32_t *work = scratch->i, *sel = work + attn_pad16((size_t)S);
+
+    attn_scores(kv, q, g, NULL, S, P);
+    attn_softmax(P, g, S);
+    attn_sum_heads(P, g, S, score);
+    attn_topk_indices(score, S, kk, sel, work);
+    for (int h = 0; h < g; h++) {
+        float m = 0;
+        for (int64_t j = 0; j < kk; j++) m += (w[h * kk + j] = P[h * S + sel[j]]);
+        mass[h] = m;
+        if (renorm) { /* softmax over the kept set = the kept weights / their mass */
+            const float inv = 1.0f / m;
+            for (int64_t j = 0; j < kk; j++) w[h * kk + j] *= inv;
+        }
+    }
+    attn_weighted_sum(kv, w, g, sel, kk, out);
+    if (tr) {
+        if (tr->sel) memcpy(tr->sel, sel, (size_t)kk * sizeof *sel);
+        tr->n_sel = kk;
+        tr->n_i1 = 0;
+        if (tr->alpha)
+            for (int h = 0; h < g; h++) tr->alpha[h] = renorm ? 1.0f : mass[h];
+    }
+}

@@ -1,0 +1,63 @@
+/* attn_dense.c - exact attention over every cached position (the reference).
+ *
+ * y_h = softmax(q_h K^T / sqrt(d)) V for the g heads of a group, each K and V
+ * row read once for the whole group (attn_dense_group).
+ * Transfer per step and KV head: 2*S*d reads (K, V) + 2*d written (this
+ * step's k and v appended to the cache) = SPEC.md's 2*S*d + 2*d.
+ */
+#include "attn/attn.h"
+
+static int dense_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
+{
+    (void)p; (void)d; (void)err; (void)err_size;
+    return 0;
+}
+
+static size_t dense_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)p; (void)d;
+    return attn_pad16((size_t)g * (size_t)S);
+}
+
+static void dense_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                                const attn_kv_view *kv, const float *q, int g, float *out,
+                                attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+{
+    (void)state; (void)p; (void)layer; (void)kv_head;
+    attn_dense_group(kv, q, g, out, scratch->f);
+    if (counts) {
+        counts->read += 2 * kv->S * kv->d;
+        counts->written += 2 * (int64_t)kv->d;
+    }
+    if (tr) {
+        if (tr->sel)
+            for (int64_t i = 0; i < kv->S; i++) tr->sel[i] = (int32_t)i;
+        tr->n_sel = kv->S;
+        tr->n_i1 = 0;
+        if (tr->alpha)
+            for (int h = 0; h < g; h++) tr->alpha[h] = 1.0f;
+    }
+}
+
+static void dense_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                         const attn_kv_view *kv, const float *q, int g, float *out,
+                         attn_scratch *scratch, attn_counts *counts)
+{
+    dense_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+}
+
+static int64_t dense_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)p; (void)g;
+    return 2 * S * d + 2 * (int64_t)d;
+}
+
+const attn_policy attn_policy_dense = {
+    .name = "dense",
+    .needs = 0,
+    .resolve = dense_resolve,
+    .scratch_floats = dense_scratch_floats,
+    .attend = dense_attend,
+    .transfer_formula = dense_transfer,
+    .attend_traced = dense_attend_traced,
+};

@@ -1,0 +1,65 @@
+/* attn_flexgen.c - FlexGen-style top-k attention (SparQ paper baseline).
+ *
+ * Exact softmax over all S positions; keep the k largest group-summed
+ * weights and zero the rest WITHOUT renormalising, then multiply by V
+ * (Graphcore's sparse_softmax_fixed_k; the golden "exact_topk" cases).
+ * Transfer: S*d (K) + k*d (V of the kept rows) + 2*d (k, v appended) =
+ * SPEC.md's S*d + k*d + 2*d. With k >= S it is dense attention.
+ */
+#include "attn/attn.h"
+
+#include <stdio.h>
+
+static int flexgen_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
+{
+    (void)d;
+    if (p->k == 0) p->k = 128;
+    if (p->k < 1) {
+        snprintf(err, err_size, "flexgen: k=%d must be >= 1", p->k);
+        return -1;
+    }
+    return 0;
+}
+
+static size_t flexgen_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)d;
+    return attn_exact_topk_scratch(S, p->k, g);
+}
+
+static void flexgen_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                                  const attn_kv_view *kv, const float *q, int g, float *out,
+                                  attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+{
+    (void)state; (void)layer; (void)kv_head;
+    attn_exact_topk_group(kv, q, g, p->k, 0, out, scratch, tr);
+    if (counts) {
+        const int64_t kk = p->k < kv->S ? p->k : kv->S;
+        counts->read += kv->S * kv->d + kk * kv->d;
+        counts->written += 2 * (int64_t)kv->d;
+    }
+}
+
+static void flexgen_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                           const attn_kv_view *kv, const float *q, int g, float *out,
+                           attn_scratch *scratch, attn_counts *counts)
+{
+    flexgen_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+}
+
+static int64_t flexgen_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)g;
+    const int64_t kk = p->k < S ? p->k : S;
+    return S * d + kk * d + 2 * (int64_t)d;
+}
+
+const attn_policy attn_policy_flexgen = {
+    .name = "flexgen",
+    .needs = 0,
+    .resolve = flexgen_resolve,
+    .scratch_floats = flexgen_scratch_floats,
+    .attend = flexgen_attend,
+    .transfer_formula = flexgen_transfer,
+    .attend_traced = flexgen_attend_traced,
+};

@@ -1,0 +1,164 @@
+/* attn_kernels_ref.c - the plain-C reference twins of attn.h's kernels.
+ *
+ * One position (or one key) at a time, in the order the maths is written,
+ * sums of many terms in double. They define what the AVX-512 twins in
+ * attn_kernels_avx512.c must compute (tests/test_attn.c compares each pair
+ * over odd sizes) and are what a build without AVX-512 runs.
+ *
+ * Map: scores | softmax | weighted sums | K^T logits | SparQ's fused exp and
+ * group sum | top-k filter and k-th key.
+ */
+#include "attn/attn.h"
+
+#include <math.h>
+#include <string.h>
+
+static inline float kv_elem(const void *base, int elem, int64_t at)
+{
+    return elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)base)[at])
+                          : ((const float *)base)[at];
+}
+
+void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                     int64_t n, float *s)
+{
+    const int d = kv->d;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t row = rows ? rows[i] : i;
+        for (int h = 0; h < g; h++) {
+            float acc = 0;
+            for (int j = 0; j < d; j++) acc += q[h * d + j] * kv_elem(kv->K, kv->elem, row * d + j);
+            s[h * n + i] = acc * scale;
+        }
+    }
+}
+
+void attn_softmax_ref(float *s, int g, int64_t n)
+{
+    for (int h = 0; h < g; h++) {
+        float *x = s + h * n, mx = -INFINITY;
+        double sum = 0; /* one running f32 sum over 32k terms would drift ~1e-5 */
+        for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+        for (int64_t i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));
+        const float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    }
+}
+
+void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const int32_t *rows,
+                           int64_t n, float *out)
+{
+    const int d = kv->d;
+    memset(out, 0, (size_t)g * d * sizeof *out);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t row = rows ? rows[i] : i;
+        for (int h = 0; h < g; h++) {
+            const float wi = w[h * n + i];
+            for (int j = 0; j < d; j++)
+                out[h * d + j] += wi * kv_elem(kv->V, kv->elem, row * d + j);
+        }
+    }
+}
+
+void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
+                                   const int32_t *rows, int64_t n, float *out)
+{
+    const int d = kv->d;
+    memset(out, 0, (size_t)g * d * sizeof *out);
+    for (int h = 0; h < g; h++) {
+        const float *x = s + h * n;
+        float mx = -INFINITY;
+        double z = 0;
+        for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+        for (int64_t i = 0; i < n; i++) z += expf(x[i] - mx);
+        const float inv = (float)(1.0 / z);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t row = rows ? rows[i] : i;
+            const float w = expf(x[i] - mx) * inv;
+            for (int j = 0; j < d; j++) out[h * d + j] += w * kv_elem(kv->V, kv->elem, row * d + j);
+        }
+    }
+}
+
+void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
+                        int g, int64_t n, float *s)
+{
+    memset(s, 0, (size_t)g * n * sizeof *s);
+    for (int c = 0; c < r; c++) {
+        const int64_t base = (int64_t)comp[c] * kv->kt_stride;
+        for (int64_t i = 0; i < n; i++) {
+            const float kt = kv_elem(kv->KT, kv->elem, base + i);
+            for (int h = 0; h < g; h++) s[h * n + i] += qs[h * r + c] * kt;
+        }
+    }
+}
+
+void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
+                     int64_t n, float *e, float *scale, float *lsum)
+{
+    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    attn_kt_logits_ref(kv, qs, comp, r, g, n, e); /* logits, exponentiated in place below */
+    if (lsum)
+        for (int64_t i = 0; i < n; i++) {
+            float a = 0;
+            for (int h = 0; h < g; h++) a += e[h * n + i];
+            lsum[i] = a;
+        }
+    for (int h = 0; h < g; h++) {
+        float *x = e + h * n, *sc = scale + h * nb, m = -INFINITY;
+        for (int64_t b = 0; b < nb; b++) { /* running block maxima, kept in scale for now */
+            const int64_t end = (b + 1) * ATTN_EXP_BLOCK < n ? (b + 1) * ATTN_EXP_BLOCK : n;
+            for (int64_t i = b * ATTN_EXP_BLOCK; i < end; i++) m = x[i] > m ? x[i] : m;
+            sc[b] = m;
+        }
+        double z = 0;
+        for (int64_t i = 0; i < n; i++) {
+            z += expf(x[i] - m);
+            x[i] = expf(x[i] - sc[i / ATTN_EXP_BLOCK]);
+        }
+        for (int64_t b = 0; b < nb; b++) sc[b] = (float)(expf(sc[b] - m) / z);
+    }
+}
+
+void attn_scaled_head_sum_ref(const float *e, const float *scale, int g, int64_t n, int64_t m,
+                              float *out)
+{
+    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    for (int64_t i = 0; i < m; i++) {
+        float a = 0;
+        for (int h = 0; h < g; h++) a += scale[h * nb + i / ATTN_EXP_BLOCK] * e[h * n + i];
+        out[i] = a;
+    }
+}
+
+int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx)
+{
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] >= t) idx[c++] = (int32_t)i; /* NaN compares false: never kept */
+    return c;
+}
+
+int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                            int32_t *idx)
+{
+    int64_t c = 0;
+    for (int64_t j = 0; j < m; j++)
+        if (key[j] > t) idx[c++] = pos ? pos[j] : (int32_t)j;
+    return c;
+}
+
+uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k)
+{
+    /* bisection on the answer: count(key >= t) falls as t grows */
+    uint32_t lo = 0, hi = UINT32_MAX;
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2 + 1;
+        int64_t c = 0;
+        for (int64_t i = 0; i < m; i++) c += key[i] >= mid;
+        if (c >= k) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}

@@ -1,0 +1,277 @@
+/* attn_sparq.c - SparQ Attention (Ribar et al., ICML 2024), as SPEC.md fixes it.
+ *
+ * One decode step for one KV head and its g query heads:
+ *   1. i1 = the r largest components of sum_h |q_h| (shared by the group).
+ *   2. per head: tau_h = sqrt(d * ||q_h[i1]||_1 / ||q_h||_1),
+ *      s_hat_h = softmax(q_h[i1] . K[:, i1] / tau_h) over all S positions,
+ *      computed from r contiguous rows of K^T (S*r elements read).
+ *   3. sel = the last l positions (current included) + the k - l others with
+ *      the largest sum_h s_hat_h (or, with select_logits, summed logits).
+ *   4. y'_h = exact softmax attention over sel (2*k*d elements read).
+ *   5. alpha_h = sum_{sel} s_hat_h;  y_h = alpha_h y'_h + (1 - alpha_h) v_sum/S
+ *      (no_realloc: alpha = 1).
+ * With k >= S every position is selected and alpha is exactly 1, so the
+ * step is plain dense attention (and is run and counted as such).
+ *
+ * Step 2 is one pass over K^T (attn_kt_exp): each block of positions is
+ * scored and exponentiated against a running max while in L1, so s_hat_h =
+ * (that block's factor) x (stored value) and the g*S logits are never read
+ * back for a separate softmax; the selection score and alpha apply the
+ * factors on the fly.
+ *
+ * Transfer per step (elements): S*r (K^T rows) + 2*k*d (K, V rows) + d (read
+ * v_sum) + 2*d (this step's k, v appended) + d (the cache's v_sum update) =
+ * SPEC.md's S*r + 2*k*d + 4*d. With k >= S: dense's 2*S*d + 2*d.
+ * The cache must hold K^T and v_sum (needs); without them the step still
+ * works (K columns read instead of K^T rows, v_sum rebuilt from V, counted).
+ */
+#include "attn/attn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int sparq_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
+{
+    if (p->r == 0) p->r = d / 4 >= 1 ? d / 4 : 1;
+    if (p->k == 0) p->k = 128;
+    if (p->l == -1) p->l = p->k / 4;
+    if (p->r < 1) {
+        snprintf(err, err_size, "sparq: r=%d must be >= 1", p->r);
+        return -1;
+    }
+    if (p->r > d) {
+        snprintf(err, err_size, "sparq: r=%d exceeds head size %d", p->r, d);
+        return -1;
+    }
+    if (p->k < 1) {
+        snprintf(err, err_size, "sparq: k=%d must be >= 1", p->k);
+        return -1;
+    }
+    if (p->l < 0) {
+        snprintf(err, err_size, "sparq: l=%d must be >= 0 (or -1 for k/4)", p->l);
+        return -1;
+    }
+    if (p->l > p->k) {
+        snprintf(err, err_size, "sparq: l=%d exceeds k=%d", p->l, p->k);
+        return -1;
+    }
+    return 0;
+}
+
+/* Scratch carve-up for S positions: see sparq_attend_traced. */
+typedef struct sparq_scratch {
+    float   *e;     /* [g][S] exp(logit - block's running max)            */
+    float   *score; /* [S] selection score                                 */
+    float   *scale; /* [g][nb] block factors: s_hat = scale * e            */
+    float   *w;     /* [g][k] gather scratch                               */
+    float   *qs;    /* [g][r] q_h[i1] / tau_h                              */
+    float   *absq;  /* [d] sum_h |q_h|                                     */
+    float   *alpha; /* [g]                                                 */
+    int32_t *work;  /* [max(S, d)] top-k work                              */
+    int32_t *sel;   /* [k]                                                 */
+    int32_t *i1;    /* [d]                                                 */
+    size_t   n_f, n_i;
+} sparq_scratch;
+
+static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params *p, int64_t S,
+                                  int d, int g)
+{
+    sparq_scratch s;
+    const size_t kk = (size_t)(p->k < S ? p->k : S), n = (size_t)S;
+    const size_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    size_t o = 0;
+    s.e = f ? f + o : NULL;     o += attn_pad16((size_t)g * n);
+    s.score = f ? f + o : NULL; o += attn_pad16(n);
+    s.scale = f ? f + o : NULL; o += attn_pad16((size_t)g * nb);
+    s.w = f ? f + o : NULL;     o += attn_pad16((size_t)g * kk);
+    s.qs = f ? f + o : NULL;    o += attn_pad16((size_t)g * d);
+    s.absq = f ? f + o : NULL;  o += attn_pad16((size_t)d);
+    s.alpha = f ? f + o : NULL; o += attn_pad16((size_t)g);
+    s.n_f = o;
+    o = 0;
+    s.work = iw ? iw + o : NULL; o += attn_pad16(n > (size_t)d ? n : (size_t)d);
+    s.sel = iw ? iw + o : NULL;  o += attn_pad16(kk);
+    s.i1 = iw ? iw + o : NULL;   o += attn_pad16((size_t)d);
+    s.n_i = o;
+    return s;
+}
+
+static size_t sparq_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    sparq_scratch s = sparq_layout(NULL, NULL, p, S, d, g);
+    return s.n_f > s.n_i ? s.n_f : s.n_i;
+}
+
+/* Steps 1-2 input: i1 and the pre-scaled query components qs[h][c]. */
+static void sparq_components(const float *q, int g, int d, int r, sparq_scratch *s)
+{
+    for (int j = 0; j < d; j++) {
+        float a = 0;
+        for (int h = 0; h < g; h++) a += fabsf(q[h * d + j]);
+        s->absq[j] = a;
+    }
+    attn_topk_indices(s->absq, d, r, s->i1, s->work);
+    for (int h = 0; h < g; h++) {
+        const float *qh = q + (size_t)h * d;
+        float l1 = 0, l1_sel = 0;
+        for (int j = 0; j < d; j++) l1 += fabsf(qh[j]);
+        for (int c = 0; c < r; c++) l1_sel += fabsf(qh[s->i1[c]]);
+        /* tau -> 0 (the head is zero on i1) would make 0/0 logits: use
+         * uniform scores instead, which is their limit for a zero query. */
+        const float inv_tau = l1_sel > 0 ? 1.0f / sqrtf((float)d * l1_sel / l1) : 0.0f;
+        for (int c = 0; c < r; c++) s->qs[h * r + c] = qh[s->i1[c]] * inv_tau;
+    }
+}
+
+/* attn_kt_exp's outputs from K rows when the cache keeps no K^T: the same
+ * logits read strided, exponentiated against each head's overall max (so
+ * every block's scale is 1 / sum). */
+static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
+                       int64_t n, float *e, float *scale, float *lsum)
+{
+    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    for (int64_t i = 0; i < n; i++) {
+        float ls = 0;
+        for (int h = 0; h < g; h++) {
+            float a = 0;
+            for (int c = 0; c < r; c++) {
+                const int64_t at = i * kv->d + comp[c];
+                const float k = kv->elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)kv->K)[at])
+                                                   : ((const float *)kv->K)[at];
+                a += qs[h * r + c] * k;
+            }
+            e[h * n + i] = a;
+            ls += a;
+        }
+        if (lsum) lsum[i] = ls;
+    }
+    for (int h = 0; h < g; h++) {
+        float *x = e + h * n, m = -INFINITY;
+        double z = 0;
+        for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+        for (int64_t i = 0; i < n; i++) z += (x[i] = expf(x[i] - m));
+        for (int64_t b = 0; b < nb; b++) scale[h * nb + b] = (float)(1.0 / z);
+    }
+}
+
+/* vmean[d] = v_sum / S. Returns elements read beyond v_sum itself: 0, or
+ * S*d - d when the cache keeps no running sum and V is summed instead. */
+static int64_t mean_value(const attn_kv_view *kv, float *vmean)
+{
+    const int64_t S = kv->S;
+    const int d = kv->d;
+    const float inv_s = 1.0f / (float)S;
+    if (kv->v_sum) {
+        for (int j = 0; j < d; j++) vmean[j] = kv->v_sum[j] * inv_s;
+        return 0;
+    }
+    for (int j = 0; j < d; j++) {
+        double a = 0;
+        for (int64_t i = 0; i < S; i++)
+            a += kv->elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)kv->V)[i * d + j])
+                                    : ((const float *)kv->V)[i * d + j];
+        vmean[j] = (float)a * inv_s;
+    }
+    return S * d - d;
+}
+
+static void sparq_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                                const attn_kv_view *kv, const float *q, int g, float *out,
+                                attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+{
+    (void)state; (void)layer; (void)kv_head;
+    const int64_t S = kv->S;
+    const int d = kv->d, r = p->r;
+    sparq_scratch s = sparq_layout(scratch->f, scratch->i, p, S, d, g);
+    attn_counts cnt = { 0, 0 };
+
+    sparq_components(q, g, d, r, &s);
+    if (tr) {
+        if (tr->i1) memcpy(tr->i1, s.i1, (size_t)r * sizeof *s.i1);
+        tr->n_i1 = r;
+    }
+
+    if (p->k >= S) { /* everything selected, alpha = 1: dense attention */
+        attn_dense_group(kv, q, g, out, s.e);
+        cnt.read = 2 * S * d;
+        cnt.written = 2 * (int64_t)d;
+        if (tr) {
+            if (tr->sel)
+                for (int64_t i = 0; i < S; i++) tr->sel[i] = (int32_t)i;
+            tr->n_sel = S;
+            if (tr->alpha)
+                for (int h = 0; h < g; h++) tr->alpha[h] = 1.0f;
+        }
+        goto done;
+    }
+
+    /* 2. approximate scores over all S positions: s_hat_h[i] =
+     * scale[h][block of i] * e[h][i], never stored whole */
+    const int64_t k = p->k, l = p->l, nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    float *lsum = p->select_logits ? s.score : NULL;
+    if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
+    else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
+    cnt.read += S * r;
+    if (!p->select_logits) attn_scaled_head_sum(s.e, s.scale, g, S, S - l, s.score);
+
+    /* 3. selection: top (k - l) of the older positions, then the window */
+    attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
+    for (int64_t t = 0; t < l; t++) s.sel[k - l + t] = (int32_t)(S - l + t);
+
+    /* 4. exact attention over the selection */
+    attn_gather_group(kv, q, g, s.sel, k, out, s.w);
+    cnt.read += 2 * k * d;
+
+    /* 5. mean-value reallocation */
+    float *alpha = s.alpha;
+    for (int h = 0; h < g; h++) {
+        const float *eh = s.e + h * S, *sc = s.scale + h * nb;
+        float a = 0;
+        for (int64_t j = 0; j < k; j++) a += sc[s.sel[j] / ATTN_EXP_BLOCK] * eh[s.sel[j]];
+        alpha[h] = p->no_realloc ? 1.0f : a;
+    }
+    if (!p->no_realloc) {
+        float *vmean = s.qs; /* qs is spent; reuse its >= d floats */
+        cnt.read += mean_value(kv, vmean);
+        for (int h = 0; h < g; h++)
+            for (int j = 0; j < d; j++)
+                out[h * d + j] = alpha[h] * out[h * d + j] + (1.0f - alpha[h]) * vmean[j];
+    }
+    cnt.read += d;        /* v_sum */
+    cnt.written += 3 * d; /* k, v appended; v_sum updated */
+    if (tr) {
+        if (tr->sel) memcpy(tr->sel, s.sel, (size_t)k * sizeof *s.sel);
+        tr->n_sel = k;
+        if (tr->alpha) memcpy(tr->alpha, alpha, (size_t)g * sizeof *alpha);
+    }
+done:
+    if (counts) {
+        counts->read += cnt.read;
+        counts->written += cnt.written;
+    }
+}
+
+static void sparq_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                         const attn_kv_view *kv, const float *q, int g, float *out,
+                         attn_scratch *scratch, attn_counts *counts)
+{
+    sparq_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+}
+
+static int64_t sparq_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)g;
+    if (p->k >= S) return 2 * S * d + 2 * (int64_t)d;
+    return S * p->r + 2 * (int64_t)p->k * d + 4 * (int64_t)d;
+}
+
+const attn_policy attn_policy_sparq = {
+    .name = "sparq",
+    .needs = ATTN_NEEDS_KT | ATTN_NEEDS_VSUM,
+    .resolve = sparq_resolve,
+    .scratch_floats = sparq_scratch_floats,
+    .attend = sparq_attend,
+    .transfer_formula = sparq_transfer,
+    .attend_traced = sparq_attend_traced,
+};

@@ -1,0 +1,88 @@
+/* attn_streaming.c - LM-Infinite / StreamingLLM window (SparQ paper baseline).
+ *
+ * Reads the first n_sink positions (16 by default: "attention sinks") and
+ * the most recent k - n_sink (the current token included); softmax over that
+ * set. If k <= n_sink the sinks shrink to k - 1 so the current token is
+ * always read. Transfer: 2*k*d (K, V rows) + 2*d (k, v appended) = SPEC.md's
+ * 2*k*d + 2*d; with k >= S every position is read (dense).
+ */
+#include "attn/attn.h"
+
+#include <stdio.h>
+
+static int streaming_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
+{
+    (void)d;
+    if (p->k == 0) p->k = 128;
+    if (p->n_sink == 0) p->n_sink = 16;
+    if (p->k < 1) {
+        snprintf(err, err_size, "streaming: k=%d must be >= 1", p->k);
+        return -1;
+    }
+    if (p->n_sink < 0) {
+        snprintf(err, err_size, "streaming: n_sink=%d must be >= 0 (0 = 16)", p->n_sink);
+        return -1;
+    }
+    return 0;
+}
+
+static size_t streaming_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)d;
+    const size_t kk = (size_t)(p->k < S ? p->k : S);
+    return attn_pad16((size_t)g * kk) + attn_pad16(kk);
+}
+
+static void streaming_attend_traced(void *state, const sparq_attn_params *p, int layer,
+                                    int kv_head, const attn_kv_view *kv, const float *q, int g,
+                                    float *out, attn_scratch *scratch, attn_counts *counts,
+                                    attn_trace *tr)
+{
+    (void)state; (void)layer; (void)kv_head;
+    const int64_t S = kv->S, k = p->k < S ? p->k : S;
+    int32_t *sel = scratch->i;
+    if (k == S) {
+        for (int64_t i = 0; i < S; i++) sel[i] = (int32_t)i;
+    } else {
+        const int64_t sinks = p->n_sink < k ? p->n_sink : k - 1, recent = k - sinks;
+        for (int64_t i = 0; i < sinks; i++) sel[i] = (int32_t)i;
+        for (int64_t t = 0; t < recent; t++) sel[sinks + t] = (int32_t)(S - recent + t);
+    }
+    attn_gather_group(kv, q, g, sel, k, out, scratch->f);
+    if (counts) {
+        counts->read += 2 * k * kv->d;
+        counts->written += 2 * (int64_t)kv->d;
+    }
+    if (tr) {
+        if (tr->sel)
+            for (int64_t i = 0; i < k; i++) tr->sel[i] = sel[i];
+        tr->n_sel = k;
+        tr->n_i1 = 0;
+        if (tr->alpha)
+            for (int h = 0; h < g; h++) tr->alpha[h] = 1.0f;
+    }
+}
+
+static void streaming_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                             const attn_kv_view *kv, const float *q, int g, float *out,
+                             attn_scratch *scratch, attn_counts *counts)
+{
+    streaming_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+}
+
+static int64_t streaming_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)g;
+    const int64_t k = p->k < S ? p->k : S;
+    return 2 * k * d + 2 * (int64_t)d;
+}
+
+const attn_policy attn_policy_streaming = {
+    .name = "streaming",
+    .needs = 0,
+    .resolve = streaming_resolve,
+    .scratch_floats = streaming_scratch_floats,
+    .attend = streaming_attend,
+    .transfer_formula = streaming_transfer,
+    .attend_traced = streaming_attend_traced,
+};

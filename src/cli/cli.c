@@ -1,0 +1,374 @@
+/* cli.c - `sparq` entry point, option parsing and shared CLI helpers. */
+#include "cli/cli.h"
+#include "util/json.h"
+#include "util/paths.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#define OFF(type, field) offsetof(type, field)
+
+const cli_opt cli_model_table[] = {
+    { "-m", "--model", OPT_STR, OFF(cli_model_opts, model), "FILE",
+      "GGUF model (searched in $SPARQ_MODEL_PATH, ../shared/models; default stories260K.gguf)" },
+    { "-c", "--ctx-size", OPT_I64, OFF(cli_model_opts, n_ctx), "N", "context size in tokens (default: the model's)" },
+    { "-t", "--threads", OPT_INT, OFF(cli_model_opts, n_threads), "N", "threads (default: all cores)" },
+    { "-b", "--batch-size", OPT_INT, OFF(cli_model_opts, n_batch), "N", "prefill batch size (default 512)" },
+    { "--kv-type", NULL, OPT_STR, OFF(cli_model_opts, kv_type), "f16|f32", "KV cache element type (default f16)" },
+    { "--json", NULL, OPT_FLAG, OFF(cli_model_opts, json), NULL, "print one JSON object on stdout" },
+    { "--mmap", NULL, OPT_FLAG, OFF(cli_model_opts, use_mmap), NULL,
+      "map the model file instead of reading it into huge pages (less memory, slower decode)" },
+    { "--no-mmap", NULL, OPT_FLAG, OFF(cli_model_opts, no_mmap), NULL,
+      "read the model into memory (the default when it fits in half the RAM)" },
+    { 0 },
+};
+
+const cli_opt cli_attn_table[] = {
+    { "--attn", NULL, OPT_STR, OFF(cli_attn_opts, attn), "NAME",
+      "decode attention: dense|sparq|oracle|flexgen|h2o|streaming|topk (default dense)" },
+    { "--sparq-r", NULL, OPT_INT, OFF(cli_attn_opts, r), "R", "SparQ query components (default d/4)" },
+    { "--sparq-k", NULL, OPT_INT, OFF(cli_attn_opts, k), "K", "SparQ positions kept (default 128)" },
+    { "--sparq-l", NULL, OPT_INT, OFF(cli_attn_opts, l), "L", "SparQ local window (default k/4)" },
+    { "--sparq-select", NULL, OPT_STR, OFF(cli_attn_opts, select), "probs|logits",
+      "SparQ selection score (default probs)" },
+    { "--sparq-no-realloc", NULL, OPT_FLAG, OFF(cli_attn_opts, no_realloc), NULL,
+      "SparQ without mean-value reallocation (alpha = 1)" },
+    { "--sparq-ratio", NULL, OPT_STR, OFF(cli_attn_opts, ratio), "1/N",
+      "pick SparQ r and k for this transfer ratio at the context length" },
+    { "--attn-k", NULL, OPT_INT, OFF(cli_attn_opts, attn_k), "K", "positions kept by the baselines (default 128)" },
+    { "--n-sink", NULL, OPT_INT, OFF(cli_attn_opts, n_sink), "N", "streaming: sink positions (default 16)" },
+    { "--index", NULL, OPT_STR, OFF(cli_attn_opts, index), "KIND",
+      "topk: prefix key index exact|ivf|hnsw|sparq (default exact)" },
+    { "--topk-k", NULL, OPT_INT, OFF(cli_attn_opts, topk_k), "K", "topk: prefix positions per query head (default 128)" },
+    { "--topk-schedule", NULL, OPT_STR, OFF(cli_attn_opts, schedule), "uniform|linear",
+      "topk: k in every layer, or ramped up from first to last layer, same total" },
+    { "--ivf-nlist", NULL, OPT_INT, OFF(cli_attn_opts, ivf_nlist), "N", "topk ivf: lists (default sqrt(prefix))" },
+    { "--ivf-nprobe", NULL, OPT_INT, OFF(cli_attn_opts, ivf_nprobe), "N", "topk ivf: lists probed (default max(8, nlist/16))" },
+    { "--hnsw-ef", NULL, OPT_INT, OFF(cli_attn_opts, hnsw_ef), "N", "topk hnsw: efSearch (default 64)" },
+    { "--index-key-type", NULL, OPT_STR, OFF(cli_attn_opts, key_type), "f16|bf16|i8",
+      "topk exact/ivf: key storage (default f16)" },
+    { "--topk-check", NULL, OPT_FLAG, OFF(cli_attn_opts, topk_check), NULL,
+      "topk: also compute exact top-k each step and report recall@k (slow)" },
+    { 0 },
+};
+
+void cli_attn_opts_init(cli_attn_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->attn = "dense";
+    o->l = -1;
+}
+
+static int parse_number(const cli_opt *o, const char *val, void *dst, char *err, size_t err_size)
+{
+    char *end = NULL;
+    errno = 0;
+    switch (o->kind) {
+    case OPT_STR: *(const char **)dst = val; return 0;
+    case OPT_FLOAT: {
+        double v = strtod(val, &end);
+        if (end == val || *end || errno) break;
+        *(float *)dst = (float)v;
+        return 0;
+    }
+    case OPT_INT: {
+        long long v = strtoll(val, &end, 10);
+        if (end == val || *end || errno || v < -2147483647LL || v > 2147483647LL) break;
+        *(int *)dst = (int)v;
+        return 0;
+    }
+    case OPT_I64: {
+        long long v = strtoll(val, &end, 10);
+        if (end == val || *end || errno) break;
+        *(int64_t *)dst = v;
+        return 0;
+    }
+    case OPT_U64: {
+        unsigned long long v = strtoull(val, &end, 10);
+        if (end == val || *end || errno || val[0] == '-') break;
+        *(uint64_t *)dst = v;
+        return 0;
+    }
+    case OPT_FLAG: *(int *)dst = 1; return 0;
+    }
+    snprintf(err, err_size, "option %s: '%s' is not a valid %s", o->name, val,
+             o->kind == OPT_FLOAT ? "number" : "integer");
+    return -1;
+}
+
+int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
+              char **pos, int max_pos, int *n_pos, int *help, char *err, size_t err_size)
+{
+    *n_pos = 0;
+    *help = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            *help = 1;
+            continue;
+        }
+        if (arg[0] != '-' || arg[1] == 0) {
+            if (*n_pos >= max_pos) {
+                snprintf(err, err_size, "unexpected argument '%s'", arg);
+                return -1;
+            }
+            pos[(*n_pos)++] = argv[i];
+            continue;
+        }
+        /* --name=value is accepted as well as --name value */
+        const char *eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
+        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
+        const cli_opt *found = NULL;
+        void *base = NULL;
+        for (int g = 0; g < n_groups && !found; g++)
+            for (const cli_opt *o = groups[g].opts; o->name && !found; o++)
+                if ((strlen(o->name) == name_len && strncmp(o->name, arg, name_len) == 0) ||
+                    (o->alias && strlen(o->alias) == name_len && strncmp(o->alias, arg, name_len) == 0)) {
+                    found = o;
+                    base = groups[g].base;
+                }
+        if (!found) {
+            snprintf(err, err_size, "unknown option '%.*s' (see --help)", (int)name_len, arg);
+            return -1;
+        }
+        void *dst = (char *)base + found->offset;
+        if (found->kind == OPT_FLAG) {
+            if (eq) {
+                snprintf(err, err_size, "option %s takes no value", found->name);
+                return -1;
+            }
+            *(int *)dst = 1;
+            continue;
+        }
+        const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!val) {
+            snprintf(err, err_size, "option %s needs a value (%s)", found->name, found->metavar);
+            return -1;
+        }
+        if (parse_number(found, val, dst, err, err_size)) return -1;
+    }
+    return 0;
+}
+
+int cli_parse_command(const cli_group *groups, int n_groups, int argc, char **argv, const char *usage,
+                      char **pos, int max_pos, int *n_pos)
+{
+    char err[512], *none[1];
+    int n = 0, help = 0;
+    if (cli_parse(groups, n_groups, argc, argv, pos ? pos : none, max_pos, &n, &help, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return 2;
+    }
+    if (n_pos) *n_pos = n;
+    if (help) {
+        cli_print_help(stdout, usage, groups, n_groups);
+        return 0;
+    }
+    return -1;
+}
+
+void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_groups)
+{
+    fprintf(f, "%s\n", usage);
+    for (int g = 0; g < n_groups; g++) {
+        fprintf(f, "\n%s:\n", groups[g].title);
+        for (const cli_opt *o = groups[g].opts; o->name; o++) {
+            char left[64];
+            snprintf(left, sizeof left, "%s%s%s %s", o->name, o->alias ? ", " : "",
+                     o->alias ? o->alias : "", o->metavar ? o->metavar : "");
+            fprintf(f, "  %-28s %s\n", left, o->help);
+        }
+    }
+}
+
+int cli_kv_type(const char *name)
+{
+    if (!name || strcmp(name, "f16") == 0) return SPARQ_KV_F16;
+    if (strcmp(name, "f32") == 0) return SPARQ_KV_F32;
+    return -1;
+}
+
+/* SparQ transfers S*r + 2*k*d + 4*d elements against dense's 2*S*d + 2*d.
+ * For a target ratio we follow the paper's recipe of spending the budget
+ * evenly: r = d*ratio (the S*r term) and k = S*ratio/2 capped at S...
+ * concretely: choose r = max(1, round(d * ratio)), then the largest k whose
+ * total stays within ratio * dense. */
+static int ratio_params(double ratio, int64_t S, int d, int *r_out, int *k_out)
+{
+    double dense = 2.0 * (double)S * d + 2.0 * d;
+    int r = (int)(d * ratio + 0.5);
+    if (r < 1) r = 1;
+    if (r > d) r = d;
+    double left = ratio * dense - (double)S * r - 4.0 * d;
+    int64_t k = (int64_t)(left / (2.0 * d));
+    if (k < 1) return -1;
+    if (k > S) k = S;
+    *r_out = r;
+    *k_out = (int)(k > 2147483647 ? 2147483647 : k);
+    return 0;
+}
+
+int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params *out,
+                    char *err, size_t err_size)
+{
+    *out = sparq_attn_default_params();
+    out->policy = o->attn;
+    out->r = o->r;
+    const int topk = strcmp(o->attn, "topk") == 0;
+    out->k = strcmp(o->attn, "sparq") == 0 ? o->k : topk && o->topk_k ? o->topk_k : o->attn_k;
+    out->index = o->index;
+    out->ivf_nlist = o->ivf_nlist;
+    out->ivf_nprobe = o->ivf_nprobe;
+    out->hnsw_ef_search = o->hnsw_ef;
+    out->topk_check = o->topk_check;
+    if (o->schedule) {
+        if (strcmp(o->schedule, "uniform") == 0) out->topk_schedule = SPARQ_TOPK_UNIFORM;
+        else if (strcmp(o->schedule, "linear") == 0) out->topk_schedule = SPARQ_TOPK_LINEAR;
+        else {
+            snprintf(err, err_size, "--topk-schedule must be uniform or linear, not '%s'", o->schedule);
+            return -1;
+        }
+    }
+    if (o->key_type) {
+        if (strcmp(o->key_type, "f16") == 0) out->index_key_type = SPARQ_KEY_F16;
+        else if (strcmp(o->key_type, "bf16") == 0) out->index_key_type = SPARQ_KEY_BF16;
+        else if (strcmp(o->key_type, "i8") == 0 || strcmp(o->key_type, "int8") == 0)
+            out->index_key_type = SPARQ_KEY_I8;
+        else {
+            snprintf(err, err_size, "--index-key-type must be f16, bf16 or i8, not '%s'", o->key_type);
+            return -1;
+        }
+    }
+    out->l = o->l;
+    out->no_realloc = o->no_realloc;
+    out->n_sink = o->n_sink;
+    if (o->select) {
+        if (strcmp(o->select, "probs") == 0) out->select_logits = 0;
+        else if (strcmp(o->select, "logits") == 0) out->select_logits = 1;
+        else {
+            snprintf(err, err_size, "--sparq-select must be probs or logits, not '%s'", o->select);
+            return -1;
+        }
+    }
+    if (o->ratio) {
+        double num = 1, den = 1;
+        const char *slash = strchr(o->ratio, '/');
+        char *end;
+        if (slash) {
+            num = strtod(o->ratio, &end);
+            if (end != slash) num = -1;
+            den = strtod(slash + 1, &end);
+            if (*end) den = -1;
+        } else {
+            num = strtod(o->ratio, &end);
+            if (*end) num = -1;
+        }
+        double ratio = num / den;
+        if (!(num > 0 && den > 0 && ratio > 0 && ratio <= 1)) {
+            snprintf(err, err_size, "--sparq-ratio '%s' must be a fraction in (0, 1], e.g. 1/8", o->ratio);
+            return -1;
+        }
+        if (strcmp(o->attn, "sparq") != 0) {
+            snprintf(err, err_size, "--sparq-ratio needs --attn sparq");
+            return -1;
+        }
+        if (ratio_params(ratio, S, d, &out->r, &out->k)) {
+            snprintf(err, err_size, "--sparq-ratio %s is too small for context %lld and head size %d",
+                     o->ratio, (long long)S, d);
+            return -1;
+        }
+        if (out->l < 0) out->l = out->k / 4;
+    }
+    return 0;
+}
+
+sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_size)
+{
+    const char *name = o->model ? o->model : "stories260K.gguf";
+    char err[512];
+    if (path_find(name, path, path_size) != 0) {
+        fprintf(stderr,
+                "error: model '%s' not found (searched %s)\n"
+                "  download a GGUF model and pass it with -m FILE or put it on SPARQ_MODEL_PATH, e.g.\n"
+                "  curl -LO https://huggingface.co/ggml-org/models/resolve/main/tinyllamas/stories260K.gguf\n",
+                name, path_search_description());
+        return NULL;
+    }
+    sparq_model *m = NULL;
+    sparq_model_params mp = sparq_model_default_params();
+    mp.use_mmap = o->use_mmap && !o->no_mmap;
+    if (sparq_model_load_params(path, &mp, &m, err, sizeof err) != 0) {
+        fprintf(stderr, "error: %s: %s\n", path, err);
+        return NULL;
+    }
+    return m;
+}
+
+void cli_prefill_progress(void *user, int64_t done, int64_t total)
+{
+    (void)user;
+    fprintf(stderr, "\rprefill: %lld / %lld tokens", (long long)done, (long long)total);
+    if (done == total) fputc('\n', stderr);
+}
+
+int64_t cli_peak_rss(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
+    return (int64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cli_json_str(FILE *f, const char *s, size_t n)
+{
+    json_write_str(f, s, n);
+}
+
+typedef struct subcommand {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} subcommand;
+
+static const subcommand subcommands[] = {
+    { "run", cli_run, "generate text from a prompt" },
+    { "gen-model", cli_gen_model, "write a random-weight GGUF of a real model shape" },
+    { "bench", cli_bench, "benchmarks: attention op, memory bandwidth, decode tok/s" },
+    { "eval", cli_eval, "task metrics and fidelity vs dense, per policy and transfer ratio" },
+    { "stats", cli_stats, "attention statistics of a forward pass (q kurtosis, top-k agreement, ...)" },
+    { "prefill", cli_prefill, "prefill a context once and save its KV cache (and indexes) to a file" },
+    { "bench-topk", cli_topk, "top-k attention over a synthetic N-token prefix decoded from a KV file" },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: sparq COMMAND [options]   (sparq COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,1059 @@
+/* cli_bench.c - `sparq bench attn | membw | decode`: timing runs.
+ *
+ *   attn    the decode attention operation alone, as the SparQ paper's
+ *           microbenchmarks (section 6, appendix F): a KV cache of B
+ *           sequences (one cache "layer" per batch element) filled with
+ *           N(0,1) keys and values, one call = every (b, kv_head) pair
+ *           through policy->attend, spread over threads with OpenMP as the
+ *           model's decode step does; warm-up, then timed repetitions with
+ *           a fresh random query each.
+ *   membw   sequential read bandwidth (sum of a large f32 array), so the
+ *           attention rows can be stated as a share of the roofline.
+ *   decode  end-to-end tokens/s of the real decode path at context depths
+ *           (as llama-bench -d), the cache filled by a real prefill of a
+ *           synthetic token sequence or, with --fill random, by
+ *           sparq_context_fill_random (timing only: outputs meaningless).
+ *           Weights vs attention: the same policy's ms/token at depth 0 is
+ *           the weights-only baseline, the rest is attributed to attention.
+ *
+ * stdout carries the table (or the JSON array / CSV); progress goes to stderr.
+ * Arithmetic, statistics and formatting live in bench.c (tested there).
+ */
+#include "cli/cli.h"
+#include "bench/bench.h"
+#include "core/kvcache.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { MAX_LIST = 64, MAX_CFG = 64 };
+
+typedef struct bench_opts {
+    /* attn shapes (comma lists) */
+    const char *B, *H, *kv_heads, *d, *S, *threads, *kv_type;
+    int heavy, flush, membw, skip_dense;
+    /* policies */
+    const char *attn, *r, *k, *attn_k, *ratio, *select;
+    int l, no_realloc, n_sink;
+    /* repetition */
+    int reps, warmup, min_sample_us;
+    uint64_t seed;
+    /* membw */
+    int64_t size_mib;
+    /* decode */
+    const char *model, *depth, *fill;
+    int n_tokens, n_batch;
+    int use_mmap;            /* --mmap */
+    /* output */
+    int json, csv;
+    const char *plot, *title;
+} bench_opts;
+
+#define OFF(f) offsetof(bench_opts, f)
+static const cli_opt shape_table[] = {
+    { "--B", "--batch", OPT_STR, OFF(B), "LIST", "batch sizes (sequences), e.g. 1,4,16 (default 1)" },
+    { "--H", "--heads", OPT_STR, OFF(H), "LIST", "query heads (default 32)" },
+    { "--kv-heads", NULL, OPT_STR, OFF(kv_heads), "LIST", "KV heads (default 8)" },
+    { "--d", "--head-dim", OPT_STR, OFF(d), "LIST", "head size (default 128)" },
+    { "--S", "--ctx", OPT_STR, OFF(S), "LIST", "context lengths; k = x1024, M = x1048576 (default 1k,4k,16k,32k)" },
+    { "--heavy-tailed-query", NULL, OPT_FLAG, OFF(heavy), NULL,
+      "queries with a few dominant components (x exp(1.5 N(0,1)) per component) instead of N(0,1)" },
+    { "--flush", NULL, OPT_FLAG, OFF(flush), NULL, "evict the caches (read 64 MiB) before every timed sample" },
+    { "--skip-dense", NULL, OPT_FLAG, OFF(skip_dense), NULL,
+      "do not run the dense reference (no speed-up column; for profiling one policy)" },
+    { "--membw", NULL, OPT_FLAG, OFF(membw), NULL,
+      "measure read bandwidth first (per thread count) and report % of it (column %bw)" },
+    { 0 },
+};
+
+static const cli_opt common_table[] = {
+    { "-t", "--threads", OPT_STR, OFF(threads), "LIST", "thread counts, e.g. 1,2 (default: all cores)" },
+    { "--kv-type", NULL, OPT_STR, OFF(kv_type), "LIST", "KV element types f16,f32 (default f16)" },
+    { "--reps", NULL, OPT_INT, OFF(reps), "N", "timed samples (default 10; decode: see -n)" },
+    { "--warmup", NULL, OPT_INT, OFF(warmup), "N", "untimed warm-up calls / tokens (default 2)" },
+    { "--min-sample-us", NULL, OPT_INT, OFF(min_sample_us), "US",
+      "attn: repeat short calls within one sample until it lasts this long (default 1000)" },
+    { "--seed", NULL, OPT_U64, OFF(seed), "N", "data seed (default 1)" },
+    { 0 },
+};
+
+static const cli_opt policy_table[] = {
+    { "--attn", NULL, OPT_STR, OFF(attn), "LIST",
+      "policies: dense,sparq,oracle,flexgen,h2o,streaming (default dense,sparq; dense always runs)" },
+    { "--sparq-r", NULL, OPT_STR, OFF(r), "LIST", "SparQ query components (default d/4)" },
+    { "--sparq-k", NULL, OPT_STR, OFF(k), "LIST", "SparQ positions kept (default 128)" },
+    { "--sparq-l", NULL, OPT_INT, OFF(l), "L", "SparQ local window (default k/4)" },
+    { "--sparq-ratio", NULL, OPT_STR, OFF(ratio), "LIST",
+      "SparQ r, k for transfer ratios at each S / depth, e.g. 1/8,1/16 (replaces -r/-k)" },
+    { "--sparq-select", NULL, OPT_STR, OFF(select), "probs|logits", "SparQ selection score (default probs)" },
+    { "--sparq-no-realloc", NULL, OPT_FLAG, OFF(no_realloc), NULL, "SparQ without mean-value reallocation" },
+    { "--attn-k", NULL, OPT_STR, OFF(attn_k), "LIST", "positions kept by oracle/flexgen/h2o/streaming (default 128)" },
+    { "--n-sink", NULL, OPT_INT, OFF(n_sink), "N", "streaming: sink positions (default 16)" },
+    { 0 },
+};
+
+static const cli_opt membw_table[] = {
+    { "--size", NULL, OPT_I64, OFF(size_mib), "MIB", "array size in MiB (default 1024)" },
+    { 0 },
+};
+
+static const cli_opt decode_table[] = {
+    { "-m", "--model", OPT_STR, OFF(model), "FILE", "GGUF model (searched like `sparq run -m`)" },
+    { "--depth", "-d", OPT_STR, OFF(depth), "LIST",
+      "context depths, e.g. 0,8k,32k (default 0,4k; depth 0 is always run: the weights baseline)" },
+    { "--fill", NULL, OPT_STR, OFF(fill), "prefill|random",
+      "how the cache reaches the depth (default prefill; random = sparq_context_fill_random, timing only)" },
+    { "-n", "--n-gen", OPT_INT, OFF(n_tokens), "N", "decode tokens timed per depth (default 32)" },
+    { "-b", "--batch-size", OPT_INT, OFF(n_batch), "N", "prefill batch size (default 512)" },
+    { "--mmap", NULL, OPT_FLAG, OFF(use_mmap), NULL, "map the model file instead of reading it into huge pages" },
+    { 0 },
+};
+
+static const cli_opt out_table[] = {
+    { "--json", NULL, OPT_FLAG, OFF(json), NULL, "stdout: a JSON array of rows (table goes to stderr)" },
+    { "--csv", NULL, OPT_FLAG, OFF(csv), NULL, "stdout: CSV (table goes to stderr)" },
+    { "--plot", NULL, OPT_STR, OFF(plot), "FILE.png",
+      "attn: draw speed-up over dense vs S with gnuplot (script kept as FILE.png.gp)" },
+    { "--title", NULL, OPT_STR, OFF(title), "TEXT", "plot title" },
+    { 0 },
+};
+#undef OFF
+
+/* ---- small helpers ----------------------------------------------------------- */
+
+typedef struct row_list { bench_row *v; int n, cap; } row_list;
+
+static bench_row *row_push(row_list *rl)
+{
+    if (rl->n == rl->cap) {
+        int cap = rl->cap ? rl->cap * 2 : 32;
+        bench_row *v = realloc(rl->v, (size_t)cap * sizeof *v);
+        if (!v) return NULL;
+        rl->v = v;
+        rl->cap = cap;
+    }
+    return &rl->v[rl->n++];
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts ascending and drops duplicates; returns the new count. */
+static int sort_unique(int64_t *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_i64);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (m == 0 || v[i] != v[m - 1]) v[m++] = v[i];
+    return m;
+}
+
+/* A list option with a default; every value must lie in [lo, hi]. */
+static int int_list(const char *name, const char *s, const char *def, int64_t lo, int64_t hi,
+                    int64_t *out, char *err, size_t err_size)
+{
+    char e[256];
+    int n = bench_parse_list(s ? s : def, out, MAX_LIST, e, sizeof e);
+    if (n < 0) {
+        snprintf(err, err_size, "%s: %s", name, e);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (out[i] < lo || out[i] > hi) {
+            snprintf(err, err_size, "%s: %lld is outside [%lld, %lld]", name, (long long)out[i],
+                     (long long)lo, (long long)hi);
+            return -1;
+        }
+    return n;
+}
+
+static void *alloc64(size_t bytes)
+{
+    void *p = NULL;
+    bytes = (bytes + 63) / 64 * 64;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+/* MemAvailable from /proc/meminfo in bytes; 0 if unknown. */
+static int64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return (int64_t)kb * 1024;
+}
+
+/* Resident set size now, bytes (/proc/self/statm); -1 if unknown. */
+static int64_t rss_now(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return -1;
+    long long size = 0, res = -1;
+    int ok = fscanf(f, "%lld %lld", &size, &res) == 2;
+    fclose(f);
+    return ok ? (int64_t)res * sysconf(_SC_PAGESIZE) : -1;
+}
+
+/* Runs argv (no shell); returns its exit status or -1. */
+static int run_quiet(char *const argv[], int quiet)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        if (quiet) {
+            FILE *devnull = freopen("/dev/null", "w", stderr);
+            (void)devnull;
+            if (!freopen("/dev/null", "w", stdout)) _exit(127);
+        }
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    if (waitpid(pid, &st, 0) < 0) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ---- policy configurations ------------------------------------------------------ */
+
+/* One policy with one parameter choice; ratio != NULL: SparQ r, k picked
+ * per context length (cli_attn_params). */
+typedef struct pol_cfg {
+    const attn_policy *pol;
+    sparq_attn_params  p;
+    const char        *ratio;
+} pol_cfg;
+
+static int build_cfgs(const bench_opts *o, pol_cfg *cfg, char *names_buf, size_t names_size,
+                      char *ratio_buf, size_t ratio_size, char *err, size_t err_size)
+{
+    const char *names[MAX_CFG], *ratios[MAX_LIST];
+    int64_t rs[MAX_LIST], ks[MAX_LIST], aks[MAX_LIST];
+    int n_names = bench_split_names(o->attn ? o->attn : "dense,sparq", names_buf, names_size, names,
+                                    MAX_CFG, err, err_size);
+    if (n_names < 0) return -1;
+    int n_r = int_list("--sparq-r", o->r, "0", 0, 4096, rs, err, err_size);
+    int n_k = n_r < 0 ? -1 : int_list("--sparq-k", o->k, "128", 1, INT32_MAX, ks, err, err_size);
+    int n_ak = n_k < 0 ? -1 : int_list("--attn-k", o->attn_k, "128", 1, INT32_MAX, aks, err, err_size);
+    if (n_ak < 0) return -1;
+    int n_ratio = 0;
+    if (o->ratio && (n_ratio = bench_split_names(o->ratio, ratio_buf, ratio_size, ratios, MAX_LIST, err,
+                                                 err_size)) < 0)
+        return -1;
+    int select_logits = 0;
+    if (o->select) {
+        if (strcmp(o->select, "logits") == 0) select_logits = 1;
+        else if (strcmp(o->select, "probs") != 0) {
+            snprintf(err, err_size, "--sparq-select must be probs or logits, not '%s'", o->select);
+            return -1;
+        }
+    }
+    int n = 0;
+    /* dense first: every other row's speed-up is measured against it */
+    cfg[n].pol = attn_policy_find("dense");
+    cfg[n].p = sparq_attn_default_params();
+    cfg[n].p.policy = "dense";
+    cfg[n].ratio = NULL;
+    n++;
+    for (int i = 0; i < n_names; i++) {
+        const attn_policy *pol = attn_policy_find(names[i]);
+        if (!pol) {
+            snprintf(err, err_size, "--attn: unknown policy '%s' (known: %s)", names[i], attn_policy_names());
+            return -1;
+        }
+        if (strcmp(pol->name, "dense") == 0) continue;
+        sparq_attn_params base = sparq_attn_default_params();
+        base.policy = pol->name;
+        base.l = o->l;
+        base.select_logits = select_logits;
+        base.no_realloc = o->no_realloc;
+        base.n_sink = o->n_sink;
+        int is_sparq = strcmp(pol->name, "sparq") == 0;
+        int n_a = is_sparq ? (n_ratio ? n_ratio : n_r) : n_ak;
+        int n_b = is_sparq && !n_ratio ? n_k : 1;
+        for (int a = 0; a < n_a; a++)
+            for (int b = 0; b < n_b; b++) {
+                if (n >= MAX_CFG) {
+                    snprintf(err, err_size, "too many policy configurations (max %d)", MAX_CFG);
+                    return -1;
+                }
+                cfg[n].pol = pol;
+                cfg[n].p = base;
+                cfg[n].ratio = NULL;
+                if (is_sparq && n_ratio) cfg[n].ratio = ratios[a];
+                else if (is_sparq) { cfg[n].p.r = (int)rs[a]; cfg[n].p.k = (int)ks[b]; }
+                else cfg[n].p.k = (int)aks[a];
+                n++;
+            }
+    }
+    return n;
+}
+
+/* Parameters of cfg for context S and head size d, defaults filled. */
+static int cfg_params(const pol_cfg *c, int64_t S, int d, sparq_attn_params *out, char *err, size_t err_size)
+{
+    *out = c->p;
+    if (c->ratio) {
+        cli_attn_opts ao;
+        cli_attn_opts_init(&ao);
+        ao.attn = "sparq";
+        ao.ratio = c->ratio;
+        ao.l = c->p.l;
+        ao.no_realloc = c->p.no_realloc;
+        ao.select = c->p.select_logits ? "logits" : "probs";
+        if (cli_attn_params(&ao, S, d, out, err, err_size)) return -1;
+    }
+    return c->pol->resolve(out, d, err, err_size);
+}
+
+static int same_params(const sparq_attn_params *a, const sparq_attn_params *b)
+{
+    return a->r == b->r && a->k == b->k && a->l == b->l && a->select_logits == b->select_logits &&
+           a->no_realloc == b->no_realloc && a->n_sink == b->n_sink;
+}
+
+/* Fills row's r, k, l with the parameters that mean something for the policy. */
+static void row_params(bench_row *row, const attn_policy *pol, const sparq_attn_params *p)
+{
+    int sparq = strcmp(pol->name, "sparq") == 0, dense = strcmp(pol->name, "dense") == 0;
+    row->r = sparq ? p->r : 0;
+    row->k = dense ? 0 : p->k;
+    row->l = (sparq || strcmp(pol->name, "h2o") == 0) && p->l > 0 ? p->l : 0;
+}
+
+/* ---- membw ------------------------------------------------------------------------ */
+
+/* Times `reps` sequential reads of `bytes` over `threads` threads. */
+static int measure_membw(int64_t bytes, int threads, int reps, int warmup, bench_row *row, char *err,
+                         size_t err_size)
+{
+    const size_t n = (size_t)bytes / sizeof(float);
+    float *x = alloc64(n * sizeof(float));
+    double *t = malloc((size_t)(reps > 0 ? reps : 1) * 2 * sizeof(double));
+    if (!x || !t) {
+        snprintf(err, err_size, "membw: cannot allocate %lld MiB", (long long)(bytes >> 20));
+        free(x);
+        free(t);
+        return -1;
+    }
+    /* first touch with the threads that will read (page placement) */
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = (float)(i & 7);
+    volatile float sink = 0;
+    for (int rep = -warmup; rep < reps; rep++) {
+        double t0 = cli_now();
+        float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+        {
+            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            const size_t chunk = (n / (size_t)nt + 15) / 16 * 16;
+            size_t lo = (size_t)id * chunk, hi = lo + chunk < n ? lo + chunk : n;
+            if (lo < hi) total += bench_sum_f32(x + lo, hi - lo);
+        }
+        double dt = cli_now() - t0;
+        sink += total;
+        if (rep >= 0) t[rep] = dt * 1e6;
+    }
+    (void)sink;
+    bench_row_init(row, BENCH_MEMBW);
+    snprintf(row->policy, sizeof row->policy, "read");
+    row->threads = threads;
+    row->elem_size = 4;
+    bench_stats_of(t, reps, t + reps, &row->us);
+    row->bytes_counted = (int64_t)(n * sizeof(float));
+    row->gbps = bench_gbps((double)row->bytes_counted, row->us.median);
+    free(x);
+    free(t);
+    return 0;
+}
+
+/* ---- attn ------------------------------------------------------------------------- */
+
+/* Writes positions [from, to) of every batch element: keys and values
+ * N(0,1), seeded per (element, position) so the data does not depend on how
+ * the fill is split. Generating the numbers is the slow part and runs on
+ * all threads, a chunk of positions at a time; kv_write keeps a running V
+ * sum per element, so each element's rows are then stored by one thread. */
+static int fill_kv(kv_cache *kv, int64_t from, int64_t to, uint64_t seed, int threads)
+{
+    const size_t row = (size_t)kv->n_kv_head * kv->d, B = (size_t)kv->n_layer;
+    int64_t chunk = (int64_t)(((size_t)8 << 20) / (B * 2 * row)); /* ~32 MiB of f32 */
+    if (chunk < 1) chunk = 1;
+    float *buf = malloc((size_t)chunk * B * 2 * row * sizeof(float));
+    if (!buf) return -1;
+    for (int64_t p0 = from; p0 < to; p0 += chunk) {
+        const int64_t n = to - p0 < chunk ? to - p0 : chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n * (int64_t)B; i++) {
+            const int64_t b = i / n, p = p0 + i % n;
+            bench_rng r;
+            bench_rng_seed(&r, seed ^ ((uint64_t)p * 0xD1B54A32D192ED03ull) ^ ((uint64_t)b << 48));
+            bench_randn(&r, buf + (size_t)i * 2 * row, 2 * row);
+        }
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int b = 0; b < (int)B; b++)
+            for (int64_t i = 0; i < n; i++) {
+                const float *k = buf + ((size_t)b * n + i) * 2 * row;
+                kv_write(kv, b, p0 + i, k, k + row);
+            }
+    }
+    free(buf);
+    kv->n = to;
+    return 0;
+}
+
+typedef struct attn_job {
+    const attn_policy *pol;
+    void *state;
+    const sparq_attn_params *p;
+    const kv_cache *kv;
+    int B, kvh, g, threads;
+    int64_t S;
+    const float *q;       /* [B][kvh][g][d] */
+    float *out;           /* [B][kvh][g][d] */
+    float *sf;            /* [threads][n_scratch] */
+    int32_t *si;          /* [threads][n_scratch] */
+    size_t n_scratch;
+    attn_counts *counts;  /* [B * kvh] */
+} attn_job;
+
+/* One benchmark call: every (b, kv_head) pair through the policy, pairs
+ * spread over the threads as the model's decode step spreads KV heads. */
+static void attn_call(const attn_job *j)
+{
+    const int pairs = j->B * j->kvh, d = j->kv->d;
+#pragma omp parallel num_threads(j->threads)
+    {
+        const int tid = omp_get_thread_num();
+        attn_scratch s = { .f = j->sf + (size_t)tid * j->n_scratch, .n_f = j->n_scratch,
+                           .i = j->si + (size_t)tid * j->n_scratch };
+#pragma omp for schedule(static)
+        for (int i = 0; i < pairs; i++) {
+            const int b = i / j->kvh, h = i % j->kvh;
+            attn_kv_view v;
+            kv_view(j->kv, b, h, j->S, &v);
+            const size_t off = (size_t)i * j->g * d;
+            j->counts[i].read = j->counts[i].written = 0;
+            j->pol->attend(j->state, j->p, b, h, &v, j->q + off, j->g, j->out + off, &s, &j->counts[i]);
+        }
+    }
+}
+
+typedef struct attn_point {
+    int B, H, kvh, d, threads, elem_size;
+    int64_t S;
+} attn_point;
+
+/* Times one policy configuration at one point; fills row (without the
+ * speed-up, which the caller sets against its dense row). */
+static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_policy *pol,
+                        const sparq_attn_params *p, const attn_point *pt, float *flush_buf,
+                        size_t flush_n, bench_row *row, char *err, size_t err_size)
+{
+    const int g = pt->H / pt->kvh, d = pt->d, pairs = pt->B * pt->kvh;
+    const size_t nq = (size_t)pt->B * pt->H * d;
+    size_t n_scratch = attn_pad16(pol->scratch_floats(p, pt->S, d, g));
+    attn_job j = { .pol = pol, .p = p, .kv = kv, .B = pt->B, .kvh = pt->kvh, .g = g,
+                   .threads = pt->threads, .S = pt->S, .n_scratch = n_scratch };
+    float *q = alloc64(nq * sizeof(float)), *out = alloc64(nq * sizeof(float));
+    j.sf = alloc64((size_t)pt->threads * n_scratch * sizeof(float));
+    j.si = alloc64((size_t)pt->threads * n_scratch * sizeof(int32_t));
+    j.counts = malloc((size_t)pairs * sizeof *j.counts);
+    double *t = malloc((size_t)o->reps * 2 * sizeof(double));
+    int rc = -1;
+    if (!q || !out || !j.sf || !j.si || !j.counts || !t) {
+        snprintf(err, err_size, "attn: out of memory (scratch %zu floats x %d threads)", n_scratch, pt->threads);
+        goto done;
+    }
+    if (pol->state_create) {
+        attn_shape shape = { pt->B, pt->kvh, g, d, kv->cap };
+        if (pol->state_create(p, &shape, &j.state)) {
+            snprintf(err, err_size, "attn: cannot create %s state for %lld positions", pol->name,
+                     (long long)kv->cap);
+            goto done;
+        }
+    }
+    j.q = q;
+    j.out = out;
+    bench_rng rng;
+    bench_rng_seed(&rng, o->seed * 0x9E3779B97F4A7C15ull + 12345);
+
+    /* warm-up: the first call's counts are the bytes a call moves; the
+     * last one's time sets how many calls make one sample */
+    double t_call = 0;
+    int64_t counted = 0;
+    for (int w = 0; w < (o->warmup > 0 ? o->warmup : 1); w++) {
+        bench_query(&rng, q, pt->B * pt->H, d, o->heavy);
+        double t0 = cli_now();
+        attn_call(&j);
+        t_call = (cli_now() - t0) * 1e6;
+        if (w == 0) counted = bench_counted_bytes(j.counts, pairs, (size_t)pt->elem_size);
+    }
+    int inner = t_call > 0 ? (int)ceil(o->min_sample_us / t_call) : 1;
+    if (inner < 1 || o->flush) inner = 1;
+    if (inner > 10000) inner = 10000;
+    volatile float sink = 0;
+    for (int rep = 0; rep < o->reps; rep++) {
+        bench_query(&rng, q, pt->B * pt->H, d, o->heavy);
+        if (flush_buf) sink += bench_sum_f32(flush_buf, flush_n);
+        double t0 = cli_now();
+        for (int i = 0; i < inner; i++) attn_call(&j);
+        t[rep] = (cli_now() - t0) * 1e6 / inner;
+        sink += out[0];
+    }
+    (void)sink;
+
+    bench_row_init(row, BENCH_ATTN);
+    snprintf(row->policy, sizeof row->policy, "%s", pol->name);
+    row->B = pt->B;
+    row->H = pt->H;
+    row->kv_heads = pt->kvh;
+    row->d = d;
+    row->S = pt->S;
+    row_params(row, pol, p);
+    row->threads = pt->threads;
+    row->elem_size = pt->elem_size;
+    row->heavy_query = o->heavy;
+    row->inner = inner;
+    bench_stats_of(t, o->reps, t + o->reps, &row->us);
+    row->bytes_counted = counted;
+    row->bytes_formula = bench_formula_bytes(pol, p, pt->S, d, g, pairs, (size_t)pt->elem_size);
+    row->bytes_dense = bench_formula_bytes(attn_policy_find("dense"), p, pt->S, d, g, pairs,
+                                           (size_t)pt->elem_size);
+    row->gbps = bench_gbps((double)counted, row->us.median);
+    row->theoretical_ratio = bench_ratio((double)row->bytes_formula, (double)row->bytes_dense);
+    rc = 0;
+done:
+    if (j.state && pol->state_free) pol->state_free(j.state);
+    free(q);
+    free(out);
+    free(j.sf);
+    free(j.si);
+    free(j.counts);
+    free(t);
+    return rc;
+}
+
+typedef struct bw_ref { int threads; double gbps; } bw_ref;
+
+static double bw_for(const bw_ref *bw, int n_bw, int threads)
+{
+    for (int i = 0; i < n_bw; i++)
+        if (bw[i].threads == threads) return bw[i].gbps;
+    return NAN;
+}
+
+/* What every shape of an attn sweep shares. */
+typedef struct attn_sweep {
+    const bench_opts *o;
+    const int64_t *S;      /* ascending */
+    int n_S;
+    const int64_t *threads;
+    int n_threads;
+    const pol_cfg *cfg;    /* cfg[0] is dense */
+    int n_cfg;
+    unsigned needs;        /* union of the policies' cache needs */
+    const bw_ref *bw;
+    int n_bw;
+    float *flush;          /* NULL unless --flush */
+    size_t flush_n;
+} attn_sweep;
+
+/* Every policy at every thread count on one cache, S ascending. */
+static int sweep_S(const attn_sweep *w, kv_cache *kv, attn_point pt, int n_fit, const char *kv_name,
+                   row_list *rl, char *err, size_t err_size)
+{
+    int64_t filled = 0;
+    for (int iS = 0; iS < n_fit; iS++) {
+        pt.S = w->S[iS];
+        double t0 = cli_now();
+        if (fill_kv(kv, filled, pt.S, w->o->seed, omp_get_num_procs())) {
+            snprintf(err, err_size, "attn: out of memory filling the cache");
+            return -1;
+        }
+        if (pt.S - filled > 65536)
+            fprintf(stderr, "attn: filled %lld positions in %.1f s\n", (long long)(pt.S - filled), cli_now() - t0);
+        filled = pt.S;
+        for (int it = 0; it < w->n_threads; it++) {
+            pt.threads = (int)w->threads[it];
+            double dense_us = NAN;
+            for (int c = w->o->skip_dense ? 1 : 0; c < w->n_cfg; c++) {
+                sparq_attn_params p;
+                char e[256];
+                if (cfg_params(&w->cfg[c], pt.S, pt.d, &p, e, sizeof e)) {
+                    fprintf(stderr, "attn: skipping %s at S=%lld d=%d: %s\n", w->cfg[c].pol->name,
+                            (long long)pt.S, pt.d, e);
+                    continue;
+                }
+                bench_row *row = row_push(rl);
+                if (!row) {
+                    snprintf(err, err_size, "out of memory");
+                    return -1;
+                }
+                if (measure_attn(w->o, kv, w->cfg[c].pol, &p, &pt, w->flush, w->flush_n, row, err, err_size))
+                    return -1;
+                if (c == 0) dense_us = row->us.median;
+                row->speedup_vs_dense = bench_speedup(dense_us, row->us.median);
+                double ref = bw_for(w->bw, w->n_bw, pt.threads);
+                if (ref > 0) row->pct_bw = 100.0 * row->gbps / ref;
+                fprintf(stderr, "attn: %-9s r=%-3d k=%-5d B=%d H=%d kv=%d d=%d S=%-7lld t=%d %s: %10.1f us  "
+                        "%6.2f GB/s  x%.2f (theory x%.2f)\n", row->policy, row->r, row->k, pt.B, pt.H, pt.kvh,
+                        pt.d, (long long)pt.S, pt.threads, kv_name, row->us.median, row->gbps,
+                        row->speedup_vs_dense, 1.0 / row->theoretical_ratio);
+            }
+        }
+    }
+    return 0;
+}
+
+/* One shape (B, H, KV heads, d, element type): a cache for the largest S
+ * that fits in memory, then the S sweep on it. */
+static int sweep_shape(const attn_sweep *w, attn_point pt, const char *kv_name, row_list *rl, char *err,
+                       size_t err_size)
+{
+    if (pt.H % pt.kvh != 0) {
+        fprintf(stderr, "attn: skipping H=%d kv-heads=%d (H must be a multiple of the KV heads)\n", pt.H, pt.kvh);
+        return 0;
+    }
+    /* K, V (and K^T) of every sequence, keeping 30% of the available
+     * memory for everything else */
+    const int with_kt = !!(w->needs & ATTN_NEEDS_KT);
+    const double per_pos = (double)pt.B * pt.kvh * pt.d * pt.elem_size * (2 + with_kt);
+    const int64_t avail = mem_available();
+    int n_fit = w->n_S;
+    if (avail > 0)
+        while (n_fit > 0 && per_pos * (double)w->S[n_fit - 1] > 0.7 * (double)avail) n_fit--;
+    for (int i = n_fit; i < w->n_S; i++)
+        fprintf(stderr, "attn: skipping S=%lld for B=%d kv-heads=%d d=%d %s: needs %.1f GiB, %.1f GiB available\n",
+                (long long)w->S[i], pt.B, pt.kvh, pt.d, kv_name, per_pos * (double)w->S[i] / (1 << 30),
+                (double)avail / (1 << 30));
+    if (n_fit == 0) return 0;
+    kv_cache kv;
+    if (kv_create(&kv, pt.B, pt.kvh, pt.d, w->S[n_fit - 1], pt.elem_size == 4 ? KV_F32 : KV_F16, with_kt,
+                  !!(w->needs & ATTN_NEEDS_VSUM), err, err_size))
+        return -1;
+    int rc = sweep_S(w, &kv, pt, n_fit, kv_name, rl, err, err_size);
+    kv_free(&kv);
+    return rc;
+}
+
+static int bench_attn(const bench_opts *o, row_list *rl, char *err, size_t err_size)
+{
+    int64_t Bs[MAX_LIST], Hs[MAX_LIST], KVs[MAX_LIST], ds[MAX_LIST], Ss[MAX_LIST], ts[MAX_LIST];
+    const char *kv_names[4];
+    char kv_buf[64], names_buf[512], ratio_buf[256];
+    char def_t[16];
+    snprintf(def_t, sizeof def_t, "%d", omp_get_num_procs());
+    int nB = int_list("--B", o->B, "1", 1, 4096, Bs, err, err_size);
+    int nH = nB < 0 ? -1 : int_list("--H", o->H, "32", 1, 4096, Hs, err, err_size);
+    int nKV = nH < 0 ? -1 : int_list("--kv-heads", o->kv_heads, "8", 1, 4096, KVs, err, err_size);
+    int nd = nKV < 0 ? -1 : int_list("--d", o->d, "128", 1, 1024, ds, err, err_size);
+    int nS = nd < 0 ? -1 : int_list("--S", o->S, "1k,4k,16k,32k", 1, (int64_t)1 << 31, Ss, err, err_size);
+    int nt = nS < 0 ? -1 : int_list("-t", o->threads, def_t, 1, 1024, ts, err, err_size);
+    if (nt < 0) return -1;
+    nS = sort_unique(Ss, nS);
+    int nkv = bench_split_names(o->kv_type ? o->kv_type : "f16", kv_buf, sizeof kv_buf, kv_names, 4, err, err_size);
+    if (nkv < 0) return -1;
+    for (int i = 0; i < nkv; i++)
+        if (cli_kv_type(kv_names[i]) < 0) {
+            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32", kv_names[i]);
+            return -1;
+        }
+    pol_cfg cfg[MAX_CFG];
+    int ncfg = build_cfgs(o, cfg, names_buf, sizeof names_buf, ratio_buf, sizeof ratio_buf, err, err_size);
+    if (ncfg < 0) return -1;
+    bw_ref bw[MAX_LIST];
+    attn_sweep w = { .o = o, .S = Ss, .n_S = nS, .threads = ts, .n_threads = nt, .cfg = cfg, .n_cfg = ncfg,
+                     .bw = bw, .flush_n = (size_t)64 << 20 >> 2 };
+    for (int c = 0; c < ncfg; c++) w.needs |= cfg[c].pol->needs;
+
+    if (o->membw)
+        for (int i = 0; i < nt; i++) {
+            bench_row *row = row_push(rl);
+            if (!row || measure_membw((int64_t)512 << 20, (int)ts[i], 5, 1, row, err, err_size)) return -1;
+            bw[w.n_bw].threads = (int)ts[i];
+            bw[w.n_bw++].gbps = row->gbps;
+            fprintf(stderr, "membw: %d thread(s): %.2f GB/s\n", (int)ts[i], row->gbps);
+        }
+    if (o->flush) {
+        if (!(w.flush = alloc64(w.flush_n * sizeof(float)))) {
+            snprintf(err, err_size, "--flush: cannot allocate 64 MiB");
+            return -1;
+        }
+        memset(w.flush, 0, w.flush_n * sizeof(float));
+    }
+    int rc = 0;
+    for (int ie = 0; ie < nkv && rc == 0; ie++)
+        for (int iB = 0; iB < nB && rc == 0; iB++)
+            for (int iH = 0; iH < nH && rc == 0; iH++)
+                for (int iK = 0; iK < nKV && rc == 0; iK++)
+                    for (int id = 0; id < nd && rc == 0; id++) {
+                        attn_point pt = { (int)Bs[iB], (int)Hs[iH], (int)KVs[iK], (int)ds[id], 0,
+                                          cli_kv_type(kv_names[ie]) == SPARQ_KV_F32 ? 4 : 2, 0 };
+                        rc = sweep_shape(&w, pt, kv_names[ie], rl, err, err_size);
+                    }
+    free(w.flush);
+    return rc;
+}
+
+/* ---- decode ----------------------------------------------------------------------- */
+
+/* Brings the context to `depth` positions: a real prefill of synthetic
+ * tokens, or random keys and values (timing only). */
+static int decode_fill(sparq_context *c, int64_t depth, int random_fill, int n_vocab, uint64_t seed,
+                       char *err, size_t err_size)
+{
+    int64_t pos = sparq_context_pos(c);
+    if (depth <= pos) return 0;
+    if (random_fill) {
+        if (sparq_context_fill_random(c, depth - pos, seed + (uint64_t)pos)) goto fail;
+        return 0;
+    }
+    enum { CHUNK = 4096 };
+    int32_t *ids = malloc(CHUNK * sizeof *ids);
+    if (!ids) {
+        snprintf(err, err_size, "decode: out of memory");
+        return -1;
+    }
+    while (pos < depth) {
+        int n = depth - pos < CHUNK ? (int)(depth - pos) : CHUNK;
+        /* a fixed pseudo-random token sequence (no BOS: timing only) */
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)(((uint64_t)(pos + i) * 2654435761u + seed) % (uint64_t)n_vocab);
+        if (sparq_eval(c, ids, n, NULL)) {
+            free(ids);
+            goto fail;
+        }
+        pos += n;
+    }
+    free(ids);
+    return 0;
+fail:
+    snprintf(err, err_size, "decode: fill to depth %lld: %s", (long long)depth, sparq_context_error(c));
+    return -1;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+/* Decodes warm-up then n timed tokens from the context's current position
+ * (the depth); fills the row's timing, per-token transfer (elements for
+ * the formula columns: the caller scales by the element size) and memory. */
+static int decode_point(sparq_context *ctx, const sparq_model *m, const bench_opts *o, int64_t depth,
+                        double *t, float *logits, bench_row *row, char *err, size_t err_size)
+{
+    const int n_vocab = sparq_model_n_vocab(m), n = o->n_tokens;
+    int32_t tok = (int32_t)((depth * 31 + 7) % n_vocab);
+    for (int w = 0; w < o->warmup; w++)
+        if (sparq_eval(ctx, &tok, 1, logits)) goto fail;
+    sparq_attn_stats s0, s1;
+    sparq_context_attn_stats(ctx, &s0);
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        tok = (int32_t)((tok * 1103515245u + 12345u) % (uint32_t)n_vocab);
+        double t1 = cli_now();
+        if (sparq_eval(ctx, &tok, 1, logits)) goto fail;
+        t[i] = (cli_now() - t1) * 1e6;
+        total += t[i];
+    }
+    sparq_context_attn_stats(ctx, &s1);
+    bench_row_init(row, BENCH_DECODE);
+    row->B = 1;
+    row->H = sparq_model_n_head(m);
+    row->kv_heads = sparq_model_n_kv_head(m);
+    row->d = sparq_model_head_dim(m);
+    row->S = row->depth = depth;
+    row->inner = 1;
+    bench_stats_of(t, n, t + n, &row->us);
+    row->bytes_counted = (s1.bytes - s0.bytes) / n;
+    row->bytes_formula = (s1.formula_elements - s0.formula_elements) / n;
+    row->bytes_dense = (s1.dense_elements - s0.dense_elements) / n;
+    row->theoretical_ratio = bench_ratio((double)row->bytes_formula, (double)row->bytes_dense);
+    row->tok_s = 1e6 / row->us.median;
+    row->tok_s_mean = total > 0 ? n * 1e6 / total : NAN;
+    row->rss = rss_now();
+    row->peak_rss = cli_peak_rss();
+    return 0;
+fail:
+    snprintf(err, err_size, "decode at depth %lld: %s", (long long)depth, sparq_context_error(ctx));
+    return -1;
+}
+
+static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err_size)
+{
+    int64_t depths[MAX_LIST + 1], ts[MAX_LIST];
+    const char *kv_names[4];
+    char kv_buf[64], names_buf[512], ratio_buf[256], def_t[16], path[4096];
+    snprintf(def_t, sizeof def_t, "%d", omp_get_num_procs());
+    int n_depth = int_list("--depth", o->depth, "0,4k", 0, (int64_t)1 << 31, depths, err, err_size);
+    int nt = n_depth < 0 ? -1 : int_list("-t", o->threads, def_t, 1, 1024, ts, err, err_size);
+    if (nt < 0) return -1;
+    depths[n_depth++] = 0; /* the weights-only baseline */
+    n_depth = sort_unique(depths, n_depth);
+    const int64_t max_depth = depths[n_depth - 1];
+    int nkv = bench_split_names(o->kv_type ? o->kv_type : "f16", kv_buf, sizeof kv_buf, kv_names, 4, err, err_size);
+    if (nkv < 0) return -1;
+    for (int i = 0; i < nkv; i++)
+        if (cli_kv_type(kv_names[i]) < 0) {
+            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32", kv_names[i]);
+            return -1;
+        }
+    int random_fill = 0;
+    if (o->fill && strcmp(o->fill, "random") == 0) random_fill = 1;
+    else if (o->fill && strcmp(o->fill, "prefill") != 0) {
+        snprintf(err, err_size, "--fill must be prefill or random, not '%s'", o->fill);
+        return -1;
+    }
+    if (o->n_tokens < 1) {
+        snprintf(err, err_size, "-n must be >= 1");
+        return -1;
+    }
+    pol_cfg cfg[MAX_CFG];
+    int ncfg = build_cfgs(o, cfg, names_buf, sizeof names_buf, ratio_buf, sizeof ratio_buf, err, err_size);
+    if (ncfg < 0) return -1;
+
+    cli_model_opts mo = { 0 };
+    mo.model = o->model;
+    mo.use_mmap = o->use_mmap;
+    sparq_model *m = cli_load_model(&mo, path, sizeof path);
+    if (!m) {
+        snprintf(err, err_size, "cannot load the model");
+        return -1;
+    }
+    const int n_vocab = sparq_model_n_vocab(m), d = sparq_model_head_dim(m);
+    const int warm = o->warmup > 0 ? o->warmup : 0;
+    const int64_t n_ctx = max_depth + warm + o->n_tokens + 8;
+    float *logits = malloc((size_t)n_vocab * sizeof(float));
+    double *t = malloc((size_t)o->n_tokens * 2 * sizeof(double));
+    double dense_tok_s[MAX_LIST + 1];
+    int rc = -1;
+    if (!logits || !t) {
+        snprintf(err, err_size, "decode: out of memory");
+        goto done;
+    }
+    for (int ie = 0; ie < nkv; ie++)
+    for (int it = 0; it < nt; it++)
+    for (int c = 0; c < ncfg; c++) {
+        sparq_context *ctx = NULL;
+        sparq_attn_params cur;
+        double ms_weights = NAN;
+        for (int id = 0; id < n_depth; id++) {
+            const int64_t depth = depths[id];
+            sparq_attn_params p;
+            char e[256];
+            /* a ratio is aimed at the context the measured tokens see; where it
+             * cannot be met (tiny depths) the largest depth's choice is used */
+            if (cfg_params(&cfg[c], depth + warm + o->n_tokens, d, &p, e, sizeof e) &&
+                cfg_params(&cfg[c], max_depth + warm + o->n_tokens, d, &p, e, sizeof e)) {
+                snprintf(err, err_size, "%s: %s", cfg[c].pol->name, e);
+                sparq_context_free(ctx);
+                goto done;
+            }
+            if (ctx && (!same_params(&p, &cur) || sparq_context_pos(ctx) > depth)) {
+                sparq_context_free(ctx);
+                ctx = NULL;
+            }
+            if (!ctx) {
+                sparq_context_params cp = sparq_context_default_params();
+                cp.n_ctx = n_ctx;
+                cp.n_threads = (int)ts[it];
+                cp.n_batch = o->n_batch;
+                cp.kv_type = cli_kv_type(kv_names[ie]);
+                cp.attn = p;
+                if (sparq_context_create(m, &cp, &ctx, err, err_size)) goto done;
+                cur = p;
+            }
+            double t0 = cli_now();
+            if (decode_fill(ctx, depth, random_fill, n_vocab, o->seed, err, err_size)) {
+                sparq_context_free(ctx);
+                goto done;
+            }
+            if (depth > 0)
+                fprintf(stderr, "decode: %s fill to depth %lld: %.1f s\n", random_fill ? "random" : "prefill",
+                        (long long)depth, cli_now() - t0);
+            bench_row *row = row_push(rl);
+            if (!row) snprintf(err, err_size, "out of memory");
+            if (!row || decode_point(ctx, m, o, depth, t, logits, row, err, err_size)) {
+                sparq_context_free(ctx);
+                goto done;
+            }
+            snprintf(row->policy, sizeof row->policy, "%s", cfg[c].pol->name);
+            snprintf(row->model, sizeof row->model, "%.63s", base_name(path));
+            snprintf(row->fill, sizeof row->fill, "%s", random_fill ? "random" : "prefill");
+            row_params(row, cfg[c].pol, &p);
+            row->threads = (int)ts[it];
+            row->elem_size = cli_kv_type(kv_names[ie]) == SPARQ_KV_F32 ? 4 : 2;
+            /* per-token bytes from the context's counters (elements x size) */
+            row->bytes_formula *= row->elem_size;
+            row->bytes_dense *= row->elem_size;
+            if (depth == 0) ms_weights = row->us.median / 1e3;
+            row->ms_weights = ms_weights;
+            row->ms_attn = row->us.median / 1e3 - ms_weights;
+            if (row->ms_attn > 0) row->gbps = bench_gbps((double)row->bytes_counted, row->ms_attn * 1e3);
+            if (c == 0) dense_tok_s[id] = row->tok_s;
+            row->speedup_vs_dense = dense_tok_s[id] > 0 ? row->tok_s / dense_tok_s[id] : NAN;
+            fprintf(stderr, "decode: %-9s r=%-3d k=%-5d depth=%-7lld t=%d %s: %8.2f tok/s  %7.3f ms/tok (attn %.3f)  x%.2f\n",
+                    row->policy, row->r, row->k, (long long)depth, row->threads, kv_names[ie], row->tok_s,
+                    row->us.median / 1e3, row->ms_attn, row->speedup_vs_dense);
+        }
+        sparq_context_free(ctx);
+    }
+    rc = 0;
+done:
+    free(logits);
+    free(t);
+    sparq_model_free(m);
+    return rc;
+}
+
+/* ---- output ----------------------------------------------------------------------- */
+
+static int write_plot(const bench_opts *o, const row_list *rl)
+{
+    size_t len = strlen(o->plot);
+    char *script = malloc(len + 4);
+    if (!script) return -1;
+    snprintf(script, len + 4, "%s.gp", o->plot);
+    char *check[] = { "gnuplot", "-e", "set terminal pngcairo", NULL };
+    int have = run_quiet(check, 1);
+    if (have == 127 || have < 0) {
+        fprintf(stderr, "error: --plot needs gnuplot (scripts/setup.sh installs gnuplot-nox)\n");
+        free(script);
+        return -1;
+    }
+    const char *term = have == 0 ? "pngcairo" : "png";
+    FILE *f = fopen(script, "w");
+    if (!f) {
+        fprintf(stderr, "error: cannot write '%s'\n", script);
+        free(script);
+        return -1;
+    }
+    int n = bench_write_gnuplot(f, rl->v, rl->n, o->plot, term, o->title);
+    if (fclose(f) != 0 || n < 0) {
+        fprintf(stderr, "error: writing '%s' failed\n", script);
+        free(script);
+        return -1;
+    }
+    if (n == 0) {
+        fprintf(stderr, "warning: --plot: no attn rows with a speed-up to draw\n");
+        free(script);
+        return 0;
+    }
+    char *argv[] = { "gnuplot", script, NULL };
+    int st = run_quiet(argv, 0);
+    if (st != 0) fprintf(stderr, "error: gnuplot %s failed (status %d)\n", script, st);
+    else fprintf(stderr, "plot: %s (%s terminal; script %s)\n", o->plot, term, script);
+    free(script);
+    return st == 0 ? 0 : -1;
+}
+
+static void usage_all(FILE *f)
+{
+    fprintf(f,
+            "usage: sparq bench MODE [options]   (sparq bench MODE --help for its options)\n\n"
+            "modes:\n"
+            "  attn     the decode attention operation alone (SparQ paper section 6 microbenchmark)\n"
+            "  membw    sequential read bandwidth (the roofline for the attn rows)\n"
+            "  decode   end-to-end decode tokens/s at context depths (like llama-bench -d)\n"
+            "  topk     top-k attention over a key index at up to 1M tokens (= sparq bench-topk)\n");
+}
+
+int cli_bench(int argc, char **argv)
+{
+    if (argc < 1 || strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "--help") == 0) {
+        usage_all(argc < 1 ? stderr : stdout);
+        return argc < 1 ? 2 : 0;
+    }
+    const char *mode = argv[0];
+    if (strcmp(mode, "topk") == 0) return cli_topk(argc - 1, argv + 1); /* its own options and report */
+    bench_opts o;
+    memset(&o, 0, sizeof o);
+    o.l = -1;
+    o.reps = 10;
+    o.warmup = 2;
+    o.min_sample_us = 1000;
+    o.seed = 1;
+    o.size_mib = 1024;
+    o.n_tokens = 32;
+    cli_group groups[5];
+    int ng = 0;
+    const char *usage;
+    if (strcmp(mode, "attn") == 0) {
+        groups[ng++] = (cli_group){ "shape", shape_table, &o };
+        groups[ng++] = (cli_group){ "attention policies (comma lists sweep)", policy_table, &o };
+        usage = "usage: sparq bench attn [--S LIST] [--B LIST] [--attn LIST] [options]";
+    } else if (strcmp(mode, "membw") == 0) {
+        groups[ng++] = (cli_group){ "membw", membw_table, &o };
+        usage = "usage: sparq bench membw [--size MIB] [-t LIST] [options]";
+    } else if (strcmp(mode, "decode") == 0) {
+        groups[ng++] = (cli_group){ "decode", decode_table, &o };
+        groups[ng++] = (cli_group){ "attention policies (comma lists sweep)", policy_table, &o };
+        usage = "usage: sparq bench decode -m MODEL [--depth LIST] [--attn LIST] [--fill prefill|random] [options]";
+    } else {
+        fprintf(stderr, "error: unknown bench mode '%s'\n", mode);
+        usage_all(stderr);
+        return 2;
+    }
+    groups[ng++] = (cli_group){ "runs", common_table, &o };
+    groups[ng++] = (cli_group){ "output", out_table, &o };
+    char err[512];
+    const int parsed = cli_parse_command(groups, ng, argc - 1, argv + 1,
+                                         usage,
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
+    if (o.reps < 1 || o.warmup < 0 || o.min_sample_us < 0 || o.size_mib < 1 || o.size_mib > (1 << 20)) {
+        fprintf(stderr, "error: --reps must be >= 1, --warmup and --min-sample-us >= 0, --size in [1, 1048576]\n");
+        return 2;
+    }
+    if (o.json && o.csv) {
+        fprintf(stderr, "error: give only one of --json and --csv\n");
+        return 2;
+    }
+
+    row_list rl = { 0 };
+    int rc = 0;
+    err[0] = 0;
+    if (strcmp(mode, "attn") == 0) {
+        rc = bench_attn(&o, &rl, err, sizeof err);
+    } else if (strcmp(mode, "membw") == 0) {
+        int64_t ts[MAX_LIST];
+        char def_t[32];
+        snprintf(def_t, sizeof def_t, "1,%d", omp_get_num_procs());
+        int nt = int_list("-t", o.threads, def_t, 1, 1024, ts, err, sizeof err);
+        rc = nt < 0 ? -1 : 0;
+        if (nt > 0) nt = sort_unique(ts, nt);
+        for (int i = 0; rc == 0 && i < nt; i++) {
+            bench_row *row = row_push(&rl);
+            if (!row) { snprintf(err, sizeof err, "out of memory"); rc = -1; break; }
+            rc = measure_membw(o.size_mib << 20, (int)ts[i], o.reps, o.warmup, row, err, sizeof err);
+            if (rc == 0) fprintf(stderr, "membw: %d thread(s): %.2f GB/s\n", (int)ts[i], row->gbps);
+        }
+    } else {
+        rc = bench_decode(&o, &rl, err, sizeof err);
+    }
+    if (rc != 0) fprintf(stderr, "error: %s\n", err);
+    if (rl.n > 0) { /* what was measured is reported even after an error */
+        if (o.json) bench_write_json(stdout, rl.v, rl.n);
+        else if (o.csv) bench_write_csv(stdout, rl.v, rl.n);
+        bench_print_table(o.json || o.csv ? stderr : stdout, rl.v, rl.n);
+        fflush(stdout);
+        if (o.plot && write_plot(&o, &rl) != 0 && rc == 0) rc = -1;
+    }
+    free(rl.v);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,152 @@
+/* cli_prefill.c - `sparq prefill`: run a long context through the model once
+ * and save its KV cache, with prebuilt top-k indexes, to a file that
+ * `sparq run --load-kv FILE` maps back (docs/KVFILE.md).
+ *
+ * stdout: nothing, or one JSON object with --json; progress on stderr.
+ */
+#include "cli/cli.h"
+#include "util/textbuf.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct prefill_opts {
+    const char *prompt, *prompt_file, *save;
+} prefill_opts;
+
+#define OFF(f) offsetof(prefill_opts, f)
+static const cli_opt prefill_table[] = {
+    { "-f", "--file", OPT_STR, OFF(prompt_file), "FILE", "the context to prefill" },
+    { "-p", "--prompt", OPT_STR, OFF(prompt), "TEXT", "the context as text (instead of -f)" },
+    { "--save-kv", NULL, OPT_STR, OFF(save), "FILE", "KV cache file to write (required)" },
+    { 0 },
+};
+#undef OFF
+
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) { (void)sig; interrupted = 1; }
+
+
+
+int cli_prefill(int argc, char **argv)
+{
+    cli_model_opts mo = { 0 };
+    cli_attn_opts ao;
+    cli_attn_opts_init(&ao);
+    prefill_opts po = { 0 };
+    cli_group groups[] = {
+        { "prefill", prefill_table, &po },
+        { "model", cli_model_table, &mo },
+        { "attention and indexes (--index LIST: kinds to store, default ivf; none for no index)",
+          cli_attn_table, &ao },
+    };
+    const int n_groups = 3;
+    char err[512], path[4096];
+    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
+                                         "usage: sparq prefill [-m MODEL] (-f FILE | -p TEXT) --save-kv OUT [--index LIST]",
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
+    if (!po.save) {
+        fprintf(stderr, "error: --save-kv FILE is required\n");
+        return 2;
+    }
+    if (!!po.prompt + !!po.prompt_file != 1) {
+        fprintf(stderr, "error: give the context with exactly one of -f FILE and -p TEXT\n");
+        return 2;
+    }
+    const int kv_type = cli_kv_type(mo.kv_type);
+    if (kv_type < 0) {
+        fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);
+        return 2;
+    }
+    /* --index here is the list of kinds to store, not topk's one kind */
+    const char *indexes = ao.index ? ao.index : "ivf";
+    if (strcmp(indexes, "none") == 0) indexes = "";
+    ao.index = NULL;
+
+    int rc = 1;
+    sparq_model *m = NULL;
+    sparq_context *c = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    m = cli_load_model(&mo, path, sizeof path);
+    if (!m) goto done;
+    size_t len = 0;
+    if (po.prompt_file) {
+        text = text_read_file(po.prompt_file, &len);
+        if (!text) {
+            fprintf(stderr, "error: cannot read context file '%s'\n", po.prompt_file);
+            goto done;
+        }
+    } else {
+        text = strdup(po.prompt);
+        len = strlen(text);
+    }
+    int n = sparq_tokenize(m, text, (int)len, 1, NULL, 0);
+    if (n <= 0 || !(ids = malloc((size_t)n * sizeof *ids)) || sparq_tokenize(m, text, (int)len, 1, ids, n) != n) {
+        fprintf(stderr, "error: cannot tokenize the context\n");
+        goto done;
+    }
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : sparq_model_n_ctx_train(m);
+    cp.n_threads = mo.n_threads;
+    cp.n_batch = mo.n_batch;
+    cp.kv_type = kv_type;
+    if (n >= cp.n_ctx) {
+        fprintf(stderr, "error: the context has %d tokens but the cache holds %lld (-c); leave room for "
+                        "the question and the answer\n", n, (long long)cp.n_ctx);
+        goto done;
+    }
+    if (cli_attn_params(&ao, cp.n_ctx, sparq_model_head_dim(m), &cp.attn, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    if (isatty(2)) cp.progress = cli_prefill_progress;
+    cp.abort_flag = &interrupted;
+    if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    signal(SIGINT, on_sigint);
+    double t0 = cli_now();
+    if (sparq_eval(c, ids, n, NULL)) {
+        fprintf(stderr, "error: %s\n", sparq_context_error(c));
+        goto done;
+    }
+    double t_prefill = cli_now() - t0;
+    fprintf(stderr, "prefill: %d tokens in %.2f s (%.1f tok/s); saving with indexes [%s]\n", n, t_prefill,
+            n / (t_prefill > 0 ? t_prefill : 1e-9), indexes);
+    t0 = cli_now();
+    if (sparq_context_save_kv(c, po.save, indexes, ids, n, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    double t_save = cli_now() - t0;
+    struct stat st;
+    int64_t bytes = stat(po.save, &st) == 0 ? (int64_t)st.st_size : -1;
+    int64_t disk = stat(po.save, &st) == 0 ? (int64_t)st.st_blocks * 512 : -1;
+    fprintf(stderr, "saved %s: %lld positions of %lld, %.1f MiB (%.1f MiB on disk) in %.2f s | peak RSS %.1f MiB\n",
+            po.save, (long long)n, (long long)cp.n_ctx, bytes / 1048576.0, disk / 1048576.0, t_save,
+            cli_peak_rss() / 1048576.0);
+    if (mo.json) {
+        printf("{\"model\":");
+        cli_json_str(stdout, path, strlen(path));
+        printf(",\"file\":");
+        cli_json_str(stdout, po.save, strlen(po.save));
+        printf(",\"tokens\":%d,\"n_ctx\":%lld,\"indexes\":", n, (long long)cp.n_ctx);
+        cli_json_str(stdout, indexes, strlen(indexes));
+        printf(",\"prefill_s\":%.4f,\"save_s\":%.4f,\"file_bytes\":%lld,\"disk_bytes\":%lld,"
+               "\"peak_rss_bytes\":%lld}\n",
+               t_prefill, t_save, (long long)bytes, (long long)disk, (long long)cli_peak_rss());
+    }
+    rc = 0;
+done:
+    free(ids);
+    free(text);
+    sparq_context_free(c);
+    sparq_model_free(m);
+    return rc;
+}

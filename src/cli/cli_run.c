@@ -1,0 +1,559 @@
+/* cli_run.c - `sparq run`: prompt in, continuation out; with --chat and no
+ * prompt, an interactive conversation read from stdin.
+ *
+ * stdout carries only the generated text (or one JSON object with --json);
+ * timings, progress, the "> " prompt and errors go to stderr.
+ *
+ * Map:
+ *   run_table        the options
+ *   generate         the sampling loop both modes share
+ *   prompt_ids       -p / -f / --prompt-tokens (/ --chat -p) -> token ids
+ *   chat_turn_ids    the tokens one more user turn appends to the cache
+ *   run_chat         the interactive loop: one user turn per stdin line
+ *   cli_run          options, model, context; then one prompt or run_chat
+ */
+#include "cli/cli.h"
+#include "util/textbuf.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct run_opts {
+    const char *prompt;        /* -p */
+    const char *prompt_file;   /* -f */
+    const char *prompt_tokens; /* --prompt-tokens 1,2,3 */
+    int         n_predict;     /* -n */
+    float       temp;
+    int         top_k;
+    float       top_p;
+    uint64_t    seed;
+    const char *logits_out;
+    int         ignore_eos;
+    int         chat;          /* --chat / -cnv */
+    const char *chat_template;
+    const char *system;
+    const char *load_kv;       /* --load-kv FILE */
+    int         verify_kv;     /* --verify-kv */
+} run_opts;
+
+#define OFF(f) offsetof(run_opts, f)
+static const cli_opt run_table[] = {
+    { "-p", "--prompt", OPT_STR, OFF(prompt), "TEXT", "prompt text" },
+    { "-f", "--file", OPT_STR, OFF(prompt_file), "FILE", "read the prompt from FILE" },
+    { "--prompt-tokens", NULL, OPT_STR, OFF(prompt_tokens), "ID,ID,...", "prompt as token ids (no BOS added)" },
+    { "-n", "--n-predict", OPT_INT, OFF(n_predict), "N", "tokens to generate (default 128; 0: only evaluate the prompt)" },
+    { "--temp", NULL, OPT_FLOAT, OFF(temp), "T", "temperature (0 = greedy; default 0.8)" },
+    { "--top-k", NULL, OPT_INT, OFF(top_k), "K", "top-k sampling (0 = off; default 40)" },
+    { "--top-p", NULL, OPT_FLOAT, OFF(top_p), "P", "top-p sampling (1 = off; default 0.95)" },
+    { "--seed", NULL, OPT_U64, OFF(seed), "N", "sampling seed (default 42)" },
+    { "--logits-out", NULL, OPT_STR, OFF(logits_out), "FILE",
+      "write float32 logits [n_rows][n_vocab] of every prompt position and generation step" },
+    { "--ignore-eos", NULL, OPT_FLAG, OFF(ignore_eos), NULL, "do not stop at end-of-generation tokens" },
+    { "--chat", "-cnv", OPT_FLAG, OFF(chat), NULL,
+      "chat format: -p/-f is one user message; without them, user turns are read "
+      "from stdin, one per line, until EOF (the cache is kept between turns)" },
+    { "--chat-template", NULL, OPT_STR, OFF(chat_template), "NAME",
+      "llama3 | chatml | phi3 | mistral | gemma (default: from the model)" },
+    { "--system", NULL, OPT_STR, OFF(system), "TEXT", "system message for --chat" },
+    { "--load-kv", NULL, OPT_STR, OFF(load_kv), "FILE",
+      "start from a saved KV cache (sparq prefill --save-kv); the prompt continues it" },
+    { "--verify-kv", NULL, OPT_FLAG, OFF(verify_kv), NULL,
+      "check the data checksums of --load-kv even when the file is over 1 GiB" },
+    { 0 },
+};
+#undef OFF
+
+/* The one piece of global state: set by the SIGINT handler. */
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) { (void)sig; interrupted = 1; }
+
+
+/* Parses "1,2,3" into a malloc'ed array; returns count or -1. */
+static int parse_ids(const char *s, int32_t **out)
+{
+    int cap = 16, n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return -1;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX || (*end && *end != ',')) { free(ids); return -1; }
+        if (n == cap) {
+            int32_t *bigger = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+            if (!bigger) { free(ids); return -1; }
+            ids = bigger;
+        }
+        ids[n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    *out = ids;
+    return n;
+}
+
+static int write_rows(FILE *f, const float *rows, size_t n_rows, int n_vocab)
+{
+    return fwrite(rows, sizeof(float) * (size_t)n_vocab, n_rows, f) == n_rows ? 0 : -1;
+}
+
+/* ---- generation -------------------------------------------------------- */
+
+typedef struct gen_ctx {
+    const sparq_model *m;
+    sparq_context *c;
+    sparq_sampler *smp;
+    float      *logits;     /* [n_vocab]: the last evaluated position's     */
+    int         n_vocab;
+    int         ignore_eos;
+    int         print;      /* stream each piece to stdout                  */
+    FILE       *lf;         /* --logits-out rows, or NULL                   */
+    const char *lf_path;
+    text_buf   *out;        /* collects the text, or NULL                   */
+} gen_ctx;
+
+typedef struct gen_result {
+    int n;                  /* ids sampled (a final EOG token included)     */
+    int pending;            /* 1: ids[n-1] belongs to the reply but is not
+                               in the cache yet (it needed no forward pass) */
+    int n_decoded;          /* forward passes                               */
+    const char *stop;       /* why it stopped early, or NULL (n_predict)    */
+} gen_result;
+
+/* Samples up to n_predict tokens into ids[n_predict] from g->logits,
+ * evaluating each before sampling the next. An end-of-generation token
+ * stops the reply and is never evaluated. Returns 0, or -1 after printing
+ * the error. */
+static int generate(const gen_ctx *g, int n_predict, int32_t *ids, gen_result *r)
+{
+    char piece[256];
+    memset(r, 0, sizeof *r);
+    while (r->n < n_predict) {
+        if (interrupted) { r->stop = "interrupted"; break; }
+        if (sparq_context_pos(g->c) >= sparq_context_n_ctx(g->c)) { r->stop = "context full"; break; }
+        int32_t id = sparq_sample(g->smp, g->logits);
+        ids[r->n++] = id;
+        if (!g->ignore_eos && sparq_token_is_eog(g->m, id)) { r->stop = "end of generation"; break; }
+        int len = sparq_token_to_piece(g->m, id, piece, sizeof piece);
+        if (len > (int)sizeof piece) len = sizeof piece;
+        if (len > 0) {
+            if (g->out && text_append(g->out, piece, (size_t)len)) {
+                fprintf(stderr, "error: out of memory\n");
+                return -1;
+            }
+            if (g->print) { fwrite(piece, 1, (size_t)len, stdout); fflush(stdout); }
+        }
+        r->pending = 1;
+        if (r->n == n_predict) break; /* the last token needs no forward pass */
+        if (sparq_context_pos(g->c) >= sparq_context_n_ctx(g->c)) { r->stop = "context full"; break; }
+        if (sparq_eval(g->c, &id, 1, g->logits)) {
+            fprintf(stderr, "\nerror: %s\n", sparq_context_error(g->c));
+            return -1;
+        }
+        r->pending = 0;
+        r->n_decoded++;
+        if (g->lf && write_rows(g->lf, g->logits, 1, g->n_vocab)) {
+            fprintf(stderr, "error: writing '%s' failed\n", g->lf_path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- prompts ----------------------------------------------------------- */
+
+/* Renders and tokenizes msgs[n] (plus the assistant's opening) into a
+ * malloc'ed array; returns the count or -1 after printing the error. */
+static int chat_ids(const sparq_model *m, const char *tmpl, const sparq_chat_msg *msgs, int n,
+                    int32_t **out)
+{
+    char err[512];
+    int n_ids = sparq_chat_tokenize(m, tmpl, msgs, n, 1, NULL, 0, err, sizeof err);
+    if (n_ids < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        return -1;
+    }
+    int32_t *ids = malloc((size_t)(n_ids + 1) * sizeof *ids);
+    if (!ids || sparq_chat_tokenize(m, tmpl, msgs, n, 1, ids, n_ids, err, sizeof err) != n_ids) {
+        fprintf(stderr, "error: cannot tokenize the chat prompt\n");
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    return n_ids;
+}
+
+/* The prompt of a single-shot run as token ids (malloc'ed, room for one
+ * more); returns the count, or -1 after printing the error. */
+static int prompt_ids(const sparq_model *m, const run_opts *ro, int32_t **out)
+{
+    if (ro->prompt_tokens) {
+        int n = parse_ids(ro->prompt_tokens, out);
+        if (n <= 0) fprintf(stderr, "error: --prompt-tokens must be comma-separated token ids\n");
+        return n > 0 ? n : -1;
+    }
+    size_t len = 0;
+    char *text = NULL;
+    if (ro->prompt_file) {
+        if (!(text = text_read_file(ro->prompt_file, &len))) {
+            fprintf(stderr, "error: cannot read prompt file '%s'\n", ro->prompt_file);
+            return -1;
+        }
+    } else if (!(text = strdup(ro->prompt ? ro->prompt : ""))) {
+        fprintf(stderr, "error: out of memory\n");
+        return -1;
+    } else {
+        len = strlen(text);
+    }
+    int n;
+    if (ro->chat || ro->chat_template) {
+        sparq_chat_msg msgs[2] = { { "system", ro->system }, { "user", text } };
+        n = ro->system ? chat_ids(m, ro->chat_template, msgs, 2, out)
+                       : chat_ids(m, ro->chat_template, msgs + 1, 1, out);
+    } else {
+        const int bos = ro->load_kv ? 0 : 1; /* a loaded cache already began the sequence */
+        n = sparq_tokenize(m, text, (int)len, bos, NULL, 0);
+        if (n < 0 || !(*out = malloc((size_t)(n + 1) * sizeof **out)) ||
+            sparq_tokenize(m, text, (int)len, bos, *out, n) != n) {
+            fprintf(stderr, "error: cannot tokenize the prompt\n");
+            n = -1;
+        }
+    }
+    free(text);
+    return n;
+}
+
+/* The tokens turn k appends to the cache. Turn 1: [system,] user and the
+ * assistant's opening. Later turns: what the template writes after the
+ * previous reply (its closing), the new user message and the opening -
+ * the difference between rendering [prev, assistant "", user] and [prev].
+ * The template's markers are special tokens, and the text between markers
+ * is tokenized on its own, so the first rendering starts with the second.
+ * If a vocabulary lacks the markers that may fail at the boundary; the new
+ * tokens then start where the two first differ (a note says so once).
+ * Returns the count (ids malloc'ed, room for one more), or -1. */
+static int chat_turn_ids(const sparq_model *m, const char *tmpl, const char *system, const char *prev,
+                         const char *user, int32_t **out, int *noted)
+{
+    sparq_chat_msg msgs[3];
+    int n_msgs = 0;
+    if (!prev) {
+        if (system) msgs[n_msgs++] = (sparq_chat_msg){ "system", system };
+        msgs[n_msgs++] = (sparq_chat_msg){ "user", user };
+        return chat_ids(m, tmpl, msgs, n_msgs, out);
+    }
+    msgs[0] = (sparq_chat_msg){ "user", prev };
+    msgs[1] = (sparq_chat_msg){ "assistant", "" };
+    msgs[2] = (sparq_chat_msg){ "user", user };
+    int32_t *head = NULL, *full = NULL;
+    int n_head = chat_ids(m, tmpl, msgs, 1, &head);
+    int n_full = n_head < 0 ? -1 : chat_ids(m, tmpl, msgs, 3, &full);
+    if (n_full < 0) {
+        free(head);
+        return -1;
+    }
+    int same = 0;
+    while (same < n_head && same < n_full && head[same] == full[same]) same++;
+    if (same < n_head && !*noted) {
+        fprintf(stderr, "note: this vocabulary splits the chat template's turn boundary differently "
+                        "from turn to turn; turns are joined where the renderings agree\n");
+        *noted = 1;
+    }
+    free(head);
+    memmove(full, full + same, (size_t)(n_full - same) * sizeof *full);
+    *out = full;
+    return n_full - same;
+}
+
+/* ---- interactive chat ----------------------------------------------------- */
+
+/* Reads user turns from stdin until EOF, one per line (blank lines are
+ * skipped), and answers each: only the turn's new tokens are evaluated, the
+ * cache keeps the conversation. Returns the exit code. */
+static int run_chat(const gen_ctx *g, const run_opts *ro, int32_t *gen)
+{
+    char *line = NULL, *prev = NULL;
+    size_t cap = 0;
+    int32_t *ids = NULL, pending_id = -1;
+    int turn = 0, noted = 0, rc = 1, total_gen = 0;
+    const int tty = isatty(0);
+    for (;;) {
+        if (tty) { fputs("> ", stderr); fflush(stderr); }
+        ssize_t len = getline(&line, &cap, stdin);
+        if (len < 0) break;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (strspn(line, " \t") == (size_t)len) continue;
+        turn++;
+        int n = chat_turn_ids(g->m, ro->chat_template, ro->system, prev, line, &ids, &noted);
+        if (n < 0) goto done;
+        if (pending_id >= 0) { /* the previous reply's last token joins the cache first */
+            memmove(ids + 1, ids, (size_t)n * sizeof *ids);
+            ids[0] = pending_id;
+            n++;
+        }
+        const int64_t pos = sparq_context_pos(g->c), n_ctx = sparq_context_n_ctx(g->c);
+        if (pos + n > n_ctx) {
+            fprintf(stderr, "error: turn %d needs %d positions but the context has %lld of %lld left (-c)\n",
+                    turn, n, (long long)(n_ctx - pos), (long long)n_ctx);
+            goto done;
+        }
+        double t0 = cli_now();
+        if (sparq_eval(g->c, ids, n, g->logits)) {
+            fprintf(stderr, "error: %s\n", sparq_context_error(g->c));
+            if (interrupted) rc = 130;
+            goto done;
+        }
+        double t1 = cli_now();
+        gen_result r;
+        if (generate(g, ro->n_predict, gen, &r)) goto done;
+        double t2 = cli_now();
+        fputc('\n', stdout);
+        fflush(stdout);
+        total_gen += r.n;
+        if (r.stop && strcmp(r.stop, "end of generation") != 0) fprintf(stderr, "stopped: %s\n", r.stop);
+        fprintf(stderr, "turn %d: prefill %d tokens, %.1f tok/s | generated %d tokens, %.2f tok/s | cache %lld / %lld\n",
+                turn, n, t1 > t0 ? n / (t1 - t0) : 0.0, r.n,
+                t2 > t1 && r.n_decoded > 0 ? r.n_decoded / (t2 - t1) : 0.0,
+                (long long)sparq_context_pos(g->c), (long long)n_ctx);
+        pending_id = r.pending ? gen[r.n - 1] : -1;
+        free(ids);
+        ids = NULL;
+        free(prev);
+        prev = line; /* the next turn renders after this message */
+        line = NULL;
+        cap = 0;
+        if (interrupted) { rc = 130; goto done; }
+    }
+    if (ferror(stdin)) {
+        fprintf(stderr, "error: reading stdin failed\n");
+        goto done;
+    }
+    fprintf(stderr, "chat: %d turns, %d tokens generated, cache %lld / %lld | peak RSS %.1f MiB\n", turn, total_gen,
+            (long long)sparq_context_pos(g->c), (long long)sparq_context_n_ctx(g->c), cli_peak_rss() / 1048576.0);
+    rc = 0;
+done:
+    free(ids);
+    free(line);
+    free(prev);
+    return rc;
+}
+
+/* ---- the command -------------------------------------------------------- */
+
+/* Prints the attention-transfer summary; returns the ratio to dense and
+ * fills *out if given. */
+static double attn_summary(const sparq_context *c, const sparq_attn_params *ap, sparq_attn_stats *out)
+{
+    sparq_attn_stats st;
+    sparq_context_attn_stats(c, &st);
+    double ratio = st.dense_elements > 0 ? (double)st.elements / (double)st.dense_elements : 1.0;
+    fprintf(stderr, "attention %s: %lld elements read+written over %lld decode steps, %.4f of dense\n",
+            ap->policy ? ap->policy : "dense", (long long)st.elements, (long long)st.steps, ratio);
+    if (st.recall_total > 0)
+        fprintf(stderr, "topk: recall@k vs exact top-k %.4f (%lld / %lld), index build/load %.2f s\n",
+                (double)st.recall_hits / (double)st.recall_total, (long long)st.recall_hits,
+                (long long)st.recall_total, st.index_seconds);
+    if (out) *out = st;
+    return ratio;
+}
+
+int cli_run(int argc, char **argv)
+{
+    cli_model_opts mo = { 0 };
+    cli_attn_opts ao;
+    cli_attn_opts_init(&ao);
+    run_opts ro = { 0 };
+    ro.n_predict = 128;
+    ro.temp = 0.8f;
+    ro.top_k = 40;
+    ro.top_p = 0.95f;
+    ro.seed = 42;
+    cli_group groups[] = {
+        { "generation", run_table, &ro },
+        { "model", cli_model_table, &mo },
+        { "attention", cli_attn_table, &ao },
+    };
+    const int n_groups = 3;
+    char err[512], path[4096];
+    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
+                                         "usage: sparq run [-m MODEL] (-p TEXT | -f FILE | --prompt-tokens IDS) [options]\n"
+                                         "       sparq run [-m MODEL] --chat [options] < turns.txt   (interactive)",
+                                         NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
+    int kv_type = cli_kv_type(mo.kv_type);
+    if (kv_type < 0) {
+        fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);
+        return 2;
+    }
+    if (!!ro.prompt + !!ro.prompt_file + !!ro.prompt_tokens > 1) {
+        fprintf(stderr, "error: give only one of -p, -f and --prompt-tokens\n");
+        return 2;
+    }
+    if (ro.n_predict < 0) {
+        fprintf(stderr, "error: -n must be >= 0\n");
+        return 2;
+    }
+    const int interactive = ro.chat && !ro.prompt && !ro.prompt_file && !ro.prompt_tokens;
+    if (interactive && (mo.json || ro.logits_out || ro.load_kv)) {
+        fprintf(stderr, "error: interactive --chat (no -p/-f) cannot be combined with %s\n",
+                mo.json ? "--json" : ro.logits_out ? "--logits-out" : "--load-kv");
+        return 2;
+    }
+
+    int rc = 1;
+    sparq_model *m = NULL;
+    sparq_context *c = NULL;
+    sparq_sampler *smp = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    FILE *lf = NULL;
+    text_buf out = { 0 };
+    int32_t *gen = NULL;
+
+    m = cli_load_model(&mo, path, sizeof path);
+    if (!m) goto done;
+    const int n_vocab = sparq_model_n_vocab(m);
+
+    /* the prompt, as token ids (interactive turns come later) */
+    int n_prompt = 0;
+    if (!interactive) {
+        n_prompt = prompt_ids(m, &ro, &ids);
+        if (n_prompt < 0) goto done;
+        if (n_prompt == 0) {
+            fprintf(stderr, "error: the prompt is empty and the model adds no BOS token\n");
+            goto done;
+        }
+        for (int i = 0; i < n_prompt; i++)
+            if (ids[i] < 0 || ids[i] >= n_vocab) {
+                fprintf(stderr, "error: prompt token %d is outside the vocabulary [0, %d)\n", ids[i], n_vocab);
+                goto done;
+            }
+    }
+
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : ro.load_kv ? 0 : sparq_model_n_ctx_train(m);
+    cp.n_threads = mo.n_threads;
+    cp.n_batch = mo.n_batch;
+    cp.kv_type = kv_type;
+    if (!ro.load_kv && n_prompt > cp.n_ctx) {
+        fprintf(stderr, "error: the prompt has %d tokens but the context holds %lld (-c)\n", n_prompt,
+                (long long)cp.n_ctx);
+        goto done;
+    }
+    if (cli_attn_params(&ao, cp.n_ctx > 0 ? cp.n_ctx : sparq_model_n_ctx_train(m), sparq_model_head_dim(m),
+                        &cp.attn, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    if (isatty(2)) cp.progress = cli_prefill_progress;
+    cp.abort_flag = &interrupted;
+    if (ro.load_kv) {
+        double tl = cli_now();
+        if (sparq_context_load_kv(m, &cp, ro.load_kv, ro.verify_kv ? SPARQ_VERIFY_ALWAYS : SPARQ_VERIFY_AUTO,
+                                  &c, err, sizeof err)) {
+            fprintf(stderr, "error: %s\n", err);
+            goto done;
+        }
+        fprintf(stderr, "loaded %s: %lld cached positions, capacity %lld (%.2f s)\n", ro.load_kv,
+                (long long)sparq_context_pos(c), (long long)sparq_context_n_ctx(c), cli_now() - tl);
+        if (sparq_context_pos(c) + n_prompt > sparq_context_n_ctx(c)) {
+            fprintf(stderr, "error: the prompt has %d tokens but the loaded cache has room for %lld more\n",
+                    n_prompt, (long long)(sparq_context_n_ctx(c) - sparq_context_pos(c)));
+            goto done;
+        }
+    } else if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    sparq_sampler_params sp = { ro.temp, ro.top_k, ro.top_p, ro.seed };
+    smp = sparq_sampler_create(&sp, n_vocab);
+    logits = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * n_vocab * sizeof(float));
+    gen = malloc(((size_t)ro.n_predict + 1) * sizeof *gen);
+    if (!smp || !logits || !gen) {
+        fprintf(stderr, "error: out of memory\n");
+        goto done;
+    }
+    if (ro.logits_out && !(lf = fopen(ro.logits_out, "wb"))) {
+        fprintf(stderr, "error: cannot write '%s'\n", ro.logits_out);
+        goto done;
+    }
+    signal(SIGINT, on_sigint);
+    gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out, &out };
+    if (interactive) {
+        g.out = NULL;
+        rc = run_chat(&g, &ro, gen);
+        attn_summary(c, &cp.attn, NULL);
+        goto done;
+    }
+
+    /* prefill */
+    double t0 = cli_now();
+    int ok = lf ? sparq_eval_all(c, ids, n_prompt, logits) : sparq_eval(c, ids, n_prompt, logits);
+    double t_prefill = cli_now() - t0;
+    if (ok != 0) {
+        fprintf(stderr, "error: %s\n", sparq_context_error(c));
+        goto done;
+    }
+    const float *last = lf ? logits + (size_t)(n_prompt - 1) * n_vocab : logits;
+    if (lf && write_rows(lf, logits, (size_t)n_prompt, n_vocab)) {
+        fprintf(stderr, "error: writing '%s' failed\n", ro.logits_out);
+        goto done;
+    }
+    if (lf) memmove(logits, last, (size_t)n_vocab * sizeof(float));
+
+    /* decode */
+    gen_result r;
+    double t1 = cli_now();
+    if (generate(&g, ro.n_predict, gen, &r)) goto done;
+    double t_decode = cli_now() - t1;
+    if (!mo.json) fputc('\n', stdout);
+
+    double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0;
+    double decode_tps = t_decode > 0 && r.n_decoded > 0 ? r.n_decoded / t_decode : 0;
+    int64_t rss = cli_peak_rss();
+    if (r.stop) fprintf(stderr, "stopped: %s\n", r.stop);
+    fprintf(stderr, "prompt %d tokens, prefill %.1f tok/s | generated %d tokens, decode %.2f tok/s | peak RSS %.1f MiB\n",
+            n_prompt, prefill_tps, r.n, decode_tps, rss / 1048576.0);
+    sparq_attn_stats st;
+    double ratio = attn_summary(c, &cp.attn, &st);
+    if (mo.json) {
+        printf("{\"model\":");
+        cli_json_str(stdout, path, strlen(path));
+        printf(",\"prompt_tokens\":[");
+        for (int i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : "", ids[i]);
+        printf("],\"tokens\":[");
+        for (int i = 0; i < r.n; i++) printf("%s%d", i ? "," : "", gen[i]);
+        printf("],\"text\":");
+        cli_json_str(stdout, out.data ? out.data : "", out.len);
+        printf(",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"peak_rss_bytes\":%lld",
+               prefill_tps, decode_tps, (long long)rss);
+        printf(",\"attn\":{\"policy\":\"%s\",\"elements\":%lld,\"dense_elements\":%lld,"
+               "\"formula_elements\":%lld,\"ratio\":%.6f,\"r\":%d,\"k\":%d,\"l\":%d}",
+               cp.attn.policy ? cp.attn.policy : "dense", (long long)st.elements,
+               (long long)st.dense_elements, (long long)st.formula_elements, ratio,
+               cp.attn.r, cp.attn.k, cp.attn.l);
+        if (st.recall_total > 0)
+            printf(",\"recall_at_k\":%.6f,\"recall_hits\":%lld,\"recall_total\":%lld",
+                   (double)st.recall_hits / (double)st.recall_total, (long long)st.recall_hits,
+                   (long long)st.recall_total);
+        printf(",\"index_s\":%.4f", st.index_seconds);
+        printf(",\"stop\":");
+        const char *why = r.stop ? r.stop : "n_predict";
+        cli_json_str(stdout, why, strlen(why));
+        printf("}\n");
+    }
+    rc = interrupted ? 130 : 0;
+done:
+    if (lf && fclose(lf) != 0 && rc == 0) {
+        fprintf(stderr, "error: writing '%s' failed\n", ro.logits_out);
+        rc = 1;
+    }
+    free(out.data);
+    free(gen);
+    free(logits);
+    free(ids);
+    sparq_sampler_free(smp);
+    sparq_context_free(c);
+    sparq_model_free(m);
+    return rc;
+}

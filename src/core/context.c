@@ -1,0 +1,363 @@
+/* context.c - a sequence's state: creating a context (fresh, or over a KV
+ * cache file's prefix), saving its cache to a KV file, resetting it, and the
+ * benchmark-only random fill. The forward pass that runs in it is forward.c.
+ *
+ * Map:
+ *   sparq_context_create / _load_kv / _free   KV cache, scratch, attention policy
+ *   sparq_context_save_kv                     the cache and its indexes to a file
+ *   model_fingerprint                         what a KV file must match to be reused
+ *   sparq_context_fill_random                 synthetic keys/values for benchmarks
+ */
+#include "io/kvfile.h"
+#include "core/model.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN 64
+
+static void *alloc_aligned(size_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0) bytes = ALIGN;
+    bytes = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+    if (posix_memalign(&p, ALIGN, bytes) != 0) return NULL;
+    return p;
+}
+
+sparq_attn_params sparq_attn_default_params(void)
+{
+    sparq_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.policy = "dense";
+    p.l = -1;
+    return p;
+}
+
+sparq_context_params sparq_context_default_params(void)
+{
+    sparq_context_params p;
+    memset(&p, 0, sizeof p);
+    p.kv_type = SPARQ_KV_F16;
+    p.attn = sparq_attn_default_params();
+    return p;
+}
+
+/* ---- context ------------------------------------------------------------ */
+
+static void run_state_free(run_state *rs)
+{
+    free(rs->x); free(rs->xn); free(rs->q); free(rs->k); free(rs->v); free(rs->att);
+    free(rs->gate); free(rs->up); free(rs->rope_cs); free(rs->xq); free(rs->logits);
+    free(rs->attn_scratch); free(rs->attn_iscratch); free(rs->colsum);
+    memset(rs, 0, sizeof *rs);
+}
+
+static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
+{
+    const model_hparams *hp = &c->model->hp;
+    run_state *rs = &c->rs;
+    const size_t nb = (size_t)rs->n_batch;
+    const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
+    const size_t kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
+    size_t max_in = (size_t)hp->n_embd;
+    if ((size_t)hp->n_ff > max_in) max_in = hp->n_ff;
+    if (q_dim > max_in) max_in = q_dim;
+    /* Any vec_dot type takes at most 4 bytes per element (F32). */
+    rs->xq_row_bytes = (max_in * 4 + ALIGN - 1) / ALIGN * ALIGN;
+    const int g = hp->n_head / hp->n_kv_head;
+    size_t sf = c->policy->scratch_floats(&c->params.attn, c->kv.cap, hp->head_dim, g);
+    size_t dense_sf = (size_t)g * (size_t)c->kv.cap + 64;
+    rs->scratch_floats = (sf > dense_sf ? sf : dense_sf);
+    rs->scratch_floats = (rs->scratch_floats + 15) / 16 * 16;
+
+    rs->x = alloc_aligned(nb * hp->n_embd * sizeof(float));
+    rs->xn = alloc_aligned(nb * hp->n_embd * sizeof(float));
+    rs->q = alloc_aligned(nb * q_dim * sizeof(float));
+    rs->k = alloc_aligned(nb * kv_dim * sizeof(float));
+    rs->v = alloc_aligned(nb * kv_dim * sizeof(float));
+    rs->att = alloc_aligned(nb * q_dim * sizeof(float));
+    rs->gate = alloc_aligned(nb * hp->n_ff * sizeof(float));
+    rs->up = alloc_aligned(nb * hp->n_ff * sizeof(float));
+    rs->rope_cs = alloc_aligned(nb * hp->rope_dim * sizeof(float));
+    rs->xq = alloc_aligned(nb * rs->xq_row_bytes);
+    rs->logits = alloc_aligned(nb * hp->n_vocab * sizeof(float));
+    rs->attn_scratch = alloc_aligned((size_t)c->n_threads * rs->scratch_floats * sizeof(float));
+    rs->attn_iscratch = alloc_aligned((size_t)c->n_threads * rs->scratch_floats * sizeof(int32_t));
+    if (c->policy->needs & ATTN_NEEDS_COLSUM)
+        rs->colsum = alloc_aligned((size_t)hp->n_kv_head * c->kv.cap * sizeof(float));
+    if (!rs->x || !rs->xn || !rs->q || !rs->k || !rs->v || !rs->att || !rs->gate || !rs->up ||
+        !rs->rope_cs || !rs->xq || !rs->logits || !rs->attn_scratch || !rs->attn_iscratch ||
+        ((c->policy->needs & ATTN_NEEDS_COLSUM) && !rs->colsum)) {
+        snprintf(err, err_size, "context: out of memory for scratch buffers (batch %d, ctx %lld)",
+                 rs->n_batch, (long long)c->kv.cap);
+        return -1;
+    }
+    return 0;
+}
+
+static void kvf_release(void *f) { kvf_close(f); }
+
+/* kvf != NULL: the cache is the file's private mapping holding its prefix;
+ * *kvf_taken tells whether the context now owns kvf (freed with it). */
+static int context_create(sparq_model *m, const sparq_context_params *p, kvf_file *kvf,
+                          int *kvf_taken, sparq_context **out, char *err, size_t err_size)
+{
+    *out = NULL;
+    *kvf_taken = 0;
+    sparq_context *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, err_size, "context: out of memory");
+        return -1;
+    }
+    c->model = m;
+    c->params = *p;
+    const model_hparams *hp = &m->hp;
+    int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
+    c->rope_factors = model_rope_factors(m, n_ctx);
+    c->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_num_procs();
+    c->rs.n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    if (c->rs.n_batch > n_ctx) c->rs.n_batch = (int)n_ctx;
+    if (p->kv_type != SPARQ_KV_F16 && p->kv_type != SPARQ_KV_F32) {
+        snprintf(err, err_size, "context: unknown KV cache type %d", p->kv_type);
+        goto fail;
+    }
+    const char *name = p->attn.policy ? p->attn.policy : "dense";
+    c->policy = attn_policy_find(name);
+    if (!c->policy) {
+        snprintf(err, err_size, "context: unknown attention policy '%s' (known: %s)", name,
+                 attn_policy_names());
+        goto fail;
+    }
+    c->params.attn.policy = c->policy->name;
+    if (c->policy->resolve(&c->params.attn, hp->head_dim, err, err_size)) goto fail;
+    unsigned needs = c->policy->needs;
+    const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : KV_F32;
+    if (kvf) {
+        if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf->k,
+                               kvf->v, kvf->kt, kvf->n, kvf->v_sum, !!(needs & ATTN_NEEDS_KT),
+                               !!(needs & ATTN_NEEDS_VSUM), kvf, kvf_release, err,
+                               err_size))
+            goto fail;
+        *kvf_taken = 1;
+    } else if (kv_create(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem,
+                         !!(needs & ATTN_NEEDS_KT), !!(needs & ATTN_NEEDS_VSUM), err, err_size)) {
+        goto fail;
+    }
+    attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, n_ctx };
+    if (c->policy->state_create && c->policy->state_create(&c->params.attn, &shape, &c->policy_state)) {
+        snprintf(err, err_size, "context: cannot create %s state for context %lld", c->policy->name,
+                 (long long)n_ctx);
+        goto fail;
+    }
+    /* a loaded prefix is the prefix; its indexes serve a topk policy */
+    if (kvf && c->policy->set_prefix) {
+        c->policy->set_prefix(c->policy_state, &c->params.attn, kvf->n, &kvf->source);
+        kvf_advise_random(kvf); /* the prefix is read a few gathered rows at a time */
+    }
+    if (run_state_alloc(c, err, err_size)) goto fail;
+    *out = c;
+    return 0;
+fail:
+    sparq_context_free(c);
+    return -1;
+}
+
+int sparq_context_create(sparq_model *m, const sparq_context_params *p,
+                         sparq_context **out, char *err, size_t err_size)
+{
+    int taken;
+    return context_create(m, p, NULL, &taken, out, err, err_size);
+}
+
+int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const char *path,
+                          int verify, sparq_context **out, char *err, size_t err_size)
+{
+    *out = NULL;
+    kvf_fingerprint fp;
+    model_fingerprint(m, &fp);
+    kvf_file *f = NULL;
+    if (kvf_open(path, &fp, verify == SPARQ_VERIFY_ALWAYS ? KVF_VERIFY_ALWAYS : KVF_VERIFY_AUTO,
+                 &f, err, err_size))
+        return -1;
+    if (p->n_ctx > 0 && p->n_ctx != f->cap) {
+        snprintf(err, err_size, "load_kv: '%s' holds a cache of capacity %lld; the context size must be "
+                 "0 (the file's) or %lld, not %lld", path, (long long)f->cap, (long long)f->cap,
+                 (long long)p->n_ctx);
+        kvf_close(f);
+        return -1;
+    }
+    sparq_context_params pp = *p;
+    pp.n_ctx = f->cap;
+    pp.kv_type = f->elem == KV_F16 ? SPARQ_KV_F16 : SPARQ_KV_F32;
+    int taken = 0;
+    int rc = context_create(m, &pp, f, &taken, out, err, err_size);
+    if (rc && !taken) kvf_close(f);
+    return rc;
+}
+
+void sparq_context_free(sparq_context *c)
+{
+    if (!c) return;
+    if (c->policy && c->policy->state_free) c->policy->state_free(c->policy_state);
+    kv_free(&c->kv);
+    run_state_free(&c->rs);
+    free(c);
+}
+
+int64_t sparq_context_pos(const sparq_context *c) { return c->kv.n; }
+int64_t sparq_context_n_ctx(const sparq_context *c) { return c->kv.cap; }
+const char *sparq_context_error(const sparq_context *c) { return c->error; }
+void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out)
+{
+    *out = c->stats;
+    if (c->policy->stats && c->policy_state) c->policy->stats(c->policy_state, out);
+}
+
+void sparq_context_mark_prefix(sparq_context *c)
+{
+    if (c->policy->set_prefix && c->policy_state)
+        c->policy->set_prefix(c->policy_state, &c->params.attn, c->kv.n, NULL);
+}
+
+void sparq_context_reset(sparq_context *c)
+{
+    kv_reset(&c->kv);
+    memset(&c->stats, 0, sizeof c->stats);
+    if (c->policy->state_create) { /* policy state (e.g. H2O scores) restarts too */
+        const model_hparams *hp = &c->model->hp;
+        attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, c->kv.cap };
+        if (c->policy->state_free) c->policy->state_free(c->policy_state);
+        c->policy_state = NULL;
+        c->policy->state_create(&c->params.attn, &shape, &c->policy_state);
+    }
+}
+
+int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed)
+{
+    const model_hparams *hp = &c->model->hp;
+    if (n < 0 || c->kv.n + n > c->kv.cap) {
+        snprintf(c->error, sizeof c->error, "fill: %lld + %lld positions exceed the context %lld",
+                 (long long)c->kv.n, (long long)n, (long long)c->kv.cap);
+        return -1;
+    }
+    const int kv_dim = hp->n_kv_head * hp->head_dim;
+    const int64_t start = c->kv.n;
+#pragma omp parallel num_threads(c->n_threads)
+    {
+        float *k = malloc((size_t)kv_dim * 2 * sizeof(float));
+/* by layer: each layer's V sums belong to one thread */
+#pragma omp for schedule(static)
+        for (int il = 0; il < hp->n_layer; il++) {
+            if (!k) continue;
+            float *v = k + kv_dim;
+            for (int64_t p = start; p < start + n; p++) {
+                uint64_t st = seed ^ ((uint64_t)p * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)il << 56);
+                for (int i = 0; i < 2 * kv_dim; i++) { /* sum of 4 uniforms, unit variance */
+                    st = st * 6364136223846793005ull + 1442695040888963407ull;
+                    uint64_t r = (st ^ (st >> 29)) * 0xBF58476D1CE4E5B9ull;
+                    float s = 0;
+                    for (int j = 0; j < 4; j++, r >>= 16) s += (float)(r & 0xffff) * (1.0f / 65536.0f);
+                    k[i] = (s - 2.0f) * 1.7320508f;
+                }
+                kv_write(&c->kv, il, p, k, v);
+            }
+        }
+        free(k);
+    }
+    c->kv.n += n;
+    return 0;
+}
+
+/* ---- fingerprints ---------------------------------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+void model_fingerprint(const sparq_model *m, kvf_fingerprint *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->arch, sizeof out->arch, "%s", m->arch->name);
+    const model_hparams *hp = &m->hp;
+    out->n_layer = hp->n_layer;
+    out->n_head = hp->n_head;
+    out->n_kv_head = hp->n_kv_head;
+    out->head_dim = hp->head_dim;
+    out->n_embd = hp->n_embd;
+    out->n_vocab = hp->n_vocab;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const float hf[4] = { hp->rope_base, hp->rope_freq_scale, hp->rms_eps, 0.0f };
+    const int32_t hi[3] = { hp->rope_dim, hp->n_ff, m->arch->rope_type };
+    h = fnv(h, hf, sizeof hf);
+    h = fnv(h, hi, sizeof hi);
+    for (uint64_t t = 0; t < m->file->n_tensors; t++) {
+        const gguf_tensor *tt = &m->file->tensors[t];
+        h = fnv(h, tt->name.data, (size_t)tt->name.len);
+        h = fnv(h, &tt->type, sizeof tt->type);
+        h = fnv(h, &tt->n_dims, sizeof tt->n_dims);
+        h = fnv(h, tt->ne, sizeof tt->ne);
+        h = fnv(h, tt->data, tt->nbytes < 4096 ? (size_t)tt->nbytes : 4096);
+    }
+    out->model_hash = h ? h : 1; /* 0 means "synthetic" */
+}
+
+/* ---- saving to a KV file --------------------------------------------------- */
+
+int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
+                          const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size)
+{
+    const kv_cache *kv = &c->kv;
+    if (tokens && n_tokens != kv->n)
+        {
+        snprintf(err, err_size, "save_kv: %lld token ids for %lld cached positions",
+                 (long long)n_tokens, (long long)kv->n);
+        return -1;
+    }
+    kvf_fingerprint fp;
+    model_fingerprint(c->model, &fp);
+    kvf_writer *w;
+    if (kvf_writer_create(path, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
+                          indexes, &w, err, err_size))
+        return -1;
+    if (tokens) kvf_writer_tokens(w, tokens);
+    const int n_kv = kv->n_kv_head, heads = kv->n_layer * n_kv;
+    const char *kinds[KVF_MAX_KINDS];
+    const int nk = kvf_parse_kinds(indexes, kinds, err, err_size);
+    int failed = 0;
+#pragma omp parallel for num_threads(c->n_threads) schedule(dynamic, 1)
+    for (int hh = 0; hh < heads; hh++) {
+        char e[256];
+        const int l = hh / n_kv, h = hh % n_kv;
+        const float *vs = kv->v_sum ? kv->v_sum + (size_t)hh * kv->d : NULL;
+        int rc = kvf_writer_head(w, l, h, kv_k(kv, l, h), kv_v(kv, l, h), vs, e, sizeof e);
+        attn_kv_view view;
+        kv_view(kv, l, h, kv->n, &view);
+        for (int i = 0; i < nk && !rc; i++) {
+            void *img = NULL;
+            size_t bytes = 0;
+            /* one thread per build: the heads already run in parallel */
+            rc = attn_topk_index_image(&c->params.attn, kinds[i], &view, kv->n, 1, &img, &bytes, e,
+                                       sizeof e);
+            if (!rc) rc = kvf_writer_index(w, l, h, kinds[i], img, bytes, kv->n, e, sizeof e);
+            free(img);
+        }
+        if (rc) {
+#pragma omp critical(kvf_save)
+            if (!failed) {
+                failed = 1;
+                snprintf(err, err_size, "%s", e);
+            }
+        }
+    }
+    if (failed) {
+        kvf_writer_abort(w);
+        return -1;
+    }
+    return kvf_writer_finish(w, err, err_size);
+}

@@ -1,0 +1,356 @@
+/* forward.c - one sequence through the transformer: batched prefill and
+ * single-token decode. The context it runs in is made in context.c.
+ *
+ * Map:
+ *   model_matmul(_group)           threaded W x, ggml-compatible numerics
+ *   rms_norm, rope_*, silu         small pure kernels
+ *   attend_prefill                 exact causal attention, no S x S matrix
+ *   attend_decode                  one token through the attention policy
+ *   forward                        the layer loop, reading like the maths
+ *   sparq_eval / sparq_eval_all    batching, progress, abort
+ */
+#include "core/model.h"
+#include "tensor/quant.h"
+
+#include <assert.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- kernels ------------------------------------------------------------ */
+
+/* Converts n activation rows to vec_dot type vdt (once per product group,
+ * like ggml's vec_dot_type); returns the rows to feed the dot kernels. */
+static const uint8_t *convert_activations(sparq_context *c, const float *in, int n, int64_t n_in,
+                                          int vdt, size_t *x_stride)
+{
+    if (vdt == QT_F32) {
+        *x_stride = (size_t)n_in * sizeof(float);
+        return (const uint8_t *)in;
+    }
+    *x_stride = c->rs.xq_row_bytes;
+    uint8_t *dst = c->rs.xq;
+#pragma omp parallel for num_threads(c->n_threads) schedule(static) if (n > 1)
+    for (int t = 0; t < n; t++)
+        quant_from_float((uint32_t)vdt, in + (size_t)t * n_in, dst + (size_t)t * (*x_stride), n_in);
+    return dst;
+}
+
+void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
+                        float *const *outs)
+{
+    assert(n_w >= 1 && n_w <= 4);
+    const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
+    for (int i = 1; i < n_w; i++) { /* mixed activation types: one product at a time */
+        if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt) {
+            for (int j = 0; j < n_w; j++) model_matmul_group(c, in, n, 1, ws + j, outs + j);
+            return;
+        }
+    }
+    const int64_t n_in = ws[0]->n_in;
+    size_t x_stride;
+    const uint8_t *xq = convert_activations(c, in, n, n_in, vdt, &x_stride);
+    /* Rows in chunks of 16: a chunk stays in L1 while every token's
+     * activations stream past it. The chunks of all products form one
+     * parallel loop, so q/k/v (or gate/up) cost one barrier, not three. */
+    enum { CHUNK = 16 };
+    int64_t first_chunk[5] = { 0 };
+    for (int i = 0; i < n_w; i++) first_chunk[i + 1] = first_chunk[i] + (ws[i]->n_out + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(c->n_threads) schedule(static)
+    for (int64_t ch = 0; ch < first_chunk[n_w]; ch++) {
+        int i = 0;
+        while (ch >= first_chunk[i + 1]) i++;
+        const weight *w = ws[i];
+        const int64_t r0 = (ch - first_chunk[i]) * CHUNK;
+        const int nr = (int)(w->n_out - r0 < CHUNK ? w->n_out - r0 : CHUNK);
+        const uint8_t *rows = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        float tmp[CHUNK];
+        if (n == 1) {
+            /* Decode: each row streams from DRAM once. One row at a time
+             * keeps one sequential stream the hardware prefetcher follows;
+             * the four-row kernels interleave four streams and measured at
+             * less than half the read bandwidth here (Q8_0, 1 thread). */
+            for (int r = 0; r < nr; r++) outs[i][r0 + r] = quant_dot(w->type, rows + (size_t)r * w->row_bytes, xq, n_in);
+            continue;
+        }
+        for (int t = 0; t < n; t++) {
+            quant_dot_rows(w->type, rows, w->row_bytes, nr, xq + (size_t)t * x_stride, n_in, tmp);
+            memcpy(outs[i] + (size_t)t * w->n_out + r0, tmp, (size_t)nr * sizeof(float));
+        }
+    }
+}
+
+void model_matmul(sparq_context *c, float *out, const float *in, int n, const weight *w)
+{
+    model_matmul_group(c, in, n, 1, &w, &out);
+}
+
+/* out = x / rms(x) * w; the sum of squares in double, as ggml does. */
+static void rms_norm(float *out, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* cos/sin of every rotated pair at position pos: cs[2i], cs[2i+1]. The
+ * angle is advanced by repeated multiplication in float, like ggml, so our
+ * rotations match llama.cpp's to the last bit. Both are scaled by the
+ * attention factor (1 except longrope), which scales q.k by its square. */
+static void rope_angles(float *cs, int64_t pos, const model_hparams *hp, const float *freq_factors)
+{
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->rope_dim);
+    const float mscale = hp->rope_attn_factor;
+    float theta = (float)pos;
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        float t = theta / (freq_factors ? freq_factors[i] : 1.0f) * hp->rope_freq_scale;
+        cs[2 * i] = cosf(t) * mscale;
+        cs[2 * i + 1] = sinf(t) * mscale;
+        theta *= theta_scale;
+    }
+}
+
+static void rope_head(float *x, const float *cs, int rope_dim, int type)
+{
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const int a = type == ROPE_NEOX ? i : 2 * i;
+        const int b = type == ROPE_NEOX ? i + half : 2 * i + 1;
+        const float x0 = x[a], x1 = x[b], c = cs[2 * i], s = cs[2 * i + 1];
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- attention ------------------------------------------------------------ */
+
+static attn_scratch thread_scratch(sparq_context *c, int tid)
+{
+    attn_scratch s;
+    s.f = c->rs.attn_scratch + (size_t)tid * c->rs.scratch_floats;
+    s.i = c->rs.attn_iscratch + (size_t)tid * c->rs.scratch_floats;
+    s.n_f = c->rs.scratch_floats;
+    return s;
+}
+
+/* Sum over the batch's queries and the group's heads of the attention
+ * weights each key position received (what H2O accumulates). */
+static void prefill_colsum(sparq_context *c, int il, int h, int64_t pos0, int n, float *colsum)
+{
+    const model_hparams *hp = &c->model->hp;
+    const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * d;
+    const float scale = 1.0f / sqrtf((float)d);
+    attn_kv_view kv;
+    kv_view(&c->kv, il, h, pos0 + n, &kv);
+    memset(colsum, 0, (size_t)(pos0 + n) * sizeof(float));
+    float *w = malloc((size_t)(pos0 + n) * sizeof(float));
+    if (!w) return;
+    for (int t = 0; t < n; t++) {
+        const int64_t S = pos0 + t + 1;
+        for (int j = 0; j < g; j++) {
+            const float *q = c->rs.q + t * q_dim + ((size_t)h * g + j) * d;
+            float mx = -INFINITY, sum = 0;
+            for (int64_t s = 0; s < S; s++) {
+                w[s] = scale * (kv.elem == KV_F16
+                                    ? dot_f16_f32((const uint16_t *)kv.K + s * d, q, d)
+                                    : dot_f32((const float *)kv.K + s * d, q, d));
+                if (w[s] > mx) mx = w[s];
+            }
+            for (int64_t s = 0; s < S; s++) sum += (w[s] = expf(w[s] - mx));
+            for (int64_t s = 0; s < S; s++) colsum[s] += w[s] / sum;
+        }
+    }
+    free(w);
+}
+
+/* Exact causal attention for n new tokens at pos0..pos0+n-1: each token and
+ * KV head is one group-wide pass over the cache (no S x S matrix). */
+static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
+{
+    const model_hparams *hp = &c->model->hp;
+    const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
+    const size_t q_dim = (size_t)hp->n_head * d;
+#pragma omp parallel num_threads(c->n_threads)
+    {
+        attn_scratch s = thread_scratch(c, omp_get_thread_num());
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int t = n - 1; t >= 0; t--) /* longest rows first balances threads */
+            for (int h = 0; h < n_kv; h++) {
+                attn_kv_view kv;
+                kv_view(&c->kv, il, h, pos0 + t + 1, &kv);
+                size_t off = t * q_dim + (size_t)h * g * d;
+                attn_dense_group(&kv, c->rs.q + off, g, c->rs.att + off, s.f);
+            }
+    }
+    if (c->policy->observe_prefill) {
+        const int colsum = (c->policy->needs & ATTN_NEEDS_COLSUM) != 0;
+#pragma omp parallel for num_threads(c->n_threads) schedule(dynamic, 1)
+        for (int h = 0; h < n_kv; h++) {
+            float *cs = colsum ? c->rs.colsum + (size_t)h * c->kv.cap : NULL;
+            if (cs) prefill_colsum(c, il, h, pos0, n, cs);
+            attn_kv_view kv;
+            kv_view(&c->kv, il, h, pos0 + n, &kv);
+            c->policy->observe_prefill(c->policy_state, &c->params.attn, il, h, &kv, cs);
+        }
+    }
+}
+
+/* One decode step through the policy, all KV heads of layer il. */
+static void attend_decode(sparq_context *c, int il, int64_t pos)
+{
+    const model_hparams *hp = &c->model->hp;
+    const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
+    int64_t read = 0, written = 0;
+#pragma omp parallel num_threads(c->n_threads) reduction(+ : read, written)
+    {
+        attn_scratch s = thread_scratch(c, omp_get_thread_num());
+#pragma omp for schedule(static)
+        for (int h = 0; h < n_kv; h++) {
+            attn_kv_view kv;
+            attn_counts cnt = { 0, 0 };
+            kv_view(&c->kv, il, h, pos + 1, &kv);
+            size_t off = (size_t)h * g * d;
+            c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
+                              c->rs.att + off, &s, &cnt);
+            read += cnt.read;
+            written += cnt.written;
+        }
+    }
+    const attn_policy *dense = attn_policy_find("dense");
+    c->stats.elements += read + written;
+    c->stats.bytes += (read + written) * (int64_t)c->kv.elem_size;
+    c->stats.dense_elements += n_kv * dense->transfer_formula(&c->params.attn, pos + 1, d, g);
+    c->stats.formula_elements +=
+        n_kv * (c->policy->transfer_formula_state
+                    ? c->policy->transfer_formula_state(c->policy_state, &c->params.attn, il, pos + 1, d, g)
+                    : c->policy->transfer_formula(&c->params.attn, pos + 1, d, g));
+}
+
+/* ---- the layer loop --------------------------------------------------------- */
+
+/* decode: the step is a generation step (one token through the policy);
+ * otherwise exact causal attention, whatever n is. */
+static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, float *logits,
+                    int all_logits)
+{
+    const sparq_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    run_state *rs = &c->rs;
+    const int E = hp->n_embd, hd = hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_kv_head * hd;
+    const int64_t pos0 = c->kv.n;
+
+    for (int t = 0; t < n; t++) { /* token embeddings and rotation angles */
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        quant_to_float(m->tok_embd.type, row, rs->x + (size_t)t * E, E);
+        rope_angles(rs->rope_cs + (size_t)t * hp->rope_dim, pos0 + t, hp, c->rope_factors);
+    }
+
+    for (int il = 0; il < hp->n_layer; il++) {
+        const layer_weights *L = &m->layers[il];
+
+        /* attention block: x += Wo attn(rope(Wq xn), rope(Wk xn), Wv xn);
+         * fused Q/K/V (phi3) arrive as three row views of one tensor */
+        for (int t = 0; t < n; t++)
+            rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
+        const weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+        float *const qkv_out[3] = { rs->q, rs->k, rs->v };
+        model_matmul_group(c, rs->xn, n, 3, qkv, qkv_out);
+        for (int t = 0; t < n; t++) {
+            float *q = rs->q + t * q_dim, *k = rs->k + t * kv_dim, *v = rs->v + t * kv_dim;
+            /* each bias is optional on its own, as in llama.cpp */
+            for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
+            for (size_t i = 0; L->bk && i < kv_dim; i++) k[i] += L->bk[i];
+            for (size_t i = 0; L->bv && i < kv_dim; i++) v[i] += L->bv[i];
+            const float *cs = rs->rope_cs + (size_t)t * hp->rope_dim;
+            for (int h = 0; h < hp->n_head; h++) {
+                if (L->q_norm) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
+                rope_head(q + h * hd, cs, hp->rope_dim, m->arch->rope_type);
+            }
+            for (int h = 0; h < hp->n_kv_head; h++) {
+                if (L->k_norm) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+                rope_head(k + h * hd, cs, hp->rope_dim, m->arch->rope_type);
+            }
+            kv_write(&c->kv, il, pos0 + t, k, v);
+        }
+        if (decode) attend_decode(c, il, pos0);
+        else attend_prefill(c, il, pos0, n);
+        model_matmul(c, rs->xn, rs->att, n, &L->wo);
+        for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
+
+        /* feed-forward block: x += Wdown (silu(Wgate xn) * Wup xn); phi3's
+         * gate and up are the two halves of its ffn_up tensor */
+        for (int t = 0; t < n; t++)
+            rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
+        const weight *gate_up[2] = { &L->w_gate, &L->w_up };
+        float *const gate_up_out[2] = { rs->gate, rs->up };
+        model_matmul_group(c, rs->xn, n, 2, gate_up, gate_up_out);
+        for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
+        model_matmul(c, rs->xn, rs->gate, n, &L->w_down);
+        for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
+    }
+    c->kv.n += n;
+    if (!logits) return;
+
+    /* final norm and LM head, for the last row or every row */
+    const int first = all_logits ? 0 : n - 1, rows = n - first;
+    for (int t = first; t < n; t++)
+        rms_norm(rs->xn + (size_t)(t - first) * E, rs->x + (size_t)t * E, m->output_norm, E, hp->rms_eps);
+    model_matmul(c, logits, rs->xn, rows, &m->output);
+}
+
+static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, int all_logits)
+{
+    const int n_vocab = c->model->hp.n_vocab;
+    c->error[0] = 0;
+    if (n <= 0) {
+        snprintf(c->error, sizeof c->error, "eval: no tokens");
+        return -1;
+    }
+    if (c->kv.n + n > c->kv.cap) {
+        snprintf(c->error, sizeof c->error,
+                 "context full: %lld tokens in cache + %d new exceed the context size %lld (-c)",
+                 (long long)c->kv.n, n, (long long)c->kv.cap);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            snprintf(c->error, sizeof c->error, "eval: token id %d at index %d is outside [0, %d)",
+                     tokens[i], i, n_vocab);
+            return -1;
+        }
+    }
+    for (int done = 0; done < n;) {
+        if (c->params.abort_flag && *c->params.abort_flag) {
+            snprintf(c->error, sizeof c->error, "eval: aborted");
+            return -1;
+        }
+        int nb = n - done < c->rs.n_batch ? n - done : c->rs.n_batch;
+        int last = done + nb == n;
+        float *out = NULL;
+        if (all_logits) out = logits + (size_t)done * n_vocab;
+        else if (last && logits) out = c->rs.logits;
+        forward(c, tokens + done, nb, n == 1, out, all_logits);
+        if (n == 1) c->stats.steps++;
+        if (last && logits && !all_logits) memcpy(logits, c->rs.logits, (size_t)n_vocab * sizeof(float));
+        done += nb;
+        if (c->params.progress && n > 1) c->params.progress(c->params.progress_user, done, n);
+    }
+    return 0;
+}
+
+int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits)
+{
+    return eval(c, tokens, n, logits, 0);
+}
+
+int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all)
+{
+    return eval(c, tokens, n, logits_all, 1);
+}

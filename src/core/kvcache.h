@@ -1,0 +1,72 @@
+/* kvcache.h - the per-sequence key/value cache.
+ *
+ * Layout, per layer and KV head, positions contiguous so one head's keys are
+ * one sequential read:
+ *   k, v  [n_layer][n_kv_head][cap][d]     element f16 (default) or f32
+ *   kt    [n_layer][n_kv_head][d][cap]     K transposed, only when a policy
+ *                                          asks (SparQ reads r of its rows)
+ *   v_sum [n_layer][n_kv_head][d]          f32 running sum of V (SparQ)
+ * Storage is reserved with mmap(MAP_NORESERVE): capacity costs address
+ * space, not memory, and pages are committed as tokens arrive, so
+ * appending is O(d) per head and never moves existing data.
+ * kv_create_borrowed instead uses storage owned by someone else, e.g. a
+ * private mapping of a KV cache file (kvfile.h) holding a prefix: reads
+ * come from the file page by page, writes go to private pages.
+ */
+#ifndef SPARQ_KVCACHE_H
+#define SPARQ_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "attn/attn.h"
+
+typedef struct kv_cache {
+    int     n_layer, n_kv_head, d;
+    int64_t cap;            /* positions reserved                          */
+    int64_t n;              /* positions written (the same for all layers) */
+    int     elem;           /* KV_F32 or KV_F16                            */
+    size_t  elem_size;
+    uint8_t *k, *v;         /* see layout above                            */
+    uint8_t *kt;            /* NULL unless with_kt                         */
+    float   *v_sum;         /* NULL unless with_vsum                       */
+    size_t  kv_bytes, kt_bytes; /* sizes of the k (= v) and kt mappings    */
+    /* kv_create_borrowed: k, v (and kt when kt_borrowed) are the caller's;
+     * kv_free calls owner_free(owner) when both are set. */
+    int     kv_borrowed, kt_borrowed;
+    void   *owner;
+    void  (*owner_free)(void *owner);
+} kv_cache;
+
+/* Reserves a cache; returns 0, or -1 with a message (e.g. address space). */
+int  kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
+               int with_kt, int with_vsum, char *err, size_t err_size);
+void kv_free(kv_cache *c);
+
+/* A cache over caller storage k, v [n_layer][n_kv_head][cap][d] of elem
+ * already holding n positions (and kt [..][d][cap], or NULL). with_kt
+ * without kt reserves a K^T and fills its first n columns from k;
+ * with_vsum copies v_sum [n_layer][n_kv_head][d] (the f32 running sum of
+ * the n positions) or, if NULL, sums v in position order as kv_write does.
+ * On success the cache owns `owner` (kv_free calls owner_free(owner);
+ * owner may be NULL); on failure (-1 and a message) the caller keeps it. */
+int  kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
+                        uint8_t *k, uint8_t *v, uint8_t *kt, int64_t n, const float *v_sum,
+                        int with_kt, int with_vsum, void *owner, void (*owner_free)(void *),
+                        char *err, size_t err_size);
+
+/* Stores position `pos` of `layer`: k[n_kv_head][d], v[n_kv_head][d]
+ * (f32; rounded to the cache element type). Updates kt and v_sum. The
+ * caller advances c->n once every layer has been written. */
+void kv_write(kv_cache *c, int layer, int64_t pos, const float *k, const float *v);
+
+/* Pointers to the first element of a head's rows. */
+const void *kv_k(const kv_cache *c, int layer, int head);
+const void *kv_v(const kv_cache *c, int layer, int head);
+
+/* The attention view of (layer, head) over positions [0, S). */
+void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *out);
+
+/* Forgets every position (memory stays reserved; sums are zeroed). */
+void kv_reset(kv_cache *c);
+
+#endif

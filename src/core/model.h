@@ -1,0 +1,136 @@
+/* model.h - llama-family transformer: architecture table, weights, forward.
+ *
+ * The model (sparq_model) holds the mapped GGUF, hyper-parameters and
+ * borrowed weight views; it is shareable and read-only after loading. The
+ * context (sparq_context) holds one sequence's KV cache, scratch buffers and
+ * attention-policy state.
+ */
+#ifndef SPARQ_MODEL_H
+#define SPARQ_MODEL_H
+
+#include <stdint.h>
+#include "attn/attn.h"
+#include "tensor/gguf.h"
+#include "core/kvcache.h"
+#include "sparq.h"
+#include "core/tokenizer.h"
+
+enum { ROPE_NORM = 0, ROPE_NEOX = 2 };
+
+/* Where per-frequency RoPE divisors come from (optional in both cases):
+ * FREQS     rope_freqs.weight, one table for every context (llama3);
+ * LONGROPE  rope_factors_short.weight / rope_factors_long.weight, the long
+ *           table for contexts beyond the original training length (Phi-3
+ *           128k "longrope"), see model_rope_factors. */
+enum { ROPE_FACTORS_FREQS = 0, ROPE_FACTORS_LONGROPE = 1 };
+
+/* What distinguishes one architecture from another: one row per arch. */
+typedef struct arch_desc {
+    const char *name;        /* general.architecture                      */
+    int rope_type;           /* ROPE_NORM: pairs (2i,2i+1); NEOX: (i,i+n/2) */
+    int has_qkv_bias;        /* qwen2: attn_{q,k,v}.bias                   */
+    int has_qk_norm;         /* qwen3: per-head RMSNorm on q and k         */
+    int fused_qkv;           /* phi3: attn_qkv.weight = [q; k; v] rows     */
+    int fused_gate_up;       /* phi3: ffn_up.weight = [gate; up], 2*n_ff rows */
+    int rope_factors;        /* ROPE_FACTORS_*                             */
+} arch_desc;
+
+/* A weight matrix W [n_out][n_in] (GGUF ne = {n_in, n_out}), borrowed. */
+typedef struct weight {
+    const void *data;
+    uint32_t    type;
+    int64_t     n_in, n_out;
+    size_t      row_bytes;
+    char        name[64];    /* for messages                              */
+} weight;
+
+/* Fused tensors (phi3's attn_qkv, ffn_up) are bound as row-range views,
+ * so the forward pass sees the same separate matrices for every arch. */
+typedef struct layer_weights {
+    const float *attn_norm;  /* [n_embd]                                  */
+    weight wq, wk, wv, wo;   /* [n_head*hd][n_embd] ... [n_embd][n_head*hd] */
+    const float *bq, *bk, *bv;       /* biases or NULL                    */
+    const float *q_norm, *k_norm;    /* [hd] or NULL                      */
+    const float *ffn_norm;   /* [n_embd]                                  */
+    weight w_gate, w_up, w_down;     /* [n_ff][n_embd], [n_embd][n_ff]    */
+} layer_weights;
+
+typedef struct model_hparams {
+    int     n_vocab, n_embd, n_layer, n_head, n_kv_head, head_dim, n_ff;
+    int64_t n_ctx_train;
+    float   rms_eps;
+    float   rope_base;
+    float   rope_freq_scale;     /* linear scaling: position multiplier     */
+    float   rope_attn_factor;    /* cos/sin multiplier (longrope: sqrt(1 + ln s / ln n_orig)) */
+    int     rope_dim;            /* rotated dims per head                   */
+    int64_t n_ctx_orig;          /* rope.scaling.original_context_length    */
+} model_hparams;
+
+struct sparq_model {
+    gguf_file       *file;
+    const arch_desc *arch;
+    model_hparams    hp;
+    tokenizer       *tok;
+    weight           tok_embd;   /* [n_vocab][n_embd]                       */
+    const float     *output_norm;
+    weight           output;     /* tied to tok_embd when absent            */
+    const float     *rope_freqs; /* [rope_dim/2] llama3 frequency factors or NULL */
+    const float     *rope_short, *rope_long; /* [rope_dim/2] longrope factors or NULL */
+    layer_weights   *layers;     /* [n_layer]                               */
+};
+
+/* Per-sequence scratch, allocated once at context creation. */
+typedef struct run_state {
+    int     n_batch;
+    float  *x, *xn;             /* [n_batch][n_embd]                       */
+    float  *q;                  /* [n_batch][n_head*hd]                    */
+    float  *k, *v;              /* [n_batch][n_kv_head*hd]                 */
+    float  *att;                /* [n_batch][n_head*hd]                    */
+    float  *gate, *up;          /* [n_batch][n_ff]                         */
+    float  *rope_cs;            /* [n_batch][rope_dim] cos,sin pairs       */
+    void   *xq;                 /* activations in a weight's vec_dot type  */
+    size_t  xq_row_bytes;       /* stride of xq rows                       */
+    float  *logits;             /* [n_batch][n_vocab]                      */
+    float  *attn_scratch;       /* [n_threads][scratch_floats]             */
+    int32_t *attn_iscratch;     /* [n_threads][scratch_floats]             */
+    size_t  scratch_floats;     /* per thread                              */
+    float  *colsum;             /* [n_kv_head][n_ctx] for H2O, or NULL     */
+} run_state;
+
+struct sparq_context {
+    sparq_model        *model;
+    sparq_context_params params;
+    const attn_policy  *policy;
+    void               *policy_state;
+    const float        *rope_factors;  /* [rope_dim/2] for this context size, or NULL */
+    kv_cache            kv;
+    run_state           rs;
+    int                 n_threads;
+    sparq_attn_stats    stats;
+    char                error[256];
+};
+
+/* Looks up an architecture by name; NULL if unknown. */
+const arch_desc *arch_find(const char *name);
+
+/* The RoPE frequency divisors a context of n_ctx positions uses (NULL:
+ * none): rope_freqs, or for longrope the long table when the context
+ * exceeds the original training length, else the short one. */
+const float *model_rope_factors(const sparq_model *m, int64_t n_ctx);
+
+/* The weight-times-activations product out[n][n_out] = in[n][n_in] W^T,
+ * with activations converted to W's vec_dot type (ggml numerics). */
+void model_matmul(sparq_context *c, float *out, const float *in, int n, const weight *w);
+/* Several products of the same input (q/k/v, gate/up) in one parallel
+ * loop: outs[i][n][ws[i]->n_out] = in ws[i]^T, 1 <= n_w <= 4. */
+void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
+                        float *const *outs);
+
+/* The fingerprint a KV file must match (io/kvfile.h): FNV-1a 64 over every
+ * tensor's name, type and dims, the first 4 KiB of its data (so two
+ * fine-tunes of one shape differ), and the hyper-parameters that shape keys
+ * (RoPE base, scaling, dims, norm eps). context.c. */
+struct kvf_fingerprint;
+void model_fingerprint(const sparq_model *m, struct kvf_fingerprint *out);
+
+#endif

@@ -1,0 +1,189 @@
+/* index_hnsw.c - the hnsw kind: the C side of the Faiss IndexHNSWFlat shim.
+ *
+ * Faiss (C++) lives behind index_hnsw_faiss.cc, built only when Faiss is
+ * installed (SPARQ_HAVE_FAISS). Without it every hnsw entry point fails with
+ * "hnsw index not built: Faiss not available". This file owns the serialized
+ * form (our header + raw graph arrays, see index.h) so that loading checks
+ * every size against the buffer before Faiss allocates anything.
+ */
+#include "index/index.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static int fail(char *err, size_t err_size, const char *fmt, ...)
+{
+    if (err && err_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_size, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* Section offsets: keys, levels, offsets, neighbours; -1 on overflow. */
+static int hnsw_layout(int64_t n, int d, int64_t n_nb, size_t off[4], size_t *total)
+{
+    const size_t elt[4] = { (size_t)d * 4, 4, 8, 4 };
+    const int64_t cnt[4] = { n, n, n + 1, n_nb };
+    size_t end = IDX_HEADER_BYTES;
+    for (int i = 0; i < 4; i++) {
+        size_t bytes, o = (end + 63) & ~(size_t)63;
+        if (cnt[i] < 0 || __builtin_mul_overflow((size_t)cnt[i], elt[i], &bytes) ||
+            __builtin_add_overflow(o, bytes, &end))
+            return -1;
+        off[i] = o;
+    }
+    *total = (end + 63) & ~(size_t)63;
+    return *total < end ? -1 : 0;
+}
+
+#ifdef SPARQ_HAVE_FAISS
+
+int idx_hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
+                   char *err, size_t err_size)
+{
+    ix->kind = IDX_HNSW;
+    ix->key_type = IDX_F32;
+    ix->d = d;
+    ix->n = N;
+    ix->hnsw_m = p->hnsw_m;
+    ix->ef_search = p->ef_search;
+    ix->ef_construction = p->ef_construction;
+    return idx_faiss_hnsw_build(keys, N, d, p->hnsw_m, p->ef_construction, idx_threads(p->n_threads),
+                                &ix->faiss, err, err_size);
+}
+
+int idx_hnsw_search(const idx_index *ix, const float *q, int g, int k, int ef_search, int n_thr,
+                    idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
+{
+    if (idx_faiss_hnsw_search(ix->faiss, q, g, k, ef_search < k ? k : ef_search, n_thr, s->hd, s->hl,
+                              err, err_size))
+        return -1;
+    for (int64_t i = 0; i < (int64_t)g * k; i++) {
+        int ok = s->hl[i] >= 0 && s->hl[i] < ix->n;
+        ids[i] = ok ? (int32_t)s->hl[i] : -1;
+        scores[i] = ok ? s->hd[i] : -INFINITY;
+    }
+    return 0;
+}
+
+size_t idx_hnsw_serialized_size(const idx_index *ix)
+{
+    idx_hnsw_parts p;
+    size_t off[4], total;
+    idx_faiss_hnsw_parts(ix->faiss, &p);
+    return hnsw_layout(ix->n, ix->d, p.n_neighbors, off, &total) ? 0 : total;
+}
+
+int idx_hnsw_serialize(const idx_index *ix, uint8_t *dst)
+{
+    idx_hnsw_parts p;
+    size_t off[4], total;
+    idx_faiss_hnsw_parts(ix->faiss, &p);
+    if (hnsw_layout(ix->n, ix->d, p.n_neighbors, off, &total)) return -1;
+    memset(dst, 0, total);
+    idx_header h = { .kind = IDX_HNSW, .key_type = IDX_F32, .d = (uint32_t)ix->d, .n = ix->n,
+                     .total_bytes = total, .n_blocks = p.n_neighbors, .hnsw_m = ix->hnsw_m,
+                     .ef_search = ix->ef_search, .ef_construction = ix->ef_construction,
+                     .max_level = p.max_level, .entry_point = p.entry_point };
+    idx_header_write(&h, dst);
+    memcpy(dst + off[0], p.keys, (size_t)ix->n * ix->d * sizeof(float));
+    memcpy(dst + off[1], p.levels, (size_t)ix->n * 4);
+    memcpy(dst + off[2], p.offsets, (size_t)(ix->n + 1) * 8);
+    memcpy(dst + off[3], p.neighbors, (size_t)p.n_neighbors * 4);
+    return 0;
+}
+
+int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t n, char *err,
+                  size_t err_size)
+{
+    size_t off[4], total;
+    if (h->key_type != IDX_F32)
+        return fail(err, err_size, "idx_deserialize: hnsw key type %u, expected f32", h->key_type);
+    if (h->hnsw_m < 2 || h->hnsw_m > 256)
+        return fail(err, err_size, "idx_deserialize: hnsw M %d outside [2, 256]", h->hnsw_m);
+    if (h->ef_search < 1 || h->ef_search > 100000 || h->ef_construction < 1 || h->ef_construction > 100000)
+        return fail(err, err_size, "idx_deserialize: hnsw efSearch %d / efConstruction %d outside [1, 100000]",
+                    h->ef_search, h->ef_construction);
+    if (h->nlist || h->nprobe)
+        return fail(err, err_size, "idx_deserialize: hnsw header carries ivf fields");
+    if (hnsw_layout(h->n, (int)h->d, h->n_blocks, off, &total) || total != n)
+        return fail(err, err_size, "idx_deserialize: hnsw sections need %zu bytes, buffer has %zu", total, n);
+    /* finite keys, as idx_build requires */
+    const uint8_t *kp = src + off[0];
+    for (int64_t i = 0; i < h->n * (int64_t)h->d; i++) {
+        float v;
+        memcpy(&v, kp + (size_t)i * 4, 4);
+        if (!isfinite(v))
+            return fail(err, err_size, "idx_deserialize: hnsw key %lld is not finite", (long long)(i / h->d));
+    }
+    idx_hnsw_parts p = { .keys = src + off[0], .levels = src + off[1], .offsets = src + off[2],
+                         .neighbors = src + off[3], .n_neighbors = h->n_blocks,
+                         .max_level = h->max_level, .entry_point = h->entry_point };
+    ix->kind = IDX_HNSW;
+    ix->key_type = IDX_F32;
+    ix->d = (int)h->d;
+    ix->n = h->n;
+    ix->hnsw_m = h->hnsw_m;
+    ix->ef_search = h->ef_search;
+    ix->ef_construction = h->ef_construction;
+    return idx_faiss_hnsw_from_parts(&p, h->n, (int)h->d, h->hnsw_m, h->ef_construction, &ix->faiss,
+                                     err, err_size);
+}
+
+void idx_hnsw_free(idx_index *ix)
+{
+    if (ix->faiss) idx_faiss_hnsw_free(ix->faiss);
+    ix->faiss = NULL;
+}
+
+#else /* !SPARQ_HAVE_FAISS */
+
+#define NO_FAISS "hnsw index not built: Faiss not available"
+
+int idx_hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
+                   char *err, size_t err_size)
+{
+    (void)p; (void)keys; (void)N; (void)d; (void)ix;
+    return fail(err, err_size, NO_FAISS);
+}
+
+int idx_hnsw_search(const idx_index *ix, const float *q, int g, int k, int ef_search, int n_thr,
+                    idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
+{
+    (void)ix; (void)q; (void)g; (void)k; (void)ef_search; (void)n_thr; (void)s; (void)ids; (void)scores;
+    return fail(err, err_size, NO_FAISS);
+}
+
+size_t idx_hnsw_serialized_size(const idx_index *ix)
+{
+    (void)ix;
+    return 0;
+}
+
+int idx_hnsw_serialize(const idx_index *ix, uint8_t *dst)
+{
+    (void)ix; (void)dst;
+    return -1;
+}
+
+int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t n, char *err,
+                  size_t err_size)
+{
+    size_t off[4], total;
+    (void)ix; (void)src;
+    (void)hnsw_layout(h->n, (int)h->d, h->n_blocks, off, &total);
+    (void)n;
+    return fail(err, err_size, NO_FAISS);
+}
+
+void idx_hnsw_free(idx_index *ix)
+{
+    (void)ix;
+}
+
+#endif

@@ -1,0 +1,62 @@
+/* quant.c - the un-suffixed quant entry points: pick the kernel set once, at
+ * compile time, from the ISA the build targets (-march=native here).
+ *
+ * quant_ref.c holds the reference kernels (the numerics specification),
+ * quant_avx512.c / quant_avx2.c the SIMD twins; each SIMD entry point falls
+ * back to the reference for types it has no kernel for. quant_types.c holds
+ * the type table and the scalar half/bfloat16 conversions.
+ */
+#include "tensor/quant_impl.h"
+
+#include <assert.h>
+
+/* n must be a whole number of blocks of a type with kernels (programming
+ * errors: the model loader validates shapes and types up front). */
+static inline void check_row(uint32_t type, int64_t n)
+{
+    const quant_traits *t = quant_traits_of(type);
+    assert(t && n >= 0 && n % t->block_size == 0);
+    (void)t;
+    (void)n;
+}
+
+#if defined(QUANT_SIMD_AVX512)
+#define SIMD(fn) fn##_avx512
+#elif defined(QUANT_SIMD_AVX2)
+#define SIMD(fn) fn##_avx2
+#else
+#define SIMD(fn) fn##_ref
+#endif
+
+const char *quant_simd_name(void) { return QUANT_SIMD_NAME; }
+
+void quant_to_float(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    check_row(type, n);
+    SIMD(quant_to_float)(type, src, dst, n);
+}
+
+int quant_from_float(uint32_t type, const float *src, void *dst, int64_t n)
+{
+    return SIMD(quant_from_float)(type, src, dst, n);
+}
+
+float quant_dot(uint32_t type, const void *w, const void *x, int64_t n)
+{
+    check_row(type, n);
+    return SIMD(quant_dot)(type, w, x, n);
+}
+
+void quant_dot_rows(uint32_t type, const void *w, size_t w_stride, int nr,
+                    const void *x, int64_t n, float *out)
+{
+    check_row(type, n);
+    SIMD(quant_dot_rows)(type, w, w_stride, nr, x, n, out);
+}
+
+float dot_f32(const float *a, const float *b, int64_t n) { return SIMD(dot_f32)(a, b, n); }
+float dot_f16_f32(const uint16_t *a, const float *b, int64_t n) { return SIMD(dot_f16_f32)(a, b, n); }
+void axpy_f32(float *y, float a, const float *x, int64_t n) { SIMD(axpy_f32)(y, a, x, n); }
+void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { SIMD(axpy_f16)(y, a, x, n); }
+void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n) { SIMD(fp16_to_fp32_row)(src, dst, n); }
+void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n) { SIMD(fp32_to_fp16_row)(src, dst, n); }
