@@ -913,7 +913,7 @@ static void test_h2o_steps(void)
             pol->observe_prefill(state, &p, 1, 1, &kv, colsum);
             const size_t nscr = pol->scratch_floats(&p, Smax, d, g);
             attn_scratch scr = { aligned_alloc(64, attn_pad16(nscr) * 4), nscr,
-                                 aligned_alloc(64, attn_pad16(nscr) * 4) };
+                                 aligned_alloc(64, attn_pad16(nscr) * 4), NULL, 0 };
             float *out = malloc((size_t)g * d * sizeof *out);
             int32_t *tsel = malloc((size_t)Smax * sizeof *tsel);
             int ok_y = 1, ok_sel = 1, ok_cnt = 1;
@@ -924,7 +924,7 @@ static void test_h2o_steps(void)
                 kv.S = S;
                 attn_counts cnt = { 0, 0 };
                 attn_trace tr = { tsel, 0, NULL, 0, NULL };
-                pol->attend_traced(state, &p, 1, 1, &kv, q, g, out, &scr, &cnt, &tr);
+                ok_y &= pol->attend(state, &p, 1, 1, &kv, q, g, out, &scr, &cnt, &tr) == 0;
                 naive_h2o_step(q, K, V, S, d, g, p.k, p.l, score, alive, y, kept);
                 run_out o = { .sel = tsel, .n_sel = tr.n_sel };
                 ok_sel &= sel_matches(&o, kept, S);
@@ -1313,13 +1313,13 @@ static void test_sparq_fallbacks(void)
     CHECK(pol->resolve(&p, 64, err, sizeof err) == 0, "resolve: %s", err);
     const size_t nf = pol->scratch_floats(&p, c.S, 64, 4);
     attn_scratch scr = { aligned_alloc(64, attn_pad16(nf) * 4), nf,
-                         aligned_alloc(64, attn_pad16(nf) * 4) };
+                         aligned_alloc(64, attn_pad16(nf) * 4), NULL, 0 };
     attn_kv_view kv = { c.S, 64, KV_F32, c.K, c.V, NULL, 0, NULL };
     float out[4 * 64], alpha[4];
     int32_t *sel = malloc((size_t)c.S * sizeof *sel);
     attn_trace tr = { sel, 0, NULL, 0, alpha };
     attn_counts cnt = { 0, 0 };
-    pol->attend_traced(NULL, &p, 0, 0, &kv, c.q, 4, out, &scr, &cnt, &tr);
+    CHECK(pol->attend(NULL, &p, 0, 0, &kv, c.q, 4, out, &scr, &cnt, &tr) == 0, "attend failed");
     double e = 0;
     for (int i = 0; i < 4 * 64; i++) e = fmax(e, fabs(out[i] - want.y[i]));
     CHECK(e <= 1e-5 && same_set(sel, tr.n_sel, want.sel, want.n_sel),

@@ -136,7 +136,8 @@ static void test_counted_matches_formula(void)
             attn_scratch s = { .f = sf, .n_f = nf, .i = si };
             bench_randn(&r, q, 2 * 16);
             c[i].read = c[i].written = 0;
-            pol->attend(NULL, &p, i / kvh, i % kvh, &v, q, g, out, &s, &c[i]);
+            CHECK(pol->attend(NULL, &p, i / kvh, i % kvh, &v, q, g, out, &s, &c[i], NULL) == 0,
+                  "%s: attend failed", names[ip]);
         }
         int64_t counted = bench_counted_bytes(c, B * kvh, 2);
         int64_t formula = bench_formula_bytes(pol, &p, S, d, g, B * kvh, 2);

@@ -201,7 +201,7 @@ static int polrun_init(polrun *r, const fixture *f, const char *index, int k, in
     size_t n = attn_pad16(r->pol->scratch_floats(&r->p, S, f->d, G));
     r->sf = aligned_alloc(64, n * 4);
     r->si = aligned_alloc(64, n * 4);
-    attn_scratch s = { r->sf, n, r->si };
+    attn_scratch s = { r->sf, n, r->si, NULL, 0 };
     r->scr = s;
     return 0;
 }
@@ -217,7 +217,8 @@ static void polrun_free(polrun *r)
 static int64_t polrun_step(polrun *r, const fixture *f, float *out, attn_trace *tr, int check_formula)
 {
     attn_counts c = { 0, 0 };
-    r->pol->attend_traced(r->state, &r->p, 0, 0, &f->kv, f->q, G, out, &r->scr, &c, tr);
+    CHECK(r->pol->attend(r->state, &r->p, 0, 0, &f->kv, f->q, G, out, &r->scr, &c, tr) == 0,
+          "%s: attend failed", r->p.index);
     const int64_t want = r->pol->transfer_formula_state(r->state, &r->p, 0, S, f->d, G);
     if (check_formula)
         CHECK(c.read + c.written == want, "%s: counted %lld, formula %lld", r->p.index,

@@ -1,7 +1,7 @@
 /* attn.c - the policy registry and the pieces every policy shares.
  *
  * Map of this file:
- *   registry            attn_policy_find / attn_policy_names
+ *   registry            attn_policy_find / _count / _at / _names, attn_fail
  *   half floats         attn_f16_to_f32
  *   top-k selection     attn_topk_indices (O(n): sampled threshold, exact
  *                       threshold by bisection on order keys)
@@ -18,6 +18,8 @@
 #include "attn/attn.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- registry ------------------------------------------------------------ */
@@ -37,7 +39,32 @@ const attn_policy *attn_policy_find(const char *name)
     return NULL;
 }
 
-const char *attn_policy_names(void) { return "dense, sparq, oracle, flexgen, h2o, streaming, topk"; }
+int attn_policy_count(void) { return N_REGISTRY; }
+
+const attn_policy *attn_policy_at(int i) { return i >= 0 && i < N_REGISTRY ? registry[i] : NULL; }
+
+const char *attn_policy_names(char *buf, size_t size, const char *sep)
+{
+    size_t used = 0;
+    if (size) buf[0] = 0;
+    for (int i = 0; i < N_REGISTRY && used < size; i++) {
+        int w = snprintf(buf + used, size - used, "%s%s", i ? sep : "", registry[i]->name);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return buf;
+}
+
+int attn_fail(attn_scratch *s, const char *fmt, ...)
+{
+    if (s && s->err && s->err_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(s->err, s->err_size, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
 
 /* ---- half floats --------------------------------------------------------- */
 

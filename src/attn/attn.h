@@ -54,7 +54,14 @@ typedef struct attn_scratch {
     float  *f;
     size_t  n_f;
     int32_t *i;            /* int32 scratch of the same count             */
+    char   *err;           /* room for attend()'s error message, or NULL  */
+    size_t  err_size;
 } attn_scratch;
+
+/* Writes a one-line message to s->err (when there is room) and returns -1:
+ * `return attn_fail(scratch, "...", ...);` in a policy's attend(). */
+int attn_fail(attn_scratch *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* What one decode step selected, for tests and the public kernel API.
  * Every pointer may be NULL (that item is then not reported). */
@@ -85,6 +92,8 @@ enum {
 
 typedef struct attn_policy {
     const char *name;
+    const char *summary;   /* one line for --help: what a decode step reads */
+    int         in_all;    /* part of `--attn all` (the SparQ paper's comparison) */
     unsigned    needs;
     /* Fills defaults (p fields left 0/-1) for head size d and validates;
      * returns 0 or -1 with a one-line message. */
@@ -99,17 +108,15 @@ typedef struct attn_policy {
                             int kv_head, const attn_kv_view *kv, const float *colsum);
     /* f32 and int32 scratch values attend() needs for S positions. */
     size_t (*scratch_floats)(const sparq_attn_params *p, int64_t S, int d, int g);
-    /* One decode step: q[g][d] (RoPE applied, unscaled) -> out[g][d]. */
-    void (*attend)(void *state, const sparq_attn_params *p, int layer, int kv_head,
+    /* One decode step: q[g][d] (RoPE applied, unscaled) -> out[g][d]; trace
+     * (may be NULL) reports what the step selected (tests, sparq_attn_run).
+     * Returns 0, or -1 with a one-line message in scratch->err (attn_fail):
+     * a policy never falls back silently. */
+    int  (*attend)(void *state, const sparq_attn_params *p, int layer, int kv_head,
                    const attn_kv_view *kv, const float *q, int g, float *out,
-                   attn_scratch *scratch, attn_counts *counts);
+                   attn_scratch *scratch, attn_counts *counts, struct attn_trace *trace);
     /* SPEC.md's transfer formula (elements) for one step of one KV head. */
     int64_t (*transfer_formula)(const sparq_attn_params *p, int64_t S, int d, int g);
-    /* Optional: attend() that also reports what the step selected (tests,
-     * sparq_attn_run). trace may be NULL; attend(...) == attend_traced(..., NULL). */
-    void (*attend_traced)(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                          const attn_kv_view *kv, const float *q, int g, float *out,
-                          attn_scratch *scratch, attn_counts *counts, struct attn_trace *trace);
     /* Optional (policies that index a prefix: topk): positions [0, n_prefix)
      * are the prefix from now on; src (may be NULL) offers prebuilt indexes
      * and must stay valid while the state uses it. Not concurrent with
@@ -127,8 +134,13 @@ typedef struct attn_policy {
 
 /* Registry lookup by name; NULL if unknown. */
 const attn_policy *attn_policy_find(const char *name);
-/* Comma-separated list of registered names, for help and errors. */
-const char *attn_policy_names(void);
+/* The registry in order (help lists, `--attn all`): i < attn_policy_count(). */
+int attn_policy_count(void);
+const attn_policy *attn_policy_at(int i);
+/* The registered names joined by sep into buf (truncated to size); returns
+ * buf. ATTN_NAMES_MAX is room for them all. */
+enum { ATTN_NAMES_MAX = 256 };
+const char *attn_policy_names(char *buf, size_t size, const char *sep);
 
 /* Dense decode attention over one KV head for its g queries, reading each
  * key/value row once for the whole group. Shared by policies that fall back

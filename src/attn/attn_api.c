@@ -43,8 +43,9 @@ static int resolve_params(const sparq_attn_params *p, int d, sparq_attn_params *
     }
     *pol = attn_policy_find(out->policy);
     if (!*pol) {
+        char known[ATTN_NAMES_MAX];
         snprintf(err, err_size, "attn: unknown policy '%s' (known: %s)", out->policy,
-                 attn_policy_names());
+                 attn_policy_names(known, sizeof known, ", "));
         return -1;
     }
     return (*pol)->resolve(out, d, err, err_size);
@@ -159,15 +160,13 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
     }
 
     attn_kv_view kv = { S, d, f16 ? KV_F16 : KV_F32, kbuf, vbuf, ktbuf, S, vsum };
-    attn_scratch scr = { fs, n_scr, is };
+    char step_err[256] = "";
+    attn_scratch scr = { fs, n_scr, is, step_err, sizeof step_err };
     attn_counts cnt = { 0, 0 };
     attn_trace tr = { sel_buf, 0, i1_buf, 0, alpha_buf };
-    if (pol->attend_traced) {
-        pol->attend_traced(state, &pp, 0, 0, &kv, q, g, out, &scr, &cnt, &tr);
-    } else {
-        pol->attend(state, &pp, 0, 0, &kv, q, g, out, &scr, &cnt);
-        tr.n_sel = 0;
-        for (int h = 0; h < g; h++) alpha_buf[h] = 1.0f;
+    if (pol->attend(state, &pp, 0, 0, &kv, q, g, out, &scr, &cnt, &tr)) {
+        snprintf(err, err_size, "attn_run: %s: %s", pol->name, step_err[0] ? step_err : "failed");
+        goto done;
     }
     if (sel) memcpy(sel, sel_buf, (size_t)tr.n_sel * sizeof *sel);
     if (n_sel) *n_sel = tr.n_sel;

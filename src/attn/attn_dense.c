@@ -19,7 +19,7 @@ static size_t dense_scratch_floats(const sparq_attn_params *p, int64_t S, int d,
     return attn_pad16((size_t)g * (size_t)S);
 }
 
-static void dense_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+static int dense_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
                                 const attn_kv_view *kv, const float *q, int g, float *out,
                                 attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
@@ -37,13 +37,7 @@ static void dense_attend_traced(void *state, const sparq_attn_params *p, int lay
         if (tr->alpha)
             for (int h = 0; h < g; h++) tr->alpha[h] = 1.0f;
     }
-}
-
-static void dense_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                         const attn_kv_view *kv, const float *q, int g, float *out,
-                         attn_scratch *scratch, attn_counts *counts)
-{
-    dense_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+    return 0;
 }
 
 static int64_t dense_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
@@ -54,10 +48,11 @@ static int64_t dense_transfer(const sparq_attn_params *p, int64_t S, int d, int 
 
 const attn_policy attn_policy_dense = {
     .name = "dense",
+    .summary = "every cached key and value",
+    .in_all = 1,
     .needs = 0,
     .resolve = dense_resolve,
     .scratch_floats = dense_scratch_floats,
     .attend = dense_attend,
     .transfer_formula = dense_transfer,
-    .attend_traced = dense_attend_traced,
 };

@@ -27,7 +27,7 @@ static size_t flexgen_scratch_floats(const sparq_attn_params *p, int64_t S, int 
     return attn_exact_topk_scratch(S, p->k, g);
 }
 
-static void flexgen_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+static int flexgen_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
                                   const attn_kv_view *kv, const float *q, int g, float *out,
                                   attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
@@ -38,13 +38,7 @@ static void flexgen_attend_traced(void *state, const sparq_attn_params *p, int l
         counts->read += kv->S * kv->d + kk * kv->d;
         counts->written += 2 * (int64_t)kv->d;
     }
-}
-
-static void flexgen_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                           const attn_kv_view *kv, const float *q, int g, float *out,
-                           attn_scratch *scratch, attn_counts *counts)
-{
-    flexgen_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+    return 0;
 }
 
 static int64_t flexgen_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
@@ -56,10 +50,11 @@ static int64_t flexgen_transfer(const sparq_attn_params *p, int64_t S, int d, in
 
 const attn_policy attn_policy_flexgen = {
     .name = "flexgen",
+    .summary = "exact scores, top-k values, no renormalisation",
+    .in_all = 1,
     .needs = 0,
     .resolve = flexgen_resolve,
     .scratch_floats = flexgen_scratch_floats,
     .attend = flexgen_attend,
     .transfer_formula = flexgen_transfer,
-    .attend_traced = flexgen_attend_traced,
 };

@@ -155,7 +155,7 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static void h2o_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+static int h2o_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
                               const attn_kv_view *kv, const float *q, int g, float *out,
                               attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
@@ -169,7 +169,7 @@ static void h2o_attend_traced(void *state, const sparq_attn_params *p, int layer
             counts->written += 2 * d;
         }
         if (tr) tr->n_sel = 0;
-        return;
+        return 0;
     }
 
     /* 1. selection: the window, then the best older alive positions */
@@ -224,13 +224,7 @@ static void h2o_attend_traced(void *state, const sparq_attn_params *p, int layer
         counts->read += 2 * n_sel * d + S;
         counts->written += 2 * d + S;
     }
-}
-
-static void h2o_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                       const attn_kv_view *kv, const float *q, int g, float *out,
-                       attn_scratch *scratch, attn_counts *counts)
-{
-    h2o_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+    return 0;
 }
 
 static int64_t h2o_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
@@ -242,6 +236,8 @@ static int64_t h2o_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
 
 const attn_policy attn_policy_h2o = {
     .name = "h2o",
+    .summary = "heavy hitters by cumulative attention + recent window, evicted for good",
+    .in_all = 1,
     .needs = ATTN_NEEDS_COLSUM,
     .resolve = h2o_resolve,
     .state_create = h2o_state_create,
@@ -250,5 +246,4 @@ const attn_policy attn_policy_h2o = {
     .scratch_floats = h2o_scratch_floats,
     .attend = h2o_attend,
     .transfer_formula = h2o_transfer,
-    .attend_traced = h2o_attend_traced,
 };

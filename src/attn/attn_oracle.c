@@ -27,7 +27,7 @@ static size_t oracle_scratch_floats(const sparq_attn_params *p, int64_t S, int d
     return attn_exact_topk_scratch(S, p->k, g);
 }
 
-static void oracle_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+static int oracle_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
                                  const attn_kv_view *kv, const float *q, int g, float *out,
                                  attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
@@ -42,13 +42,7 @@ static void oracle_attend_traced(void *state, const sparq_attn_params *p, int la
         counts->read += kv->S * kv->d + kk * kv->d;
         counts->written += 2 * (int64_t)kv->d;
     }
-}
-
-static void oracle_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                          const attn_kv_view *kv, const float *q, int g, float *out,
-                          attn_scratch *scratch, attn_counts *counts)
-{
-    oracle_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+    return 0;
 }
 
 static int64_t oracle_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
@@ -60,10 +54,11 @@ static int64_t oracle_transfer(const sparq_attn_params *p, int64_t S, int d, int
 
 const attn_policy attn_policy_oracle = {
     .name = "oracle",
+    .summary = "exact top-k, renormalised",
+    .in_all = 1,
     .needs = 0,
     .resolve = oracle_resolve,
     .scratch_floats = oracle_scratch_floats,
     .attend = oracle_attend,
     .transfer_formula = oracle_transfer,
-    .attend_traced = oracle_attend_traced,
 };

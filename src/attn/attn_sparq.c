@@ -59,7 +59,7 @@ static int sparq_resolve(sparq_attn_params *p, int d, char *err, size_t err_size
     return 0;
 }
 
-/* Scratch carve-up for S positions: see sparq_attend_traced. */
+/* Scratch carve-up for S positions: see sparq_attend. */
 typedef struct sparq_scratch {
     float   *e;     /* [g][S] exp(logit - block's running max)            */
     float   *score; /* [S] selection score                                 */
@@ -176,7 +176,7 @@ static int64_t mean_value(const attn_kv_view *kv, float *vmean)
     return S * d - d;
 }
 
-static void sparq_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
                                 const attn_kv_view *kv, const float *q, int g, float *out,
                                 attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
@@ -250,13 +250,7 @@ done:
         counts->read += cnt.read;
         counts->written += cnt.written;
     }
-}
-
-static void sparq_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                         const attn_kv_view *kv, const float *q, int g, float *out,
-                         attn_scratch *scratch, attn_counts *counts)
-{
-    sparq_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+    return 0;
 }
 
 static int64_t sparq_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
@@ -268,10 +262,11 @@ static int64_t sparq_transfer(const sparq_attn_params *p, int64_t S, int d, int 
 
 const attn_policy attn_policy_sparq = {
     .name = "sparq",
+    .summary = "r components of every key, then k full rows (SparQ)",
+    .in_all = 1,
     .needs = ATTN_NEEDS_KT | ATTN_NEEDS_VSUM,
     .resolve = sparq_resolve,
     .scratch_floats = sparq_scratch_floats,
     .attend = sparq_attend,
     .transfer_formula = sparq_transfer,
-    .attend_traced = sparq_attend_traced,
 };

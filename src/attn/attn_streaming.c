@@ -33,7 +33,7 @@ static size_t streaming_scratch_floats(const sparq_attn_params *p, int64_t S, in
     return attn_pad16((size_t)g * kk) + attn_pad16(kk);
 }
 
-static void streaming_attend_traced(void *state, const sparq_attn_params *p, int layer,
+static int streaming_attend(void *state, const sparq_attn_params *p, int layer,
                                     int kv_head, const attn_kv_view *kv, const float *q, int g,
                                     float *out, attn_scratch *scratch, attn_counts *counts,
                                     attn_trace *tr)
@@ -61,13 +61,7 @@ static void streaming_attend_traced(void *state, const sparq_attn_params *p, int
         if (tr->alpha)
             for (int h = 0; h < g; h++) tr->alpha[h] = 1.0f;
     }
-}
-
-static void streaming_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                             const attn_kv_view *kv, const float *q, int g, float *out,
-                             attn_scratch *scratch, attn_counts *counts)
-{
-    streaming_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+    return 0;
 }
 
 static int64_t streaming_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
@@ -79,10 +73,11 @@ static int64_t streaming_transfer(const sparq_attn_params *p, int64_t S, int d, 
 
 const attn_policy attn_policy_streaming = {
     .name = "streaming",
+    .summary = "sink positions + the most recent ones",
+    .in_all = 1,
     .needs = 0,
     .resolve = streaming_resolve,
     .scratch_floats = streaming_scratch_floats,
     .attend = streaming_attend,
     .transfer_formula = streaming_transfer,
-    .attend_traced = streaming_attend_traced,
 };

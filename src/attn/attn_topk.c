@@ -847,7 +847,7 @@ int attn_topk_select(void *state, const sparq_attn_params *p, int layer, int kv_
     return k;
 }
 
-static void topk_attend_traced(void *state, const sparq_attn_params *p, int layer, int kv_head,
+static int topk_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
                                const attn_kv_view *kv, const float *q, int g, float *out,
                                attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
@@ -879,13 +879,7 @@ static void topk_attend_traced(void *state, const sparq_attn_params *p, int laye
         counts->read += cnt.read;
         counts->written += cnt.written;
     }
-}
-
-static void topk_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                        const attn_kv_view *kv, const float *q, int g, float *out,
-                        attn_scratch *scratch, attn_counts *counts)
-{
-    topk_attend_traced(state, p, layer, kv_head, kv, q, g, out, scratch, counts, NULL);
+    return 0;
 }
 
 static void topk_stats(const void *state, sparq_attn_stats *out)
@@ -900,6 +894,8 @@ static void topk_stats(const void *state, sparq_attn_stats *out)
 
 const attn_policy attn_policy_topk = {
     .name = "topk",
+    .summary = "the prefix through a key index (--index), the rest dense",
+    .in_all = 0,
     .needs = 0,
     .resolve = topk_resolve,
     .state_create = topk_state_create,
@@ -907,7 +903,6 @@ const attn_policy attn_policy_topk = {
     .scratch_floats = topk_scratch_floats,
     .attend = topk_attend,
     .transfer_formula = topk_formula,
-    .attend_traced = topk_attend_traced,
     .set_prefix = topk_set_prefix,
     .transfer_formula_state = topk_formula_state,
     .stats = topk_stats,

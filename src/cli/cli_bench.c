@@ -271,7 +271,8 @@ static int build_cfgs(const bench_opts *o, pol_cfg *cfg, char *names_buf, size_t
     for (int i = 0; i < n_names; i++) {
         const attn_policy *pol = attn_policy_find(names[i]);
         if (!pol) {
-            snprintf(err, err_size, "--attn: unknown policy '%s' (known: %s)", names[i], attn_policy_names());
+            char known[ATTN_NAMES_MAX];
+            snprintf(err, err_size, "--attn: unknown policy '%s' (known: %s)", names[i], attn_policy_names(known, sizeof known, ", "));
             return -1;
         }
         if (strcmp(pol->name, "dense") == 0) continue;
@@ -428,18 +429,22 @@ typedef struct attn_job {
     int32_t *si;          /* [threads][n_scratch] */
     size_t n_scratch;
     attn_counts *counts;  /* [B * kvh] */
+    char err[256];        /* the first failing call's message */
 } attn_job;
 
 /* One benchmark call: every (b, kv_head) pair through the policy, pairs
- * spread over the threads as the model's decode step spreads KV heads. */
-static void attn_call(const attn_job *j)
+ * spread over the threads as the model's decode step spreads KV heads.
+ * Returns 0, or -1 with the first failure's message in j->err. */
+static int attn_call(attn_job *j)
 {
     const int pairs = j->B * j->kvh, d = j->kv->d;
+    int failed = 0;
 #pragma omp parallel num_threads(j->threads)
     {
         const int tid = omp_get_thread_num();
+        char e[256] = "";
         attn_scratch s = { .f = j->sf + (size_t)tid * j->n_scratch, .n_f = j->n_scratch,
-                           .i = j->si + (size_t)tid * j->n_scratch };
+                           .i = j->si + (size_t)tid * j->n_scratch, .err = e, .err_size = sizeof e };
 #pragma omp for schedule(static)
         for (int i = 0; i < pairs; i++) {
             const int b = i / j->kvh, h = i % j->kvh;
@@ -447,9 +452,17 @@ static void attn_call(const attn_job *j)
             kv_view(j->kv, b, h, j->S, &v);
             const size_t off = (size_t)i * j->g * d;
             j->counts[i].read = j->counts[i].written = 0;
-            j->pol->attend(j->state, j->p, b, h, &v, j->q + off, j->g, j->out + off, &s, &j->counts[i]);
+            if (j->pol->attend(j->state, j->p, b, h, &v, j->q + off, j->g, j->out + off, &s,
+                               &j->counts[i], NULL)) {
+#pragma omp critical(attn_call_error)
+                if (!failed) {
+                    failed = 1;
+                    snprintf(j->err, sizeof j->err, "%s", e[0] ? e : "failed");
+                }
+            }
         }
     }
+    return failed ? -1 : 0;
 }
 
 typedef struct attn_point {
@@ -498,7 +511,10 @@ static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_poli
     for (int w = 0; w < (o->warmup > 0 ? o->warmup : 1); w++) {
         bench_query(&rng, q, pt->B * pt->H, d, o->heavy);
         double t0 = cli_now();
-        attn_call(&j);
+        if (attn_call(&j)) {
+            snprintf(err, err_size, "attn: %s: %s", pol->name, j.err);
+            goto done;
+        }
         t_call = (cli_now() - t0) * 1e6;
         if (w == 0) counted = bench_counted_bytes(j.counts, pairs, (size_t)pt->elem_size);
     }
@@ -506,15 +522,20 @@ static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_poli
     if (inner < 1 || o->flush) inner = 1;
     if (inner > 10000) inner = 10000;
     volatile float sink = 0;
+    int call_failed = 0;
     for (int rep = 0; rep < o->reps; rep++) {
         bench_query(&rng, q, pt->B * pt->H, d, o->heavy);
         if (flush_buf) sink += bench_sum_f32(flush_buf, flush_n);
         double t0 = cli_now();
-        for (int i = 0; i < inner; i++) attn_call(&j);
+        for (int i = 0; i < inner; i++) call_failed |= attn_call(&j);
         t[rep] = (cli_now() - t0) * 1e6 / inner;
         sink += out[0];
     }
     (void)sink;
+    if (call_failed) {
+        snprintf(err, err_size, "attn: %s: %s", pol->name, j.err);
+        goto done;
+    }
 
     bench_row_init(row, BENCH_ATTN);
     snprintf(row->policy, sizeof row->policy, "%s", pol->name);

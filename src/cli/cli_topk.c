@@ -463,10 +463,12 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     float *sc = malloc((size_t)g * s->P * sizeof *sc);
     int32_t *work = malloc((size_t)s->P * sizeof *work);
     uint8_t *found = malloc((size_t)s->M + 1);
+    char step_err[320] = "";
+    int rc = -1;
     if (!sfl || !sint || !q || !out || !knew || !cen || !ids || !ex || !sc || !work || !found ||
         pol->state_create(&p, &shape, &state)) {
         snprintf(res->err, sizeof res->err, "out of memory for decoding");
-        return -1; /* exiting child: the OS reclaims */
+        goto done;
     }
     memset(found, 1, (size_t)s->M + 1);
     pol->set_prefix(state, &p, f->n, &f->source);
@@ -497,18 +499,28 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
             const double ts = cli_now();
             kv_write(&kv, l, pos, knew, knew + (size_t)H * d);
             int64_t rd = 0, wr = 0;
+            int step_failed = 0;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(+ : rd, wr)
             for (int h = 0; h < H; h++) {
                 const int tid = omp_get_thread_num();
-                attn_scratch scr = { sfl + (size_t)tid * sf, sf, sint + (size_t)tid * sf };
+                char e[256] = "";
+                attn_scratch scr = { sfl + (size_t)tid * sf, sf, sint + (size_t)tid * sf, e, sizeof e };
                 attn_kv_view view;
                 kv_view(&kv, l, h, pos + 1, &view);
                 attn_counts cnt = { 0, 0 };
-                pol->attend(state, &p, l, h, &view, ql + (size_t)h * g * d, g, out + (size_t)h * g * d,
-                            &scr, &cnt);
+                if (pol->attend(state, &p, l, h, &view, ql + (size_t)h * g * d, g,
+                                out + (size_t)h * g * d, &scr, &cnt, NULL)) {
+#pragma omp critical(topk_step_error)
+                    if (!step_failed) {
+                        step_failed = 1;
+                        snprintf(step_err, sizeof step_err, "layer %d, kv head %d: %s", l, h,
+                                 e[0] ? e : "failed");
+                    }
+                }
                 rd += cnt.read;
                 wr += cnt.written;
             }
+            if (step_failed) goto step_error;
             t_step += cli_now() - ts;
             step_elems += rd + wr;
         }
@@ -516,7 +528,7 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
         for (int hh = 0; hh < pairs && t >= o->warmup; hh++) {
             const int l = hh % L, h = hh / L;
             const float *qh = q + ((size_t)l * sh->n_head + (size_t)h * g) * d;
-            attn_scratch scr = { sfl, sf, sint };
+            attn_scratch scr = { sfl, sf, sint, NULL, 0 };
             int sampled = 0, has_needle = 0;
             for (int i = 0; i < n_rh; i++) sampled |= (int)((int64_t)i * pairs / n_rh) == hh;
             for (int i = 0; i < s->M; i++) {
@@ -528,7 +540,7 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
             kv_view(&kv, l, h, pos + 1, &view);
             if (attn_topk_select(state, &p, l, h, &view, qh, g, ids, &scr) != k) {
                 snprintf(res->err, sizeof res->err, "layer %d head %d: no index selection", l, h);
-                return -1;
+                goto done;
             }
             if (sampled) {
                 attn_kv_view pre;
@@ -565,10 +577,17 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     res->index_seconds = st.index_seconds;
     read_rss(&res->rss_anon, &res->rss_file);
     res->ok = 1;
-    pol->state_free(state);
+    rc = 0;
+    goto done;
+step_error:
+    snprintf(res->err, sizeof res->err, "decode step: %s", step_err);
+done:
+    if (state) pol->state_free(state);
+    free(sfl); free(sint); free(q); free(out); free(knew); free(cen);
+    free(ids); free(ex); free(sc); free(work); free(found);
     kv_free(&kv);
     kvf_close(f);
-    return 0;
+    return rc;
 }
 
 /* ---- the parent ----------------------------------------------------------------- */

@@ -127,8 +127,9 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     const char *name = p->attn.policy ? p->attn.policy : "dense";
     c->policy = attn_policy_find(name);
     if (!c->policy) {
+        char known[ATTN_NAMES_MAX];
         snprintf(err, err_size, "context: unknown attention policy '%s' (known: %s)", name,
-                 attn_policy_names());
+                 attn_policy_names(known, sizeof known, ", "));
         goto fail;
     }
     c->params.attn.policy = c->policy->name;

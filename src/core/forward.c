@@ -201,27 +201,40 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
     }
 }
 
-/* One decode step through the policy, all KV heads of layer il. */
-static void attend_decode(sparq_context *c, int il, int64_t pos)
+/* One decode step through the policy, all KV heads of layer il. Returns 0,
+ * or -1 with the first failing head's message in c->error. */
+static int attend_decode(sparq_context *c, int il, int64_t pos)
 {
     const model_hparams *hp = &c->model->hp;
     const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
     int64_t read = 0, written = 0;
+    int failed = 0;
 #pragma omp parallel num_threads(c->n_threads) reduction(+ : read, written)
     {
+        char err[256] = "";
         attn_scratch s = thread_scratch(c, omp_get_thread_num());
+        s.err = err;
+        s.err_size = sizeof err;
 #pragma omp for schedule(static)
         for (int h = 0; h < n_kv; h++) {
             attn_kv_view kv;
             attn_counts cnt = { 0, 0 };
             kv_view(&c->kv, il, h, pos + 1, &kv);
             size_t off = (size_t)h * g * d;
-            c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
-                              c->rs.att + off, &s, &cnt);
+            if (c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
+                                  c->rs.att + off, &s, &cnt, NULL)) {
+#pragma omp critical(attend_decode_error)
+                if (!failed) {
+                    failed = 1;
+                    snprintf(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %s",
+                             c->policy->name, il, h, err[0] ? err : "failed");
+                }
+            }
             read += cnt.read;
             written += cnt.written;
         }
     }
+    if (failed) return -1;
     const attn_policy *dense = attn_policy_find("dense");
     c->stats.elements += read + written;
     c->stats.bytes += (read + written) * (int64_t)c->kv.elem_size;
@@ -230,14 +243,15 @@ static void attend_decode(sparq_context *c, int il, int64_t pos)
         n_kv * (c->policy->transfer_formula_state
                     ? c->policy->transfer_formula_state(c->policy_state, &c->params.attn, il, pos + 1, d, g)
                     : c->policy->transfer_formula(&c->params.attn, pos + 1, d, g));
+    return 0;
 }
 
 /* ---- the layer loop --------------------------------------------------------- */
 
 /* decode: the step is a generation step (one token through the policy);
  * otherwise exact causal attention, whatever n is. */
-static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, float *logits,
-                    int all_logits)
+static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, float *logits,
+                   int all_logits)
 {
     const sparq_model *m = c->model;
     const model_hparams *hp = &m->hp;
@@ -279,8 +293,11 @@ static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, 
             }
             kv_write(&c->kv, il, pos0 + t, k, v);
         }
-        if (decode) attend_decode(c, il, pos0);
-        else attend_prefill(c, il, pos0, n);
+        if (decode) {
+            if (attend_decode(c, il, pos0)) return -1; /* the cache's n is unchanged */
+        } else {
+            attend_prefill(c, il, pos0, n);
+        }
         model_matmul(c, rs->xn, rs->att, n, &L->wo);
         for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
 
@@ -296,13 +313,14 @@ static void forward(sparq_context *c, const int32_t *tokens, int n, int decode, 
         for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
     }
     c->kv.n += n;
-    if (!logits) return;
+    if (!logits) return 0;
 
     /* final norm and LM head, for the last row or every row */
     const int first = all_logits ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++)
         rms_norm(rs->xn + (size_t)(t - first) * E, rs->x + (size_t)t * E, m->output_norm, E, hp->rms_eps);
     model_matmul(c, logits, rs->xn, rows, &m->output);
+    return 0;
 }
 
 static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, int all_logits)
@@ -336,7 +354,7 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
         float *out = NULL;
         if (all_logits) out = logits + (size_t)done * n_vocab;
         else if (last && logits) out = c->rs.logits;
-        forward(c, tokens + done, nb, n == 1, out, all_logits);
+        if (forward(c, tokens + done, nb, n == 1, out, all_logits)) return -1;
         if (n == 1) c->stats.steps++;
         if (last && logits && !all_logits) memcpy(logits, c->rs.logits, (size_t)n_vocab * sizeof(float));
         done += nb;

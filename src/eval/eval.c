@@ -673,12 +673,13 @@ static void approx_logits(const float *Kf, int64_t S, int d, const float *q, con
     }
 }
 
-static void stats_tap_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                             const attn_kv_view *kv, const float *q, int g, float *out,
-                             attn_scratch *scratch, attn_counts *counts)
+static int stats_tap_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                            const attn_kv_view *kv, const float *q, int g, float *out,
+                            attn_scratch *scratch, attn_counts *counts, attn_trace *trace)
 {
     stats_tap *t = state;
-    t->inner->attend(t->inner_state, p, layer, kv_head, kv, q, g, out, scratch, counts);
+    if (t->inner->attend(t->inner_state, p, layer, kv_head, kv, q, g, out, scratch, counts, trace))
+        return -1;
 
     eval_stats *st = t->out;
     const int64_t S = kv->S;
@@ -773,6 +774,7 @@ static void stats_tap_attend(void *state, const sparq_attn_params *p, int layer,
         hs->alpha_abs_err += fabs(alpha - mass);
         hs->n++;
     }
+    return 0;
 }
 
 int eval_attn_stats(sparq_context *c, const int32_t *tokens, int n, const eval_stats_params *p,
@@ -826,7 +828,6 @@ int eval_attn_stats(sparq_context *c, const int32_t *tokens, int n, const eval_s
     /* decode through the observer: same policy, same state, plus measurement */
     attn_policy observer = *c->policy;
     observer.attend = stats_tap_attend;
-    observer.attend_traced = NULL;
     observer.observe_prefill = NULL;
     observer.state_create = NULL;
     observer.state_free = NULL;
