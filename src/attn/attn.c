@@ -16,6 +16,7 @@
  * stay in L2 for n up to ~32k) so softmax needs no second pass over K.
  */
 #include "attn/attn.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -57,12 +58,10 @@ const char *attn_policy_names(char *buf, size_t size, const char *sep)
 
 int attn_fail(attn_scratch *s, const char *fmt, ...)
 {
-    if (s && s->err && s->err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(s->err, s->err_size, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    if (s) err_setv(s->err, s->err_size, fmt, ap);
+    va_end(ap);
     return -1;
 }
 

@@ -15,23 +15,13 @@
  * The behaviour follows llama.cpp's vocabulary loader (llama_vocab::load),
  * so ids and decoded text match it.
  */
+#include "util/err.h"
 #include "core/tok_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ------------------------------------------------------------------ */
 /* 1. hashing                                                           */
@@ -170,12 +160,12 @@ static const gguf_kv *per_token_array(const gguf_file *f, const char *key, uint6
                             : (is_int_type(kv->arr_type) || kv->arr_type == GGUF_F32 || kv->arr_type == GGUF_F64));
     if (!ok_type) {
         *bad = 1;
-        fail(err, err_size, "tokenizer: %s is not an array of %s", key, want_int ? "integers" : "numbers");
+        err_set(err, err_size, "tokenizer: %s is not an array of %s", key, want_int ? "integers" : "numbers");
         return NULL;
     }
     if (kv->n != n) {
         *bad = 1;
-        fail(err, err_size, "tokenizer: %s has %llu entries but tokenizer.ggml.tokens has %llu",
+        err_set(err, err_size, "tokenizer: %s has %llu entries but tokenizer.ggml.tokens has %llu",
              key, (unsigned long long)kv->n, (unsigned long long)n);
         return NULL;
     }
@@ -185,12 +175,12 @@ static const gguf_kv *per_token_array(const gguf_file *f, const char *key, uint6
 static int load_tokens(tokenizer *t, const gguf_file *f, char *err, size_t err_size)
 {
     const gguf_kv *kt = gguf_find_kv(f, "tokenizer.ggml.tokens");
-    if (!kt) return fail(err, err_size, "tokenizer: tokenizer.ggml.tokens missing");
+    if (!kt) return err_set(err, err_size, "tokenizer: tokenizer.ggml.tokens missing");
     if (kt->type != GGUF_ARR || kt->arr_type != GGUF_STR || !kt->strs)
-        return fail(err, err_size, "tokenizer: tokenizer.ggml.tokens is not an array of strings");
+        return err_set(err, err_size, "tokenizer: tokenizer.ggml.tokens is not an array of strings");
     /* ids are int32 and the hash stores id + 1 */
     if (kt->n == 0 || kt->n > (uint64_t)(INT32_MAX / 4))
-        return fail(err, err_size, "tokenizer: tokenizer.ggml.tokens has %llu entries (want 1..%d)",
+        return err_set(err, err_size, "tokenizer: tokenizer.ggml.tokens has %llu entries (want 1..%d)",
                     (unsigned long long)kt->n, INT32_MAX / 4);
     int32_t n = (int32_t)kt->n;
     t->n_vocab = n;
@@ -207,7 +197,7 @@ static int load_tokens(tokenizer *t, const gguf_file *f, char *err, size_t err_s
         uint64_t len = kt->strs[i].len;
         if (len == 0) len = 32;
         if (len > UINT32_MAX - 1 || total > SIZE_MAX - len - 1)
-            return fail(err, err_size, "tokenizer: token %d is too long (%llu bytes)", i,
+            return err_set(err, err_size, "tokenizer: token %d is too long (%llu bytes)", i,
                         (unsigned long long)kt->strs[i].len);
         total += (size_t)len + 1;
     }
@@ -218,7 +208,7 @@ static int load_tokens(tokenizer *t, const gguf_file *f, char *err, size_t err_s
     t->attr = malloc((size_t)n * sizeof(*t->attr));
     if (!t->text_arena || !t->text_off || !t->text_len || !t->scores || !t->attr ||
         hash_alloc(&t->vocab, (size_t)n))
-        return fail(err, err_size, "tokenizer: out of memory for %d tokens", n);
+        return err_set(err, err_size, "tokenizer: out of memory for %d tokens", n);
 
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -256,24 +246,24 @@ static int load_tokens(tokenizer *t, const gguf_file *f, char *err, size_t err_s
 static int load_merges(tokenizer *t, const gguf_file *f, char *err, size_t err_size)
 {
     const gguf_kv *km = gguf_find_kv(f, "tokenizer.ggml.merges");
-    if (!km) return fail(err, err_size, "tokenizer: tokenizer.ggml.merges missing for a gpt2 (BPE) vocab");
+    if (!km) return err_set(err, err_size, "tokenizer: tokenizer.ggml.merges missing for a gpt2 (BPE) vocab");
     if (km->type != GGUF_ARR || km->arr_type != GGUF_STR || !km->strs)
-        return fail(err, err_size, "tokenizer: tokenizer.ggml.merges is not an array of strings");
+        return err_set(err, err_size, "tokenizer: tokenizer.ggml.merges is not an array of strings");
     if (km->n > (uint64_t)(INT32_MAX / 4))
-        return fail(err, err_size, "tokenizer: tokenizer.ggml.merges has %llu entries (max %d)",
+        return err_set(err, err_size, "tokenizer: tokenizer.ggml.merges has %llu entries (max %d)",
                     (unsigned long long)km->n, INT32_MAX / 4);
     int32_t n = (int32_t)km->n;
     size_t total = 1;
     for (int32_t i = 0; i < n; i++) {
         uint64_t len = km->strs[i].len;
         if (len > UINT32_MAX - 2 || total > SIZE_MAX - len - 2)
-            return fail(err, err_size, "tokenizer: merge %d is too long", i);
+            return err_set(err, err_size, "tokenizer: merge %d is too long", i);
         total += (size_t)len + 2;
     }
     t->merge_arena = malloc(total);
     t->merges = malloc(((size_t)n + 1) * sizeof(*t->merges));
     if (!t->merge_arena || !t->merges || hash_alloc(&t->merge_hash, (size_t)n))
-        return fail(err, err_size, "tokenizer: out of memory for %d merges", n);
+        return err_set(err, err_size, "tokenizer: out of memory for %d merges", n);
     t->n_merges = n;
 
     size_t off = 0;
@@ -315,16 +305,16 @@ static int read_id(const gguf_file *f, const char *key, int32_t n_vocab, int str
     int64_t v;
     int r = gguf_get_int(f, key, &v);
     if (r == 0) return 0;
-    if (r < 0) return fail(err, err_size, "tokenizer: %s is not an integer", key);
+    if (r < 0) return err_set(err, err_size, "tokenizer: %s is not an integer", key);
     if (v >= 0 && v < n_vocab) { *id = (int32_t)v; return 0; }
     if (v == 0xFFFFFFFFLL || v == -1 || !strict) return 0;
-    return fail(err, err_size, "tokenizer: %s = %lld is outside the vocabulary [0, %d)",
+    return err_set(err, err_size, "tokenizer: %s = %lld is outside the vocabulary [0, %d)",
                 key, (long long)v, n_vocab);
 }
 
 static int read_bool(const gguf_file *f, const char *key, int *out, char *err, size_t err_size)
 {
-    if (gguf_get_bool(f, key, out) < 0) return fail(err, err_size, "tokenizer: %s is not a bool", key);
+    if (gguf_get_bool(f, key, out) < 0) return err_set(err, err_size, "tokenizer: %s is not a bool", key);
     return 0;
 }
 
@@ -447,7 +437,7 @@ static int build_specials(tokenizer *t, const gguf_file *f, char *err, size_t er
     for (int32_t i = 0; i < t->n_vocab; i++)
         if ((t->attr[i] & TA_USER_DEFINED) && !(t->attr[i] & (TA_CONTROL | TA_UNKNOWN))) n++;
     t->specials = malloc(((size_t)n + 1) * sizeof(*t->specials));
-    if (!t->specials) return fail(err, err_size, "tokenizer: out of memory");
+    if (!t->specials) return err_set(err, err_size, "tokenizer: out of memory");
     t->n_specials = n;
     n = 0;
     for (int32_t i = 0; i < t->n_vocab; i++)
@@ -573,18 +563,18 @@ static int build_pieces(tokenizer *t, char *err, size_t err_size)
     size_t total = 0;
     t->piece_off = malloc((size_t)t->n_vocab * sizeof(*t->piece_off));
     t->piece_len = malloc((size_t)t->n_vocab * sizeof(*t->piece_len));
-    if (!t->piece_off || !t->piece_len) return fail(err, err_size, "tokenizer: out of memory");
+    if (!t->piece_off || !t->piece_len) return err_set(err, err_size, "tokenizer: out of memory");
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t n = make_piece(t, i, NULL);
         if (n > MAX_PIECE)
-            return fail(err, err_size, "tokenizer: token %d decodes to more than %u bytes", i, MAX_PIECE);
-        if (total > SIZE_MAX - n - 1) return fail(err, err_size, "tokenizer: decoded vocabulary too large");
+            return err_set(err, err_size, "tokenizer: token %d decodes to more than %u bytes", i, MAX_PIECE);
+        if (total > SIZE_MAX - n - 1) return err_set(err, err_size, "tokenizer: decoded vocabulary too large");
         t->piece_off[i] = total;
         t->piece_len[i] = (uint32_t)n;
         total += n;
     }
     t->piece_arena = malloc(total + 1);
-    if (!t->piece_arena) return fail(err, err_size, "tokenizer: out of memory");
+    if (!t->piece_arena) return err_set(err, err_size, "tokenizer: out of memory");
     for (int32_t i = 0; i < t->n_vocab; i++) make_piece(t, i, t->piece_arena + t->piece_off[i]);
     return 0;
 }
@@ -608,14 +598,14 @@ static int spaces_only_lead(const tokenizer *t)
 int tok_create_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t err_size)
 {
     if (out) *out = NULL;
-    if (!f || !out) return fail(err, err_size, "tokenizer: NULL argument");
+    if (!f || !out) return err_set(err, err_size, "tokenizer: NULL argument");
     gguf_str model;
     int r = gguf_get_str(f, "tokenizer.ggml.model", &model);
-    if (r == 0) return fail(err, err_size, "tokenizer: tokenizer.ggml.model missing");
-    if (r < 0) return fail(err, err_size, "tokenizer: tokenizer.ggml.model is not a string");
+    if (r == 0) return err_set(err, err_size, "tokenizer: tokenizer.ggml.model missing");
+    if (r < 0) return err_set(err, err_size, "tokenizer: tokenizer.ggml.model is not a string");
 
     tokenizer *t = calloc(1, sizeof(*t));
-    if (!t) return fail(err, err_size, "tokenizer: out of memory");
+    if (!t) return err_set(err, err_size, "tokenizer: out of memory");
 
     if (gguf_str_eq(model, "llama")) {
         t->type = TOK_SPM;
@@ -626,10 +616,10 @@ int tok_create_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t 
         t->bos = 11; t->eos = 11; t->unk = -1;
         gguf_str pre = { 7, "default" };
         r = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
-        if (r < 0) { fail(err, err_size, "tokenizer: tokenizer.ggml.pre is not a string"); goto fail; }
+        if (r < 0) { err_set(err, err_size, "tokenizer: tokenizer.ggml.pre is not a string"); goto fail; }
         t->pre = pt_find(pre.data, (size_t)pre.len);
         if (!t->pre) {
-            fail(err, err_size, "tokenizer: unsupported pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
+            err_set(err, err_size, "tokenizer: unsupported pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
                  (int)(pre.len > 64 ? 64 : pre.len), pre.data);
             goto fail;
         }
@@ -637,7 +627,7 @@ int tok_create_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t 
         t->add_bos = pt_default_add_bos(t->pre);
         if (pt_drops_bos(t->pre)) t->bos = -1;
     } else {
-        fail(err, err_size, "tokenizer: unsupported tokenizer.ggml.model '%.*s' (want llama or gpt2)",
+        err_set(err, err_size, "tokenizer: unsupported tokenizer.ggml.model '%.*s' (want llama or gpt2)",
              (int)(model.len > 64 ? 64 : model.len), model.data);
         goto fail;
     }

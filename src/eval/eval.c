@@ -15,6 +15,7 @@
  * forward pass is unchanged) and then measures the queries and keys it was
  * given. Everything else uses the public API.
  */
+#include "util/err.h"
 #include "eval/eval.h"
 #include "util/textbuf.h"
 
@@ -28,17 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int set_err(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static void attn_stats_add(sparq_attn_stats *acc, const sparq_attn_stats *x)
 {
@@ -67,14 +57,14 @@ int64_t eval_tokenize(const sparq_model *m, const char *text, size_t n, int add_
                       int32_t **ids, char *err, size_t err_size)
 {
     *ids = NULL;
-    if (n > INT_MAX) return set_err(err, err_size, "tokenize: text of %zu bytes is too long", n);
+    if (n > INT_MAX) return err_set(err, err_size, "tokenize: text of %zu bytes is too long", n);
     int count = sparq_tokenize(m, text, (int)n, add_special, NULL, 0);
-    if (count < 0) return set_err(err, err_size, "tokenize: cannot tokenize %zu bytes of text", n);
+    if (count < 0) return err_set(err, err_size, "tokenize: cannot tokenize %zu bytes of text", n);
     int32_t *buf = malloc(((size_t)count + 1) * sizeof *buf);
-    if (!buf) return set_err(err, err_size, "tokenize: out of memory for %d tokens", count);
+    if (!buf) return err_set(err, err_size, "tokenize: out of memory for %d tokens", count);
     if (sparq_tokenize(m, text, (int)n, add_special, buf, count) != count) {
         free(buf);
-        return set_err(err, err_size, "tokenize: token count changed between calls");
+        return err_set(err, err_size, "tokenize: token count changed between calls");
     }
     *ids = buf;
     return count;
@@ -85,7 +75,7 @@ int eval_read_file(const char *path, char **text, size_t *n, char *err, size_t e
     *text = NULL;
     *n = 0;
     FILE *f = fopen(path, "rb");
-    if (!f) return set_err(err, err_size, "cannot open '%s'", path);
+    if (!f) return err_set(err, err_size, "cannot open '%s'", path);
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -109,7 +99,7 @@ int eval_read_file(const char *path, char **text, size_t *n, char *err, size_t e
     fclose(f);
     if (!buf || bad) {
         free(buf);
-        return set_err(err, err_size, "cannot read '%s' (%s)", path, bad ? "read error" : "out of memory");
+        return err_set(err, err_size, "cannot read '%s' (%s)", path, bad ? "read error" : "out of memory");
     }
     buf[len] = 0;
     *text = buf;
@@ -166,20 +156,20 @@ int eval_generate(sparq_context *c, const int32_t *prompt, int n_prompt, const e
     memset(out, 0, sizeof *out);
     const sparq_model *m = c->model;
     const int n_vocab = sparq_model_n_vocab(m);
-    if (n_prompt < 1) return set_err(err, err_size, "generate: empty prompt");
-    if (p->max_tokens < 0) return set_err(err, err_size, "generate: max_tokens %d < 0", p->max_tokens);
+    if (n_prompt < 1) return err_set(err, err_size, "generate: empty prompt");
+    if (p->max_tokens < 0) return err_set(err, err_size, "generate: max_tokens %d < 0", p->max_tokens);
     const size_t stop_len = p->stop ? strlen(p->stop) : 0;
 
     float *logits = malloc((size_t)n_vocab * sizeof *logits);
     out->tokens = malloc(((size_t)p->max_tokens + 1) * sizeof *out->tokens);
     text_buf t = { 0 };
     if (!logits || !out->tokens || text_append(&t, "", 0)) {
-        set_err(err, err_size, "generate: out of memory");
+        err_set(err, err_size, "generate: out of memory");
         goto fail;
     }
     sparq_context_reset(c);
     if (sparq_eval(c, prompt, n_prompt, logits)) {
-        set_err(err, err_size, "generate: prefill of %d tokens: %s", n_prompt, sparq_context_error(c));
+        err_set(err, err_size, "generate: prefill of %d tokens: %s", n_prompt, sparq_context_error(c));
         goto fail;
     }
     out->stop = EVAL_STOP_MAX_TOKENS;
@@ -191,7 +181,7 @@ int eval_generate(sparq_context *c, const int32_t *prompt, int n_prompt, const e
                 break;
             }
             if (sparq_eval(c, &out->tokens[i - 1], 1, logits)) {
-                set_err(err, err_size, "generate: decode step %d: %s", i, sparq_context_error(c));
+                err_set(err, err_size, "generate: decode step %d: %s", i, sparq_context_error(c));
                 goto fail;
             }
         }
@@ -205,7 +195,7 @@ int eval_generate(sparq_context *c, const int32_t *prompt, int n_prompt, const e
         if (len > (int)sizeof piece) len = sizeof piece;
         const size_t before = t.len;
         if (len > 0 && text_append(&t, piece, (size_t)len)) {
-            set_err(err, err_size, "generate: out of memory");
+            err_set(err, err_size, "generate: out of memory");
             goto fail;
         }
         if (stop_len) { /* only a match that ends in the new piece is new */
@@ -238,26 +228,26 @@ int eval_forced_nll(sparq_context *c, const int32_t *prompt, int n_prompt, const
 {
     const int n_vocab = sparq_model_n_vocab(c->model);
     if (n_prompt < 1 || n_target < 1)
-        return set_err(err, err_size, "forced: %d prompt and %d target tokens (need >= 1 each)",
+        return err_set(err, err_size, "forced: %d prompt and %d target tokens (need >= 1 each)",
                        n_prompt, n_target);
     if ((int64_t)n_prompt + n_target - 1 > sparq_context_n_ctx(c))
-        return set_err(err, err_size, "forced: %d prompt + %d target tokens exceed the context %lld",
+        return err_set(err, err_size, "forced: %d prompt + %d target tokens exceed the context %lld",
                        n_prompt, n_target, (long long)sparq_context_n_ctx(c));
     for (int i = 0; i < n_target; i++)
         if (target[i] < 0 || target[i] >= n_vocab)
-            return set_err(err, err_size, "forced: target token %d at %d is outside [0, %d)", target[i],
+            return err_set(err, err_size, "forced: target token %d at %d is outside [0, %d)", target[i],
                            i, n_vocab);
     float *logits = malloc((size_t)n_vocab * sizeof *logits);
-    if (!logits) return set_err(err, err_size, "forced: out of memory");
+    if (!logits) return err_set(err, err_size, "forced: out of memory");
     sparq_context_reset(c);
     int rc = 0;
     if (sparq_eval(c, prompt, n_prompt, logits)) {
-        rc = set_err(err, err_size, "forced: prefill of %d tokens: %s", n_prompt, sparq_context_error(c));
+        rc = err_set(err, err_size, "forced: prefill of %d tokens: %s", n_prompt, sparq_context_error(c));
     } else {
         nll[0] = metrics_nll(logits, n_vocab, target[0]);
         for (int i = 1; i < n_target; i++) {
             if (sparq_eval(c, &target[i - 1], 1, logits)) {
-                rc = set_err(err, err_size, "forced: step %d: %s", i, sparq_context_error(c));
+                rc = err_set(err, err_size, "forced: step %d: %s", i, sparq_context_error(c));
                 break;
             }
             nll[i] = metrics_nll(logits, n_vocab, target[i]);
@@ -303,7 +293,7 @@ static int prepare_forced(const sparq_model *m, int64_t n_ctx, const task_exampl
     const size_t n_ref = strlen(ref);
     int32_t *pids = NULL, *full = NULL;
     char *joined = malloc(ex->n_prompt + n_ref + 1);
-    if (!joined) return set_err(err, err_size, "%s: out of memory", task_kind_name(out->kind));
+    if (!joined) return err_set(err, err_size, "%s: out of memory", task_kind_name(out->kind));
     memcpy(joined, ex->prompt, ex->n_prompt);
     memcpy(joined + ex->n_prompt, ref, n_ref + 1);
     int rc = -1;
@@ -312,25 +302,25 @@ static int prepare_forced(const sparq_model *m, int64_t n_ctx, const task_exampl
     if (nf < 0) goto done;
     const int64_t cp = metrics_common_prefix(pids, np, full, nf);
     if (cp < 1) {
-        set_err(err, err_size, "%s: prompt and reference tokenize with no common prefix", task_kind_name(out->kind));
+        err_set(err, err_size, "%s: prompt and reference tokenize with no common prefix", task_kind_name(out->kind));
         goto done;
     }
     int64_t n_target = nf - cp;
     if (n_target > p->bpc_max_tokens) n_target = p->bpc_max_tokens;
     if (n_target > n_ctx / 2) n_target = n_ctx / 2; /* keep half the context for the prefill */
     if (n_target < 1) {
-        set_err(err, err_size, "%s: the reference adds no tokens", task_kind_name(out->kind));
+        err_set(err, err_size, "%s: the reference adds no tokens", task_kind_name(out->kind));
         goto done;
     }
     const int64_t max_prompt = n_ctx - n_target + 1;
     if (max_prompt < 2) {
-        set_err(err, err_size, "%s: context %lld too small for %lld teacher-forced tokens",
+        err_set(err, err_size, "%s: context %lld too small for %lld teacher-forced tokens",
                 task_kind_name(out->kind), (long long)n_ctx, (long long)n_target);
         goto done;
     }
     out->target = malloc((size_t)n_target * sizeof *out->target);
     if (!out->target) {
-        set_err(err, err_size, "%s: out of memory", task_kind_name(out->kind));
+        err_set(err, err_size, "%s: out of memory", task_kind_name(out->kind));
         goto done;
     }
     memcpy(out->target, full + cp, (size_t)n_target * sizeof *full);
@@ -359,7 +349,7 @@ int eval_prepare(const sparq_model *m, int64_t n_ctx, task_kind kind, const task
     out->stop_at_eog = p->stop_at_eog;
     const char *name = task_kind_name(kind);
     if (ex->n_answers < 1 || !ex->answers || !ex->answers[0])
-        return set_err(err, err_size, "%s: example %s has no answer/reference", name, ex->id ? ex->id : "?");
+        return err_set(err, err_size, "%s: example %s has no answer/reference", name, ex->id ? ex->id : "?");
     if (n_ctx > INT_MAX) n_ctx = INT_MAX;
     if (kind == TASK_WIKITEXT) {
         if (prepare_forced(m, n_ctx, ex, p, out, err, err_size)) {
@@ -371,7 +361,7 @@ int eval_prepare(const sparq_model *m, int64_t n_ctx, task_kind kind, const task
     int64_t n_gen = 0, longest = 0;
     for (int i = 0; i < ex->n_answers; i++) {
         int64_t t = count_tokens(m, ex->answers[i]);
-        if (t < 0) return set_err(err, err_size, "%s: cannot tokenize an answer", name);
+        if (t < 0) return err_set(err, err_size, "%s: cannot tokenize an answer", name);
         if (t > longest) longest = t;
     }
     switch (kind) {
@@ -388,19 +378,19 @@ int eval_prepare(const sparq_model *m, int64_t n_ctx, task_kind kind, const task
         break;
     case TASK_NIAH: n_gen = p->niah_spare_tokens + longest; break;
     case TASK_KVRET: n_gen = p->kvret_spare_tokens + longest; break;
-    default: return set_err(err, err_size, "eval: unsupported task %d", (int)kind);
+    default: return err_set(err, err_size, "eval: unsupported task %d", (int)kind);
     }
     if (n_gen < 1) n_gen = 1;
     const int64_t max_prompt = n_ctx - n_gen + 1; /* n_gen tokens need n_gen - 1 more positions */
     if (max_prompt < 2)
-        return set_err(err, err_size, "%s: context %lld too small to generate %lld tokens", name,
+        return err_set(err, err_size, "%s: context %lld too small to generate %lld tokens", name,
                        (long long)n_ctx, (long long)n_gen);
     int32_t *ids = NULL;
     int64_t n = eval_tokenize(m, ex->prompt, ex->n_prompt, 1, &ids, err, err_size);
     if (n < 0) return -1;
     if (n == 0) {
         free(ids);
-        return set_err(err, err_size, "%s: empty prompt and no BOS token", name);
+        return err_set(err, err_size, "%s: empty prompt and no BOS token", name);
     }
     const int64_t kept = eval_truncate_left(ids, n, max_prompt, ids[0] == sparq_token_bos(m));
     out->prompt = ids;
@@ -440,7 +430,7 @@ int eval_run(sparq_context *c, const eval_prepared *pr, eval_result *out, char *
     const char *name = task_kind_name(pr->kind);
     if (pr->kind == TASK_WIKITEXT) {
         double *nll = malloc((size_t)pr->n_target * sizeof *nll);
-        if (!nll) return set_err(err, err_size, "%s: out of memory", name);
+        if (!nll) return err_set(err, err_size, "%s: out of memory", name);
         int rc = eval_forced_nll(c, pr->prompt, pr->n_prompt, pr->target, pr->n_target, nll, &out->attn,
                                  err, err_size);
         if (rc == 0) {
@@ -460,13 +450,13 @@ int eval_run(sparq_context *c, const eval_prepared *pr, eval_result *out, char *
     case TASK_SQUAD:
     case TASK_TRIVIAQA: {
         int hit = metrics_qa_match(g.text, (const char *const *)ex->answers, ex->n_answers);
-        if (hit < 0) rc = set_err(err, err_size, "%s: out of memory scoring", name);
+        if (hit < 0) rc = err_set(err, err_size, "%s: out of memory scoring", name);
         out->value = hit > 0;
         break;
     }
     case TASK_CNNDM: {
         metrics_rouge r;
-        if (metrics_rouge_l(ref, g.text, 1, &r)) rc = set_err(err, err_size, "%s: out of memory scoring", name);
+        if (metrics_rouge_l(ref, g.text, 1, &r)) rc = err_set(err, err_size, "%s: out of memory scoring", name);
         out->value = r.f1;
         break;
     }
@@ -475,7 +465,7 @@ int eval_run(sparq_context *c, const eval_prepared *pr, eval_result *out, char *
         break;
     case TASK_NIAH: out->value = starts_after_space(g.text, ref); break;
     case TASK_KVRET: out->value = metrics_contains_ci(g.text, ref); break;
-    default: rc = set_err(err, err_size, "eval: unsupported task %d", (int)pr->kind);
+    default: rc = err_set(err, err_size, "eval: unsupported task %d", (int)pr->kind);
     }
     out->n_generated = g.n_tokens;
     out->stop = g.stop;
@@ -508,11 +498,11 @@ static int run_forced(sparq_context *c, const int32_t *prompt, int n_prompt, con
 {
     sparq_context_reset(c);
     if (sparq_eval(c, prompt, n_prompt, NULL))
-        return set_err(err, err_size, "fidelity: prefill of %d tokens: %s", n_prompt, sparq_context_error(c));
+        return err_set(err, err_size, "fidelity: prefill of %d tokens: %s", n_prompt, sparq_context_error(c));
     for (int i = 0; i < n; i++) {
         float *row = logits + (size_t)i * stride;
         if (sparq_eval(c, &cont[i], 1, row))
-            return set_err(err, err_size, "fidelity: step %d: %s", i, sparq_context_error(c));
+            return err_set(err, err_size, "fidelity: step %d: %s", i, sparq_context_error(c));
         if (each) each(user, i, row);
     }
     return 0;
@@ -524,14 +514,14 @@ int eval_reference_run(sparq_context *c, const int32_t *prompt, int n_prompt, co
     memset(out, 0, sizeof *out);
     const int n_vocab = sparq_model_n_vocab(c->model);
     if (n_prompt < 1 || n_forced < 0 || n_gen < 0)
-        return set_err(err, err_size, "fidelity: %d prompt, %d forced, %d generated tokens", n_prompt,
+        return err_set(err, err_size, "fidelity: %d prompt, %d forced, %d generated tokens", n_prompt,
                        n_forced, n_gen);
     if ((int64_t)n_prompt + (n_forced > n_gen - 1 ? n_forced : n_gen - 1) > sparq_context_n_ctx(c))
-        return set_err(err, err_size, "fidelity: %d prompt + %d forced / %d generated tokens exceed the context %lld",
+        return err_set(err, err_size, "fidelity: %d prompt + %d forced / %d generated tokens exceed the context %lld",
                        n_prompt, n_forced, n_gen, (long long)sparq_context_n_ctx(c));
     out->n_vocab = n_vocab;
     out->logits = malloc(((size_t)n_forced * n_vocab + 1) * sizeof *out->logits);
-    if (!out->logits) return set_err(err, err_size, "fidelity: out of memory for %d x %d logits", n_forced, n_vocab);
+    if (!out->logits) return err_set(err, err_size, "fidelity: out of memory for %d x %d logits", n_forced, n_vocab);
     if (run_forced(c, prompt, n_prompt, cont, n_forced, out->logits, (size_t)n_vocab, NULL, NULL, err, err_size))
         goto fail;
     out->n_forced = n_forced;
@@ -574,10 +564,10 @@ int eval_fidelity_run(sparq_context *c, const eval_reference *ref, const int32_t
 {
     memset(out, 0, sizeof *out);
     if (sparq_model_n_vocab(c->model) != ref->n_vocab)
-        return set_err(err, err_size, "fidelity: reference has %d logits, model %d", ref->n_vocab,
+        return err_set(err, err_size, "fidelity: reference has %d logits, model %d", ref->n_vocab,
                        sparq_model_n_vocab(c->model));
     float *logits = malloc((size_t)ref->n_vocab * sizeof *logits);
-    if (!logits) return set_err(err, err_size, "fidelity: out of memory");
+    if (!logits) return err_set(err, err_size, "fidelity: out of memory");
     fid_ctx x = { out, ref };
     int rc = run_forced(c, prompt, n_prompt, cont, ref->n_forced, logits, 0, fid_each, &x, err, err_size);
     free(logits);
@@ -784,11 +774,11 @@ int eval_attn_stats(sparq_context *c, const int32_t *tokens, int n, const eval_s
     const model_hparams *hp = &c->model->hp;
     const int d = hp->head_dim, g = hp->n_head / hp->n_kv_head;
     if (p->n_query < 1 || p->n_query >= n || n > sparq_context_n_ctx(c))
-        return set_err(err, err_size, "stats: need 1 <= n_query (%d) < tokens (%d) <= context (%lld)",
+        return err_set(err, err_size, "stats: need 1 <= n_query (%d) < tokens (%d) <= context (%lld)",
                        p->n_query, n, (long long)sparq_context_n_ctx(c));
-    if (p->k < 1) return set_err(err, err_size, "stats: k=%d must be >= 1", p->k);
+    if (p->k < 1) return err_set(err, err_size, "stats: k=%d must be >= 1", p->k);
     if (p->n_r < 0 || p->n_r > EVAL_STATS_MAX_R)
-        return set_err(err, err_size, "stats: %d r values (at most %d)", p->n_r, EVAL_STATS_MAX_R);
+        return err_set(err, err_size, "stats: %d r values (at most %d)", p->n_r, EVAL_STATS_MAX_R);
     out->n_layer = hp->n_layer;
     out->n_head = hp->n_head;
     out->n_kv_head = hp->n_kv_head;
@@ -802,10 +792,10 @@ int eval_attn_stats(sparq_context *c, const int32_t *tokens, int n, const eval_s
         for (int r = 1; r < d && out->n_r < EVAL_STATS_MAX_R - 1; r *= 2) out->r[out->n_r++] = r;
         out->r[out->n_r++] = d;
     }
-    if (out->alpha_r > d) return set_err(err, err_size, "stats: alpha r=%d exceeds head size %d", out->alpha_r, d);
+    if (out->alpha_r > d) return err_set(err, err_size, "stats: alpha r=%d exceeds head size %d", out->alpha_r, d);
     for (int i = 0; i < out->n_r; i++)
         if (out->r[i] < 1 || out->r[i] > d)
-            return set_err(err, err_size, "stats: r=%d must be in [1, %d]", out->r[i], d);
+            return err_set(err, err_size, "stats: r=%d must be in [1, %d]", out->r[i], d);
 
     stats_tap tap = { c->policy, c->policy_state, out, g, NULL, NULL, 0, 0, n > d ? n : d, NULL };
     tap.work_floats = (size_t)tap.stride * d + 4 * (size_t)tap.stride + (size_t)d;
@@ -816,13 +806,13 @@ int eval_attn_stats(sparq_context *c, const int32_t *tokens, int n, const eval_s
     tap.iwork = calloc((size_t)hp->n_kv_head * tap.iwork_ints, sizeof *tap.iwork); /* mark starts 0 */
     int rc = 0;
     if (!out->heads || !tap.work || !tap.iwork || !tap.pow_sums) {
-        rc = set_err(err, err_size, "stats: out of memory for %d tokens", n);
+        rc = err_set(err, err_size, "stats: out of memory for %d tokens", n);
         goto done;
     }
     const int n_pre = n - p->n_query;
     sparq_context_reset(c);
     if (sparq_eval(c, tokens, n_pre, NULL)) {
-        rc = set_err(err, err_size, "stats: prefill of %d tokens: %s", n_pre, sparq_context_error(c));
+        rc = err_set(err, err_size, "stats: prefill of %d tokens: %s", n_pre, sparq_context_error(c));
         goto done;
     }
     /* decode through the observer: same policy, same state, plus measurement */
@@ -835,7 +825,7 @@ int eval_attn_stats(sparq_context *c, const int32_t *tokens, int n, const eval_s
     c->policy_state = &tap;
     for (int i = n_pre; i < n && rc == 0; i++)
         if (sparq_eval(c, &tokens[i], 1, NULL))
-            rc = set_err(err, err_size, "stats: decode step at %d: %s", i, sparq_context_error(c));
+            rc = err_set(err, err_size, "stats: decode step at %d: %s", i, sparq_context_error(c));
     c->policy = tap.inner;
     c->policy_state = tap.inner_state;
     if (rc) goto done;

@@ -11,6 +11,7 @@
  *   kvret_*        line index over the decompressed JSONL, build per line
  *   task_*         the public entry points
  */
+#include "util/err.h"
 #include "eval/tasks.h"
 
 #include "util/json.h"
@@ -37,17 +38,6 @@ static const char NIAH_QUESTION[] =
 static const char NIAH_ANSWER[] = "eat a sandwich and sit in Dolores Park on a sunny day";
 
 /* ---- errors ------------------------------------------------------------ */
-
-static int set_err(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---- random numbers ----------------------------------------------------- */
 
@@ -172,7 +162,7 @@ static int sb_finish(sbuf *b, task_example *ex, char *err, size_t err_size)
 {
     if (b->oom || !b->s) {
         free(b->s);
-        return set_err(err, err_size, "tasks: out of memory building a prompt");
+        return err_set(err, err_size, "tasks: out of memory building a prompt");
     }
     ex->prompt = b->s;
     ex->n_prompt = b->n;
@@ -268,7 +258,7 @@ static int find_data(const char *task, const char *name, char *path, size_t path
                      size_t err_size)
 {
     if (path_find(name, path, path_size) == 0) return 0;
-    return set_err(err, err_size, "%s: %s not found in search path (%s)", task, name, path_search_description());
+    return err_set(err, err_size, "%s: %s not found in search path (%s)", task, name, path_search_description());
 }
 
 static int read_file(const char *task, const char *path, char **out, size_t *n_out, char *err, size_t err_size)
@@ -276,7 +266,7 @@ static int read_file(const char *task, const char *path, char **out, size_t *n_o
     *out = NULL;
     *n_out = 0;
     FILE *f = fopen(path, "rb");
-    if (!f) return set_err(err, err_size, "%s: cannot open %s", task, path);
+    if (!f) return err_set(err, err_size, "%s: cannot open %s", task, path);
     size_t cap = 1 << 20, n = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -284,7 +274,7 @@ static int read_file(const char *task, const char *path, char **out, size_t *n_o
             if (cap >= MAX_FILE_BYTES) {
                 fclose(f);
                 free(buf);
-                return set_err(err, err_size, "%s: %s is larger than %zu bytes", task, path, MAX_FILE_BYTES);
+                return err_set(err, err_size, "%s: %s is larger than %zu bytes", task, path, MAX_FILE_BYTES);
             }
             char *nb = realloc(buf, cap * 2);
             if (!nb) { free(buf); buf = NULL; break; }
@@ -297,8 +287,8 @@ static int read_file(const char *task, const char *path, char **out, size_t *n_o
     }
     int bad = ferror(f);
     fclose(f);
-    if (!buf) return set_err(err, err_size, "%s: out of memory reading %s", task, path);
-    if (bad) { free(buf); return set_err(err, err_size, "%s: read error on %s", task, path); }
+    if (!buf) return err_set(err, err_size, "%s: out of memory reading %s", task, path);
+    if (bad) { free(buf); return err_set(err, err_size, "%s: read error on %s", task, path); }
     buf[n] = 0;
     *out = buf;
     *n_out = n;
@@ -310,14 +300,14 @@ static int read_gz(const char *task, const char *path, char **out, size_t *n_out
     *out = NULL;
     *n_out = 0;
     gzFile g = gzopen(path, "rb");
-    if (!g) return set_err(err, err_size, "%s: cannot open %s", task, path);
+    if (!g) return err_set(err, err_size, "%s: cannot open %s", task, path);
     size_t cap = 1 << 22, n = 0;
     char *buf = malloc(cap);
     int rc = 0;
     while (buf) {
         if (cap - 1 - n < (1u << 20)) {
             if (cap >= MAX_FILE_BYTES) {
-                rc = set_err(err, err_size, "%s: %s inflates past %zu bytes", task, path, MAX_FILE_BYTES);
+                rc = err_set(err, err_size, "%s: %s inflates past %zu bytes", task, path, MAX_FILE_BYTES);
                 break;
             }
             char *nb = realloc(buf, cap * 2);
@@ -329,14 +319,14 @@ static int read_gz(const char *task, const char *path, char **out, size_t *n_out
         if (got < 0) {
             int zerr;
             const char *msg = gzerror(g, &zerr);
-            rc = set_err(err, err_size, "%s: %s: gzip error: %s", task, path, msg ? msg : "unknown");
+            rc = err_set(err, err_size, "%s: %s: gzip error: %s", task, path, msg ? msg : "unknown");
             break;
         }
         if (got == 0) break;
         n += (size_t)got;
     }
     gzclose(g);
-    if (!buf) return set_err(err, err_size, "%s: out of memory reading %s", task, path);
+    if (!buf) return err_set(err, err_size, "%s: out of memory reading %s", task, path);
     if (rc) { free(buf); return rc; }
     buf[n] = 0;
     *out = buf;
@@ -352,7 +342,7 @@ static json_doc *parse_json_file(const char *task, const char *path, char *err, 
     char jerr[200];
     json_doc *d = json_parse(text, n, 64, jerr, sizeof jerr);
     if (!d) {
-        set_err(err, err_size, "%s: %s: %s", task, path, jerr);
+        err_set(err, err_size, "%s: %s: %s", task, path, jerr);
         free(text);
         return NULL;
     }
@@ -463,33 +453,33 @@ static int squad_walk(task_set *s, int fill, int64_t *n_paras, int64_t *n_qs, ch
     for (int d = 0; d < 2 && s->docs[d]; d++) {
         const json_value *data = json_get(json_root(s->docs[d]), "data");
         if (!data || data->type != JSON_ARRAY)
-            return set_err(err, err_size, "squad: file %d has no \"data\" array", d + 1);
+            return err_set(err, err_size, "squad: file %d has no \"data\" array", d + 1);
         for (size_t a = 0; a < data->n; a++) {
             const json_value *art = json_at(data, a);
             size_t tlen;
             const char *title = json_get_str(art, "title", &tlen);
             const json_value *pars = json_get(art, "paragraphs");
             if (!title || !pars || pars->type != JSON_ARRAY)
-                return set_err(err, err_size, "squad: data[%zu] lacks \"title\" or \"paragraphs\"", a);
+                return err_set(err, err_size, "squad: data[%zu] lacks \"title\" or \"paragraphs\"", a);
             for (size_t pi = 0; pi < pars->n; pi++) {
                 const json_value *par = json_at(pars, pi);
                 size_t clen;
                 const char *ctx = json_get_str(par, "context", &clen);
                 const json_value *qas = json_get(par, "qas");
                 if (!ctx || !qas || qas->type != JSON_ARRAY)
-                    return set_err(err, err_size, "squad: data[%zu].paragraphs[%zu] lacks \"context\" or \"qas\"",
+                    return err_set(err, err_size, "squad: data[%zu].paragraphs[%zu] lacks \"context\" or \"qas\"",
                                    a, pi);
                 if (fill) s->paras[np] = (squad_para){ title, ctx, tlen, clen, nq, nq + (int64_t)qas->n };
                 for (size_t qi = 0; qi < qas->n; qi++) {
                     const json_value *qa = json_at(qas, qi);
                     const json_value *ans = json_get(qa, "answers");
                     if (!json_get_str(qa, "question", NULL) || !ans || ans->type != JSON_ARRAY)
-                        return set_err(err, err_size,
+                        return err_set(err, err_size,
                                        "squad: data[%zu].paragraphs[%zu].qas[%zu] lacks \"question\" or \"answers\"",
                                        a, pi, qi);
                     for (size_t k = 0; k < ans->n; k++)
                         if (!json_get_str(json_at(ans, k), "text", NULL))
-                            return set_err(err, err_size,
+                            return err_set(err, err_size,
                                            "squad: data[%zu].paragraphs[%zu].qas[%zu].answers[%zu] has no \"text\"",
                                            a, pi, qi, k);
                     if (fill) s->qs[nq] = (squad_q){ np, qa };
@@ -521,15 +511,15 @@ static int squad_open(task_set *s, char *err, size_t err_size)
     }
     int64_t np, nq;
     if (squad_walk(s, 0, &np, &nq, err, err_size)) return -1;
-    if (np < 1 || nq < 1) return set_err(err, err_size, "squad: no questions in the data");
+    if (np < 1 || nq < 1) return err_set(err, err_size, "squad: no questions in the data");
     s->paras = malloc((size_t)np * sizeof *s->paras);
     s->qs = malloc((size_t)nq * sizeof *s->qs);
-    if (!s->paras || !s->qs) return set_err(err, err_size, "squad: out of memory");
+    if (!s->paras || !s->qs) return err_set(err, err_size, "squad: out of memory");
     if (squad_walk(s, 1, &np, &nq, err, err_size)) return -1;
     s->n_paras = np;
     s->n_qs = nq;
     s->n_examples = nq;
-    if (!(s->perm = make_perm(nq, s->p.seed, s->kind))) return set_err(err, err_size, "squad: out of memory");
+    if (!(s->perm = make_perm(nq, s->p.seed, s->kind))) return err_set(err, err_size, "squad: out of memory");
     return 0;
 }
 
@@ -618,12 +608,12 @@ static int squad_build(const task_set *s, int64_t i, task_example *ex, char *err
     int64_t n_slots = slots ? squad_pick_paragraphs(s, q->para, want, &r, slots) : -1;
     if (n_slots < 0) {
         free(slots);
-        return set_err(err, err_size, "squad: out of memory");
+        return err_set(err, err_size, "squad: out of memory");
     }
     const squad_q *shot = squad_pick_shot(s, qi, &r);
     if (!shot) {
         free(slots);
-        return set_err(err, err_size, "squad: no other answered question to use as the 1-shot example");
+        return err_set(err, err_size, "squad: no other answered question to use as the 1-shot example");
     }
 
     sbuf b = { 0 };
@@ -657,12 +647,12 @@ static int squad_build(const task_set *s, int64_t i, task_example *ex, char *err
     for (size_t k = 0; k < json_len(ans); k++) {
         size_t l;
         const char *t = json_get_str(json_at(ans, k), "text", &l);
-        if (add_answer(ex, t, l)) return set_err(err, err_size, "squad: out of memory");
+        if (add_answer(ex, t, l)) return err_set(err, err_size, "squad: out of memory");
     }
     size_t idlen;
     const char *id = json_get_str(q->qa, "id", &idlen);
     ex->id = id ? dup_n(id, idlen) : dup_printf("squad-%lld", (long long)qi);
-    if (!ex->id) return set_err(err, err_size, "squad: out of memory");
+    if (!ex->id) return err_set(err, err_size, "squad: out of memory");
     return 0;
 }
 
@@ -678,20 +668,20 @@ static int list_open(task_set *s, const char *task, const char *default_name, ch
     }
     if (!(s->docs[0] = parse_json_file(task, file, err, err_size))) return -1;
     const json_value *root = json_root(s->docs[0]);
-    if (root->type != JSON_ARRAY) return set_err(err, err_size, "%s: %s is not a JSON list", task, file);
+    if (root->type != JSON_ARRAY) return err_set(err, err_size, "%s: %s is not a JSON list", task, file);
     s->items = malloc((root->n ? root->n : 1) * sizeof *s->items);
-    if (!s->items) return set_err(err, err_size, "%s: out of memory", task);
+    if (!s->items) return err_set(err, err_size, "%s: out of memory", task);
     int64_t n = 0;
     for (size_t i = 0; i < root->n; i++) {
         const json_value *it = json_at(root, i);
         if (s->kind == TASK_TRIVIAQA) {
             if (!json_get_str(it, "question", NULL))
-                return set_err(err, err_size, "%s: item %zu has no \"question\"", task, i);
+                return err_set(err, err_size, "%s: item %zu has no \"question\"", task, i);
         } else {
             size_t alen;
             const char *art = json_get_str(it, "article", &alen);
             if (!art || !json_get_str(it, "highlights", NULL))
-                return set_err(err, err_size, "%s: item %zu lacks \"article\" or \"highlights\"", task, i);
+                return err_set(err, err_size, "%s: item %zu lacks \"article\" or \"highlights\"", task, i);
             int64_t chars = count_chars(art, 0, alen);
             if (s->p.cnndm_min_chars > 0 && chars < s->p.cnndm_min_chars) continue;
             if (s->p.cnndm_max_chars > 0 && chars > s->p.cnndm_max_chars) continue;
@@ -740,12 +730,12 @@ static int triviaqa_build(const task_set *s, int64_t i, task_example *ex, char *
     sb_add(&b, q, qlen);
     sb_adds(&b, "\nAnswer:");
     if (sb_finish(&b, ex, err, err_size)) return -1;
-    if (triviaqa_answers(it, ex)) return set_err(err, err_size, "triviaqa: out of memory");
+    if (triviaqa_answers(it, ex)) return err_set(err, err_size, "triviaqa: out of memory");
     size_t idlen;
     const char *id = json_get_str(it, "question_id", &idlen);
     if (!id) id = json_get_str(it, "id", &idlen);
     ex->id = id ? dup_n(id, idlen) : dup_printf("triviaqa-%lld", (long long)i);
-    if (!ex->id) return set_err(err, err_size, "triviaqa: out of memory");
+    if (!ex->id) return err_set(err, err_size, "triviaqa: out of memory");
     return 0;
 }
 
@@ -763,7 +753,7 @@ static int cnndm_build(const task_set *s, int64_t i, task_example *ex, char *err
     if (sb_finish(&b, ex, err, err_size)) return -1;
     const char *id = json_get_str(it, "id", &idlen);
     ex->id = id ? dup_n(id, idlen) : dup_printf("cnndm-%lld", (long long)i);
-    if (!ex->id || add_answer(ex, hl, hlen)) return set_err(err, err_size, "cnndm: out of memory");
+    if (!ex->id || add_answer(ex, hl, hlen)) return err_set(err, err_size, "cnndm: out of memory");
     return 0;
 }
 
@@ -841,7 +831,7 @@ static int wikitext_open(task_set *s, char *err, size_t err_size)
         while (split_prefill(t, cur, pos, P, R, &split, &ref_end) == 0) {
             if (span_push(&l, (text_span){ art, pos, cur, split, ref_end })) {
                 free(l.v);
-                return set_err(err, err_size, "wikitext: out of memory");
+                return err_set(err, err_size, "wikitext: out of memory");
             }
             cur = ref_end;
             while (cur < pos && is_ws((unsigned char)t[cur])) cur++;
@@ -851,8 +841,8 @@ static int wikitext_open(task_set *s, char *err, size_t err_size)
     s->spans = l.v;
     s->n_examples = l.n;
     if (l.n == 0)
-        return set_err(err, err_size, "wikitext: no article has %lld + %lld characters", (long long)P, (long long)R);
-    if (!(s->perm = make_perm(l.n, s->p.seed, s->kind))) return set_err(err, err_size, "wikitext: out of memory");
+        return err_set(err, err_size, "wikitext: no article has %lld + %lld characters", (long long)P, (long long)R);
+    if (!(s->perm = make_perm(l.n, s->p.seed, s->kind))) return err_set(err, err_size, "wikitext: out of memory");
     return 0;
 }
 
@@ -865,7 +855,7 @@ static int wikitext_build(const task_set *s, int64_t i, task_example *ex, char *
     ex->n_context = ex->n_prompt;
     ex->id = dup_printf("wikitext-%zu", sp->ex_start);
     if (!ex->id || add_answer(ex, s->text + sp->ref_start, sp->ref_end - sp->ref_start))
-        return set_err(err, err_size, "wikitext: out of memory");
+        return err_set(err, err_size, "wikitext: out of memory");
     return 0;
 }
 
@@ -888,7 +878,7 @@ static int repetition_open(task_set *s, char *err, size_t err_size)
         while (split_prefill(t, cur, ce, E, R, &split, &ref_end) == 0) {
             if (span_push(&l, (text_span){ cs, ce, cur, split, ref_end })) {
                 free(l.v);
-                return set_err(err, err_size, "repetition: out of memory");
+                return err_set(err, err_size, "repetition: out of memory");
             }
             cur = ref_end;
         }
@@ -897,8 +887,8 @@ static int repetition_open(task_set *s, char *err, size_t err_size)
     }
     s->spans = l.v;
     s->n_examples = l.n;
-    if (l.n == 0) return set_err(err, err_size, "repetition: the text has fewer than %lld characters", (long long)C);
-    if (!(s->perm = make_perm(l.n, s->p.seed, s->kind))) return set_err(err, err_size, "repetition: out of memory");
+    if (l.n == 0) return err_set(err, err_size, "repetition: the text has fewer than %lld characters", (long long)C);
+    if (!(s->perm = make_perm(l.n, s->p.seed, s->kind))) return err_set(err, err_size, "repetition: out of memory");
     return 0;
 }
 
@@ -913,7 +903,7 @@ static int repetition_build(const task_set *s, int64_t i, task_example *ex, char
     if (sb_finish(&b, ex, err, err_size)) return -1;
     ex->id = dup_printf("%zu", sp->ex_start);
     if (!ex->id || add_answer(ex, s->text + sp->ref_start, sp->ref_end - sp->ref_start))
-        return set_err(err, err_size, "repetition: out of memory");
+        return err_set(err, err_size, "repetition: out of memory");
     return 0;
 }
 
@@ -928,7 +918,7 @@ static int cmp_str(const void *a, const void *b)
 static int niah_read_dir(task_set *s, const char *dir, char *err, size_t err_size)
 {
     DIR *d = opendir(dir);
-    if (!d) return set_err(err, err_size, "niah: cannot open %s", dir);
+    if (!d) return err_set(err, err_size, "niah: cannot open %s", dir);
     char **names = NULL;
     size_t n = 0, cap = 0;
     struct dirent *e;
@@ -949,7 +939,7 @@ static int niah_read_dir(task_set *s, const char *dir, char *err, size_t err_siz
     if (rc) {
         for (size_t i = 0; i < n; i++) free(names[i]);
         free(names);
-        return set_err(err, err_size, "niah: out of memory");
+        return err_set(err, err_size, "niah: out of memory");
     }
     qsort(names, n, sizeof *names, cmp_str);
     sbuf b = { 0 };
@@ -957,7 +947,7 @@ static int niah_read_dir(task_set *s, const char *dir, char *err, size_t err_siz
         char path[PATH_MAX_LEN];
         int k = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         if (k < 0 || (size_t)k >= sizeof path) {
-            rc = set_err(err, err_size, "niah: path too long: %s/%s", dir, names[i]);
+            rc = err_set(err, err_size, "niah: path too long: %s/%s", dir, names[i]);
             break;
         }
         char *text;
@@ -973,7 +963,7 @@ static int niah_read_dir(task_set *s, const char *dir, char *err, size_t err_siz
     if (rc) { free(b.s); return -1; }
     if (b.oom || b.n == 0) {
         free(b.s);
-        return set_err(err, err_size, b.oom ? "niah: out of memory" : "niah: no .txt essays in %s", dir);
+        return err_set(err, err_size, b.oom ? "niah: out of memory" : "niah: no .txt essays in %s", dir);
     }
     s->text = b.s;
     s->n_text = b.n;
@@ -991,12 +981,12 @@ static int niah_open(task_set *s, char *err, size_t err_size)
         if (find_data("niah", "data/text/PaulGrahamEssays", path, sizeof path, err, err_size)) return -1;
         if (niah_read_dir(s, path, err, err_size)) return -1;
     }
-    if (s->n_text == 0) return set_err(err, err_size, "niah: the haystack text is empty");
+    if (s->n_text == 0) return err_set(err, err_size, "niah: the haystack text is empty");
     int depths = s->p.niah_depths > 0 ? s->p.niah_depths : 11;
     s->p.niah_depths = depths;
     if (s->p.n_niah_lengths > 0 && s->p.niah_lengths) {
         s->niah_lengths = malloc((size_t)s->p.n_niah_lengths * sizeof *s->niah_lengths);
-        if (!s->niah_lengths) return set_err(err, err_size, "niah: out of memory");
+        if (!s->niah_lengths) return err_set(err, err_size, "niah: out of memory");
         memcpy(s->niah_lengths, s->p.niah_lengths, (size_t)s->p.n_niah_lengths * sizeof *s->niah_lengths);
         s->n_examples = (int64_t)s->p.n_niah_lengths * depths;
     }
@@ -1072,22 +1062,22 @@ static int64_t niah_tokens(const task_set *s, size_t hay, double depth)
 int task_niah_build(const task_set *s, double depth, int64_t budget, task_example *ex, char *err, size_t err_size)
 {
     example_init(ex);
-    if (!s || s->kind != TASK_NIAH) return set_err(err, err_size, "niah: not a niah task set");
-    if (!(depth >= 0.0 && depth <= 1.0)) return set_err(err, err_size, "niah: depth %g is outside [0, 1]", depth);
-    if (budget < 0) return set_err(err, err_size, "niah: negative budget %lld", (long long)budget);
+    if (!s || s->kind != TASK_NIAH) return err_set(err, err_size, "niah: not a niah task set");
+    if (!(depth >= 0.0 && depth <= 1.0)) return err_set(err, err_size, "niah: depth %g is outside [0, 1]", depth);
+    if (budget < 0) return err_set(err, err_size, "niah: negative budget %lld", (long long)budget);
     size_t hay = (size_t)budget;
     if (s->p.count_tokens) {
         /* Largest haystack whose prompt fits: double until it does not,
          * then bisect. The size chosen was always measured to fit. */
         int64_t t = niah_tokens(s, 0, depth);
-        if (t < 0) return set_err(err, err_size, "niah: out of memory");
+        if (t < 0) return err_set(err, err_size, "niah: out of memory");
         if (t > budget)
-            return set_err(err, err_size, "niah: %lld tokens cannot hold the needle and question (%lld tokens)",
+            return err_set(err, err_size, "niah: %lld tokens cannot hold the needle and question (%lld tokens)",
                            (long long)budget, (long long)t);
         size_t lo = 0, hi = 256;
         for (;;) {
             t = niah_tokens(s, hi, depth);
-            if (t < 0) return set_err(err, err_size, "niah: out of memory");
+            if (t < 0) return err_set(err, err_size, "niah: out of memory");
             if (t > budget) break;
             lo = hi;
             if (hi >= ((size_t)1 << 34)) break; /* 16 GiB of text: stop growing */
@@ -1096,7 +1086,7 @@ int task_niah_build(const task_set *s, double depth, int64_t budget, task_exampl
         while (hi - lo > 1) {
             size_t mid = lo + (hi - lo) / 2;
             t = niah_tokens(s, mid, depth);
-            if (t < 0) return set_err(err, err_size, "niah: out of memory");
+            if (t < 0) return err_set(err, err_size, "niah: out of memory");
             if (t <= budget) lo = mid;
             else hi = mid;
         }
@@ -1106,7 +1096,7 @@ int task_niah_build(const task_set *s, double depth, int64_t budget, task_exampl
     size_t at, n_hay, nc;
     if (niah_prompt(s, hay, depth, &b, &at, &n_hay, &nc)) {
         free(b.s);
-        return set_err(err, err_size, "niah: out of memory");
+        return err_set(err, err_size, "niah: out of memory");
     }
     if (sb_finish(&b, ex, err, err_size)) return -1;
     ex->n_context = nc;
@@ -1114,7 +1104,7 @@ int task_niah_build(const task_set *s, double depth, int64_t budget, task_exampl
     ex->id = dup_printf("niah-%zu-%.3f", n_hay, depth);
     if (!ex->id || add_answer(ex, NIAH_ANSWER, sizeof NIAH_ANSWER - 1)) {
         task_example_free(ex);
-        return set_err(err, err_size, "niah: out of memory");
+        return err_set(err, err_size, "niah: out of memory");
     }
     return 0;
 }
@@ -1124,7 +1114,7 @@ int task_niah_build(const task_set *s, double depth, int64_t budget, task_exampl
 static int kvret_open(task_set *s, char *err, size_t err_size)
 {
     if (s->p.kvret_keys != 75 && s->p.kvret_keys != 140)
-        return set_err(err, err_size, "kvret: kvret_keys must be 75 or 140, not %d", s->p.kvret_keys);
+        return err_set(err, err_size, "kvret: kvret_keys must be 75 or 140, not %d", s->p.kvret_keys);
     char path[PATH_MAX_LEN], name[128];
     const char *file = s->p.path;
     if (!file) {
@@ -1140,7 +1130,7 @@ static int kvret_open(task_set *s, char *err, size_t err_size)
     int64_t n = 0;
     for (size_t i = 0; i < s->n_text; i++) n += s->text[i] == '\n';
     s->lines = malloc((size_t)(n + 1) * 2 * sizeof *s->lines);
-    if (!s->lines) return set_err(err, err_size, "kvret: out of memory");
+    if (!s->lines) return err_set(err, err_size, "kvret: out of memory");
     int64_t k = 0;
     size_t start = 0;
     for (size_t i = 0; i <= s->n_text; i++) {
@@ -1155,7 +1145,7 @@ static int kvret_open(task_set *s, char *err, size_t err_size)
         start = i + 1;
     }
     s->n_examples = k;
-    if (k == 0) return set_err(err, err_size, "kvret: %s has no records", file);
+    if (k == 0) return err_set(err, err_size, "kvret: %s has no records", file);
     return 0;
 }
 
@@ -1212,7 +1202,7 @@ static int kvret_build(const task_set *s, int64_t i, task_example *ex, char *err
 {
     char jerr[200];
     json_doc *d = json_parse(s->text + s->lines[2 * i], s->lines[2 * i + 1], 8, jerr, sizeof jerr);
-    if (!d) return set_err(err, err_size, "kvret: line %lld: %s", (long long)i + 1, jerr);
+    if (!d) return err_set(err, err_size, "kvret: line %lld: %s", (long long)i + 1, jerr);
     const json_value *root = json_root(d);
     const json_value *recs = json_get(root, "ordered_kv_records");
     size_t key_len, val_len;
@@ -1223,7 +1213,7 @@ static int kvret_build(const task_set *s, int64_t i, task_example *ex, char *err
     int64_t *order = NULL;
     sbuf b = { 0 };
     if (!recs || recs->type != JSON_ARRAY || !key || !val || n < 1) {
-        rc = set_err(err, err_size, "kvret: line %lld lacks \"ordered_kv_records\", \"key\" or \"value\"",
+        rc = err_set(err, err_size, "kvret: line %lld lacks \"ordered_kv_records\", \"key\" or \"value\"",
                      (long long)i + 1);
         goto done;
     }
@@ -1231,26 +1221,26 @@ static int kvret_build(const task_set *s, int64_t i, task_example *ex, char *err
         const char *k, *v;
         size_t kl, vl;
         if (kv_pair(json_at(recs, (size_t)r), &k, &kl, &v, &vl)) {
-            rc = set_err(err, err_size, "kvret: line %lld: record %lld is not a [key, value] pair of strings",
+            rc = err_set(err, err_size, "kvret: line %lld: record %lld is not a [key, value] pair of strings",
                          (long long)i + 1, (long long)r);
             goto done;
         }
         if (gold < 0 && kl == key_len && vl == val_len && !memcmp(k, key, kl) && !memcmp(v, val, vl)) gold = r;
     }
     if (gold < 0) {
-        rc = set_err(err, err_size, "kvret: line %lld: the gold [key, value] is not among the records",
+        rc = err_set(err, err_size, "kvret: line %lld: the gold [key, value] is not among the records",
                      (long long)i + 1);
         goto done;
     }
     if (s->p.kvret_gold_index >= n) {
-        rc = set_err(err, err_size, "kvret: gold index %lld is past the %lld records",
+        rc = err_set(err, err_size, "kvret: gold index %lld is past the %lld records",
                      (long long)s->p.kvret_gold_index, (long long)n);
         goto done;
     }
     /* order[]: record indices with the gold one moved (list.pop + insert) */
     order = malloc((size_t)n * sizeof *order);
     if (!order) {
-        rc = set_err(err, err_size, "kvret: out of memory");
+        rc = err_set(err, err_size, "kvret: out of memory");
         goto done;
     }
     int64_t at = s->p.kvret_gold_index >= 0 ? s->p.kvret_gold_index : gold;
@@ -1264,7 +1254,7 @@ static int kvret_build(const task_set *s, int64_t i, task_example *ex, char *err
     }
     size_t recs_end;
     if (kv_format(s, recs, order, n, key, key_len, &b, &recs_end)) {
-        rc = set_err(err, err_size, "kvret: unknown field in the prompt template");
+        rc = err_set(err, err_size, "kvret: unknown field in the prompt template");
         goto done;
     }
     if (sb_finish(&b, ex, err, err_size)) {
@@ -1276,7 +1266,7 @@ static int kvret_build(const task_set *s, int64_t i, task_example *ex, char *err
     ex->n_context = recs_end;
     ex->gold_index = at;
     ex->id = dup_printf("kv%d-%lld", s->p.kvret_keys, (long long)i);
-    if (!ex->id || add_answer(ex, val, val_len)) rc = set_err(err, err_size, "kvret: out of memory");
+    if (!ex->id || add_answer(ex, val, val_len)) rc = err_set(err, err_size, "kvret: out of memory");
 done:
     free(b.s);
     free(order);
@@ -1289,9 +1279,9 @@ done:
 int task_open(task_set **out, task_kind kind, const task_params *params, char *err, size_t err_size)
 {
     *out = NULL;
-    if (kind < 0 || kind >= TASK_N_KINDS) return set_err(err, err_size, "tasks: unknown task kind %d", (int)kind);
+    if (kind < 0 || kind >= TASK_N_KINDS) return err_set(err, err_size, "tasks: unknown task kind %d", (int)kind);
     task_set *s = calloc(1, sizeof *s);
-    if (!s) return set_err(err, err_size, "tasks: out of memory");
+    if (!s) return err_set(err, err_size, "tasks: out of memory");
     s->kind = kind;
     s->p = params ? *params : task_default_params();
     int rc;
@@ -1321,9 +1311,9 @@ int task_open(task_set **out, task_kind kind, const task_params *params, char *e
 int task_get(const task_set *s, int64_t i, task_example *ex, char *err, size_t err_size)
 {
     example_init(ex);
-    if (!s) return set_err(err, err_size, "tasks: no task set");
+    if (!s) return err_set(err, err_size, "tasks: no task set");
     if (i < 0 || i >= s->n_examples)
-        return set_err(err, err_size, "%s: example %lld out of range [0, %lld)", task_kind_name(s->kind), (long long)i,
+        return err_set(err, err_size, "%s: example %lld out of range [0, %lld)", task_kind_name(s->kind), (long long)i,
                        (long long)s->n_examples);
     int rc;
     switch (s->kind) {
@@ -1339,7 +1329,7 @@ int task_get(const task_set *s, int64_t i, task_example *ex, char *err, size_t e
         return task_niah_build(s, depth, s->niah_lengths[li], ex, err, err_size);
     }
     case TASK_KVRET: rc = kvret_build(s, i, ex, err, err_size); break;
-    default: rc = set_err(err, err_size, "tasks: unknown task kind");
+    default: rc = err_set(err, err_size, "tasks: unknown task kind");
     }
     if (rc) task_example_free(ex);
     return rc;

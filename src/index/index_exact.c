@@ -9,6 +9,7 @@
  *   exact              build = pack; search = threads over block ranges
  *   entry points       idx_build / idx_search / idx_(de)serialize / idx_free
  */
+#include "util/err.h"
 #include "index/index.h"
 #include "tensor/quant.h"
 
@@ -24,17 +25,6 @@
 #endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-static int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -383,12 +373,12 @@ void idx_header_write(const idx_header *h, uint8_t *dst)
 static int header_read(idx_header *h, const uint8_t *src, size_t n, char *err, size_t err_size)
 {
     if (n < IDX_HEADER_BYTES)
-        return fail(err, err_size, "idx_deserialize: %zu bytes is shorter than the %d-byte header",
+        return err_set(err, err_size, "idx_deserialize: %zu bytes is shorter than the %d-byte header",
                     n, IDX_HEADER_BYTES);
     if (memcmp(src, MAGIC, 8) != 0)
-        return fail(err, err_size, "idx_deserialize: bad magic (not a sparq index)");
+        return err_set(err, err_size, "idx_deserialize: bad magic (not a sparq index)");
     uint32_t ver = get32(src + 8);
-    if (ver != 1) return fail(err, err_size, "idx_deserialize: version %u, expected 1", ver);
+    if (ver != 1) return err_set(err, err_size, "idx_deserialize: version %u, expected 1", ver);
     h->kind = get32(src + 12);
     h->key_type = get32(src + 16);
     h->d = get32(src + 20);
@@ -400,16 +390,16 @@ static int header_read(idx_header *h, const uint8_t *src, size_t n, char *err, s
     h->nlist = f[0]; h->nprobe = f[1]; h->hnsw_m = f[2]; h->ef_search = f[3];
     h->ef_construction = f[4]; h->max_level = f[5]; h->entry_point = f[6];
     for (int i = 76; i < IDX_HEADER_BYTES; i++)
-        if (src[i]) return fail(err, err_size, "idx_deserialize: reserved header byte %d is not zero", i);
+        if (src[i]) return err_set(err, err_size, "idx_deserialize: reserved header byte %d is not zero", i);
     if (h->kind != IDX_EXACT && h->kind != IDX_IVF && h->kind != IDX_HNSW)
-        return fail(err, err_size, "idx_deserialize: unknown index kind %u", h->kind);
+        return err_set(err, err_size, "idx_deserialize: unknown index kind %u", h->kind);
     if (h->d < 1 || h->d > IDX_MAX_D)
-        return fail(err, err_size, "idx_deserialize: key dimension %u outside [1, %d]", h->d, IDX_MAX_D);
+        return err_set(err, err_size, "idx_deserialize: key dimension %u outside [1, %d]", h->d, IDX_MAX_D);
     if (h->n < 1 || h->n > INT32_MAX)
-        return fail(err, err_size, "idx_deserialize: key count %lld outside [1, %d]",
+        return err_set(err, err_size, "idx_deserialize: key count %lld outside [1, %d]",
                     (long long)h->n, INT32_MAX);
     if (h->total_bytes != n)
-        return fail(err, err_size, "idx_deserialize: header says %llu bytes, buffer has %zu",
+        return err_set(err, err_size, "idx_deserialize: header says %llu bytes, buffer has %zu",
                     (unsigned long long)h->total_bytes, n);
     return 0;
 }
@@ -559,25 +549,25 @@ static int bind_image(idx_index *ix, const idx_header *h, const uint8_t *img, si
 {
     size_t off[IDX_N_SECTIONS], total;
     if (h->key_type != IDX_F16 && h->key_type != IDX_BF16 && h->key_type != IDX_I8)
-        return fail(err, err_size, "idx_deserialize: key type %u is not f16, bf16 or i8", h->key_type);
+        return err_set(err, err_size, "idx_deserialize: key type %u is not f16, bf16 or i8", h->key_type);
     if (h->hnsw_m || h->ef_search || h->ef_construction || h->max_level || h->entry_point ||
         (h->kind == IDX_EXACT && (h->nlist || h->nprobe)))
-        return fail(err, err_size, "idx_deserialize: header fields of another index kind are set");
+        return err_set(err, err_size, "idx_deserialize: header fields of another index kind are set");
     int64_t min_blocks = (h->n + IDX_BLOCK - 1) / IDX_BLOCK;
     if (h->kind == IDX_EXACT && h->n_blocks != min_blocks)
-        return fail(err, err_size, "idx_deserialize: exact index of %lld keys with %lld blocks, expected %lld",
+        return err_set(err, err_size, "idx_deserialize: exact index of %lld keys with %lld blocks, expected %lld",
                     (long long)h->n, (long long)h->n_blocks, (long long)min_blocks);
     if (h->kind == IDX_IVF) {
         if (h->nlist < 1 || h->nlist > h->n)
-            return fail(err, err_size, "idx_deserialize: nlist %d outside [1, %lld]", h->nlist, (long long)h->n);
+            return err_set(err, err_size, "idx_deserialize: nlist %d outside [1, %lld]", h->nlist, (long long)h->n);
         if (h->nprobe < 1 || h->nprobe > h->nlist)
-            return fail(err, err_size, "idx_deserialize: nprobe %d outside [1, %d]", h->nprobe, h->nlist);
+            return err_set(err, err_size, "idx_deserialize: nprobe %d outside [1, %d]", h->nprobe, h->nlist);
         if (h->n_blocks < min_blocks || h->n_blocks > min_blocks + h->nlist)
-            return fail(err, err_size, "idx_deserialize: %lld blocks for %lld keys in %d lists",
+            return err_set(err, err_size, "idx_deserialize: %lld blocks for %lld keys in %d lists",
                         (long long)h->n_blocks, (long long)h->n, h->nlist);
     }
     if (idx_layout(h, off, &total) != 0 || total != n)
-        return fail(err, err_size, "idx_deserialize: sections need %zu bytes, buffer has %zu", total, n);
+        return err_set(err, err_size, "idx_deserialize: sections need %zu bytes, buffer has %zu", total, n);
     ix->kind = (int)h->kind;
     ix->key_type = (int)h->key_type;
     ix->d = (int)h->d;
@@ -680,7 +670,7 @@ int idx_scratch_grow(idx_scratch *s, int n_thr, int g, int cap, int64_t nl, int6
     }
     return 0;
 oom:
-    return fail(err, err_size, "idx_search: out of memory for scratch (threads %d, g %d, cap %d, lists %lld)",
+    return err_set(err, err_size, "idx_search: out of memory for scratch (threads %d, g %d, cap %d, lists %lld)",
                 n_thr, g, cap, (long long)nl);
 }
 
@@ -688,7 +678,7 @@ int idx_scratch_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n
                         char *err, size_t err_size)
 {
     if (!s || !ix || g < 1 || g > IDX_MAX_G || k < 1)
-        return fail(err, err_size, "idx_scratch_reserve: bad arguments (g=%d, k=%d)", g, k);
+        return err_set(err, err_size, "idx_scratch_reserve: bad arguments (g=%d, k=%d)", g, k);
     if (ix->kind == IDX_HNSW)
         return idx_scratch_grow(s, 0, 0, 0, 0, (int64_t)g * k, err, err_size);
     int64_t nl = ix->kind == IDX_IVF ? ((int64_t)ix->nlist + 15) / 16 * 16 : 0;
@@ -701,13 +691,13 @@ uint8_t *idx_image_alloc(idx_header *h, size_t off[IDX_N_SECTIONS], char *err, s
 {
     size_t total;
     if (idx_layout(h, off, &total) != 0) {
-        fail(err, err_size, "idx_build: index of %lld keys x %u does not fit in memory",
+        err_set(err, err_size, "idx_build: index of %lld keys x %u does not fit in memory",
              (long long)h->n, h->d);
         return NULL;
     }
     uint8_t *img = aligned_alloc(64, total);
     if (!img) {
-        fail(err, err_size, "idx_build: out of memory for a %zu-byte index", total);
+        err_set(err, err_size, "idx_build: out of memory for a %zu-byte index", total);
         return NULL;
     }
     memset(img, 0, total);
@@ -789,43 +779,43 @@ static int parse_kind(const char *kind)
 static int check_params(const idx_params *p, int kind, const float *keys, int64_t N, int d,
                         char *err, size_t err_size)
 {
-    if (!kind) return fail(err, err_size, "idx_build: unknown index kind '%s' (exact|ivf|hnsw)",
+    if (!kind) return err_set(err, err_size, "idx_build: unknown index kind '%s' (exact|ivf|hnsw)",
                            p->kind ? p->kind : "(null)");
-    if (!keys) return fail(err, err_size, "idx_build: keys is NULL");
+    if (!keys) return err_set(err, err_size, "idx_build: keys is NULL");
     if (N < 1 || N > INT32_MAX)
-        return fail(err, err_size, "idx_build: key count %lld outside [1, %d]", (long long)N, INT32_MAX);
+        return err_set(err, err_size, "idx_build: key count %lld outside [1, %d]", (long long)N, INT32_MAX);
     if (d < 1 || d > IDX_MAX_D)
-        return fail(err, err_size, "idx_build: key dimension %d outside [1, %d]", d, IDX_MAX_D);
+        return err_set(err, err_size, "idx_build: key dimension %d outside [1, %d]", d, IDX_MAX_D);
     if (kind != IDX_HNSW && p->key_type != IDX_F16 && p->key_type != IDX_BF16 && p->key_type != IDX_I8)
-        return fail(err, err_size, "idx_build: key type %d is not IDX_F16, IDX_BF16 or IDX_I8", p->key_type);
+        return err_set(err, err_size, "idx_build: key type %d is not IDX_F16, IDX_BF16 or IDX_I8", p->key_type);
     if (p->n_threads < 0 || p->n_threads > 4096)
-        return fail(err, err_size, "idx_build: n_threads %d outside [0, 4096]", p->n_threads);
+        return err_set(err, err_size, "idx_build: n_threads %d outside [0, 4096]", p->n_threads);
     if (kind == IDX_IVF) {
         if (p->nlist < 0 || p->nlist > N)
-            return fail(err, err_size, "idx_build: nlist %d outside [0, %lld]", p->nlist, (long long)N);
-        if (p->nprobe < 0) return fail(err, err_size, "idx_build: nprobe %d is negative", p->nprobe);
+            return err_set(err, err_size, "idx_build: nlist %d outside [0, %lld]", p->nlist, (long long)N);
+        if (p->nprobe < 0) return err_set(err, err_size, "idx_build: nprobe %d is negative", p->nprobe);
         if (p->n_iter < 0 || p->n_iter > 1000)
-            return fail(err, err_size, "idx_build: n_iter %d outside [0, 1000]", p->n_iter);
+            return err_set(err, err_size, "idx_build: n_iter %d outside [0, 1000]", p->n_iter);
         if (p->n_train < 0 || p->n_train > N)
-            return fail(err, err_size, "idx_build: n_train %lld outside [0, %lld]",
+            return err_set(err, err_size, "idx_build: n_train %lld outside [0, %lld]",
                         (long long)p->n_train, (long long)N);
         if (p->n_train > 0 && p->n_train < p->nlist)
-            return fail(err, err_size, "idx_build: n_train %lld is below nlist %d",
+            return err_set(err, err_size, "idx_build: n_train %lld is below nlist %d",
                         (long long)p->n_train, p->nlist);
     }
     if (kind == IDX_HNSW) {
         if (p->hnsw_m < 2 || p->hnsw_m > 256)
-            return fail(err, err_size, "idx_build: hnsw_m %d outside [2, 256]", p->hnsw_m);
+            return err_set(err, err_size, "idx_build: hnsw_m %d outside [2, 256]", p->hnsw_m);
         if (p->ef_construction < 1 || p->ef_construction > 100000)
-            return fail(err, err_size, "idx_build: ef_construction %d outside [1, 100000]", p->ef_construction);
+            return err_set(err, err_size, "idx_build: ef_construction %d outside [1, 100000]", p->ef_construction);
         if (p->ef_search < 1 || p->ef_search > 100000)
-            return fail(err, err_size, "idx_build: ef_search %d outside [1, 100000]", p->ef_search);
+            return err_set(err, err_size, "idx_build: ef_search %d outside [1, 100000]", p->ef_search);
     }
     /* non-finite keys would poison k-means and the graph; refuse them for all
      * kinds so the contract is the same */
     for (int64_t i = 0; i < N * d; i++)
         if (!isfinite(keys[i]))
-            return fail(err, err_size, "idx_build: key %lld, component %lld is not finite",
+            return err_set(err, err_size, "idx_build: key %lld, component %lld is not finite",
                         (long long)(i / d), (long long)(i % d));
     return 0;
 }
@@ -833,13 +823,13 @@ static int check_params(const idx_params *p, int kind, const float *keys, int64_
 int idx_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index **out,
               char *err, size_t err_size)
 {
-    if (!out) return fail(err, err_size, "idx_build: out is NULL");
+    if (!out) return err_set(err, err_size, "idx_build: out is NULL");
     *out = NULL;
-    if (!p) return fail(err, err_size, "idx_build: params is NULL");
+    if (!p) return err_set(err, err_size, "idx_build: params is NULL");
     int kind = parse_kind(p->kind);
     if (check_params(p, kind, keys, N, d, err, err_size)) return -1;
     idx_index *ix = calloc(1, sizeof *ix);
-    if (!ix) return fail(err, err_size, "idx_build: out of memory");
+    if (!ix) return err_set(err, err_size, "idx_build: out of memory");
     int rc = kind == IDX_EXACT ? exact_build(p, keys, N, d, ix, err, err_size)
            : kind == IDX_IVF   ? idx_ivf_build(p, keys, N, d, ix, err, err_size)
                                : idx_hnsw_build(p, keys, N, d, ix, err, err_size);
@@ -867,18 +857,18 @@ int     idx_nlist(const idx_index *ix) { return ix->kind == IDX_IVF ? ix->nlist 
 int idx_search(const idx_index *ix, const float *q, int g, int k, const idx_search_params *sp,
                idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
 {
-    if (!ix || !q || !ids || !scores) return fail(err, err_size, "idx_search: NULL argument");
-    if (g < 1 || g > IDX_MAX_G) return fail(err, err_size, "idx_search: g %d outside [1, %d]", g, IDX_MAX_G);
-    if (k < 1) return fail(err, err_size, "idx_search: k %d is not positive", k);
+    if (!ix || !q || !ids || !scores) return err_set(err, err_size, "idx_search: NULL argument");
+    if (g < 1 || g > IDX_MAX_G) return err_set(err, err_size, "idx_search: g %d outside [1, %d]", g, IDX_MAX_G);
+    if (k < 1) return err_set(err, err_size, "idx_search: k %d is not positive", k);
     idx_search_params d0 = { 0 };
     if (!sp) sp = &d0;
     if (sp->nprobe < 0 || sp->ef_search < 0 || sp->n_threads < 0)
-        return fail(err, err_size, "idx_search: negative search parameter");
+        return err_set(err, err_size, "idx_search: negative search parameter");
     int nt = idx_threads(sp->n_threads);
     idx_scratch *tmp = NULL;
     if (!s) {
         s = tmp = idx_scratch_create();
-        if (!s) return fail(err, err_size, "idx_search: out of memory");
+        if (!s) return err_set(err, err_size, "idx_search: out of memory");
     }
     int rc = idx_scratch_reserve(s, ix, g, k, nt, err, err_size);
     if (rc == 0) {
@@ -912,11 +902,11 @@ size_t idx_serialized_size(const idx_index *ix)
 
 int idx_serialize(const idx_index *ix, void *dst, size_t n, char *err, size_t err_size)
 {
-    if (!ix || !dst) return fail(err, err_size, "idx_serialize: NULL argument");
+    if (!ix || !dst) return err_set(err, err_size, "idx_serialize: NULL argument");
     size_t need = idx_serialized_size(ix);
-    if (n < need) return fail(err, err_size, "idx_serialize: buffer of %zu bytes, need %zu", n, need);
+    if (n < need) return err_set(err, err_size, "idx_serialize: buffer of %zu bytes, need %zu", n, need);
     if (ix->kind == IDX_HNSW && idx_hnsw_serialize(ix, dst))
-        return fail(err, err_size, "idx_serialize: hnsw graph cannot be written");
+        return err_set(err, err_size, "idx_serialize: hnsw graph cannot be written");
     if (ix->kind == IDX_HNSW) return 0;
     memcpy(dst, ix->image, need);
     return 0;
@@ -924,13 +914,13 @@ int idx_serialize(const idx_index *ix, void *dst, size_t n, char *err, size_t er
 
 int idx_deserialize(const void *src, size_t n, idx_index **out, char *err, size_t err_size)
 {
-    if (!out) return fail(err, err_size, "idx_deserialize: out is NULL");
+    if (!out) return err_set(err, err_size, "idx_deserialize: out is NULL");
     *out = NULL;
-    if (!src) return fail(err, err_size, "idx_deserialize: src is NULL");
+    if (!src) return err_set(err, err_size, "idx_deserialize: src is NULL");
     idx_header h;
     if (header_read(&h, src, n, err, err_size)) return -1;
     idx_index *ix = calloc(1, sizeof *ix);
-    if (!ix) return fail(err, err_size, "idx_deserialize: out of memory");
+    if (!ix) return err_set(err, err_size, "idx_deserialize: out of memory");
     int rc;
     if (h.kind == IDX_HNSW) {
         ix->kind = IDX_HNSW;
@@ -941,7 +931,7 @@ int idx_deserialize(const void *src, size_t n, idx_index **out, char *err, size_
         /* typed access needs alignment: work on an aligned private copy */
         uint8_t *copy = aligned_alloc(64, align64(n));
         if (!copy) {
-            rc = fail(err, err_size, "idx_deserialize: out of memory copying %zu bytes", n);
+            rc = err_set(err, err_size, "idx_deserialize: out of memory copying %zu bytes", n);
         } else {
             memcpy(copy, src, n);
             ix->owned = copy;

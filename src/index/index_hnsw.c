@@ -6,23 +6,13 @@
  * form (our header + raw graph arrays, see index.h) so that loading checks
  * every size against the buffer before Faiss allocates anything.
  */
+#include "util/err.h"
 #include "index/index.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-static int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* Section offsets: keys, levels, offsets, neighbours; -1 on overflow. */
 static int hnsw_layout(int64_t n, int d, int64_t n_nb, size_t off[4], size_t *total)
@@ -103,23 +93,23 @@ int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t
 {
     size_t off[4], total;
     if (h->key_type != IDX_F32)
-        return fail(err, err_size, "idx_deserialize: hnsw key type %u, expected f32", h->key_type);
+        return err_set(err, err_size, "idx_deserialize: hnsw key type %u, expected f32", h->key_type);
     if (h->hnsw_m < 2 || h->hnsw_m > 256)
-        return fail(err, err_size, "idx_deserialize: hnsw M %d outside [2, 256]", h->hnsw_m);
+        return err_set(err, err_size, "idx_deserialize: hnsw M %d outside [2, 256]", h->hnsw_m);
     if (h->ef_search < 1 || h->ef_search > 100000 || h->ef_construction < 1 || h->ef_construction > 100000)
-        return fail(err, err_size, "idx_deserialize: hnsw efSearch %d / efConstruction %d outside [1, 100000]",
+        return err_set(err, err_size, "idx_deserialize: hnsw efSearch %d / efConstruction %d outside [1, 100000]",
                     h->ef_search, h->ef_construction);
     if (h->nlist || h->nprobe)
-        return fail(err, err_size, "idx_deserialize: hnsw header carries ivf fields");
+        return err_set(err, err_size, "idx_deserialize: hnsw header carries ivf fields");
     if (hnsw_layout(h->n, (int)h->d, h->n_blocks, off, &total) || total != n)
-        return fail(err, err_size, "idx_deserialize: hnsw sections need %zu bytes, buffer has %zu", total, n);
+        return err_set(err, err_size, "idx_deserialize: hnsw sections need %zu bytes, buffer has %zu", total, n);
     /* finite keys, as idx_build requires */
     const uint8_t *kp = src + off[0];
     for (int64_t i = 0; i < h->n * (int64_t)h->d; i++) {
         float v;
         memcpy(&v, kp + (size_t)i * 4, 4);
         if (!isfinite(v))
-            return fail(err, err_size, "idx_deserialize: hnsw key %lld is not finite", (long long)(i / h->d));
+            return err_set(err, err_size, "idx_deserialize: hnsw key %lld is not finite", (long long)(i / h->d));
     }
     idx_hnsw_parts p = { .keys = src + off[0], .levels = src + off[1], .offsets = src + off[2],
                          .neighbors = src + off[3], .n_neighbors = h->n_blocks,
@@ -149,14 +139,14 @@ int idx_hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx
                    char *err, size_t err_size)
 {
     (void)p; (void)keys; (void)N; (void)d; (void)ix;
-    return fail(err, err_size, NO_FAISS);
+    return err_set(err, err_size, NO_FAISS);
 }
 
 int idx_hnsw_search(const idx_index *ix, const float *q, int g, int k, int ef_search, int n_thr,
                     idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
 {
     (void)ix; (void)q; (void)g; (void)k; (void)ef_search; (void)n_thr; (void)s; (void)ids; (void)scores;
-    return fail(err, err_size, NO_FAISS);
+    return err_set(err, err_size, NO_FAISS);
 }
 
 size_t idx_hnsw_serialized_size(const idx_index *ix)
@@ -178,7 +168,7 @@ int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t
     (void)ix; (void)src;
     (void)hnsw_layout(h->n, (int)h->d, h->n_blocks, off, &total);
     (void)n;
-    return fail(err, err_size, NO_FAISS);
+    return err_set(err, err_size, NO_FAISS);
 }
 
 void idx_hnsw_free(idx_index *ix)

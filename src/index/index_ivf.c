@@ -14,6 +14,7 @@
  * lists are compact, and q . centroid is then the mean score of a list,
  * which is what probing should rank by.
  */
+#include "util/err.h"
 #include "index/index.h"
 
 #include <math.h>
@@ -29,17 +30,6 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define ASSIGN_CHUNK 256  /* rows per parallel work item in assignment */
-
-static int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---- assign kernels ------------------------------------------------------------ */
 
@@ -336,7 +326,7 @@ static int kmeans_train(kmeans *km, const float *keys, int64_t N, int d, int nc,
     if (!km->x || !km->xb || !km->xn || !km->dist || !km->c || !km->cb || !km->hn || !km->lab ||
         !km->best || !km->sum || !km->cnt || !km->ts || !km->ti || !rows) {
         free(rows);
-        return fail(err, err_size, "idx_build: out of memory for k-means on %lld x %d keys",
+        return err_set(err, err_size, "idx_build: out of memory for k-means on %lld x %d keys",
                     (long long)n_train, d);
     }
     uint64_t rng = seed;
@@ -399,7 +389,7 @@ int idx_ivf_build(const idx_params *p, const float *keys, int64_t N, int d, idx_
     uint8_t *img = NULL;
     int rc = -1;
     if (!lab || !best || !fill || !tmp) {
-        fail(err, err_size, "idx_build: out of memory for ivf assignment of %lld keys", (long long)N);
+        err_set(err, err_size, "idx_build: out of memory for ivf assignment of %lld keys", (long long)N);
         memset(&km, 0, sizeof km);
         goto done;
     }
@@ -420,7 +410,7 @@ int idx_ivf_build(const idx_params *p, const float *keys, int64_t N, int d, idx_
     int32_t *ids = (int32_t *)(img + off[5]);
     float *bonus = (float *)(img + off[6]);
     if (list_spread(keys, N, d, lab, best, fill, nlist, bonus)) {
-        fail(err, err_size, "idx_build: out of memory for %d list statistics", nlist);
+        err_set(err, err_size, "idx_build: out of memory for %d list statistics", nlist);
         goto done;
     }
     list_off[0] = 0;
@@ -465,37 +455,37 @@ done:
 int idx_ivf_check(const idx_index *ix, char *err, size_t err_size)
 {
     const int64_t *lo = ix->list_off, *ln = ix->list_n;
-    if (lo[0] != 0) return fail(err, err_size, "idx_deserialize: ivf list 0 starts at block %lld", (long long)lo[0]);
+    if (lo[0] != 0) return err_set(err, err_size, "idx_deserialize: ivf list 0 starts at block %lld", (long long)lo[0]);
     int64_t total = 0;
     for (int l = 0; l < ix->nlist; l++) {
         if (lo[l + 1] < lo[l] || lo[l + 1] > ix->n_blocks)
-            return fail(err, err_size, "idx_deserialize: ivf list %d spans blocks [%lld, %lld) of %lld", l,
+            return err_set(err, err_size, "idx_deserialize: ivf list %d spans blocks [%lld, %lld) of %lld", l,
                         (long long)lo[l], (long long)lo[l + 1], (long long)ix->n_blocks);
         if (ln[l] < 0 || ln[l] > ix->n || (ln[l] + IDX_BLOCK - 1) / IDX_BLOCK != lo[l + 1] - lo[l])
-            return fail(err, err_size, "idx_deserialize: ivf list %d has %lld keys in %lld blocks", l,
+            return err_set(err, err_size, "idx_deserialize: ivf list %d has %lld keys in %lld blocks", l,
                         (long long)ln[l], (long long)(lo[l + 1] - lo[l]));
         total += ln[l];
     }
     if (lo[ix->nlist] != ix->n_blocks)
-        return fail(err, err_size, "idx_deserialize: ivf lists end at block %lld, index has %lld",
+        return err_set(err, err_size, "idx_deserialize: ivf lists end at block %lld, index has %lld",
                     (long long)lo[ix->nlist], (long long)ix->n_blocks);
     if (total != ix->n)
-        return fail(err, err_size, "idx_deserialize: ivf lists hold %lld keys, index has %lld",
+        return err_set(err, err_size, "idx_deserialize: ivf lists hold %lld keys, index has %lld",
                     (long long)total, (long long)ix->n);
     for (int l = 0; l < ix->nlist; l++)
         if (!(ix->list_bonus[l] >= 0.0f && ix->list_bonus[l] < INFINITY))
-            return fail(err, err_size, "idx_deserialize: ivf list %d has probe bonus %g", l,
+            return err_set(err, err_size, "idx_deserialize: ivf list %d has probe bonus %g", l,
                         (double)ix->list_bonus[l]);
     /* every position exactly once, padding -1: the lists are a partition */
     uint8_t *seen = calloc((size_t)(ix->n + 7) / 8, 1);
-    if (!seen) return fail(err, err_size, "idx_deserialize: out of memory checking %lld ids", (long long)ix->n);
+    if (!seen) return err_set(err, err_size, "idx_deserialize: out of memory checking %lld ids", (long long)ix->n);
     int rc = 0;
     for (int l = 0; l < ix->nlist && rc == 0; l++)
         for (int64_t s = lo[l] * IDX_BLOCK; s < lo[l + 1] * IDX_BLOCK; s++) {
             int32_t id = ix->ids[s];
             int pad = s - lo[l] * IDX_BLOCK >= ln[l];
             if (pad ? id != -1 : (id < 0 || id >= ix->n || (seen[id >> 3] >> (id & 7) & 1))) {
-                rc = fail(err, err_size, "idx_deserialize: ivf slot %lld of list %d holds bad id %d",
+                rc = err_set(err, err_size, "idx_deserialize: ivf slot %lld of list %d holds bad id %d",
                           (long long)s, l, id);
                 break;
             }

@@ -9,6 +9,7 @@
  *   reader              kvf_open: checks, private mapping, optional data CRCs
  *   context             sparq_context_save_kv (sparq.h)
  */
+#include "util/err.h"
 #include "io/kvfile.h"
 #include "index/index.h"
 #include "tensor/quant.h"
@@ -27,15 +28,6 @@
 #if defined(__SSE4_2__)
 #include <nmmintrin.h>
 #endif
-
-static int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_size, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* ---- CRC-32C ----------------------------------------------------------------- */
 
@@ -109,22 +101,22 @@ static int layout_of(const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap
     if (fp->n_layer < 1 || fp->n_layer > 4096 || fp->n_kv_head < 1 || fp->n_kv_head > 4096 ||
         fp->head_dim < 1 || fp->head_dim > 4096 || fp->n_head < fp->n_kv_head ||
         fp->n_head > 65536 || fp->n_head % fp->n_kv_head)
-        return fail(err, err_size, "bad shape (%d layers, %d/%d heads, d %d)", fp->n_layer,
+        return err_set(err, err_size, "bad shape (%d layers, %d/%d heads, d %d)", fp->n_layer,
                     fp->n_head, fp->n_kv_head, fp->head_dim);
-    if (elem != KV_F16 && elem != KV_F32) return fail(err, err_size, "bad element type %d", elem);
+    if (elem != KV_F16 && elem != KV_F32) return err_set(err, err_size, "bad element type %d", elem);
     if (cap < 1 || cap > ((int64_t)1 << 40) || n < 0 || n > cap)
-        return fail(err, err_size, "bad size (%lld positions of capacity %lld)", (long long)n,
+        return err_set(err, err_size, "bad size (%lld positions of capacity %lld)", (long long)n,
                     (long long)cap);
     if (n_tokens != 0 && n_tokens != n)
-        return fail(err, err_size, "bad token count %lld (positions %lld)", (long long)n_tokens,
+        return err_set(err, err_size, "bad token count %lld (positions %lld)", (long long)n_tokens,
                     (long long)n);
     L->heads = (uint64_t)fp->n_layer * (uint64_t)fp->n_kv_head;
     L->es = elem == KV_F16 ? 2 : 4;
     if (n_index < 0 || (uint64_t)n_index > L->heads * KVF_MAX_KINDS)
-        return fail(err, err_size, "bad index count %lld", (long long)n_index);
+        return err_set(err, err_size, "bad index count %lld", (long long)n_index);
     const uint64_t row = (uint64_t)fp->head_dim * L->es; /* <= 16 KiB */
     if ((uint64_t)cap > ((uint64_t)1 << 50) / row / L->heads)
-        return fail(err, err_size, "cache of %lld positions is too large", (long long)cap);
+        return err_set(err, err_size, "cache of %lld positions is too large", (long long)cap);
     L->kv_bytes = L->heads * (uint64_t)cap * row;
     uint64_t o = 0;
     L->tokens_at = o; o += (uint64_t)n_tokens * 4;
@@ -193,14 +185,14 @@ static void header_put(const kvf_header *h, uint8_t *b)
 static int header_get(kvf_header *h, const uint8_t *b, char *err, size_t err_size)
 {
     memset(h, 0, sizeof *h);
-    if (memcmp(b, KVF_MAGIC, 8) != 0) return fail(err, err_size, "not a sparq KV cache file (bad magic)");
+    if (memcmp(b, KVF_MAGIC, 8) != 0) return err_set(err, err_size, "not a sparq KV cache file (bad magic)");
     h->version = get32(b, 8);
     if (h->version != KVF_VERSION)
-        return fail(err, err_size, "format version %u, this build reads version %d", h->version,
+        return err_set(err, err_size, "format version %u, this build reads version %d", h->version,
                     KVF_VERSION);
     if (get32(b, KVF_PAGE - 4) != kvf_crc32c(0, b, KVF_PAGE - 4))
-        return fail(err, err_size, "header checksum mismatch (corrupt file)");
-    if (get32(b, 12) != KVF_PAGE) return fail(err, err_size, "bad header size %u", get32(b, 12));
+        return err_set(err, err_size, "header checksum mismatch (corrupt file)");
+    if (get32(b, 12) != KVF_PAGE) return err_set(err, err_size, "bad header size %u", get32(b, 12));
     h->file_bytes = get64(b, 16);
     memcpy(h->fp.arch, b + 24, 32);
     h->fp.arch[31] = 0;
@@ -277,10 +269,10 @@ int kvf_parse_kinds(const char *list, const char *out[KVF_MAX_KINDS], char *err,
         size_t len = e ? (size_t)(e - s) : strlen(s);
         const int k = known_kind(s, len);
         if (k < 0)
-            return fail(err, err_size, "unknown index kind '%.*s' (exact, ivf, hnsw, sparq)",
+            return err_set(err, err_size, "unknown index kind '%.*s' (exact, ivf, hnsw, sparq)",
                         (int)len, s);
         for (int i = 0; i < n; i++)
-            if (out[i] == kind_names[k]) return fail(err, err_size, "index kind '%s' given twice", kind_names[k]);
+            if (out[i] == kind_names[k]) return err_set(err, err_size, "index kind '%s' given twice", kind_names[k]);
         out[n++] = kind_names[k];
         s = e ? e + 1 : s + len;
     }
@@ -323,13 +315,13 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
 {
     *out = NULL;
     kvf_writer *w = calloc(1, sizeof *w);
-    if (!w) return fail(err, err_size, "kvfile: out of memory");
+    if (!w) return err_set(err, err_size, "kvfile: out of memory");
     w->fd = -1;
     char e2[192];
     int nk = kvf_parse_kinds(kinds, w->kinds, e2, sizeof e2);
     if (nk < 0) {
         kvf_writer_abort(w);
-        return fail(err, err_size, "kvfile '%s': %s", path, e2);
+        return err_set(err, err_size, "kvfile '%s': %s", path, e2);
     }
     w->n_kinds = nk;
     w->fp = *fp;
@@ -341,11 +333,11 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
     const int64_t heads = (int64_t)fp->n_layer * fp->n_kv_head;
     if (layout_of(fp, elem, n, cap, w->with_kt, n_tokens, heads * nk, &w->L, e2, sizeof e2)) {
         kvf_writer_abort(w);
-        return fail(err, err_size, "kvfile '%s': %s", path, e2);
+        return err_set(err, err_size, "kvfile '%s': %s", path, e2);
     }
     if (n < 1) {
         kvf_writer_abort(w);
-        return fail(err, err_size, "kvfile '%s': nothing to save (the cache is empty)", path);
+        return err_set(err, err_size, "kvfile '%s': nothing to save (the cache is empty)", path);
     }
     const size_t plen = strlen(path);
     w->path = malloc(plen + 1);
@@ -355,7 +347,7 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
     w->slot_done = calloc((size_t)(heads * (nk ? nk : 1)), 1);
     if (!w->path || !w->tmp || !w->meta || !w->head_done || !w->slot_done) {
         kvf_writer_abort(w);
-        return fail(err, err_size, "kvfile '%s': out of memory", path);
+        return err_set(err, err_size, "kvfile '%s': out of memory", path);
     }
     memcpy(w->path, path, plen + 1);
     snprintf(w->tmp, plen + 5, "%s.tmp", path);
@@ -365,7 +357,7 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
         free(w->tmp);
         w->tmp = NULL; /* nothing of ours to unlink */
         kvf_writer_abort(w);
-        return fail(err, err_size, "kvfile: cannot create '%s.tmp': %s", path, strerror(e));
+        return err_set(err, err_size, "kvfile: cannot create '%s.tmp': %s", path, strerror(e));
     }
     w->append = w->L.images_off;
     *out = w;
@@ -383,13 +375,13 @@ int kvf_writer_head(kvf_writer *w, int layer, int head, const void *k, const voi
                     const float *v_sum, char *err, size_t err_size)
 {
     if (layer < 0 || layer >= w->fp.n_layer || head < 0 || head >= w->fp.n_kv_head)
-        return fail(err, err_size, "kvfile: no head (%d, %d)", layer, head);
+        return err_set(err, err_size, "kvfile: no head (%d, %d)", layer, head);
     const int d = w->fp.head_dim;
     const size_t hh = (size_t)layer * w->fp.n_kv_head + head, es = w->L.es;
     const size_t rows = (size_t)w->n * d * es;
     const uint64_t at = hh * (uint64_t)w->cap * d * es;
     if (pwrite_all(w->fd, k, rows, w->L.k_off + at) || pwrite_all(w->fd, v, rows, w->L.v_off + at))
-        return fail(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
+        return err_set(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
     put32(w->meta, w->L.crck_at + hh * 4, kvf_crc32c(0, k, rows));
     put32(w->meta, w->L.crcv_at + hh * 4, kvf_crc32c(0, v, rows));
     float *sum = (float *)(void *)(w->meta + w->L.vsum_at) + hh * d; /* meta is malloc'ed: aligned */
@@ -404,7 +396,7 @@ int kvf_writer_head(kvf_writer *w, int layer, int head, const void *k, const voi
     }
     if (w->with_kt) { /* d rows of K^T, each the first n of cap, in blocks of KVF_KT_BLOCK columns */
         uint8_t *buf = malloc((size_t)KVF_KT_BLOCK * d * es);
-        if (!buf) return fail(err, err_size, "kvfile: out of memory");
+        if (!buf) return err_set(err, err_size, "kvfile: out of memory");
         const uint8_t *kb = k;
         uint32_t crc = 0;
         int bad = 0;
@@ -421,7 +413,7 @@ int kvf_writer_head(kvf_writer *w, int layer, int head, const void *k, const voi
         }
         put32(w->meta, w->L.crckt_at + hh * 4, crc);
         free(buf);
-        if (bad) return fail(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
+        if (bad) return err_set(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
     }
     w->head_done[hh] = 1;
     return 0;
@@ -434,12 +426,12 @@ int kvf_writer_index(kvf_writer *w, int layer, int head, const char *kind, const
     for (int i = 0; i < w->n_kinds; i++)
         if (strcmp(w->kinds[i], kind) == 0) ki = i;
     if (ki < 0 || layer < 0 || layer >= w->fp.n_layer || head < 0 || head >= w->fp.n_kv_head)
-        return fail(err, err_size, "kvfile: no index slot (%s, layer %d, head %d)", kind, layer, head);
-    if (bytes == 0) return fail(err, err_size, "kvfile: empty %s index image", kind);
+        return err_set(err, err_size, "kvfile: no index slot (%s, layer %d, head %d)", kind, layer, head);
+    if (bytes == 0) return err_set(err, err_size, "kvfile: empty %s index image", kind);
     const size_t slot = ((size_t)layer * w->fp.n_kv_head + head) * w->n_kinds + ki;
     const uint64_t off = __atomic_fetch_add(&w->append, page_up(bytes), __ATOMIC_RELAXED);
     if (pwrite_all(w->fd, image, bytes, off))
-        return fail(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
+        return err_set(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
     uint8_t *e = w->meta + w->L.dir_at + slot * 64;
     memset(e, 0, 64);
     memcpy(e, kind, strlen(kind));
@@ -458,21 +450,21 @@ int kvf_writer_finish(kvf_writer *w, char *err, size_t err_size)
     const int64_t heads = (int64_t)w->fp.n_layer * w->fp.n_kv_head;
     for (int64_t i = 0; i < heads; i++)
         if (!w->head_done[i]) {
-            fail(err, err_size, "kvfile: head %lld of layer %lld was not written",
+            err_set(err, err_size, "kvfile: head %lld of layer %lld was not written",
                  (long long)(i % w->fp.n_kv_head), (long long)(i / w->fp.n_kv_head));
             kvf_writer_abort(w);
             return -1;
         }
     for (int64_t i = 0; i < heads * w->n_kinds; i++)
         if (!w->slot_done[i]) {
-            fail(err, err_size, "kvfile: the %s index of layer %lld head %lld is missing",
+            err_set(err, err_size, "kvfile: the %s index of layer %lld head %lld is missing",
                  w->kinds[i % w->n_kinds], (long long)(i / w->n_kinds / w->fp.n_kv_head),
                  (long long)(i / w->n_kinds % w->fp.n_kv_head));
             kvf_writer_abort(w);
             return -1;
         }
     if (w->n_tokens && !w->tokens_done) {
-        fail(err, err_size, "kvfile: token ids were announced but not written");
+        err_set(err, err_size, "kvfile: token ids were announced but not written");
         kvf_writer_abort(w);
         return -1;
     }
@@ -499,19 +491,19 @@ int kvf_writer_finish(kvf_writer *w, char *err, size_t err_size)
     header_put(&h, hdr);
     if (ftruncate(w->fd, (off_t)h.file_bytes) || pwrite_all(w->fd, w->meta, w->L.meta_bytes, h.meta_off) ||
         pwrite_all(w->fd, hdr, KVF_PAGE, 0) || fdatasync(w->fd)) {
-        fail(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
+        err_set(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
         kvf_writer_abort(w);
         return -1;
     }
     if (close(w->fd) != 0) {
         w->fd = -1;
-        fail(err, err_size, "kvfile: closing '%s' failed: %s", w->tmp, strerror(errno));
+        err_set(err, err_size, "kvfile: closing '%s' failed: %s", w->tmp, strerror(errno));
         kvf_writer_abort(w);
         return -1;
     }
     w->fd = -1;
     if (rename(w->tmp, w->path) != 0) {
-        fail(err, err_size, "kvfile: cannot rename '%s' to '%s': %s", w->tmp, w->path, strerror(errno));
+        err_set(err, err_size, "kvfile: cannot rename '%s' to '%s': %s", w->tmp, w->path, strerror(errno));
         kvf_writer_abort(w);
         return -1;
     }
@@ -585,7 +577,7 @@ static int read_dir(kvf_file *f, const kvf_header *h, const uint8_t *dir, char *
     kvf_index_entry *sorted = calloc(n ? (size_t)n : 1, sizeof *sorted);
     if (!f->entries || !sorted) {
         free(sorted);
-        return fail(err, err_size, "out of memory");
+        return err_set(err, err_size, "out of memory");
     }
     const uint64_t lo = h->images_off, hi = h->images_off + h->images_bytes;
     for (int i = 0; i < n; i++) {
@@ -603,14 +595,14 @@ static int read_dir(kvf_file *f, const kvf_header *h, const uint8_t *dir, char *
             x->head < 0 || x->head >= h->fp.n_kv_head || x->offset % KVF_PAGE || x->bytes == 0 ||
             x->offset < lo || x->offset > hi || x->bytes > hi - x->offset || x->n != h->n) {
             free(sorted);
-            return fail(err, err_size, "index entry %d (%.8s, layer %d, head %d) is invalid", i,
+            return err_set(err, err_size, "index entry %d (%.8s, layer %d, head %d) is invalid", i,
                         x->kind, x->layer, x->head);
         }
         for (int j = 0; j < i; j++)
             if (f->entries[j].layer == x->layer && f->entries[j].head == x->head &&
                 strncmp(f->entries[j].kind, x->kind, 8) == 0) {
                 free(sorted);
-                return fail(err, err_size, "index entry %d duplicates entry %d", i, j);
+                return err_set(err, err_size, "index entry %d duplicates entry %d", i, j);
             }
     }
     memcpy(sorted, f->entries, (size_t)n * sizeof *sorted);
@@ -618,7 +610,7 @@ static int read_dir(kvf_file *f, const kvf_header *h, const uint8_t *dir, char *
     for (int i = 1; i < n; i++)
         if (sorted[i].offset < sorted[i - 1].offset + sorted[i - 1].bytes) {
             free(sorted);
-            return fail(err, err_size, "index images overlap");
+            return err_set(err, err_size, "index images overlap");
         }
     free(sorted);
     f->index = f->entries;
@@ -659,7 +651,7 @@ static int verify_data(const kvf_file *f, const uint8_t *meta, const kvf_layout 
         }
     }
     if (bad >= 0)
-        return fail(err, err_size, "data checksum mismatch in %s of layer %lld head %lld (corrupt file)",
+        return err_set(err, err_size, "data checksum mismatch in %s of layer %lld head %lld (corrupt file)",
                     what, (long long)(bad / f->fp.n_kv_head), (long long)(bad % f->fp.n_kv_head));
     int64_t bad_i = -1;
 #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1)
@@ -671,7 +663,7 @@ static int verify_data(const kvf_file *f, const uint8_t *meta, const kvf_layout 
         }
     }
     if (bad_i >= 0)
-        return fail(err, err_size, "data checksum mismatch in the %.8s index of layer %d head %d (corrupt file)",
+        return err_set(err, err_size, "data checksum mismatch in the %.8s index of layer %d head %d (corrupt file)",
                     f->index[bad_i].kind, f->index[bad_i].layer, f->index[bad_i].head);
     return 0;
 }
@@ -687,45 +679,45 @@ static int fingerprint_check(const kvf_fingerprint *file, const kvf_fingerprint 
     char a[160], b[160];
     describe(file, a, sizeof a);
     describe(want, b, sizeof b);
-    return fail(err, err_size, "made by another model (file: %s; this model: %s)", a, b);
+    return err_set(err, err_size, "made by another model (file: %s; this model: %s)", a, b);
 }
 
 static int open_checked(kvf_file *f, const char *path, const kvf_fingerprint *expect, int verify,
                         char *err, size_t err_size)
 {
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) return fail(err, err_size, "cannot open: %s", strerror(errno));
+    if (f->fd < 0) return err_set(err, err_size, "cannot open: %s", strerror(errno));
     struct stat st;
-    if (fstat(f->fd, &st) != 0) return fail(err, err_size, "cannot stat: %s", strerror(errno));
+    if (fstat(f->fd, &st) != 0) return err_set(err, err_size, "cannot stat: %s", strerror(errno));
     if (st.st_size < KVF_PAGE)
-        return fail(err, err_size, "truncated or not a KV cache file (%lld bytes)", (long long)st.st_size);
+        return err_set(err, err_size, "truncated or not a KV cache file (%lld bytes)", (long long)st.st_size);
     uint8_t hb[KVF_PAGE];
-    if (pread_all(f->fd, hb, KVF_PAGE, 0)) return fail(err, err_size, "cannot read the header");
+    if (pread_all(f->fd, hb, KVF_PAGE, 0)) return err_set(err, err_size, "cannot read the header");
     kvf_header h;
     if (header_get(&h, hb, err, err_size)) return -1;
-    if (h.flags > 1) return fail(err, err_size, "unknown flags %#x", h.flags);
+    if (h.flags > 1) return err_set(err, err_size, "unknown flags %#x", h.flags);
     kvf_layout L;
     char e2[192];
     if (layout_of(&h.fp, (int)h.elem, h.n, h.cap, h.flags & 1, h.n_tokens, h.n_index, &L, e2, sizeof e2))
-        return fail(err, err_size, "bad header: %s", e2);
+        return err_set(err, err_size, "bad header: %s", e2);
     if (h.meta_off != L.meta_off || h.meta_bytes != L.meta_bytes || h.k_off != L.k_off ||
         h.v_off != L.v_off || h.kt_off != L.kt_off || h.kv_bytes != L.kv_bytes ||
         h.images_off != L.images_off || h.images_bytes > ((uint64_t)1 << 50) ||
         h.file_bytes != h.images_off + h.images_bytes)
-        return fail(err, err_size, "bad header: section offsets do not match the shape");
+        return err_set(err, err_size, "bad header: section offsets do not match the shape");
     if ((uint64_t)st.st_size < h.file_bytes)
-        return fail(err, err_size, "truncated: %lld bytes, the header says %llu", (long long)st.st_size,
+        return err_set(err, err_size, "truncated: %lld bytes, the header says %llu", (long long)st.st_size,
                     (unsigned long long)h.file_bytes);
     if ((uint64_t)st.st_size > h.file_bytes)
-        return fail(err, err_size, "%llu unexpected bytes after the end of the cache",
+        return err_set(err, err_size, "%llu unexpected bytes after the end of the cache",
                     (unsigned long long)((uint64_t)st.st_size - h.file_bytes));
     if (expect && fingerprint_check(&h.fp, expect, err, err_size)) return -1;
     f->meta = malloc(L.meta_bytes ? (size_t)L.meta_bytes : 1);
-    if (!f->meta) return fail(err, err_size, "out of memory");
+    if (!f->meta) return err_set(err, err_size, "out of memory");
     if (pread_all(f->fd, f->meta, (size_t)L.meta_bytes, L.meta_off))
-        return fail(err, err_size, "cannot read the metadata");
+        return err_set(err, err_size, "cannot read the metadata");
     if (kvf_crc32c(0, f->meta, L.meta_bytes) != h.meta_crc)
-        return fail(err, err_size, "metadata checksum mismatch (corrupt file)");
+        return err_set(err, err_size, "metadata checksum mismatch (corrupt file)");
     const uint8_t *meta = f->meta;
     if (read_dir(f, &h, meta + L.dir_at, err, err_size)) return -1;
     f->fp = h.fp;
@@ -740,7 +732,7 @@ static int open_checked(kvf_file *f, const char *path, const kvf_fingerprint *ex
     /* private and writable: the cache's later tokens land in private pages;
      * NORESERVE so a cache larger than RAM + swap can still be mapped */
     void *map = mmap(NULL, f->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, f->fd, 0);
-    if (map == MAP_FAILED) return fail(err, err_size, "cannot map %zu bytes: %s", f->map_bytes, strerror(errno));
+    if (map == MAP_FAILED) return err_set(err, err_size, "cannot map %zu bytes: %s", f->map_bytes, strerror(errno));
     f->map = map;
     close(f->fd);
     f->fd = -1;
@@ -764,12 +756,12 @@ int kvf_open(const char *path, const kvf_fingerprint *expect, int verify, kvf_fi
 {
     *out = NULL;
     kvf_file *f = calloc(1, sizeof *f);
-    if (!f) return fail(err, err_size, "kvfile '%s': out of memory", path);
+    if (!f) return err_set(err, err_size, "kvfile '%s': out of memory", path);
     f->fd = -1;
     char e2[384];
     if (open_checked(f, path, expect, verify, e2, sizeof e2)) {
         kvf_close(f);
-        return fail(err, err_size, "kvfile '%s': %s", path, e2);
+        return err_set(err, err_size, "kvfile '%s': %s", path, e2);
     }
     *out = f;
     return 0;

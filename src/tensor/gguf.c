@@ -14,6 +14,7 @@
  * and every array/string count against the bytes left when it is read, so the
  * reader never allocates more than a small constant times the file size.
  */
+#include "util/err.h"
 #include "tensor/gguf.h"
 
 #include "tensor/quant.h"
@@ -54,15 +55,6 @@ static size_t scalar_size(uint32_t type)
 const char *gguf_type_name(uint32_t type)
 {
     return type < GGUF_TYPE_COUNT ? type_names[type] : "unknown";
-}
-
-static void set_err(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (!err || err_size == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_size, fmt, ap);
-    va_end(ap);
 }
 
 /* A printable rendering of an untrusted name for error messages: control and
@@ -112,7 +104,7 @@ static int need(cursor *c, uint64_t n)
         snprintf(where, sizeof where, "%s %" PRIu64 " of %" PRIu64 " (%s)", c->what, c->idx, c->cnt, c->field);
     else
         snprintf(where, sizeof where, "%s (%s)", c->what, c->field);
-    set_err(c->err, c->err_size, "gguf: truncated: %s needs %" PRIu64 " bytes at offset %zu, file has %zu",
+    err_set(c->err, c->err_size, "gguf: truncated: %s needs %" PRIu64 " bytes at offset %zu, file has %zu",
             where, n, c->pos, c->size);
     return -1;
 }
@@ -155,7 +147,7 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t i)
     if (rd_str(c, "key", &kv->key)) return -1;
     if (rd_u32(c, "type", &kv->type)) return -1;
     if (kv->type >= GGUF_TYPE_COUNT) {
-        set_err(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': unknown value type %" PRIu32 " (valid 0..%d)",
+        err_set(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': unknown value type %" PRIu32 " (valid 0..%d)",
                 i, show(kv->key).s, kv->type, GGUF_TYPE_COUNT - 1);
         return -1;
     }
@@ -164,7 +156,7 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t i)
         kv->data = c->base + c->pos;
         kv->strs = malloc(sizeof *kv->strs);
         if (!kv->strs) {
-            set_err(c->err, c->err_size, "gguf: kv %" PRIu64 ": out of memory", i);
+            err_set(c->err, c->err_size, "gguf: kv %" PRIu64 ": out of memory", i);
             return -1;
         }
         return rd_str(c, "string value", &kv->strs[0]);
@@ -181,12 +173,12 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t i)
 
     if (rd_u32(c, "array type", &kv->arr_type)) return -1;
     if (kv->arr_type >= GGUF_TYPE_COUNT) {
-        set_err(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': unknown array element type %" PRIu32 " (valid 0..%d)",
+        err_set(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': unknown array element type %" PRIu32 " (valid 0..%d)",
                 i, show(kv->key).s, kv->arr_type, GGUF_TYPE_COUNT - 1);
         return -1;
     }
     if (kv->arr_type == GGUF_ARR) {
-        set_err(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': arrays of arrays are not supported", i,
+        err_set(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': arrays of arrays are not supported", i,
                 show(kv->key).s);
         return -1;
     }
@@ -199,7 +191,7 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t i)
             snprintf(needs, sizeof needs, "%" PRIu64 " x %zu", kv->n, esz);
         else
             snprintf(needs, sizeof needs, "%s%" PRIu64, kv->arr_type == GGUF_STR ? ">= " : "", kv->n * esz);
-        set_err(c->err, c->err_size,
+        err_set(c->err, c->err_size,
                 "gguf: truncated: kv %" PRIu64 " of %" PRIu64 " '%s' (array of %" PRIu64 " %s) needs %s bytes at offset %zu, file has %zu",
                 i, c->cnt, show(kv->key).s, kv->n, type_names[kv->arr_type], needs, c->pos, c->size);
         return -1;
@@ -211,7 +203,7 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t i)
     }
     kv->strs = calloc(kv->n ? (size_t)kv->n : 1, sizeof *kv->strs);
     if (!kv->strs) {
-        set_err(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': out of memory for %" PRIu64 " strings", i,
+        err_set(c->err, c->err_size, "gguf: kv %" PRIu64 " '%s': out of memory for %" PRIu64 " strings", i,
                 show(kv->key).s, kv->n);
         return -1;
     }
@@ -230,7 +222,7 @@ static int parse_tensor_info(cursor *c, gguf_tensor *t, uint64_t i)
     if (rd_str(c, "name", &t->name)) return -1;
     if (rd_u32(c, "n_dims", &t->n_dims)) return -1;
     if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS) {
-        set_err(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': n_dims %" PRIu32 " not in 1..%d", i,
+        err_set(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': n_dims %" PRIu32 " not in 1..%d", i,
                 show(t->name).s, t->n_dims, GGUF_MAX_DIMS);
         return -1;
     }
@@ -239,7 +231,7 @@ static int parse_tensor_info(cursor *c, gguf_tensor *t, uint64_t i)
         uint64_t v;
         if (rd_u64(c, "ne", &v)) return -1;
         if (v > (uint64_t)INT64_MAX) {
-            set_err(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': ne[%" PRIu32 "] = %" PRId64 " is negative", i,
+            err_set(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': ne[%" PRIu32 "] = %" PRId64 " is negative", i,
                     show(t->name).s, d, (int64_t)v);
             return -1;
         }
@@ -261,25 +253,25 @@ static int parse_tensor_info(cursor *c, gguf_tensor *t, uint64_t i)
         }
     }
     if (overflow) {
-        set_err(c->err, c->err_size,
+        err_set(c->err, c->err_size,
                 "gguf: tensor %" PRIu64 " '%s': element count of [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] overflows int64",
                 i, show(t->name).s, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
         return -1;
     }
     const quant_traits *tr = quant_traits_of(t->type);
     if (!tr) {
-        set_err(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': unknown tensor type %" PRIu32, i,
+        err_set(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': unknown tensor type %" PRIu32, i,
                 show(t->name).s, t->type);
         return -1;
     }
     size_t row_bytes;
     if (quant_row_bytes(t->type, t->ne[0], &row_bytes)) {
-        set_err(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': ne[0] = %" PRId64 " not a multiple of block size %" PRId64 " of type %s",
+        err_set(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': ne[0] = %" PRId64 " not a multiple of block size %" PRId64 " of type %s",
                 i, show(t->name).s, t->ne[0], tr->block_size, tr->name);
         return -1;
     }
     if (row_bytes != 0 && (uint64_t)rows > UINT64_MAX / row_bytes) {
-        set_err(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': byte size %zu x %" PRId64 " rows overflows", i,
+        err_set(c->err, c->err_size, "gguf: tensor %" PRIu64 " '%s': byte size %zu x %" PRId64 " rows overflows", i,
                 show(t->name).s, row_bytes, rows);
         return -1;
     }
@@ -313,7 +305,7 @@ static int check_duplicates(const void *items, size_t stride, uint64_t n, const 
     if (n < 2) return 0;
     name_ref *refs = malloc((size_t)n * sizeof *refs);
     if (!refs) {
-        set_err(err, err_size, "gguf: out of memory checking %" PRIu64 " %s names", n, what);
+        err_set(err, err_size, "gguf: out of memory checking %" PRIu64 " %s names", n, what);
         return -1;
     }
     for (uint64_t i = 0; i < n; i++) {
@@ -326,7 +318,7 @@ static int check_duplicates(const void *items, size_t stride, uint64_t n, const 
     for (uint64_t i = 1; i < n; i++) {
         if (refs[i].name.len == refs[i - 1].name.len &&
             (refs[i].name.len == 0 || memcmp(refs[i].name.data, refs[i - 1].name.data, (size_t)refs[i].name.len) == 0)) {
-            set_err(err, err_size, "gguf: duplicate %s name '%s': %s %" PRIu64 " and %" PRIu64, what,
+            err_set(err, err_size, "gguf: duplicate %s name '%s': %s %" PRIu64 " and %" PRIu64, what,
                     show(refs[i].name).s, what, refs[i - 1].idx, refs[i].idx);
             rc = -1;
             break;
@@ -345,27 +337,27 @@ static int read_header(cursor *c, gguf_file *f)
     uint32_t magic;
     if (rd_u32(c, "magic", &magic)) return -1;
     if (magic != GGUF_MAGIC) {
-        set_err(c->err, c->err_size, "gguf: bad magic: 0x%08" PRIx32 " (expected 0x%08x, \"GGUF\")", magic, GGUF_MAGIC);
+        err_set(c->err, c->err_size, "gguf: bad magic: 0x%08" PRIx32 " (expected 0x%08x, \"GGUF\")", magic, GGUF_MAGIC);
         return -1;
     }
     if (rd_u32(c, "version", &f->version)) return -1;
     if (f->version != 2 && f->version != 3) {
         const char *why = f->version == 1 ? " (GGUF v1 is obsolete)"
                         : f->version == 0x02000000u || f->version == 0x03000000u ? " (big-endian file?)" : "";
-        set_err(c->err, c->err_size, "gguf: unsupported version: %" PRIu32 "%s, supported 2 and 3", f->version, why);
+        err_set(c->err, c->err_size, "gguf: unsupported version: %" PRIu32 "%s, supported 2 and 3", f->version, why);
         return -1;
     }
     if (rd_u64(c, "n_tensors", &f->n_tensors)) return -1;
     if (rd_u64(c, "n_kv", &f->n_kv)) return -1;
     size_t rem = remaining(c);
     if (f->n_kv > rem / KV_MIN_BYTES) {
-        set_err(c->err, c->err_size, "gguf: n_kv too large: %" PRIu64 ", at most %zu fit in the %zu bytes after offset %zu",
+        err_set(c->err, c->err_size, "gguf: n_kv too large: %" PRIu64 ", at most %zu fit in the %zu bytes after offset %zu",
                 f->n_kv, rem / KV_MIN_BYTES, rem, c->pos);
         return -1;
     }
     rem -= (size_t)f->n_kv * KV_MIN_BYTES;
     if (f->n_tensors > rem / TENSOR_MIN_BYTES) {
-        set_err(c->err, c->err_size,
+        err_set(c->err, c->err_size,
                 "gguf: n_tensors too large: %" PRIu64 ", at most %zu fit in the %zu bytes left after offset %zu and %" PRIu64 " kvs",
                 f->n_tensors, rem / TENSOR_MIN_BYTES, rem, c->pos, f->n_kv);
         return -1;
@@ -380,13 +372,13 @@ static int read_alignment(gguf_file *f, char *err, size_t err_size)
     const gguf_kv *kv = gguf_find_kv(f, "general.alignment");
     if (!kv) return 0;
     if (kv->type != GGUF_U32) {
-        set_err(err, err_size, "gguf: general.alignment: type %s, expected u32", gguf_type_name(kv->type));
+        err_set(err, err_size, "gguf: general.alignment: type %s, expected u32", gguf_type_name(kv->type));
         return -1;
     }
     uint32_t a;
     memcpy(&a, kv->data, 4);
     if (a == 0 || (a & (a - 1)) != 0) {
-        set_err(err, err_size, "gguf: general.alignment: %" PRIu32 " is not a nonzero power of two", a);
+        err_set(err, err_size, "gguf: general.alignment: %" PRIu32 " is not a nonzero power of two", a);
         return -1;
     }
     f->alignment = a;
@@ -402,20 +394,20 @@ static int place_tensors(gguf_file *f, size_t infos_end, char *err, size_t err_s
     if (f->n_tensors > 0) start = (start + f->alignment - 1) / f->alignment * f->alignment;
     f->data_offset = start;
     if (f->n_tensors > 0 && start > f->size) {
-        set_err(err, err_size, "gguf: data section starts at %" PRIu64 ", past end of file (%zu bytes)", start, f->size);
+        err_set(err, err_size, "gguf: data section starts at %" PRIu64 ", past end of file (%zu bytes)", start, f->size);
         return -1;
     }
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         gguf_tensor *t = &f->tensors[i];
         if (t->offset % f->alignment != 0) {
-            set_err(err, err_size, "gguf: tensor '%s': offset %" PRIu64 " not a multiple of alignment %" PRIu64,
+            err_set(err, err_size, "gguf: tensor '%s': offset %" PRIu64 " not a multiple of alignment %" PRIu64,
                     show(t->name).s, t->offset, f->alignment);
             return -1;
         }
         uint64_t avail = f->size - start;
         if (t->offset > avail || t->nbytes > avail - t->offset) {
             /* the end may not fit in 64 bits: print it as start + offset + nbytes */
-            set_err(err, err_size,
+            err_set(err, err_size,
                     "gguf: tensor '%s': data [%" PRIu64 " + %" PRIu64 ", +%" PRIu64 " bytes) past end of file (%zu bytes)",
                     show(t->name).s, start, t->offset, t->nbytes, f->size);
             return -1;
@@ -429,16 +421,16 @@ int gguf_parse(const void *buf, size_t size, gguf_file **out, char *err, size_t 
 {
     *out = NULL;
     if (size == 0) {
-        set_err(err, err_size, "gguf: empty file (0 bytes)");
+        err_set(err, err_size, "gguf: empty file (0 bytes)");
         return -1;
     }
     if (!buf) {
-        set_err(err, err_size, "gguf: NULL buffer of %zu bytes", size);
+        err_set(err, err_size, "gguf: NULL buffer of %zu bytes", size);
         return -1;
     }
     gguf_file *f = calloc(1, sizeof *f);
     if (!f) {
-        set_err(err, err_size, "gguf: out of memory");
+        err_set(err, err_size, "gguf: out of memory");
         return -1;
     }
     f->base = buf;
@@ -452,7 +444,7 @@ int gguf_parse(const void *buf, size_t size, gguf_file **out, char *err, size_t 
     f->kv = calloc(n_kv ? (size_t)n_kv : 1, sizeof *f->kv);
     f->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *f->tensors);
     if (!f->kv || !f->tensors) {
-        set_err(err, err_size, "gguf: out of memory for %" PRIu64 " kvs and %" PRIu64 " tensors", n_kv, n_tensors);
+        err_set(err, err_size, "gguf: out of memory for %" PRIu64 " kvs and %" PRIu64 " tensors", n_kv, n_tensors);
         goto fail;
     }
     f->n_kv = n_kv;
@@ -489,7 +481,7 @@ static void *read_to_anon(int fd, const char *path, size_t size, char *err, size
 {
     void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) {
-        set_err(err, err_size, "gguf: cannot allocate %zu bytes for '%s': %s", size, path, strerror(errno));
+        err_set(err, err_size, "gguf: cannot allocate %zu bytes for '%s': %s", size, path, strerror(errno));
         return NULL;
     }
     madvise(mem, size, MADV_HUGEPAGE); /* advice only: without it the copy still works */
@@ -499,8 +491,8 @@ static void *read_to_anon(int fd, const char *path, size_t size, char *err, size
         ssize_t got = pread(fd, (char *)mem + done, chunk, (off_t)done);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) {
-            if (got < 0) set_err(err, err_size, "gguf: cannot read '%s': %s", path, strerror(errno));
-            else set_err(err, err_size, "gguf: '%s' shrank to %zu bytes while being read", path, done);
+            if (got < 0) err_set(err, err_size, "gguf: cannot read '%s': %s", path, strerror(errno));
+            else err_set(err, err_size, "gguf: '%s' shrank to %zu bytes while being read", path, done);
             munmap(mem, size);
             return NULL;
         }
@@ -519,27 +511,27 @@ int gguf_open_mode(const char *path, int mode, gguf_file **out, char *err, size_
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, err_size, "gguf: cannot open '%s': %s", path, strerror(errno));
+        err_set(err, err_size, "gguf: cannot open '%s': %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        set_err(err, err_size, "gguf: cannot stat '%s': %s", path, strerror(errno));
+        err_set(err, err_size, "gguf: cannot stat '%s': %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {
-        set_err(err, err_size, "gguf: '%s': %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
+        err_set(err, err_size, "gguf: '%s': %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
         close(fd);
         return -1;
     }
     if (st.st_size == 0) {
-        set_err(err, err_size, "gguf: '%s': empty file (0 bytes)", path);
+        err_set(err, err_size, "gguf: '%s': empty file (0 bytes)", path);
         close(fd);
         return -1;
     }
     if ((uint64_t)st.st_size > SIZE_MAX) {
-        set_err(err, err_size, "gguf: '%s': %lld bytes do not fit in memory", path, (long long)st.st_size);
+        err_set(err, err_size, "gguf: '%s': %lld bytes do not fit in memory", path, (long long)st.st_size);
         close(fd);
         return -1;
     }
@@ -559,7 +551,7 @@ int gguf_open_mode(const char *path, int mode, gguf_file **out, char *err, size_
         int map_errno = errno;
         close(fd); /* the mapping keeps the file alive */
         if (map == MAP_FAILED) {
-            set_err(err, err_size, "gguf: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(map_errno));
+            err_set(err, err_size, "gguf: cannot mmap '%s' (%zu bytes): %s", path, size, strerror(map_errno));
             return -1;
         }
     }
@@ -964,29 +956,29 @@ static void wout_pad(wfile *o)
 int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t err_size)
 {
     if (!w) {
-        set_err(err, err_size, "%s", gguf_writer_error(w));
+        err_set(err, err_size, "%s", gguf_writer_error(w));
         return -1;
     }
     if (w->failed) {
-        set_err(err, err_size, "%s", w->err);
+        err_set(err, err_size, "%s", w->err);
         return -1;
     }
     uint64_t max_bytes = 0;
     for (uint64_t i = 0; i < w->n_tensors; i++)
         if (w->tensors[i].nbytes > max_bytes) max_bytes = w->tensors[i].nbytes;
     if (max_bytes > SIZE_MAX) {
-        set_err(err, err_size, "gguf: writer: a %" PRIu64 "-byte tensor does not fit in memory", max_bytes);
+        err_set(err, err_size, "gguf: writer: a %" PRIu64 "-byte tensor does not fit in memory", max_bytes);
         return -1;
     }
     /* one buffer, reused: the fill callback produces a whole tensor */
     uint8_t *buf = max_bytes ? malloc((size_t)max_bytes) : NULL;
     if (max_bytes && !buf) {
-        set_err(err, err_size, "gguf: writer: out of memory for a %" PRIu64 "-byte tensor buffer", max_bytes);
+        err_set(err, err_size, "gguf: writer: out of memory for a %" PRIu64 "-byte tensor buffer", max_bytes);
         return -1;
     }
     wfile o = { .fp = fopen(path, "wb") };
     if (!o.fp) {
-        set_err(err, err_size, "gguf: cannot create '%s': %s", path, strerror(errno));
+        err_set(err, err_size, "gguf: cannot create '%s': %s", path, strerror(errno));
         free(buf);
         return -1;
     }
@@ -1015,7 +1007,7 @@ int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t err_si
         size_t n = (size_t)t->nbytes;
         if (n) memset(buf, 0, n);
         if (t->fill && n && t->fill(t->user, buf, n) != 0) {
-            set_err(err, err_size, "gguf: writer: fill callback failed for tensor '%s'", t->name);
+            err_set(err, err_size, "gguf: writer: fill callback failed for tensor '%s'", t->name);
             rc = -1;
             break;
         }
@@ -1024,7 +1016,7 @@ int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t err_si
     }
     if (fclose(o.fp) != 0 && !o.bad) o.bad = errno ? errno : EIO;
     if (rc == 0 && o.bad) {
-        set_err(err, err_size, "gguf: cannot write '%s': %s", path, strerror(o.bad));
+        err_set(err, err_size, "gguf: cannot write '%s': %s", path, strerror(o.bad));
         rc = -1;
     }
     if (rc) unlink(path); /* never leave a truncated model behind */
