@@ -110,6 +110,8 @@ typedef struct topk_result {
     int64_t recall_hits, recall_total;
     int     needles_found, needles_total;
     int64_t elements, dense_elements; /* per token, all layers and heads */
+    int     nominal;                  /* elements include a nominal index
+                                         figure (hnsw: Faiss counts nothing) */
     double  index_seconds;            /* binding the file's indexes        */
     int64_t rss_anon, rss_file;       /* at the end: private memory, mapped file pages */
     int64_t majflt, read_bytes;       /* over the timed steps: major faults, bytes from disk */
@@ -336,17 +338,10 @@ static int write_file(const synth *s, const topk_opts *o, const char *kind, cons
             }
             free(kf);
             kf = NULL;
-            rc = kvf_writer_head(w, l, h, k16, v16, NULL, e, sizeof e);
-            if (!rc) {
-                attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL };
-                void *img = NULL;
-                size_t bytes = 0;
-                const double t0 = cli_now();
-                rc = attn_topk_index_image(&p, kind, &view, s->P, 1, &img, &bytes, e, sizeof e);
-                bsum += cli_now() - t0;
-                if (!rc) rc = kvf_writer_index(w, l, h, kind, img, bytes, s->P, e, sizeof e);
-                free(img);
-            }
+            attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL };
+            double b = 0;
+            rc = kvf_writer_head_indexed(w, l, h, &view, NULL, &p, &b, e, sizeof e);
+            bsum += b;
         } else {
             snprintf(e, sizeof e, "out of memory generating %lld keys", (long long)s->P);
         }
@@ -429,8 +424,22 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     char err[256];
     double t0 = cli_now();
     kvf_file *f = NULL;
-    if (kvf_open(path, NULL, KVF_VERIFY_AUTO, &f, err, sizeof err)) {
+    /* a file kept by an earlier run (--reuse) must be of this shape, size
+     * and room for the steps: the cache below is sized from the shape */
+    kvf_fingerprint fp;
+    kvf_synthetic_fingerprint(&fp, L, sh->n_head, H, d);
+    if (kvf_open(path, &fp, KVF_VERIFY_AUTO, &f, err, sizeof err)) {
         snprintf(res->err, sizeof res->err, "%s", err);
+        return -1;
+    }
+    const int64_t need = s->P + o->warmup + o->tokens;
+    if (f->n != s->P || f->cap < need || f->elem != KV_F16) {
+        snprintf(res->err, sizeof res->err,
+                 "kvfile '%s' holds %lld f%d positions of room %lld; --size %lld with %lld steps needs %lld "
+                 "f16 positions of room %lld",
+                 path, (long long)f->n, f->elem == KV_F16 ? 16 : 32, (long long)f->cap, (long long)s->P,
+                 (long long)(o->warmup + o->tokens), (long long)s->P, (long long)need);
+        kvf_close(f);
         return -1;
     }
     res->verified = f->verified;
@@ -575,6 +584,7 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     memset(&st, 0, sizeof st);
     pol->stats(state, &st);
     res->index_seconds = st.index_seconds;
+    res->nominal = st.nominal_elements > 0;
     read_rss(&res->rss_anon, &res->rss_file);
     res->ok = 1;
     rc = 0;
@@ -706,7 +716,7 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                        "\"peak_rss_bytes\":%lld,\"recall_at_k\":%s,\"recall_hits\":%lld,"
                        "\"recall_total\":%lld,\"needles_found\":%d,\"needles_total\":%d,"
                        "\"index_build_s\":%s,\"file_write_s\":%s,\"file_bytes\":%lld,"
-                       "\"elements_per_token\":%lld,\"dense_elements_per_token\":%lld,"
+                       "\"elements_per_token\":%lld,\"elements_nominal\":%s,\"dense_elements_per_token\":%lld,"
                        "\"data_verified\":%d,\"threads\":%d,\"rss_anon_end_bytes\":%lld,"
                        "\"rss_file_end_bytes\":%lld,\"spread\":%.3f,\"aniso\":%.3f,\"clusters\":%d,"
                        "\"ivf_nprobe\":%d,\"query_seed\":%llu,\"major_faults_per_token\":%.1f,\"disk_read_bytes_per_token\":%.0f}",
@@ -716,7 +726,8 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                     jnum(nb[2], r->r.recall, "%.6f"),
                     (long long)r->r.recall_hits, (long long)r->r.recall_total, r->r.needles_found,
                     r->r.needles_total, jnum(nb[3], r->build_s, "%.3f"), jnum(nb[4], r->write_s, "%.3f"),
-                    (long long)r->file_bytes, (long long)r->r.elements, (long long)r->r.dense_elements,
+                    (long long)r->file_bytes, (long long)r->r.elements, r->r.nominal ? "true" : "false",
+                    (long long)r->r.dense_elements,
                     r->r.verified, o->threads, (long long)r->r.rss_anon, (long long)r->r.rss_file, o->spread,
                     o->aniso, o->clusters, o->nprobe, (unsigned long long)o->qseed, (double)r->r.majflt / o->tokens,
                     (double)r->r.read_bytes / o->tokens);
@@ -736,6 +747,10 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                 r->r.dense_elements ? (double)r->r.elements / (double)r->r.dense_elements : NAN,
                 r->r.read_bytes / 1e6 / o->tokens);
     }
+    for (int i = 0; i < n; i++)
+        if (rows[i].r.nominal)
+            fprintf(f, "%s: \"of dense\" uses a nominal index read (g * ef * 2M * (4d + 4) bytes per head): "
+                       "Faiss does not report what a search visits\n", rows[i].index);
 }
 
 int cli_topk(int argc, char **argv)

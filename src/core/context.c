@@ -328,26 +328,15 @@ int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexe
         return -1;
     if (tokens) kvf_writer_tokens(w, tokens);
     const int n_kv = kv->n_kv_head, heads = kv->n_layer * n_kv;
-    const char *kinds[KVF_MAX_KINDS];
-    const int nk = kvf_parse_kinds(indexes, kinds, err, err_size);
     int failed = 0;
 #pragma omp parallel for num_threads(c->n_threads) schedule(dynamic, 1)
     for (int hh = 0; hh < heads; hh++) {
         char e[256];
         const int l = hh / n_kv, h = hh % n_kv;
-        const float *vs = kv->v_sum ? kv->v_sum + (size_t)hh * kv->d : NULL;
-        int rc = kvf_writer_head(w, l, h, kv_k(kv, l, h), kv_v(kv, l, h), vs, e, sizeof e);
         attn_kv_view view;
         kv_view(kv, l, h, kv->n, &view);
-        for (int i = 0; i < nk && !rc; i++) {
-            void *img = NULL;
-            size_t bytes = 0;
-            /* one thread per build: the heads already run in parallel */
-            rc = attn_topk_index_image(&c->params.attn, kinds[i], &view, kv->n, 1, &img, &bytes, e,
-                                       sizeof e);
-            if (!rc) rc = kvf_writer_index(w, l, h, kinds[i], img, bytes, kv->n, e, sizeof e);
-            free(img);
-        }
+        /* K, V, the running v_sum as it is, and the index images */
+        int rc = kvf_writer_head_indexed(w, l, h, &view, view.v_sum, &c->params.attn, NULL, e, sizeof e);
         if (rc) {
 #pragma omp critical(kvf_save)
             if (!failed) {

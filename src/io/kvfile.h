@@ -156,6 +156,18 @@ int  kvf_writer_head(kvf_writer *w, int layer, int head, const void *k, const vo
  * kvf_writer_create announced. Safe from several threads. */
 int  kvf_writer_index(kvf_writer *w, int layer, int head, const char *kind, const void *image,
                       size_t bytes, int64_t n, char *err, size_t err_size);
+/* One head from view (its first n rows, n as for kvf_writer_create; v_sum
+ * as for kvf_writer_head) and an image of every index kind the writer
+ * announced, built by the topk policy with p (attn_topk_index_image, one
+ * thread). build_s (may be NULL) accumulates the index build seconds. Safe
+ * from several threads for distinct heads. */
+int  kvf_writer_head_indexed(kvf_writer *w, int layer, int head, const attn_kv_view *view,
+                             const float *v_sum, const sparq_attn_params *p, double *build_s,
+                             char *err, size_t err_size);
+/* Whether a writer for path could start: path is not a directory or other
+ * non-file, and path.tmp can be created (it is removed again unless it was
+ * there). For commands that check before a long computation. */
+int  kvf_check_writable(const char *path, char *err, size_t err_size);
 /* Checks every head and slot was written, writes metadata and header,
  * syncs and renames. Frees w whatever the outcome (the temp file is
  * removed on failure). */
