@@ -2,6 +2,10 @@
  * and save its KV cache, with prebuilt top-k indexes, to a file that
  * `sparq run --load-kv FILE` maps back (docs/KVFILE.md).
  *
+ * What would only fail after the long prefill (duplicate --index kinds, a
+ * --save-kv path that cannot be written) is checked before it. The writing
+ * itself is the library's (sparq_context_save_kv, io/kvfile.h).
+ *
  * stdout: nothing, or one JSON object with --json; progress on stderr.
  */
 #include "cli/cli.h"

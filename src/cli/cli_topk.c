@@ -7,7 +7,11 @@
  * decode's alone): attention only, no weights. Reports seconds per token
  * (all layers' attention, the new token's K/V append included), peak RSS,
  * recall@k of the index against exact top-k on sampled (layer, head) pairs,
- * and whether every planted needle was retrieved.
+ * and whether every planted needle was retrieved. The file is written by
+ * the library (kvf_write_heads: K, V and the index images of each head);
+ * --reuse decodes a kept file only if its header matches --shape, --size
+ * and the steps asked for. Where the index read is nominal (hnsw: Faiss
+ * reports no visits) the output says so.
  *
  * Synthetic data, per (layer, KV head), all from --seed:
  *   scales    s_j = exp(aniso z_j), z ~ N(0, 1), mean square 1: a few
@@ -301,68 +305,53 @@ static sparq_attn_params topk_params(const topk_opts *o, const char *kind)
     return p;
 }
 
+/* kvf_write_heads' rows: head (l, h) generated from the seed (f16 K and V
+ * in one owned buffer). */
+static int synth_rows(void *user, int l, int h, kvf_head_rows *out, char *err, size_t err_size)
+{
+    const synth *s = user;
+    const int d = s->sh->d;
+    float *cen = malloc((size_t)(s->C + 1) * d * sizeof *cen);
+    float *kf = malloc((size_t)s->P * d * sizeof *kf);
+    uint16_t *k16 = malloc((size_t)s->P * d * 2 * 2), *v16 = k16 ? k16 + (size_t)s->P * d : NULL;
+    if (!cen || !kf || !k16) {
+        free(cen);
+        free(kf);
+        free(k16);
+        snprintf(err, err_size, "out of memory generating %lld keys", (long long)s->P);
+        return -1;
+    }
+    centres(s, l, h, cen);
+    gen_keys(s, l, h, cen, 0, s->P, kf);
+    fp32_to_fp16_row(kf, k16, s->P * d);
+    bench_rng r;
+    bench_rng_seed(&r, head_seed(s, l, h, 5));
+    for (int64_t i = 0; i < s->P * d; i += 4096) { /* values: reuse kf as scratch */
+        const int64_t m = s->P * d - i < 4096 ? s->P * d - i : 4096;
+        fast_noise(&r, kf, (size_t)m, 1.0f);
+        fp32_to_fp16_row(kf, v16 + i, m);
+    }
+    free(cen);
+    free(kf);
+    attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL };
+    out->view = view;
+    out->owned = k16;
+    return 0;
+}
+
 /* Writes the prefix and `kind`'s indexes; *build_s: index build seconds
  * summed over heads. */
 static int write_file(const synth *s, const topk_opts *o, const char *kind, const char *path,
                       double *build_s, char *err, size_t err_size)
 {
     const topk_shape *sh = s->sh;
-    const int d = sh->d, H = sh->n_kv_head, pairs = sh->n_layer * H;
     kvf_fingerprint fp;
-    kvf_synthetic_fingerprint(&fp, sh->n_layer, sh->n_head, H, d);
+    kvf_synthetic_fingerprint(&fp, sh->n_layer, sh->n_head, sh->n_kv_head, sh->d);
     const int64_t cap = s->P + o->warmup + o->tokens + 16;
     kvf_writer *w;
     if (kvf_writer_create(path, &fp, KV_F16, s->P, cap, 0, 0, kind, &w, err, err_size)) return -1;
     sparq_attn_params p = topk_params(o, kind);
-    int failed = 0;
-    double bsum = 0;
-#pragma omp parallel for num_threads(o->threads) schedule(dynamic, 1) reduction(+ : bsum)
-    for (int hh = 0; hh < pairs; hh++) {
-        if (failed) continue;
-        const int l = hh / H, h = hh % H;
-        char e[256] = "";
-        float *cen = malloc((size_t)(s->C + 1) * d * sizeof *cen);
-        float *kf = malloc((size_t)s->P * d * sizeof *kf);
-        uint16_t *k16 = malloc((size_t)s->P * d * 2), *v16 = malloc((size_t)s->P * d * 2);
-        int rc = -1;
-        if (cen && kf && k16 && v16) {
-            centres(s, l, h, cen);
-            gen_keys(s, l, h, cen, 0, s->P, kf);
-            fp32_to_fp16_row(kf, k16, s->P * d);
-            bench_rng r;
-            bench_rng_seed(&r, head_seed(s, l, h, 5));
-            for (int64_t i = 0; i < s->P * d; i += 4096) { /* values: reuse kf as scratch */
-                const int64_t m = s->P * d - i < 4096 ? s->P * d - i : 4096;
-                fast_noise(&r, kf, (size_t)m, 1.0f);
-                fp32_to_fp16_row(kf, v16 + i, m);
-            }
-            free(kf);
-            kf = NULL;
-            attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL };
-            double b = 0;
-            rc = kvf_writer_head_indexed(w, l, h, &view, NULL, &p, &b, e, sizeof e);
-            bsum += b;
-        } else {
-            snprintf(e, sizeof e, "out of memory generating %lld keys", (long long)s->P);
-        }
-        free(cen);
-        free(kf);
-        free(k16);
-        free(v16);
-        if (rc) {
-#pragma omp critical(topk_write)
-            if (!failed) {
-                failed = 1;
-                snprintf(err, err_size, "%s", e);
-            }
-        }
-    }
-    *build_s = bsum;
-    if (failed) {
-        kvf_writer_abort(w);
-        return -1;
-    }
-    return kvf_writer_finish(w, err, err_size);
+    return kvf_write_heads(w, o->threads, &p, synth_rows, (void *)s, build_s, err, err_size);
 }
 
 /* ---- decoding (the child) ---------------------------------------------------- */

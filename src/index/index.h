@@ -345,10 +345,14 @@ uint64_t idx_row_bytes(const idx_index *ix);
  * Returns the bytes of the keys it scored (rows x idx_row_bytes). */
 uint64_t idx_scan_blocks(const idx_index *ix, int64_t b0, int64_t b1, int64_t n_rows,
                          const float *q, int g, idx_topk *tk, float *blk);
-/* Before a scan: n_thr x g candidate buffers for k results; after: merges
- * each query's buffers and writes ids / scores [g][k]. */
-void idx_topk_begin(idx_scratch *s, const idx_index *ix, int n_thr, int g, int k);
-void idx_topk_end(idx_scratch *s, int n_thr, int g, int k, int32_t *ids, float *scores);
+/* One search over n_ranges ranges of blocks, split over n_thr threads:
+ * range(ix, ctx, i, ...) gives range i's blocks [b0, b1) and how many of
+ * their rows are keys. Writes ids / scores [g][k] and adds the bytes read
+ * to s->cost_bytes. */
+void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, int64_t n_ranges,
+                     void (*range)(const idx_index *ix, const void *ctx, int64_t i, int64_t *b0,
+                                   int64_t *b1, int64_t *n_rows),
+                     const void *ctx, int n_thr, idx_scratch *s, int32_t *ids, float *scores);
 /* The reserve method of blocked kinds (candidate buffers, nlist lists). */
 int idx_blocked_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n_thr, char *err,
                         size_t err_size);

@@ -8,7 +8,6 @@
 #include "util/err.h"
 #include "index/index.h"
 
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,31 +70,24 @@ static int exact_build(const idx_params *p, const float *keys, int64_t N, int d,
     return exact_load(ix, &h, img, total, err, err_size);
 }
 
-/* Threads take chunks of blocks dynamically, so a thread that shares its
- * core with other work does not hold the others up; the result does not
- * depend on which thread scanned what (total order). */
+/* Threads take chunks of blocks (index_scan.c's idx_scan_ranges). */
 #define EXACT_CHUNK 256 /* blocks: 4096 keys, 512 KB of f16 at d = 64 */
+
+static void exact_range(const idx_index *ix, const void *ctx, int64_t c, int64_t *b0, int64_t *b1,
+                        int64_t *n_rows)
+{
+    (void)ctx;
+    *b0 = c * EXACT_CHUNK;
+    *b1 = *b0 + EXACT_CHUNK < ix->n_blocks ? *b0 + EXACT_CHUNK : ix->n_blocks;
+    *n_rows = ix->n - *b0 * IDX_BLOCK;
+}
 
 static int exact_search(const idx_index *ix, const float *q, int g, int k, const idx_search_params *sp,
                         int nt, idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
 {
     (void)sp; (void)err; (void)err_size;
-    int64_t nb = ix->n_blocks, nch = (nb + EXACT_CHUNK - 1) / EXACT_CHUNK;
-    if (nt > nch) nt = (int)nch;
-    idx_topk_begin(s, ix, nt, g, k);
-    uint64_t bytes = 0;
-#pragma omp parallel num_threads(nt) if (nt > 1) reduction(+ : bytes)
-    {
-        int t = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t c = 0; c < nch; c++) {
-            int64_t b0 = c * EXACT_CHUNK, b1 = b0 + EXACT_CHUNK < nb ? b0 + EXACT_CHUNK : nb;
-            bytes += idx_scan_blocks(ix, b0, b1, ix->n - b0 * IDX_BLOCK, q, g, s->tk + (size_t)t * g,
-                                     s->blk + (size_t)t * g * IDX_BLOCK);
-        }
-    }
-    idx_topk_end(s, nt, g, k, ids, scores);
-    s->cost_bytes = bytes;
+    const int64_t nch = (ix->n_blocks + EXACT_CHUNK - 1) / EXACT_CHUNK;
+    idx_scan_ranges(ix, q, g, k, nch, exact_range, NULL, nt, s, ids, scores);
     return 0;
 }
 

@@ -578,6 +578,16 @@ static int ivf_check(const idx_params *p, int64_t N, char *err, size_t err_size)
 
 /* ---- search ------------------------------------------------------------------------------- */
 
+/* Range u of a search: the u-th list of the probed union (ctx: list ids). */
+static void ivf_range(const idx_index *ix, const void *ctx, int64_t u, int64_t *b0, int64_t *b1,
+                      int64_t *n_rows)
+{
+    const int l = ((const int32_t *)ctx)[u];
+    *b0 = ix->list_off[l];
+    *b1 = ix->list_off[l + 1];
+    *n_rows = ix->list_n[l];
+}
+
 static int ivf_search(const idx_index *ix, const float *q, int g, int k, const idx_search_params *sp,
                       int n_thr, idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
 {
@@ -610,22 +620,8 @@ static int ivf_search(const idx_index *ix, const float *q, int g, int k, const i
     int nu = 0;
     for (int l = 0; l < nlist; l++)
         if (s->lmark[l]) s->li[nu++] = l;
-    if (n_thr > nu) n_thr = nu;
-    idx_topk_begin(s, ix, n_thr, g, k);
-    const int32_t *ul = s->li;
-#pragma omp parallel num_threads(n_thr) if (n_thr > 1) reduction(+ : bytes)
-    {
-        int t = omp_get_thread_num();
-        idx_topk *tk = s->tk + (size_t)t * g;
-        float *blk = s->blk + (size_t)t * g * IDX_BLOCK;
-#pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < nu; u++) {
-            int l = ul[u];
-            bytes += idx_scan_blocks(ix, ix->list_off[l], ix->list_off[l + 1], ix->list_n[l], q, g, tk, blk);
-        }
-    }
-    idx_topk_end(s, n_thr, g, k, ids, scores);
     s->cost_bytes = bytes;
+    idx_scan_ranges(ix, q, g, k, nu, ivf_range, s->li, n_thr, s, ids, scores);
     return 0;
 }
 

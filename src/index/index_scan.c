@@ -9,7 +9,8 @@
  * Map:
  *   block kernels      idx_block_scores(_ref): 16 keys x g queries
  *   top-k buffers      idx_topk_*: threshold buffer + quickselect
- *   scanning           idx_scan_blocks (counts rows read), begin / end of a search
+ *   scanning           idx_scan_blocks (counts the rows it scores), idx_scan_ranges
+ *                      (one threaded search over ranges of blocks)
  *   packing            idx_pack_rows(_ref): f32 rows -> [d][16] blocks
  *   key sections       idx_keys_layout / idx_keys_bind
  */
@@ -18,6 +19,7 @@
 #include "tensor/quant.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #ifdef __AVX512F__
@@ -353,7 +355,8 @@ uint64_t idx_scan_blocks(const idx_index *ix, int64_t b0, int64_t b1, int64_t n_
     return rows * idx_row_bytes(ix);
 }
 
-void idx_topk_begin(idx_scratch *s, const idx_index *ix, int n_thr, int g, int k)
+/* Candidate buffers: n_thr x g of them, for k results. */
+static void topk_begin(idx_scratch *s, const idx_index *ix, int n_thr, int g, int k)
 {
     const int keff = k < ix->n ? k : (int)ix->n, cap = idx_topk_cap(k, ix->n);
     for (int t = 0; t < n_thr; t++)
@@ -363,12 +366,33 @@ void idx_topk_begin(idx_scratch *s, const idx_index *ix, int n_thr, int g, int k
         }
 }
 
-void idx_topk_end(idx_scratch *s, int n_thr, int g, int k, int32_t *ids, float *scores)
+void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, int64_t n_ranges,
+                     void (*range)(const idx_index *ix, const void *ctx, int64_t i, int64_t *b0,
+                                   int64_t *b1, int64_t *n_rows),
+                     const void *ctx, int n_thr, idx_scratch *s, int32_t *ids, float *scores)
 {
+    if (n_thr > n_ranges) n_thr = (int)(n_ranges > 0 ? n_ranges : 1);
+    topk_begin(s, ix, n_thr, g, k);
+    uint64_t bytes = 0;
+    /* ranges are taken dynamically, so a thread that shares its core with
+     * other work does not hold the others up; the result does not depend
+     * on which thread scanned what (the candidates' total order) */
+#pragma omp parallel num_threads(n_thr) if (n_thr > 1) reduction(+ : bytes)
+    {
+        const int t = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_ranges; i++) {
+            int64_t b0, b1, rows;
+            range(ix, ctx, i, &b0, &b1, &rows);
+            bytes += idx_scan_blocks(ix, b0, b1, rows, q, g, s->tk + (size_t)t * g,
+                                     s->blk + (size_t)t * g * IDX_BLOCK);
+        }
+    }
     for (int h = 0; h < g; h++) {
         for (int t = 1; t < n_thr; t++) idx_topk_merge(&s->tk[h], &s->tk[(size_t)t * g + h]);
         idx_topk_finish(&s->tk[h], k, ids + (size_t)h * k, scores + (size_t)h * k);
     }
+    s->cost_bytes += bytes;
 }
 
 int idx_blocked_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n_thr, char *err,

@@ -7,7 +7,7 @@
  *   header              header_put / header_get (fixed offsets, no struct I/O)
  *   quoting             printable: file bytes in messages, non-printables escaped
  *   writer              kvf_writer_*: sparse file under path.tmp, then rename;
- *                       kvf_writer_head_indexed: a head and its index images;
+ *                       kvf_write_heads: every head and its index images;
  *                       kvf_check_writable: before a long job fills a writer
  *   reader              kvf_open: checks, private mapping, optional data CRCs
  *   context             sparq_context_save_kv (sparq.h)
@@ -480,9 +480,11 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int kvf_writer_head_indexed(kvf_writer *w, int layer, int head, const attn_kv_view *view,
-                            const float *v_sum, const sparq_attn_params *p, double *build_s,
-                            char *err, size_t err_size)
+/* One head from view (its first n rows) and an image of every index kind
+ * the writer announced, built by the topk policy with p. */
+static int writer_head_indexed(kvf_writer *w, int layer, int head, const attn_kv_view *view,
+                               const float *v_sum, const sparq_attn_params *p, double *build_s,
+                               char *err, size_t err_size)
 {
     if (view->S < w->n || view->d != w->fp.head_dim || view->elem != w->elem)
         return err_set(err, err_size, "kvfile: head view of %lld x %d (elem %d) for a file of %lld x %d (elem %d)",
@@ -499,6 +501,47 @@ int kvf_writer_head_indexed(kvf_writer *w, int layer, int head, const attn_kv_vi
         free(img);
     }
     return rc;
+}
+
+int kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
+                    int (*rows)(void *user, int layer, int head, kvf_head_rows *out, char *err,
+                                size_t err_size),
+                    void *user, double *build_s, char *err, size_t err_size)
+{
+    const int n_kv = w->fp.n_kv_head, heads = w->fp.n_layer * n_kv;
+    int failed = 0;
+    double bsum = 0;
+#pragma omp parallel for num_threads(n_threads > 0 ? n_threads : omp_get_num_procs()) \
+    schedule(dynamic, 1) reduction(+ : bsum)
+    for (int hh = 0; hh < heads; hh++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop) continue;
+        char e[256] = "";
+        const int l = hh / n_kv, h = hh % n_kv;
+        kvf_head_rows r;
+        memset(&r, 0, sizeof r);
+        double b = 0;
+        int rc = rows(user, l, h, &r, e, sizeof e);
+        if (!rc) rc = writer_head_indexed(w, l, h, &r.view, r.v_sum, p, &b, e, sizeof e);
+        free(r.owned);
+        bsum += b;
+        if (rc) {
+#pragma omp critical(kvf_write_heads)
+            if (!failed) {
+                snprintf(err, err_size, "%s", e[0] ? e : "kvfile: a head could not be written");
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+    }
+    if (build_s) *build_s = bsum;
+    if (failed) {
+        kvf_writer_abort(w);
+        return -1;
+    }
+    return kvf_writer_finish(w, err, err_size);
 }
 
 int kvf_check_writable(const char *path, char *err, size_t err_size)
