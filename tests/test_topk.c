@@ -700,6 +700,7 @@ static void test_bench_needles(void)
             double recall = atof(rk + 14);
             CHECK(total == 8 && found == total, "%s: needles %d/%d", kinds[i], found, total);
             CHECK(i == 0 ? recall == 1.0 : recall >= 0.9, "%s: recall@k %.4f", kinds[i], recall);
+            CHECK(strstr(row, "\"elements_nominal\":false") != NULL, "%s: elements counted, not nominal", kinds[i]);
         }
     }
     free(js);
@@ -744,6 +745,25 @@ static void test_bench_reuse_mismatch(void)
               "--reuse %s: exit %d, '%s'", cases[i].args, rc, line ? line : "(no error line)");
         free(e);
     }
+#ifdef SPARQ_HAVE_FAISS
+    /* hnsw's index read is nominal, and the output says so */
+    snprintf(cmd, sizeof cmd, "%s %s --shape tiny --size 2k --index hnsw --file %s/h --json >%s/out 2>/dev/null", bin,
+             common, dir, dir);
+    CHECK(system(cmd) == 0, "bench-topk hnsw");
+    char op[256];
+    snprintf(op, sizeof op, "%s/out", dir);
+    size_t on = 0;
+    char *js = test_read_file(op, &on);
+    CHECK(js && strstr(js, "\"index\":\"hnsw\"") && strstr(js, "\"elements_nominal\":true"), "hnsw row nominal: %s",
+          js ? js : "(none)");
+    free(js);
+    snprintf(cmd, sizeof cmd, "%s %s --shape tiny --size 2k --index hnsw --file %s/h >%s/out 2>/dev/null", bin, common,
+             dir, dir);
+    CHECK(system(cmd) == 0, "bench-topk hnsw (table)");
+    js = test_read_file(op, &on);
+    CHECK(js && strstr(js, "hnsw: \"of dense\" uses a nominal index read"), "table says nominal: %s", js ? js : "(none)");
+    free(js);
+#endif
     /* the same shape still decodes */
     snprintf(cmd, sizeof cmd, "%s %s --shape tiny --size 2k --reuse --file %s/f >/dev/null 2>/dev/null", bin, common, dir);
     CHECK(system(cmd) == 0, "--reuse with the same shape");
