@@ -404,6 +404,60 @@ static void dot_q4_0_x4(const blk_q4_0 *w0, size_t stride, const blk_q8_0 *x, in
     for (int r = 0; r < 4; r++) out[r] = acc[r];
 }
 
+/* IQ4_NL / IQ4_XS: a nibble indexes the 16-value grid; vpshufb looks up
+ * 32 at once from the table copied into both 128-bit halves. */
+static inline __m256i iq4_table(void)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4nl_values));
+}
+
+static inline __m256i iq4_lanes(const uint8_t *qs, const int8_t *x, __m256i table)
+{
+    return dot32_i8(_mm256_shuffle_epi8(table, nibbles32(qs)), load32(x));
+}
+
+/* IQ4_NL (ROW1, as dot_q4_0): whole-block sums, four reduced together. */
+static float dot_iq4_nl(const blk_iq4_nl *w, const blk_q8_0 *x, int64_t nb)
+{
+    const __m256i table = iq4_table();
+    float acc = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        __m256i s01 = _mm256_hadd_epi32(iq4_lanes(w[i].qs, x[i].qs, table), iq4_lanes(w[i + 1].qs, x[i + 1].qs, table));
+        __m256i s23 = _mm256_hadd_epi32(iq4_lanes(w[i + 2].qs, x[i + 2].qs, table), iq4_lanes(w[i + 3].qs, x[i + 3].qs, table));
+        __m256i s = _mm256_hadd_epi32(s01, s23);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        float f[4];
+        _mm_storeu_ps(f, _mm_cvtepi32_ps(t));
+        for (int k = 0; k < 4; k++) acc = fmaf(f[k], h2f(w[i + k].d) * h2f(x[i + k].d), acc);
+    }
+    for (; i < nb; i++) {
+        __m256i s = iq4_lanes(w[i].qs, x[i].qs, table);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+        acc = fmaf((float)_mm_cvtsi128_si32(t), h2f(w[i].d) * h2f(x[i].d), acc);
+    }
+    return acc;
+}
+
+/* IQ4_XS (LANES8): each sub-block's lanes times its signed scale, summed
+ * over the super-block in integers (exact), then one fma per block. */
+static float dot_iq4_xs(const blk_iq4_xs *w, const blk_q8_K *x, int64_t nb)
+{
+    const __m256i table = iq4_table();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i lanes = _mm256_setzero_si256();
+        for (int ib = 0; ib < QKK / 32; ib++) {
+            __m256i p = iq4_lanes(w[i].qs + 16 * ib, x[i].qs + 32 * ib, table);
+            lanes = _mm256_add_epi32(lanes, _mm256_mullo_epi32(p, _mm256_set1_epi32(quant_iq4xs_scale(&w[i], ib))));
+        }
+        acc = lanes_fma(h2f(w[i].d) * x[i].d, lanes, acc);
+    }
+    return hsum8_ps(acc);
+}
+
 static void quant_q8_1(const float *x, blk_q8_1 *y, int64_t nb)
 {
     const __m512 sign = _mm512_set1_ps(-0.0f);
@@ -868,6 +922,8 @@ float quant_dot_avx512(uint32_t type, const void *w, const void *x, int64_t n)
     case QT_Q4_K: return dot_q4_K(w, x, n / QKK);
     case QT_Q5_K: return dot_q5_K(w, x, n / QKK);
     case QT_Q6_K: return dot_q6_K(w, x, n / QKK);
+    case QT_IQ4_NL: return dot_iq4_nl(w, x, n / QK);
+    case QT_IQ4_XS: return dot_iq4_xs(w, x, n / QKK);
     default:      return quant_dot_ref(type, w, x, n);
     }
 }
