@@ -261,8 +261,11 @@ static void test_rand_models(void)
 static int fill_zero(void *user, void *dst, size_t n) { (void)user; memset(dst, 0, n); return 0; }
 
 /* Writes a 1-layer llama model; `skip` names a tensor to leave out,
- * `arch` the architecture string, `mat_type` the matrices' type. */
-static int write_tiny(const char *path, const char *arch, const char *skip, uint32_t mat_type)
+ * `arch` the architecture string, `mat_type` the matrices' type,
+ * `embd_rows` token_embd's rows (the vocabulary has 4 tokens), `extra` an
+ * F32 [32] tensor to add (NULL: none). */
+static int write_tiny_ex(const char *path, const char *arch, const char *skip, uint32_t mat_type, int64_t embd_rows,
+                         const char *extra)
 {
     gguf_writer *w = gguf_writer_create();
     if (!w) return -1;
@@ -283,7 +286,7 @@ static int write_tiny(const char *path, const char *arch, const char *skip, uint
     bad |= gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, 4);
     bad |= gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, 4);
     struct { const char *name; int64_t ne0, ne1; int mat; } t[] = {
-        { "token_embd.weight", 32, 4, 1 }, { "output_norm.weight", 32, 1, 0 },
+        { "token_embd.weight", 32, embd_rows, 1 }, { "output_norm.weight", 32, 1, 0 },
         { "blk.0.attn_norm.weight", 32, 1, 0 }, { "blk.0.attn_q.weight", 32, 32, 1 },
         { "blk.0.attn_k.weight", 32, 32, 1 }, { "blk.0.attn_v.weight", 32, 32, 1 },
         { "blk.0.attn_output.weight", 32, 32, 1 }, { "blk.0.ffn_norm.weight", 32, 1, 0 },
@@ -296,10 +299,19 @@ static int write_tiny(const char *path, const char *arch, const char *skip, uint
         bad |= gguf_writer_add_tensor(w, t[i].name, t[i].mat ? mat_type : QT_F32, t[i].mat ? 2 : 1, ne,
                                       fill_zero, NULL);
     }
+    if (extra) {
+        int64_t ne[1] = { 32 };
+        bad |= gguf_writer_add_tensor(w, extra, QT_F32, 1, ne, fill_zero, NULL);
+    }
     char err[256];
     if (!bad) bad = gguf_writer_write(w, path, err, sizeof err);
     gguf_writer_free(w);
     return bad ? -1 : 0;
+}
+
+static int write_tiny(const char *path, const char *arch, const char *skip, uint32_t mat_type)
+{
+    return write_tiny_ex(path, arch, skip, mat_type, 4, NULL);
 }
 
 static void expect_load_error(const char *path, const char *needle)
@@ -347,6 +359,28 @@ static void test_load_errors(void)
     CHECK(write_tiny(path, "llama", NULL, QT_MXFP4) == 0, "write");
     expect_load_error(path, "MXFP4");
     expect_load_error("/nonexistent/model.gguf", "/nonexistent/model.gguf");
+
+    /* issue 16 item 8: each of these loaded (or failed without a message) */
+    /* a zero dimension in token_embd: a message, not an empty one */
+    CHECK(write_tiny_ex(path, "llama", NULL, QT_F32, 0, NULL) == 0, "write");
+    expect_load_error(path, "token_embd.weight' has shape [32, 0]");
+    /* more embedding rows than tokens (ids 4, 5 would print nothing) */
+    CHECK(write_tiny_ex(path, "llama", NULL, QT_F32, 6, NULL) == 0, "write");
+    expect_load_error(path, "the tokenizer has 4 tokens but token_embd.weight has 6 rows");
+    /* fewer rows than tokens */
+    CHECK(write_tiny_ex(path, "llama", NULL, QT_F32, 3, NULL) == 0, "write");
+    expect_load_error(path, "the tokenizer has 4 tokens but token_embd.weight has 3 rows");
+    /* a block past block_count (1): its tensors would be ignored */
+    CHECK(write_tiny_ex(path, "llama", NULL, QT_F32, 4, "blk.1.attn_norm.weight") == 0, "write");
+    expect_load_error(path, "tensor 'blk.1.attn_norm.weight' is in block 1 but llama.block_count is 1");
+    /* a tensor no layer uses (llama has no attn_output bias) */
+    CHECK(write_tiny_ex(path, "llama", NULL, QT_F32, 4, "blk.0.attn_output.bias") == 0, "write");
+    expect_load_error(path, "tensor 'blk.0.attn_output.bias' is not used by the llama architecture");
+    CHECK(write_tiny_ex(path, "llama", NULL, QT_F32, 4, "mm.\x1b[2Jvision") == 0, "write");
+    expect_load_error(path, "tensor 'mm.\\x1b[2Jvision' is not used");
+    /* bytes from the file are quoted escaped: no terminal control, one line */
+    CHECK(write_tiny(path, "lla\nma\x1b[31m", NULL, QT_F32) == 0, "write");
+    expect_load_error(path, "unknown architecture 'lla\\x0ama\\x1b[31m'");
     unlink(path);
 }
 

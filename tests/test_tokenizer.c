@@ -897,6 +897,18 @@ static void test_malformed(void)
     kv_f32s(&g, "tokenizer.ggml.token_type", SPM_SCORES, SPM_N);
     CHECK(gb_tokenizer(&g, &t, err, sizeof(err)) == -1 && strstr(err, "token_type"),
           "float token_type rejected: %s", err);
+
+    /* names from the file are quoted with their control bytes escaped */
+    kv_str(&g, "tokenizer.ggml.model", "t5\r\x1b]0;x\x07");
+    kv_strs(&g, "tokenizer.ggml.tokens", SPM_TOKENS, SPM_N);
+    CHECK(gb_tokenizer(&g, &t, err, sizeof(err)) == -1 && strstr(err, "'t5\\x0d\\x1b]0;x\\x07'"),
+          "unknown model quoted escaped: %s", err);
+    kv_str(&g, "tokenizer.ggml.model", "gpt2");
+    kv_str(&g, "tokenizer.ggml.pre", "qwen\n2");
+    kv_strs(&g, "tokenizer.ggml.tokens", SPM_TOKENS, SPM_N);
+    kv_strs(&g, "tokenizer.ggml.merges", SPM_TOKENS, 2);
+    CHECK(gb_tokenizer(&g, &t, err, sizeof(err)) == -1 && strstr(err, "'qwen\\x0a2'") && !strchr(err, '\n'),
+          "unknown pre-tokenizer quoted escaped: %s", err);
     tok_free(NULL);
 }
 
