@@ -8,8 +8,8 @@
  *
  * Map: helpers | f16/f32 rows and helpers | float dots | Q8_0 | 32-element
  * quants (+ Q8_1 quantiser) | K-quants | dequantise | Q8_K quantiser |
- * entry points. quant_dot_rows runs four rows at a time for Q8_0 and Q4_0
- * (whose per-block work is small); the K-quants go row by row.
+ * entry points. quant_dot_rows runs four rows at a time for Q8_0, Q4_0 and
+ * IQ4_NL (whose per-block work is small); the K-quants go row by row.
  */
 #include "tensor/quant_impl.h"
 
@@ -439,6 +439,29 @@ static float dot_iq4_nl(const blk_iq4_nl *w, const blk_q8_0 *x, int64_t nb)
         acc = fmaf((float)_mm_cvtsi128_si32(t), h2f(w[i].d) * h2f(x[i].d), acc);
     }
     return acc;
+}
+
+/* Four rows, as dot_q4_0_x4: one reduction gives the four block sums. */
+static void dot_iq4_nl_x4(const blk_iq4_nl *w0, size_t stride, const blk_q8_0 *x, int64_t nb, float *out)
+{
+    const __m256i table = iq4_table();
+    const blk_iq4_nl *w[4];
+    for (int r = 0; r < 4; r++) w[r] = (const blk_iq4_nl *)((const char *)w0 + r * stride);
+    float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int64_t i = 0; i < nb; i++) {
+        for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(w[r] + i) + 256, _MM_HINT_T0);
+        __m256i s01 = _mm256_hadd_epi32(iq4_lanes(w[0][i].qs, x[i].qs, table), iq4_lanes(w[1][i].qs, x[i].qs, table));
+        __m256i s23 = _mm256_hadd_epi32(iq4_lanes(w[2][i].qs, x[i].qs, table), iq4_lanes(w[3][i].qs, x[i].qs, table));
+        __m256i s = _mm256_hadd_epi32(s01, s23);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        __m128i dw = _mm_setr_epi16((short)w[0][i].d, (short)w[1][i].d, (short)w[2][i].d, (short)w[3][i].d, 0, 0, 0, 0);
+        __m128 d = _mm_mul_ps(_mm_cvtph_ps(dw), _mm_set1_ps(h2f(x[i].d)));
+        float f[4], dd[4];
+        _mm_storeu_ps(f, _mm_cvtepi32_ps(t));
+        _mm_storeu_ps(dd, d);
+        for (int r = 0; r < 4; r++) acc[r] = fmaf(f[r], dd[r], acc[r]);
+    }
+    for (int r = 0; r < 4; r++) out[r] = acc[r];
 }
 
 /* IQ4_XS (LANES8): each sub-block's lanes times its signed scale, summed
@@ -937,6 +960,8 @@ void quant_dot_rows_avx512(uint32_t type, const void *w, size_t w_stride, int nr
         for (; r + 4 <= nr; r += 4) dot_q8_0_x4((const blk_q8_0 *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
     if (type == QT_Q4_0)
         for (; r + 4 <= nr; r += 4) dot_q4_0_x4((const blk_q4_0 *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
+    if (type == QT_IQ4_NL)
+        for (; r + 4 <= nr; r += 4) dot_iq4_nl_x4((const blk_iq4_nl *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
     for (; r < nr; r++) out[r] = quant_dot_avx512(type, wp + (size_t)r * w_stride, x, n);
 }
 
