@@ -8,6 +8,7 @@
  *   bind_layer, row_view       one block's tensors; fused ones as row views
  *   bind_rope_factors          rope_freqs, or the longrope tables
  *   model_rope_factors         which table a context uses
+ *   check_all_used             no tensor of the file left unbound
  *   sparq_model_load           the whole load, one cleanup path
  */
 #include "core/chat.h"
@@ -359,11 +360,9 @@ static int check_all_used(loader *L, const sparq_model *m)
         char shown[96];
         gguf_str_show(nm, shown, sizeof shown);
         unsigned long blk = 0;
-        int n = 0;
-        char tail;
-        char name[80];
+        char name[80], tail;
         snprintf(name, sizeof name, "%.*s", (int)(nm.len < 79 ? nm.len : 79), nm.data);
-        if (sscanf(name, "blk.%lu.%n%c", &blk, &n, &tail) == 2 && blk >= (unsigned long)m->hp.n_layer) {
+        if (sscanf(name, "blk.%lu.%c", &blk, &tail) == 2 && blk >= (unsigned long)m->hp.n_layer) {
             snprintf(L->err, L->err_size, "model: tensor '%s' is in block %lu but %s.block_count is %d",
                      shown, blk, m->arch->name, m->hp.n_layer);
         } else {
