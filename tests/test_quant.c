@@ -716,8 +716,9 @@ static void test_golden(void)
         return;
     }
     /* rand-llama-iq4_xs.gguf is not in the golden set yet (README F.2 left it
-     * out): a file made with `llama-quantize rand-llama-f32.gguf OUT IQ4_XS 2`
-     * is checked when found on the search path, skipped otherwise */
+     * out): llama.cpp's IQ4_XS of rand-llama-f32.gguf (llama_model_quantize,
+     * as llama-quantize IN OUT IQ4_XS 2) is checked when found on the search
+     * path, skipped otherwise */
     const char *models[] = { "rand-llama-q8_0.gguf", "rand-llama-q4_0.gguf", "rand-llama-q4_k_m.gguf",
                              "rand-llama-q5_k_m.gguf", "rand-llama-q6_k.gguf", "rand-llama-f16.gguf",
                              "rand-llama-bf16.gguf", "rand-llama-q4_1.gguf", "rand-llama-q5_0.gguf",
