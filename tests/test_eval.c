@@ -299,16 +299,16 @@ static int64_t count_with_bos(void *ctx, const char *text, size_t n)
 
 static void test_tasks(sparq_model *m)
 {
-    const task_kind kinds[] = { TASK_SQUAD, TASK_TRIVIAQA, TASK_CNNDM, TASK_WIKITEXT,
-                                TASK_REPETITION, TASK_NIAH, TASK_KVRET };
+    const task_def *const kinds[] = { &task_def_squad, &task_def_triviaqa, &task_def_cnndm, &task_def_wikitext,
+                                      &task_def_repetition, &task_def_niah, &task_def_kvret };
     const int64_t n_ctx = 192;
     eval_task_params ep = eval_task_default_params();
     for (size_t t = 0; t < sizeof kinds / sizeof kinds[0]; t++) {
-        const char *name = task_kind_name(kinds[t]);
+        const char *name = kinds[t]->name;
         char err[512];
         task_params tp = task_default_params();
         const int64_t lengths[1] = { 150 };
-        if (kinds[t] == TASK_NIAH) {
+        if (kinds[t] == &task_def_niah) {
             tp.niah_lengths = lengths;
             tp.n_niah_lengths = 1;
             tp.niah_depths = 2;
@@ -335,7 +335,7 @@ static void test_tasks(sparq_model *m)
         int32_t *full = NULL;
         int64_t nf = eval_tokenize(m, ex.prompt, ex.n_prompt, 1, &full, err, sizeof err);
         CHECK(pr.prompt[0] == sparq_token_bos(m), "%s: BOS kept", name);
-        if (kinds[t] == TASK_WIKITEXT) {
+        if (kinds[t] == &task_def_wikitext) {
             CHECK(pr.n_target >= 1 && pr.n_target <= ep.bpc_max_tokens && pr.n_gen == 0, "%s: target %d", name,
                   pr.n_target);
             CHECK(pr.n_prompt + pr.n_target - 1 <= n_ctx, "%s: fits", name);
@@ -350,27 +350,26 @@ static void test_tasks(sparq_model *m)
                 CHECK(memcmp(pr.prompt + 1, full + nf - (pr.n_prompt - 1), (size_t)(pr.n_prompt - 1) * 4) == 0,
                       "%s: the kept tokens are the prompt's last ones", name);
         }
-        if (kinds[t] != TASK_TRIVIAQA && kinds[t] != TASK_NIAH) /* short prompts */
+        if (kinds[t] != &task_def_triviaqa && kinds[t] != &task_def_niah) /* short prompts */
             CHECK(pr.n_dropped > 0, "%s: a long prompt was truncated (%lld dropped)", name, (long long)pr.n_dropped);
         sparq_context *c = make_ctx(m, n_ctx, "sparq", 16, 0);
         eval_result r;
         if (c && eval_run(c, &pr, &r, err, sizeof err) == 0) {
-            switch (kinds[t]) {
-            case TASK_WIKITEXT:
+            if (kinds[t] == &task_def_wikitext) {
                 CHECK(r.value > 0.3 && r.value < 20 && r.n_chars == pr.n_target_chars, "%s: bpc %g", name, r.value);
                 CHECK_NEAR(r.value, r.nll_sum * 1.4426950408889634 / (double)r.n_chars, 1e-12);
                 CHECK(r.attn.steps == pr.n_target - 1, "%s: decode steps", name);
-                break;
-            case TASK_CNNDM: CHECK(r.value >= 0 && r.value <= 1, "%s: rouge %g", name, r.value); break;
-            case TASK_REPETITION:
+            } else if (kinds[t] == &task_def_cnndm) {
+                CHECK(r.value >= 0 && r.value <= 1, "%s: rouge %g", name, r.value);
+            } else if (kinds[t] == &task_def_repetition) {
                 CHECK(r.value >= 0 && r.value <= (double)strlen(ex.answers[0]), "%s: %g chars", name, r.value);
                 CHECK(r.value == (double)metrics_match_length(r.output, r.n_output, ex.answers[0],
                                                               strlen(ex.answers[0])),
                       "%s: scored from its output", name);
-                break;
-            default: CHECK(r.value == 0 || r.value == 1, "%s: %g", name, r.value);
+            } else {
+                CHECK(r.value == 0 || r.value == 1, "%s: %g", name, r.value);
             }
-            if (kinds[t] != TASK_WIKITEXT) {
+            if (kinds[t] != &task_def_wikitext) {
                 CHECK(r.n_generated >= 1 && r.n_generated <= pr.n_gen, "%s: generated %d", name, r.n_generated);
                 CHECK(r.attn.steps == r.n_generated - 1, "%s: decode steps %lld", name, (long long)r.attn.steps);
                 CHECK(r.attn.elements < r.attn.dense_elements || r.attn.steps == 0, "%s: sparq read less", name);

@@ -109,24 +109,12 @@ int eval_forced_nll(sparq_context *c, const int32_t *prompt, int n_prompt, const
 
 /* ---- task examples ------------------------------------------------------------ */
 
-/* Generation budgets, as the SparQ authors' harness set them. */
-typedef struct eval_task_params {
-    int qa_max_tokens;        /* squad, triviaqa: min(this, spare + answer) (30) */
-    int qa_spare_tokens;      /* (5)                                           */
-    int summary_max_tokens;   /* cnndm: min(this, reference tokens) (128)      */
-    int repetition_max_tokens;/* repetition: min(this, reference tokens) (128) */
-    int bpc_max_tokens;       /* wikitext: teacher-forced tokens (256; at most
-                                 half the context)                             */
-    int niah_spare_tokens;    /* niah: answer tokens + this (5)                */
-    int kvret_spare_tokens;   /* kvret: answer tokens + this (10)              */
-    int stop_at_eog;          /* generation stops at end-of-generation (1)     */
-} eval_task_params;
-
+/* eval_task_params (tasks.h): the generation budgets. */
 eval_task_params eval_task_default_params(void);
 
 /* An example ready to run: its prompt fitted to the context. */
 typedef struct eval_prepared {
-    task_kind kind;
+    const task_def *task;
     const task_example *ex;   /* borrowed: must outlive the prepared example  */
     int32_t *prompt;          /* [n_prompt] BOS + the prompt's last tokens     */
     int      n_prompt;
@@ -139,9 +127,9 @@ typedef struct eval_prepared {
 } eval_prepared;
 
 /* Tokenizes ex for a context of n_ctx tokens: picks the generation length
- * (or the teacher-forced target), then truncates the prompt from the left
- * so prompt + generation fits. */
-int eval_prepare(const sparq_model *m, int64_t n_ctx, task_kind kind, const task_example *ex,
+ * (task->gen_tokens) or the teacher-forced target (TASK_RUN_FORCED), then
+ * truncates the prompt from the left so prompt + generation fits. */
+int eval_prepare(const sparq_model *m, int64_t n_ctx, const task_def *task, const task_example *ex,
                  const eval_task_params *p, eval_prepared *out, char *err, size_t err_size);
 void eval_prepared_free(eval_prepared *pr);
 
@@ -163,7 +151,8 @@ typedef struct eval_result {
     sparq_attn_stats attn;    /* transfer counters of the run                 */
 } eval_result;
 
-/* Runs a prepared example through c (whose policy is the one measured). */
+/* Runs a prepared example through c (whose policy is the one measured) and
+ * scores it with the task's score method (or BPC when teacher-forced). */
 int eval_run(sparq_context *c, const eval_prepared *pr, eval_result *out, char *err, size_t err_size);
 void eval_result_free(eval_result *r);
 
