@@ -6,9 +6,11 @@
  * exactly KL 0; SparQ/oracle with k >= S is dense; SparQ's scores with
  * r = d are the exact ones), and independent re-tokenization for left
  * truncation. The `sparq eval` / `sparq stats` commands are run once each
- * and their JSON checked (skipped if build/sparq is absent).
+ * and their JSON checked (skipped if build/sparq is absent), as are eval's
+ * help pages, its refusals of bad options and its truncation note.
  */
 #include "eval/eval.h"
+#include "attn/attn.h"
 #include "util/json.h"
 #include "eval/metrics.h"
 #include "util/paths.h"
@@ -16,6 +18,7 @@
 #include "test.h"
 
 #include <stdint.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char model_path[4096];
@@ -458,23 +461,190 @@ static void test_stats(sparq_model *m)
 
 /* ---- the commands ------------------------------------------------------------------------- */
 
+/* A private directory for the commands' output (mkdtemp: suites may run at
+ * once); removed by main. */
+static char tmp_dir[] = "/tmp/sparq_test_eval_XXXXXX";
+static int have_tmp;
+
+/* Runs cmd with stdout and stderr captured; returns stdout (never NULL
+ * unless out of memory), *err_out (if not NULL) stderr; *status = the exit
+ * code (128 if it did not exit). */
+static char *run_cmd_err(const char *cmd, int *status, char **err_out)
+{
+    char full[4096], out[128], errf[128];
+    snprintf(out, sizeof out, "%s/out", tmp_dir);
+    snprintf(errf, sizeof errf, "%s/err", tmp_dir);
+    snprintf(full, sizeof full, "%s > %s 2> %s", cmd, out, errf);
+    const int st = system(full);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    size_t n;
+    char *s = test_read_file(out, &n), *e = test_read_file(errf, &n);
+    unlink(out);
+    unlink(errf);
+    if (!s) s = calloc(1, 1);
+    if (err_out) *err_out = e ? e : calloc(1, 1);
+    else free(e);
+    return s;
+}
+
 static char *run_cmd(const char *cmd, int *status)
 {
-    char full[4096];
-    snprintf(full, sizeof full, "%s > /tmp/sparq_test_eval_%d.out 2>/dev/null", cmd, (int)getpid());
-    *status = system(full);
-    char out[64];
-    snprintf(out, sizeof out, "/tmp/sparq_test_eval_%d.out", (int)getpid());
-    size_t n;
-    char *s = test_read_file(out, &n);
-    unlink(out);
-    return s;
+    return run_cmd_err(cmd, status, NULL);
 }
 
 static double num(const json_value *obj, const char *key)
 {
     const json_value *v = json_get(obj, key);
     return v && v->type == JSON_NUMBER ? v->u.number : NAN;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* `sparq eval ARGS` is refused: exit 2, one line on stderr naming `needle`,
+ * nothing on stdout (it never ran). */
+static void expect_refused(const char *bin, const char *args, const char *needle)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s eval %s", bin, args);
+    int st;
+    char *err = NULL, *out = run_cmd_err(cmd, &st, &err);
+    CHECK(st == 2, "`eval %s`: exit %d, want 2", args, st);
+    CHECK(out && out[0] == 0, "`eval %s`: nothing on stdout", args);
+    CHECK(err && strncmp(err, "error: ", 7) == 0 && count_lines(err) == 1 && strstr(err, needle),
+          "`eval %s`: one error line naming '%s': %s", args, needle, err ? err : "");
+    free(out);
+    free(err);
+}
+
+/* `eval --help` and `eval TASK --help`: the generic page lists every task
+ * and every task's options; a task's page its own options and no other
+ * task's; the policy list comes from the attention registry. */
+static void test_help(const char *bin)
+{
+    char cmd[2048];
+    int st;
+    snprintf(cmd, sizeof cmd, "%s eval --help", bin);
+    char *all = run_cmd(cmd, &st);
+    CHECK(st == 0 && all, "eval --help: exit %d", st);
+    if (!all) return;
+    char in_all[512] = "--attn all = ";
+    size_t n = strlen(in_all);
+    for (int i = 0; i < attn_policy_count(); i++) {
+        const attn_policy *p = attn_policy_at(i);
+        if (p->in_all) n += (size_t)snprintf(in_all + n, sizeof in_all - n, "%s%s", n > 13 ? "," : "", p->name);
+        CHECK(strstr(all, p->summary) != NULL, "eval --help shows policy %s's summary", p->name);
+    }
+    CHECK(strstr(all, in_all) != NULL, "eval --help: '%s' from the registry", in_all);
+    for (int i = 0; i < task_def_count(); i++) {
+        const task_def *t = task_def_at(i);
+        CHECK(strstr(all, t->summary) != NULL, "eval --help lists task %s", t->name);
+        snprintf(cmd, sizeof cmd, "%s eval %s --help", bin, t->name);
+        char *page = run_cmd(cmd, &st);
+        CHECK(st == 0 && page && strstr(page, t->summary), "eval %s --help: exit %d", t->name, st);
+        for (int j = 0; page && j < task_def_count(); j++)
+            for (const task_option *o = task_def_at(j)->options; o && o->name; o++) {
+                CHECK(strstr(all, o->name) != NULL, "eval --help shows %s", o->name);
+                const int own = task_option_find(t, o->name) != NULL;
+                CHECK(own == (strstr(page, o->name) != NULL), "eval %s --help %s %s", t->name,
+                      own ? "shows its option" : "does not show", o->name);
+            }
+        CHECK(page && strstr(page, "--limit") && strstr(page, "--attn"), "eval %s --help has the common options",
+              t->name);
+        free(page);
+    }
+    free(all);
+    snprintf(cmd, sizeof cmd, "%s eval squad --help", bin);
+    char *page = run_cmd(cmd, &st);
+    CHECK(page && strstr(page, "squad options:\n  --squad-confusion N") && !strstr(page, "--kvret-keys") &&
+              !strstr(page, "--fid-tokens"),
+          "eval squad --help: squad's options only:\n%s", page ? page : "");
+    free(page);
+}
+
+/* Options that are zero, negative or for another task are refused before
+ * anything runs (issue 16): `-n 0` never means "all 10,570 examples". */
+static void test_refused(const char *bin)
+{
+    expect_refused(bin, "squad -n 0", "--limit");
+    expect_refused(bin, "squad --limit 0", "--limit");
+    expect_refused(bin, "squad --limit -3", "--limit");
+    expect_refused(bin, "squad --limit 2x", "--limit");
+    expect_refused(bin, "fidelity -n 0", "--limit");
+    expect_refused(bin, "wikitext --sweep ratio=1/4 --attn sparq --ratio-len 0", "--ratio-len");
+    expect_refused(bin, "wikitext --sweep ratio=1/4 --attn sparq --ratio-len -64", "--ratio-len");
+    expect_refused(bin, "wikitext --attn sparq --ratio-len 64", "--ratio-len applies");
+    expect_refused(bin, "wikitext --attn sparq,h2o --match k", "--match applies");
+    expect_refused(bin, "squad --sweep ratio=1/4", "non-dense");
+    expect_refused(bin, "squad --squad-confusion -1", "--squad-confusion");
+    expect_refused(bin, "niah --niah-depths 0", "--niah-depths");
+    expect_refused(bin, "niah --niah-depths -2", "--niah-depths");
+    expect_refused(bin, "wikitext --context-chars 0", "--context-chars");
+    expect_refused(bin, "repetition --context-chars -5", "--context-chars");
+    expect_refused(bin, "kvret --kvret-gold -1", "--kvret-gold");
+    expect_refused(bin, "kvret --kvret-keys 0", "--kvret-keys");
+    expect_refused(bin, "fidelity --fid-tokens 0", "--fid-tokens");
+    expect_refused(bin, "fidelity --fid-prompt 1", "--fid-prompt");
+    expect_refused(bin, "fidelity --fid-gen -1", "--fid-gen");
+    expect_refused(bin, "squad --kvret-keys 140", "not an option of task squad");
+    expect_refused(bin, "triviaqa --context-chars 500", "not an option of task triviaqa");
+    expect_refused(bin, "squad --sweep k=0", "positive");
+    expect_refused(bin, "squad --attn dense,nosuch", "nosuch");
+
+    /* errors found only once the data is read: still one line, non-zero */
+    char cmd[2048];
+    int st;
+    snprintf(cmd, sizeof cmd, "%s eval niah -t 1 -c 256 --niah-lengths 0", bin);
+    char *err = NULL, *out = run_cmd_err(cmd, &st, &err);
+    CHECK(st != 0 && out[0] == 0 && count_lines(err) == 1 && strstr(err, "--niah-lengths"),
+          "niah lengths 0: exit %d: %s", st, err);
+    free(out);
+    free(err);
+}
+
+/* eval truncates long prompts to the context and says so on stderr without
+ * -v; the count equals the sum of what -v reports per example. */
+static void test_truncation_note(const char *bin)
+{
+    char cmd[2048];
+    if (path_find("data/qa/squad/dev-v1.1.json", cmd, sizeof cmd) &&
+        path_find("data/qa/squad/dev-v1.1.part1of2.json", cmd, sizeof cmd)) {
+        test_skip("SQuAD data not found: truncation note not checked");
+        return;
+    }
+    int st;
+    snprintf(cmd, sizeof cmd, "%s eval squad -t 1 -c 256 -n 3", bin);
+    char *err = NULL, *out = run_cmd_err(cmd, &st, &err);
+    long long dropped = -1;
+    const char *note = strstr(err, "note: 3 of 3 prompts were truncated from the left to fit the context of 256");
+    CHECK(st == 0 && note, "squad at 256 tokens: truncation noted without -v: %s", err);
+    const char *paren = note ? strstr(note, "(") : NULL;
+    if (paren) dropped = strtoll(paren + 1, NULL, 10);
+    free(out);
+    free(err);
+    /* -v: "[id] dense -: prompt 255 (-N) value ..." per example */
+    snprintf(cmd, sizeof cmd, "%s eval squad -t 1 -c 256 -n 3 -v", bin);
+    out = run_cmd_err(cmd, &st, &err);
+    long long sum = 0;
+    int lines = 0;
+    for (const char *p = strstr(err, " (-"); p; p = strstr(p + 3, " (-")) {
+        sum += strtoll(p + 3, NULL, 10);
+        lines++;
+    }
+    CHECK(st == 0 && lines == 3 && sum == dropped && dropped > 0, "dropped %lld = sum of -v's %lld over %d lines",
+          dropped, sum, lines);
+    free(out);
+    free(err);
+    /* a prompt that fits: no note */
+    snprintf(cmd, sizeof cmd, "%s eval squad -t 1 -c 4096 -n 1 --squad-confusion 0", bin);
+    out = run_cmd_err(cmd, &st, &err);
+    CHECK(st == 0 && !strstr(err, "truncated"), "a prompt that fits is not reported: %s", err);
+    free(out);
+    free(err);
 }
 
 static void test_commands(void)
@@ -534,10 +704,14 @@ static void test_commands(void)
     json_free(doc);
     free(out);
 
-    snprintf(cmd, sizeof cmd, "%s eval nosuchtask 2>/dev/null", bin);
+    snprintf(cmd, sizeof cmd, "%s eval nosuchtask", bin);
     out = run_cmd(cmd, &st);
     CHECK(st != 0 && out && out[0] == 0, "unknown task: non-zero exit, nothing on stdout");
     free(out);
+
+    test_help(bin);
+    test_refused(bin);
+    test_truncation_note(bin);
 }
 
 int main(void)
@@ -560,6 +734,11 @@ int main(void)
     test_tasks(m);
     test_stats(m);
     sparq_model_free(m);
-    test_commands();
+    have_tmp = mkdtemp(tmp_dir) != NULL;
+    CHECK(have_tmp, "mkdtemp %s", tmp_dir);
+    if (have_tmp) {
+        test_commands();
+        rmdir(tmp_dir);
+    }
     return test_summary("test_eval");
 }

@@ -566,6 +566,16 @@ int cli_eval(int argc, char **argv)
         fprintf(stderr, "error: give either --sparq-ratio or --sweep\n");
         return 2;
     }
+    /* options that would otherwise be ignored */
+    const int ratio_sweep = eo.sweep && strncmp(eo.sweep, "ratio=", 6) == 0;
+    if (eo.match && !ratio_sweep) {
+        fprintf(stderr, "error: --match applies to --sweep ratio=...\n");
+        return 2;
+    }
+    if (eo.ratio_len && !ratio_sweep && !ao.ratio) {
+        fprintf(stderr, "error: --ratio-len applies to --sweep ratio=... or --sparq-ratio\n");
+        return 2;
+    }
     eval_setting *set = calloc(EVAL_MAX_SETTINGS, sizeof *set);
     int n_set = 0;
     if (!set) {

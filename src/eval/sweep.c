@@ -103,9 +103,24 @@ int eval_settings_make(const char *attn, const char *sweep, eval_setting *set, i
             return -1;
         }
     }
-    int n = 0;
+    /* every value is checked, whichever policies it applies to */
+    double ratios[EVAL_MAX_SWEEP];
+    int ks[EVAL_MAX_SWEEP];
+    for (int v = 0; v < n_vals; v++) {
+        if (kind == EVAL_SWEEP_RATIO && (ratios[v] = eval_parse_ratio(vals[v])) < 0)
+            return err_set(err, err_size, "--sweep ratio '%.23s' must be a fraction in (0, 1], e.g. 1/8", vals[v]);
+        if (kind == EVAL_SWEEP_K) {
+            char *end;
+            long k = strtol(vals[v], &end, 10);
+            if (*end || k < 1 || k > INT32_MAX)
+                return err_set(err, err_size, "--sweep k '%.23s' must be a positive integer", vals[v]);
+            ks[v] = (int)k;
+        }
+    }
+    int n = 0, n_swept = 0;
     for (int i = 0; i < n_names; i++) {
         const int swept = kind != EVAL_SWEEP_NONE && strcmp(names[i], "dense") != 0;
+        n_swept += swept;
         for (int v = 0; v < (swept ? n_vals : 1); v++) {
             if (n == EVAL_MAX_SETTINGS) return err_set(err, err_size, "too many settings (at most %d)", EVAL_MAX_SETTINGS);
             eval_setting *s = &set[n++];
@@ -116,19 +131,15 @@ int eval_settings_make(const char *attn, const char *sweep, eval_setting *set, i
             s->k_min = s->l_min = INT32_MAX;
             s->k_max = s->l_max = -1;
             if (s->sweep == EVAL_SWEEP_RATIO) {
-                s->ratio = eval_parse_ratio(vals[v]);
-                if (s->ratio < 0)
-                    return err_set(err, err_size, "--sweep ratio '%.23s' must be a fraction in (0, 1], e.g. 1/8", vals[v]);
+                s->ratio = ratios[v];
                 snprintf(s->ratio_str, sizeof s->ratio_str, "%.23s", vals[v]);
             } else if (s->sweep == EVAL_SWEEP_K) {
-                char *end;
-                long k = strtol(vals[v], &end, 10);
-                if (*end || k < 1 || k > INT32_MAX)
-                    return err_set(err, err_size, "--sweep k '%.23s' must be a positive integer", vals[v]);
-                s->k = (int)k;
+                s->k = ks[v];
             }
         }
     }
+    if (kind != EVAL_SWEEP_NONE && n_swept == 0)
+        return err_set(err, err_size, "--sweep applies to the non-dense policies and --attn '%s' has none", attn);
     return 0;
 }
 
