@@ -18,6 +18,7 @@
 #include "test.h"
 
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -594,6 +595,26 @@ static void test_refused(const char *bin)
     expect_refused(bin, "triviaqa --context-chars 500", "not an option of task triviaqa");
     expect_refused(bin, "squad --sweep k=0", "positive");
     expect_refused(bin, "squad --attn dense,nosuch", "nosuch");
+
+    /* a FIFO as data would block forever: refused, not read (timeout: a
+     * regression fails instead of hanging the suite) */
+    char fifo[256], cmd0[2048];
+    snprintf(fifo, sizeof fifo, "%s/fifo", tmp_dir);
+    if (mkfifo(fifo, 0600) == 0) {
+        const char *const uses[] = { "eval fidelity -f", "eval repetition --data", "stats -f" };
+        for (int i = 0; i < 3; i++) {
+            snprintf(cmd0, sizeof cmd0, "timeout 20 %s %s %s -c 128", bin, uses[i], fifo);
+            int st0;
+            char *e0 = NULL, *o0 = run_cmd_err(cmd0, &st0, &e0);
+            CHECK(st0 == 1 && o0[0] == 0 && count_lines(e0) == 1 && strstr(e0, "not a regular file"),
+                  "`%s FIFO`: exit %d: %s", uses[i], st0, e0);
+            free(o0);
+            free(e0);
+        }
+        unlink(fifo);
+    } else {
+        CHECK(0, "mkfifo %s", fifo);
+    }
 
     /* errors found only once the data is read: still one line, non-zero */
     char cmd[2048];

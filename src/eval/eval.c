@@ -23,12 +23,14 @@
 #include "eval/metrics.h"
 #include "core/model.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void attn_stats_add(sparq_attn_stats *acc, const sparq_attn_stats *x)
 {
@@ -74,36 +76,14 @@ int eval_read_file(const char *path, char **text, size_t *n, char *err, size_t e
 {
     *text = NULL;
     *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(err, err_size, "cannot open '%s'", path);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len - 1, f);
-        if (len < cap - 1) break;
-        if (cap > ((size_t)1 << 40)) { /* refuse absurd inputs rather than overflow */
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    const int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        return err_set(err, err_size, "cannot read '%s' (%s)", path, bad ? "read error" : "out of memory");
-    }
-    buf[len] = 0;
-    *text = buf;
-    *n = len;
+    /* a FIFO or device would block or never end: only regular files */
+    struct stat st;
+    if (stat(path, &st) != 0) return err_set(err, err_size, "cannot open '%s' (%s)", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return err_set(err, err_size, "'%s' is not a regular file", path);
+    if ((uint64_t)st.st_size > EVAL_MAX_FILE_BYTES)
+        return err_set(err, err_size, "'%s' is larger than %llu bytes", path, (unsigned long long)EVAL_MAX_FILE_BYTES);
+    if (!(*text = text_read_file(path, n)))
+        return err_set(err, err_size, "cannot read '%s' (%s)", path, errno ? strerror(errno) : "read error");
     return 0;
 }
 

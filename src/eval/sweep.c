@@ -279,32 +279,35 @@ static int alloc_results(eval_setting *set, int n_set, int64_t n, int fidelity, 
     return 0;
 }
 
-/* The parameters of setting st at S, or 1 (skipped: counted, reason kept). */
-static int setting_at(eval_setting *st, const eval_sweep *w, int64_t S, sparq_attn_params *ap, char *err,
-                      size_t err_size)
+/* A context for setting st at cache length S: 0 with *c (and *ap), 1 if
+ * the setting cannot reach its budget (skipped: counted, reason kept), -1
+ * on an error. */
+static int setting_context(eval_setting *st, const eval_sweep *w, int64_t S, sparq_attn_params *ap,
+                           sparq_context **c, char *err, size_t err_size)
 {
+    *c = NULL;
     const int rc = eval_setting_params(st, &w->env, S, ap, err, err_size);
     if (rc > 0) {
         st->n_skipped++;
         snprintf(st->skip_reason, sizeof st->skip_reason, "%.159s", err);
+        return 1;
     }
-    return rc;
+    if (rc < 0) return -1;
+    sparq_context_params cp = w->cp;
+    cp.attn = *ap;
+    return sparq_context_create(w->m, &cp, c, err, err_size) ? -1 : 0;
 }
 
-static void add_attn(eval_setting *st, const sparq_attn_stats *a)
+/* Records one finished run of st: its value, parameters and transfer. */
+static void record(eval_setting *st, const eval_sweep *w, const sparq_attn_params *ap, double value,
+                   const sparq_attn_stats *a)
 {
+    note_params(st, ap, w->env.d);
+    st->value[st->n++] = value;
     st->attn.elements += a->elements;
     st->attn.dense_elements += a->dense_elements;
     st->attn.formula_elements += a->formula_elements;
     st->attn.steps += a->steps;
-}
-
-static int new_context(const eval_sweep *w, const sparq_attn_params *ap, sparq_context **c, char *err,
-                       size_t err_size)
-{
-    sparq_context_params cp = w->cp;
-    cp.attn = *ap;
-    return sparq_context_create(w->m, &cp, c, err, err_size);
 }
 
 /* One example under every setting. Returns 0, or -1 with err. */
@@ -329,28 +332,22 @@ static int run_example(const eval_sweep *w, const task_set *ts, int64_t i, eval_
     for (int s = 0; s < n_set && !aborted(w) && rc == 0; s++) {
         eval_setting *st = &set[s];
         sparq_attn_params ap;
-        sparq_context *c = NULL;
+        sparq_context *c;
         eval_result r;
-        const int pr_rc = setting_at(st, w, S, &ap, err, err_size);
-        if (pr_rc > 0) continue;
-        if (pr_rc < 0 || new_context(w, &ap, &c, err, err_size)) {
-            rc = -1;
-            break;
-        }
+        const int sc = setting_context(st, w, S, &ap, &c, err, err_size);
+        if (sc > 0) continue;
+        if ((rc = sc) < 0) break;
         rc = eval_run(c, &pr, &r, err, err_size);
         sparq_context_free(c);
         if (rc) {
             if (aborted(w)) rc = 0; /* stopped mid-run: not an error, not a result */
             break;
         }
-        note_params(st, &ap, w->env.d);
-        st->value[st->n] = r.value;
         if (st->grid_len) {
             st->grid_len[st->n] = ex.grid_length;
             st->grid_depth[st->n] = ex.grid_depth;
         }
-        st->n++;
-        add_attn(st, &r.attn);
+        record(st, w, &ap, r.value, &r.attn);
         if (w->ran) {
             eval_sweep_note note = { st, i, &ex, &pr, &r, NULL };
             w->ran(w->user, &note);
@@ -401,7 +398,9 @@ static int run_fidelity(const eval_sweep *w, task_set *ts, eval_setting *set, in
         err_set(err, err_size, "fidelity: out of memory");
         goto done;
     }
-    if (new_context(w, &dp, &dense, err, err_size)) goto done;
+    sparq_context_params dcp = w->cp;
+    dcp.attn = dp;
+    if (sparq_context_create(w->m, &dcp, &dense, err, err_size)) goto done;
     say(w, "eval fidelity: %lld windows of %d prompt + %d forced tokens, %d greedy, x %d settings (%s)",
         (long long)n, L.prompt, L.forced, L.gen, n_set, text.id);
     const int64_t S = w->ratio_len > 0 ? w->ratio_len : (int64_t)(L.mean_len + 0.5);
@@ -419,23 +418,17 @@ static int run_fidelity(const eval_sweep *w, task_set *ts, eval_setting *set, in
         for (int s = 0; s < n_set && !aborted(w) && frc == 0; s++) {
             eval_setting *st = &set[s];
             sparq_attn_params ap;
-            sparq_context *c = NULL;
+            sparq_context *c;
             eval_fidelity f;
-            const int pr_rc = setting_at(st, w, S, &ap, err, err_size);
-            if (pr_rc > 0) continue;
-            if (pr_rc < 0 || new_context(w, &ap, &c, err, err_size)) {
-                frc = -1;
-                break;
-            }
+            const int sc = setting_context(st, w, S, &ap, &c, err, err_size);
+            if (sc > 0) continue;
+            if ((frc = sc) < 0) break;
             frc = eval_fidelity_run(c, &ref, win, P, win + P, &f, err, err_size);
             sparq_context_free(c);
             if (frc) break;
-            note_params(st, &ap, w->env.d);
-            st->value[st->n] = f.n_steps ? (double)f.n_top1_agree / (double)f.n_steps : 1.0;
             st->kl[st->n] = f.n_steps ? f.kl_sum / (double)f.n_steps : 0.0;
             st->fdiv[st->n] = (double)f.first_divergence;
-            st->n++;
-            add_attn(st, &f.attn);
+            record(st, w, &ap, f.n_steps ? (double)f.n_top1_agree / (double)f.n_steps : 1.0, &f.attn);
             if (w->ran) {
                 eval_sweep_note note = { st, i, NULL, NULL, NULL, &f };
                 w->ran(w->user, &note);

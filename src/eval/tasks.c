@@ -12,7 +12,9 @@
 #include "util/err.h"
 #include "eval/task_impl.h"
 
+#include "eval/eval.h"
 #include "eval/metrics.h"
+#include "util/textbuf.h"
 #include "util/paths.h"
 
 #include <errno.h>
@@ -22,7 +24,6 @@
 #include <string.h>
 #include <zlib.h>
 
-#define MAX_FILE_BYTES ((size_t)1 << 31) /* refuse bigger inputs (and gz bombs) */
 
 /* ---- registry ------------------------------------------------------------ */
 
@@ -175,21 +176,14 @@ int task_make_perm(task_set *s, int64_t n, char *err, size_t err_size)
 void sb_add(sbuf *b, const char *s, size_t n)
 {
     if (b->oom) return;
-    if (n > SIZE_MAX - b->n - 1) { b->oom = 1; return; }
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) {
-            if (cap > SIZE_MAX / 2) { b->oom = 1; return; }
-            cap *= 2;
-        }
-        char *ns = realloc(b->s, cap);
-        if (!ns) { b->oom = 1; return; }
-        b->s = ns;
-        b->cap = cap;
+    text_buf t = { b->s, b->n, b->cap }; /* text_append grows it */
+    if (n > SIZE_MAX / 2 - b->n || text_append(&t, s, n)) {
+        b->oom = 1;
+        return;
     }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
+    b->s = t.data;
+    b->n = t.len;
+    b->cap = t.cap;
 }
 
 void sb_adds(sbuf *b, const char *s)
@@ -357,36 +351,9 @@ int task_find_data(const char *task, const char *name, char *path, size_t path_s
 
 int task_read_file(const char *task, const char *path, char **out, size_t *n_out, char *err, size_t err_size)
 {
-    *out = NULL;
-    *n_out = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(err, err_size, "%s: cannot open %s", task, path);
-    size_t cap = 1 << 20, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap - 1) {
-            if (cap >= MAX_FILE_BYTES) {
-                fclose(f);
-                free(buf);
-                return err_set(err, err_size, "%s: %s is larger than %zu bytes", task, path, MAX_FILE_BYTES);
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - 1 - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf) return err_set(err, err_size, "%s: out of memory reading %s", task, path);
-    if (bad) { free(buf); return err_set(err, err_size, "%s: read error on %s", task, path); }
-    buf[n] = 0;
-    *out = buf;
-    *n_out = n;
-    return 0;
+    char msg[512];
+    if (eval_read_file(path, out, n_out, msg, sizeof msg) == 0) return 0;
+    return err_set(err, err_size, "%s: %s", task, msg);
 }
 
 int task_read_gz(const char *task, const char *path, char **out, size_t *n_out, char *err, size_t err_size)
@@ -400,8 +367,9 @@ int task_read_gz(const char *task, const char *path, char **out, size_t *n_out, 
     int rc = 0;
     while (buf) {
         if (cap - 1 - n < (1u << 20)) {
-            if (cap >= MAX_FILE_BYTES) {
-                rc = err_set(err, err_size, "%s: %s inflates past %zu bytes", task, path, MAX_FILE_BYTES);
+            if (cap >= EVAL_MAX_FILE_BYTES) { /* a gz bomb */
+                rc = err_set(err, err_size, "%s: %s inflates past %llu bytes", task, path,
+                             (unsigned long long)EVAL_MAX_FILE_BYTES);
                 break;
             }
             char *nb = realloc(buf, cap * 2);
@@ -445,16 +413,19 @@ json_doc *task_parse_json_file(const char *task, const char *path, char *err, si
     return d;
 }
 
+/* s->p.path, or default_name found on the search path (into path). */
+static const char *data_file(const task_set *s, const char *default_name, char *path, size_t path_size, char *err,
+                             size_t err_size)
+{
+    if (s->p.path) return s->p.path;
+    return task_find_data(s->def->name, default_name, path, path_size, err, err_size) ? NULL : path;
+}
+
 int task_text_open(task_set *s, const char *default_name, char *err, size_t err_size)
 {
-    const char *task = s->def->name;
     char path[TASK_PATH_MAX];
-    const char *file = s->p.path;
-    if (!file) {
-        if (task_find_data(task, default_name, path, sizeof path, err, err_size)) return -1;
-        file = path;
-    }
-    return task_read_file(task, file, &s->text, &s->n_text, err, err_size);
+    const char *file = data_file(s, default_name, path, sizeof path, err, err_size);
+    return file ? task_read_file(s->def->name, file, &s->text, &s->n_text, err, err_size) : -1;
 }
 
 int task_list_open(task_set *s, const char *default_name,
@@ -463,12 +434,8 @@ int task_list_open(task_set *s, const char *default_name,
 {
     const char *task = s->def->name;
     char path[TASK_PATH_MAX];
-    const char *file = s->p.path;
-    if (!file) {
-        if (task_find_data(task, default_name, path, sizeof path, err, err_size)) return -1;
-        file = path;
-    }
-    if (!(s->docs[0] = task_parse_json_file(task, file, err, err_size))) return -1;
+    const char *file = data_file(s, default_name, path, sizeof path, err, err_size);
+    if (!file || !(s->docs[0] = task_parse_json_file(task, file, err, err_size))) return -1;
     const json_value *root = json_root(s->docs[0]);
     if (root->type != JSON_ARRAY) return err_set(err, err_size, "%s: %s is not a JSON list", task, file);
     s->items = malloc((root->n ? root->n : 1) * sizeof *s->items);
