@@ -571,6 +571,7 @@ static void test_help(const char *bin)
  * anything runs (issue 16): `-n 0` never means "all 10,570 examples". */
 static void test_refused(const char *bin)
 {
+    char cmd0_stats[2048];
     expect_refused(bin, "squad -n 0", "--limit");
     expect_refused(bin, "squad --limit 0", "--limit");
     expect_refused(bin, "squad --limit -3", "--limit");
@@ -595,6 +596,20 @@ static void test_refused(const char *bin)
     expect_refused(bin, "triviaqa --context-chars 500", "not an option of task triviaqa");
     expect_refused(bin, "squad --sweep k=0", "positive");
     expect_refused(bin, "squad --attn dense,nosuch", "nosuch");
+
+    /* stats: counts of zero or less are refused, not replaced by defaults */
+    const char *const stats_bad[] = { "--n-query 0", "--n-query -4", "--stats-k 0", "--alpha-r -1" };
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd0_stats, sizeof cmd0_stats, "%s stats %s", bin, stats_bad[i]);
+        int st0;
+        char *e0 = NULL, *o0 = run_cmd_err(cmd0_stats, &st0, &e0);
+        char opt[32];
+        snprintf(opt, sizeof opt, "%.*s", (int)strcspn(stats_bad[i], " "), stats_bad[i]);
+        CHECK(st0 == 2 && o0[0] == 0 && count_lines(e0) == 1 && strstr(e0, opt), "`stats %s`: exit %d: %s",
+              stats_bad[i], st0, e0);
+        free(o0);
+        free(e0);
+    }
 
     /* a FIFO as data would block forever: refused, not read (timeout: a
      * regression fails instead of hanging the suite) */

@@ -4,8 +4,8 @@
  * Everything here is greedy and deterministic. Each run starts by resetting
  * the context (sparq_context_reset), so its KV cache, policy state and
  * transfer counters describe that run alone; the counters are copied into
- * the result. The library never prints: the CLI (`sparq eval`, `sparq
- * stats`) aggregates, sweeps and formats.
+ * the result. The library never prints: sweep.h runs a task under many
+ * settings and aggregates; the CLI (`sparq eval`, `sparq stats`) formats.
  *
  * Pieces (SPEC.md "Evaluation tasks"; the SparQ authors' harness fixes the
  * lengths the paper leaves open):
