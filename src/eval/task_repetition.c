@@ -35,7 +35,11 @@ static int repetition_open(task_set *s, char *err, size_t err_size)
     }
     s->priv = l.v;
     s->n_examples = l.n;
-    if (l.n == 0) return err_set(err, err_size, "repetition: the text has fewer than %lld characters", (long long)C);
+    if (l.n == 0)
+        return err_set(err, err_size,
+                       "repetition: no context of %lld characters holds a %lld-character excerpt and a %lld-character "
+                       "continuation (see --context-chars)",
+                       (long long)C, (long long)E, (long long)R);
     return task_make_perm(s, l.n, err, err_size);
 }
 
