@@ -576,6 +576,85 @@ static void test_niah_dir(const char *essays, size_t n_essays)
     rmdir(root);
 }
 
+/* The grid from --niah-lengths text and, without lengths, from the
+ * context (docs/EVALUATION.md: max(160, n/4), n/2, 3n/4, n - 64); each
+ * grid example reports its cell. */
+static void test_niah_grid(void)
+{
+    if (!have("data/text/PaulGrahamEssays_all_sorted.txt")) return;
+    task_set *s;
+    char err[512];
+    task_params p = task_default_params();
+    p.niah_length_list = "300,2000";
+    p.niah_depths = 3;
+    if (task_open(&s, &task_def_niah, &p, err, sizeof err) == 0) {
+        CHECK(task_count(s) == 6, "two lengths x three depths: %lld", (long long)task_count(s));
+        const int64_t want_len[6] = { 300, 300, 300, 2000, 2000, 2000 };
+        const double want_depth[6] = { 0, 0.5, 1, 0, 0.5, 1 };
+        for (int i = 0; i < 6; i++) {
+            task_example ex;
+            if (task_get(s, i, &ex, err, sizeof err)) { CHECK(0, "niah %d: %s", i, err); continue; }
+            CHECK(ex.grid_length == want_len[i] && ex.grid_depth == want_depth[i], "cell %d: %lld x %g", i,
+                  (long long)ex.grid_length, ex.grid_depth);
+            CHECK(ex.n_prompt <= (size_t)want_len[i] + 300, "byte budget %lld: %zu bytes", (long long)want_len[i],
+                  ex.n_prompt);
+            task_example_free(&ex);
+        }
+        task_close(s);
+    } else {
+        CHECK(0, "niah from a length list: %s", err);
+    }
+    p = task_default_params();
+    p.n_ctx = 512;
+    if (task_open(&s, &task_def_niah, &p, err, sizeof err) == 0) {
+        CHECK(task_count(s) == 4 * 11, "default grid at 512: 4 lengths x 11 depths, %lld", (long long)task_count(s));
+        const int64_t want[4] = { 160, 256, 384, 448 };
+        for (int l = 0; l < 4; l++) {
+            task_example ex;
+            if (task_get(s, l * 11, &ex, err, sizeof err) == 0) {
+                CHECK(ex.grid_length == want[l], "default length %d: %lld", l, (long long)ex.grid_length);
+                task_example_free(&ex);
+            }
+        }
+        task_close(s);
+    } else {
+        CHECK(0, "niah default grid: %s", err);
+    }
+    const char *const bad[] = { "0", "7", "300,", "300,x", "" };
+    for (int i = 0; i < 5; i++) {
+        p = task_default_params();
+        p.niah_length_list = bad[i];
+        CHECK(task_open(&s, &task_def_niah, &p, err, sizeof err) == -1 && strstr(err, "--niah-lengths"),
+              "lengths '%s' refused: %s", bad[i], err);
+    }
+}
+
+/* Options: parsed into task_params by the task's own table, below min refused. */
+static void test_options(void)
+{
+    char err[256], names[256];
+    task_params p = task_default_params();
+    const task_option *o = task_option_find(&task_def_squad, "--squad-confusion");
+    CHECK(o && task_option_set(&p, o, "0", err, sizeof err) == 0 && p.squad_confusion == 0, "confusion 0 is none");
+    CHECK(o && task_option_set(&p, o, "-1", err, sizeof err) == -1 && strstr(err, "--squad-confusion"), "%s", err);
+    CHECK(o && task_option_set(&p, o, "3x", err, sizeof err) == -1 && strstr(err, "not an integer"), "%s", err);
+    CHECK(o && task_option_set(&p, o, "99999999999", err, sizeof err) == -1, "int overflow refused");
+    CHECK(task_option_find(&task_def_squad, "--kvret-keys") == NULL, "kvret's option is not squad's");
+    o = task_option_find(&task_def_wikitext, "--context-chars");
+    CHECK(o && task_option_set(&p, o, "0", err, sizeof err) == -1, "context 0 refused");
+    CHECK(o && task_option_set(&p, o, "5000000000", err, sizeof err) == 0 && p.context_chars == 5000000000LL,
+          "context chars are 64-bit");
+    CHECK(task_option_find(&task_def_repetition, "--context-chars") != NULL, "repetition shares --context-chars");
+    o = task_option_find(&task_def_niah, "--niah-lengths");
+    CHECK(o && task_option_set(&p, o, "100,200", err, sizeof err) == 0 && !strcmp(p.niah_length_list, "100,200"),
+          "a list is kept as text");
+    task_names(names, sizeof names, " ");
+    for (int i = 0; i < task_def_count(); i++)
+        CHECK(strstr(names, task_def_at(i)->name) != NULL && task_def_at(i)->metric && task_def_at(i)->summary,
+              "task %d named, with a metric and summary", i);
+    CHECK(!strcmp(names, "squad triviaqa cnndm wikitext repetition niah kvret fidelity"), "names: %s", names);
+}
+
 static void test_niah(void)
 {
     const char *name = "data/text/PaulGrahamEssays_all_sorted.txt";
@@ -831,6 +910,8 @@ int main(void)
     test_wikitext();
     test_repetition();
     test_niah();
+    test_niah_grid();
+    test_options();
     test_kvret();
     return test_summary("test_tasks");
 }
