@@ -29,6 +29,7 @@
  *   cli_gen_model             options, then the above, one cleanup path
  */
 #include "cli/cli.h"
+#include "core/model.h"
 #include "tensor/gguf.h"
 #include "tensor/quant.h"
 
@@ -73,10 +74,17 @@ static const model_shape shapes[] = {
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
-static int shape_has_bias(const model_shape *s) { return strcmp(s->arch, "qwen2") == 0; }
-static int shape_has_qk_norm(const model_shape *s) { return strcmp(s->arch, "qwen3") == 0; }
+/* What a file of this architecture holds comes from the loader's own
+ * arch_table, so a generated file has exactly what sparq expects; every
+ * shape names an architecture of the table (checked in cli_gen_model). */
+static int shape_has_bias(const model_shape *s) { return arch_find(s->arch)->has_qkv_bias; }
+static int shape_has_qk_norm(const model_shape *s) { return arch_find(s->arch)->has_qk_norm; }
 static int shape_is_bpe(const model_shape *s) { return strncmp(s->arch, "qwen", 4) == 0; }
-static int shape_is_fused(const model_shape *s) { return strcmp(s->arch, "phi3") == 0; }
+static int shape_is_fused(const model_shape *s)
+{
+    const arch_desc *a = arch_find(s->arch);
+    return a->fused_qkv && a->fused_gate_up; /* the generator writes both fusions or neither */
+}
 static int shape_head_dim(const model_shape *s) { return s->head_dim ? s->head_dim : s->n_embd / s->n_head; }
 
 typedef struct gen_opts {
@@ -513,6 +521,10 @@ int cli_gen_model(int argc, char **argv)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", shapes[i].name);
         fprintf(stderr, "error: --shape must be one of %s\n", names);
         return 2;
+    }
+    if (!arch_find(sh->arch)) { /* a shape table entry the loader would refuse */
+        fprintf(stderr, "error: shape %s: architecture '%s' is not in the model table\n", sh->name, sh->arch);
+        return 1;
     }
     if (!o.out) {
         fprintf(stderr, "error: -o FILE is required\n");

@@ -25,10 +25,7 @@ typedef struct run_opts {
     const char *prompt_file;   /* -f */
     const char *prompt_tokens; /* --prompt-tokens 1,2,3 */
     int         n_predict;     /* -n */
-    float       temp;
-    int         top_k;
-    float       top_p;
-    uint64_t    seed;
+    sparq_sampler_params sp;   /* the library's defaults, then the options */
     const char *logits_out;
     int         ignore_eos;
     int         chat;          /* --chat / -cnv */
@@ -44,10 +41,10 @@ static const cli_opt run_table[] = {
     { "-f", "--file", OPT_STR, OFF(prompt_file), "FILE", "read the prompt from FILE" },
     { "--prompt-tokens", NULL, OPT_STR, OFF(prompt_tokens), "ID,ID,...", "prompt as token ids (no BOS added)" },
     { "-n", "--n-predict", OPT_INT, OFF(n_predict), "N", "tokens to generate (default 128; 0: only evaluate the prompt)" },
-    { "--temp", NULL, OPT_FLOAT, OFF(temp), "T", "temperature (0 = greedy; default 0.8)" },
-    { "--top-k", NULL, OPT_INT, OFF(top_k), "K", "top-k sampling (0 = off; default 40)" },
-    { "--top-p", NULL, OPT_FLOAT, OFF(top_p), "P", "top-p sampling (1 = off; default 0.95)" },
-    { "--seed", NULL, OPT_U64, OFF(seed), "N", "sampling seed (default 42)" },
+    { "--temp", NULL, OPT_FLOAT, OFF(sp.temp), "T", "temperature (0 = greedy; default 0.8)" },
+    { "--top-k", NULL, OPT_INT, OFF(sp.top_k), "K", "top-k sampling (0 = off; default 40)" },
+    { "--top-p", NULL, OPT_FLOAT, OFF(sp.top_p), "P", "top-p sampling (1 = off; default 0.95)" },
+    { "--seed", NULL, OPT_U64, OFF(sp.seed), "N", "sampling seed (default: a random one; --json prints it)" },
     { "--logits-out", NULL, OPT_STR, OFF(logits_out), "FILE",
       "write float32 logits [n_rows][n_vocab] of every prompt position and generation step" },
     { "--ignore-eos", NULL, OPT_FLAG, OFF(ignore_eos), NULL, "do not stop at end-of-generation tokens" },
@@ -109,55 +106,58 @@ typedef struct gen_ctx {
     int         print;      /* stream each piece to stdout                  */
     FILE       *lf;         /* --logits-out rows, or NULL                   */
     const char *lf_path;
-    text_buf   *out;        /* collects the text, or NULL                   */
+    const char *const *stop;/* -r strings                                   */
+    int         n_stop;
+    int         context_shift;
+    int64_t     n_keep;
 } gen_ctx;
 
-typedef struct gen_result {
-    int n;                  /* ids sampled (a final EOG token included)     */
-    int pending;            /* 1: ids[n-1] belongs to the reply but is not
-                               in the cache yet (it needed no forward pass) */
-    int n_decoded;          /* forward passes                               */
-    const char *stop;       /* why it stopped early, or NULL (n_predict)    */
-} gen_result;
-
-/* Samples up to n_predict tokens into ids[n_predict] from g->logits,
- * evaluating each before sampling the next. An end-of-generation token
- * stops the reply and is never evaluated. Returns 0, or -1 after printing
- * the error. */
-static int generate(const gen_ctx *g, int n_predict, int32_t *ids, gen_result *r)
+static int print_text(void *user, const char *text, size_t n)
 {
-    char piece[256];
-    memset(r, 0, sizeof *r);
-    while (r->n < n_predict) {
-        if (interrupted) { r->stop = "interrupted"; break; }
-        if (sparq_context_pos(g->c) >= sparq_context_n_ctx(g->c)) { r->stop = "context full"; break; }
-        int32_t id = sparq_sample(g->smp, g->logits);
-        ids[r->n++] = id;
-        if (!g->ignore_eos && sparq_token_is_eog(g->m, id)) { r->stop = "end of generation"; break; }
-        int len = sparq_token_to_piece(g->m, id, piece, sizeof piece);
-        if (len > (int)sizeof piece) len = sizeof piece;
-        if (len > 0) {
-            if (g->out && text_append(g->out, piece, (size_t)len)) {
-                fprintf(stderr, "error: out of memory\n");
-                return -1;
-            }
-            if (g->print) { fwrite(piece, 1, (size_t)len, stdout); fflush(stdout); }
-        }
-        r->pending = 1;
-        if (r->n == n_predict) break; /* the last token needs no forward pass */
-        if (sparq_context_pos(g->c) >= sparq_context_n_ctx(g->c)) { r->stop = "context full"; break; }
-        if (sparq_eval(g->c, &id, 1, g->logits)) {
-            fprintf(stderr, "\nerror: %s\n", sparq_context_error(g->c));
-            return -1;
-        }
-        r->pending = 0;
-        r->n_decoded++;
-        if (g->lf && write_rows(g->lf, g->logits, 1, g->n_vocab)) {
-            fprintf(stderr, "error: writing '%s' failed\n", g->lf_path);
-            return -1;
-        }
-    }
+    (void)user;
+    fwrite(text, 1, n, stdout);
+    fflush(stdout);
     return 0;
+}
+
+static int write_logits(void *user, const float *logits, int n_vocab)
+{
+    const gen_ctx *g = user;
+    if (write_rows(g->lf, logits, 1, n_vocab) == 0) return 0;
+    fprintf(stderr, "\nerror: writing '%s' failed\n", g->lf_path);
+    return -1;
+}
+
+/* The library's loop (sparq_generate) with this command's printing.
+ * Returns 0, or -1 after printing the error. */
+/* Why a reply stopped, for people (stderr) and --json. */
+static const char *stop_text(int stop)
+{
+    switch (stop) {
+    case SPARQ_STOP_EOG: return "end of generation";
+    case SPARQ_STOP_STRING: return "reverse prompt";
+    case SPARQ_STOP_CONTEXT_FULL: return "context full";
+    case SPARQ_STOP_ABORTED: return "interrupted";
+    }
+    return sparq_stop_name(stop);
+}
+
+static int generate(const gen_ctx *g, int n_predict, sparq_generation *r)
+{
+    sparq_generate_params p = sparq_generate_default_params();
+    p.max_tokens = n_predict;
+    p.ignore_eog = g->ignore_eos;
+    p.sampler = g->smp;
+    p.stop = g->stop;
+    p.n_stop = g->n_stop;
+    p.context_shift = g->context_shift;
+    p.n_keep = g->n_keep;
+    p.on_text = g->print ? print_text : NULL;
+    p.on_logits = g->lf ? write_logits : NULL;
+    p.user = (void *)g;
+    if (sparq_generate(g->c, g->logits, &p, r) == 0) return 0;
+    if (sparq_context_error(g->c)[0]) fprintf(stderr, "\nerror: %s\n", sparq_context_error(g->c));
+    return -1;
 }
 
 /* ---- prompts ----------------------------------------------------------- */
@@ -270,7 +270,7 @@ static int chat_turn_ids(const sparq_model *m, const char *tmpl, const char *sys
 /* Reads user turns from stdin until EOF, one per line (blank lines are
  * skipped), and answers each: only the turn's new tokens are evaluated, the
  * cache keeps the conversation. Returns the exit code. */
-static int run_chat(const gen_ctx *g, const run_opts *ro, int32_t *gen)
+static int run_chat(const gen_ctx *g, const run_opts *ro)
 {
     char *line = NULL, *prev = NULL;
     size_t cap = 0;
@@ -304,18 +304,19 @@ static int run_chat(const gen_ctx *g, const run_opts *ro, int32_t *gen)
             goto done;
         }
         double t1 = cli_now();
-        gen_result r;
-        if (generate(g, ro->n_predict, gen, &r)) goto done;
+        sparq_generation r;
+        if (generate(g, ro->n_predict, &r)) goto done;
         double t2 = cli_now();
         fputc('\n', stdout);
         fflush(stdout);
-        total_gen += r.n;
-        if (r.stop && strcmp(r.stop, "end of generation") != 0) fprintf(stderr, "stopped: %s\n", r.stop);
+        total_gen += r.n_tokens;
+        if (r.stop != SPARQ_STOP_EOG && r.stop != SPARQ_STOP_MAX_TOKENS) fprintf(stderr, "stopped: %s\n", stop_text(r.stop));
         fprintf(stderr, "turn %d: prefill %d tokens, %.1f tok/s | generated %d tokens, %.2f tok/s | cache %lld / %lld\n",
-                turn, n, t1 > t0 ? n / (t1 - t0) : 0.0, r.n,
+                turn, n, t1 > t0 ? n / (t1 - t0) : 0.0, r.n_tokens,
                 t2 > t1 && r.n_decoded > 0 ? r.n_decoded / (t2 - t1) : 0.0,
                 (long long)sparq_context_pos(g->c), (long long)n_ctx);
-        pending_id = r.pending ? gen[r.n - 1] : -1;
+        pending_id = r.pending ? r.tokens[r.n_tokens - 1] : -1;
+        sparq_generation_free(&r);
         free(ids);
         ids = NULL;
         free(prev);
@@ -364,10 +365,7 @@ int cli_run(int argc, char **argv)
     cli_attn_opts_init(&ao);
     run_opts ro = { 0 };
     ro.n_predict = 128;
-    ro.temp = 0.8f;
-    ro.top_k = 40;
-    ro.top_p = 0.95f;
-    ro.seed = 42;
+    ro.sp = sparq_sampler_default_params();
     cli_group groups[] = {
         { "generation", run_table, &ro },
         { "model", cli_model_table, &mo },
@@ -407,8 +405,7 @@ int cli_run(int argc, char **argv)
     int32_t *ids = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
-    text_buf out = { 0 };
-    int32_t *gen = NULL;
+    sparq_generation r = { 0 };
 
     m = cli_load_model(&mo, path, sizeof path);
     if (!m) goto done;
@@ -465,11 +462,9 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    sparq_sampler_params sp = { ro.temp, ro.top_k, ro.top_p, ro.seed };
-    smp = sparq_sampler_create(&sp, n_vocab);
+    smp = sparq_sampler_create(&ro.sp, n_vocab);
     logits = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * n_vocab * sizeof(float));
-    gen = malloc(((size_t)ro.n_predict + 1) * sizeof *gen);
-    if (!smp || !logits || !gen) {
+    if (!smp || !logits) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
@@ -478,10 +473,9 @@ int cli_run(int argc, char **argv)
         goto done;
     }
     signal(SIGINT, on_sigint);
-    gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out, &out };
+    gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out, NULL, 0, 0, 0 };
     if (interactive) {
-        g.out = NULL;
-        rc = run_chat(&g, &ro, gen);
+        rc = run_chat(&g, &ro);
         attn_summary(c, &cp.attn, NULL);
         goto done;
     }
@@ -502,18 +496,17 @@ int cli_run(int argc, char **argv)
     if (lf) memmove(logits, last, (size_t)n_vocab * sizeof(float));
 
     /* decode */
-    gen_result r;
     double t1 = cli_now();
-    if (generate(&g, ro.n_predict, gen, &r)) goto done;
+    if (generate(&g, ro.n_predict, &r)) goto done;
     double t_decode = cli_now() - t1;
     if (!mo.json) fputc('\n', stdout);
 
     double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0;
     double decode_tps = t_decode > 0 && r.n_decoded > 0 ? r.n_decoded / t_decode : 0;
     int64_t rss = cli_peak_rss();
-    if (r.stop) fprintf(stderr, "stopped: %s\n", r.stop);
+    if (r.stop != SPARQ_STOP_MAX_TOKENS) fprintf(stderr, "stopped: %s\n", stop_text(r.stop));
     fprintf(stderr, "prompt %d tokens, prefill %.1f tok/s | generated %d tokens, decode %.2f tok/s | peak RSS %.1f MiB\n",
-            n_prompt, prefill_tps, r.n, decode_tps, rss / 1048576.0);
+            n_prompt, prefill_tps, r.n_tokens, decode_tps, rss / 1048576.0);
     sparq_attn_stats st;
     double ratio = attn_summary(c, &cp.attn, &st);
     if (mo.json) {
@@ -522,9 +515,9 @@ int cli_run(int argc, char **argv)
         printf(",\"prompt_tokens\":[");
         for (int i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : "", ids[i]);
         printf("],\"tokens\":[");
-        for (int i = 0; i < r.n; i++) printf("%s%d", i ? "," : "", gen[i]);
+        for (int i = 0; i < r.n_tokens; i++) printf("%s%d", i ? "," : "", r.tokens[i]);
         printf("],\"text\":");
-        cli_json_str(stdout, out.data ? out.data : "", out.len);
+        cli_json_str(stdout, r.text ? r.text : "", r.n_text);
         printf(",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"peak_rss_bytes\":%lld",
                prefill_tps, decode_tps, (long long)rss);
         printf(",\"attn\":{\"policy\":\"%s\",\"elements\":%lld,\"dense_elements\":%lld,"
@@ -538,7 +531,7 @@ int cli_run(int argc, char **argv)
                    (long long)st.recall_total);
         printf(",\"index_s\":%.4f", st.index_seconds);
         printf(",\"stop\":");
-        const char *why = r.stop ? r.stop : "n_predict";
+        const char *why = r.stop == SPARQ_STOP_MAX_TOKENS ? "n_predict" : stop_text(r.stop);
         cli_json_str(stdout, why, strlen(why));
         printf("}\n");
     }
@@ -548,8 +541,7 @@ done:
         fprintf(stderr, "error: writing '%s' failed\n", ro.logits_out);
         rc = 1;
     }
-    free(out.data);
-    free(gen);
+    sparq_generation_free(&r);
     free(logits);
     free(ids);
     sparq_sampler_free(smp);

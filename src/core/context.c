@@ -11,6 +11,7 @@
 #include "io/kvfile.h"
 #include "core/model.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,6 +209,24 @@ void sparq_context_free(sparq_context *c)
     free(c);
 }
 
+int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos)
+{
+    const size_t V = (size_t)c->model->hp.n_vocab;
+    for (int r = 0; r < rows; r++) {
+        const float *x = logits + (size_t)r * V;
+        float acc = 0.0f; /* inf - inf and NaN both leave a NaN in x*0 */
+        for (size_t i = 0; i < V; i++) acc += x[i] * 0.0f;
+        if (acc == 0.0f) continue;
+        size_t bad = 0;
+        while (bad < V && isfinite(x[bad])) bad++;
+        snprintf(c->error, sizeof c->error, "non-finite logits at token position %lld (logit %zu is %g): "
+                 "the model's weights or activations hold NaN/Inf", (long long)(first_pos + r), bad,
+                 bad < V ? (double)x[bad] : 0.0);
+        return -1;
+    }
+    return 0;
+}
+
 int64_t sparq_context_pos(const sparq_context *c) { return c->kv.n; }
 int64_t sparq_context_n_ctx(const sparq_context *c) { return c->kv.cap; }
 const char *sparq_context_error(const sparq_context *c) { return c->error; }
@@ -234,6 +253,13 @@ void sparq_context_reset(sparq_context *c)
         c->policy_state = NULL;
         c->policy->state_create(&c->params.attn, &shape, &c->policy_state);
     }
+}
+
+int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard)
+{
+    (void)n_keep; (void)n_discard;
+    snprintf(c->error, sizeof c->error, "context shift: not implemented yet");
+    return -1;
 }
 
 int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed)
