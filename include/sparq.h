@@ -146,6 +146,8 @@ int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits
 
 int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
 int64_t sparq_context_n_ctx(const sparq_context *c);
+int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> cores */
+int     sparq_context_n_batch(const sparq_context *c);   /* resolved: 0 -> 512  */
 const char *sparq_context_error(const sparq_context *c); /* last error    */
 /* Timing only: appends n positions of random keys and values (about
  * N(0,1), seeded) to every layer's cache without running the model, so a

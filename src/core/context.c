@@ -10,12 +10,15 @@
  */
 #include "io/kvfile.h"
 #include "core/model.h"
+#include "util/paths.h"
 
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define ALIGN 64
 
@@ -74,6 +77,19 @@ static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
     rs->scratch_floats = (sf > dense_sf ? sf : dense_sf);
     rs->scratch_floats = (rs->scratch_floats + 15) / 16 * 16;
 
+    /* The KV cache is reserved lazily (address space, pages committed as
+     * tokens arrive), but the attention scratch grows with the context and
+     * is allocated now: refuse a context whose scratch alone exceeds the
+     * RAM, with the numbers, instead of failing later or swapping. */
+    const double scratch = (double)c->n_threads * (double)rs->scratch_floats * 8.0 +
+                           ((c->policy->needs & ATTN_NEEDS_COLSUM) ? (double)hp->n_kv_head * (double)c->kv.cap * 4.0 : 0.0);
+    const double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (ram > 0 && scratch > ram) {
+        snprintf(err, err_size, "context: %lld positions need %.1f GiB of attention scratch (%d threads), "
+                 "more than the %.1f GiB of RAM: use a smaller -c", (long long)c->kv.cap,
+                 scratch / 1073741824.0, c->n_threads, ram / 1073741824.0);
+        return -1;
+    }
     rs->x = alloc_aligned(nb * hp->n_embd * sizeof(float));
     rs->xn = alloc_aligned(nb * hp->n_embd * sizeof(float));
     rs->q = alloc_aligned(nb * q_dim * sizeof(float));
@@ -116,6 +132,12 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     c->model = m;
     c->params = *p;
     const model_hparams *hp = &m->hp;
+    if (p->n_ctx < 0 || p->n_threads < 0 || p->n_batch < 0) {
+        snprintf(err, err_size, "context: %s %lld must be >= 0 (0 = the default)",
+                 p->n_ctx < 0 ? "n_ctx" : p->n_threads < 0 ? "n_threads" : "n_batch",
+                 (long long)(p->n_ctx < 0 ? p->n_ctx : p->n_threads < 0 ? p->n_threads : p->n_batch));
+        goto fail;
+    }
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
     c->rope_factors = model_rope_factors(m, n_ctx);
     c->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_num_procs();
@@ -181,6 +203,7 @@ int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const c
     kvf_fingerprint fp;
     model_fingerprint(m, &fp);
     kvf_file *f = NULL;
+    if (path_check_regular(path, err, err_size)) return -1;
     if (kvf_open(path, &fp, verify == SPARQ_VERIFY_ALWAYS ? KVF_VERIFY_ALWAYS : KVF_VERIFY_AUTO,
                  &f, err, err_size))
         return -1;
@@ -229,6 +252,8 @@ int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t fi
 
 int64_t sparq_context_pos(const sparq_context *c) { return c->kv.n; }
 int64_t sparq_context_n_ctx(const sparq_context *c) { return c->kv.cap; }
+int sparq_context_n_threads(const sparq_context *c) { return c->n_threads; }
+int sparq_context_n_batch(const sparq_context *c) { return c->rs.n_batch; }
 const char *sparq_context_error(const sparq_context *c) { return c->error; }
 void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out)
 {

@@ -12,6 +12,7 @@
  */
 #include "core/chat.h"
 #include "core/model.h"
+#include "util/paths.h"
 #include "tensor/quant.h"
 
 #include <stdio.h>
@@ -352,6 +353,7 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
                             char *err, size_t err_size)
 {
     *out = NULL;
+    if (path_check_regular(path, err, err_size)) return -1;
     sparq_model *m = calloc(1, sizeof *m);
     if (!m) {
         snprintf(err, err_size, "model: out of memory");
