@@ -68,6 +68,11 @@ static const model_shape shapes[] = {
      * original 400, not a multiple of 256, so llama.cpp's rounding of the
      * context before choosing the table shows (model_rope_factors) */
     { "tiny-qwen2",     "qwen2",  256, 2,     4,    2, 0,   768,   1024,   4096,   1000000, 1e-6f, 1,   0,      0 },
+    /* one layer: its cached keys and values depend only on token and
+     * position, so after a context shift the cache must equal a fresh
+     * prefill of the kept tokens (test_context_shift); NORM and NEOX RoPE */
+    { "tiny-1l",        "llama",  128, 1,     4,    2, 0,   256,   512,    1024,   10000,   1e-5f, 0,   0,      0 },
+    { "tiny-qwen2-1l",  "qwen2",  128, 1,     4,    2, 0,   256,   1024,   1024,   10000,   1e-6f, 1,   0,      0 },
     { "tiny-qwen3",     "qwen3",  256, 2,     8,    4, 64,  768,   1024,   4096,   1000000, 1e-6f, 1,   0,      0 },
     { "tiny-phi3",      "phi3",   384, 2,     4,    2, 0,   512,   512,    4096,   10000,   1e-5f, 0,   4,      0 },
     { "tiny-phi3-128k", "phi3",   384, 2,     4,    2, 0,   512,   512,    8192,   10000,   1e-5f, 0,   4,      400 },
@@ -97,7 +102,7 @@ typedef struct gen_opts {
 static const cli_opt gen_table[] = {
     { "--shape", NULL, OPT_STR, OFF(shape), "NAME",
       "smollm2-135m | llama-3.2-1b | llama-3-8b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | "
-      "phi3-mini-128k | tiny-qwen2 | tiny-qwen3 | tiny-phi3 | tiny-phi3-128k" },
+      "phi3-mini-128k | tiny-qwen2 | tiny-qwen3 | tiny-phi3 | tiny-phi3-128k | tiny-1l | tiny-qwen2-1l" },
     { "--type", NULL, OPT_STR, OFF(type), "TYPE",
       "F32 | F16 | Q8_0 | Q4_0 | Q4_K_M (default Q8_0); K-quant rows not a multiple of 256 "
       "fall back to Q4_0 / Q8_0" },

@@ -420,11 +420,11 @@ static int run_chat(const gen_ctx *g, const run_opts *ro)
     const int tty = isatty(0);
     for (;;) {
         if (tty) { fputs("> ", stderr); fflush(stderr); }
-        interrupted = 0;
         int lrc = read_line(&lr, &line, &consumed);
         if (lrc == LINE_INTERRUPT) {
             if (cleared) break; /* the second Ctrl-C in a row */
             cleared = 1;
+            interrupted = 0;
             fputs(tty ? "\n" : "^C (once more to quit)\n", stderr);
             continue;
         }
@@ -460,6 +460,7 @@ static int run_chat(const gen_ctx *g, const run_opts *ro)
         armed = 1;
         int grc = generate(g, ro->n_predict, &r);
         armed = 0;
+        interrupted = 0; /* the Ctrl-C that ended the reply is spent; one from now on is at the prompt */
         if (grc) goto done;
         double t2 = cli_now();
         fputc('\n', stdout);

@@ -267,24 +267,63 @@ void sparq_context_mark_prefix(sparq_context *c)
         c->policy->set_prefix(c->policy_state, &c->params.attn, c->kv.n, NULL);
 }
 
+/* Policy state restarts as after a reset (H2O's scores: every kept
+ * position alive with score 0; topk: the cached positions become the
+ * prefix at the next decode step, its index built again; a KV file's
+ * prebuilt indexes are no longer offered). */
+static int policy_restart(sparq_context *c)
+{
+    if (!c->policy->state_create) return 0;
+    const model_hparams *hp = &c->model->hp;
+    attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, c->kv.cap };
+    if (c->policy->state_free) c->policy->state_free(c->policy_state);
+    c->policy_state = NULL;
+    return c->policy->state_create(&c->params.attn, &shape, &c->policy_state);
+}
+
 void sparq_context_reset(sparq_context *c)
 {
     kv_reset(&c->kv);
     memset(&c->stats, 0, sizeof c->stats);
-    if (c->policy->state_create) { /* policy state (e.g. H2O scores) restarts too */
-        const model_hparams *hp = &c->model->hp;
-        attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, c->kv.cap };
-        if (c->policy->state_free) c->policy->state_free(c->policy_state);
-        c->policy_state = NULL;
-        c->policy->state_create(&c->params.attn, &shape, &c->policy_state);
-    }
+    policy_restart(c); /* policy state (e.g. H2O scores) restarts too */
 }
 
 int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard)
 {
-    (void)n_keep; (void)n_discard;
-    snprintf(c->error, sizeof c->error, "context shift: not implemented yet");
-    return -1;
+    const model_hparams *hp = &c->model->hp;
+    c->error[0] = 0;
+    if (n_keep < 0 || n_discard < 0 || n_keep + n_discard > c->kv.n) {
+        snprintf(c->error, sizeof c->error, "context shift: keep %lld + discard %lld exceed the %lld cached positions",
+                 (long long)n_keep, (long long)n_discard, (long long)c->kv.n);
+        return -1;
+    }
+    if (n_discard == 0) return 0;
+    /* the rotation by -n_discard: RoPE's angles, linear in the position,
+     * without rope_attn_factor (the cached keys already carry it) */
+    float *cs = malloc((size_t)(hp->rope_dim > 0 ? hp->rope_dim : 1) * sizeof *cs);
+    if (!cs) {
+        snprintf(c->error, sizeof c->error, "context shift: out of memory");
+        return -1;
+    }
+    const double theta_scale = pow(hp->rope_base, -2.0 / (double)hp->rope_dim);
+    double theta = -(double)n_discard;
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        const double t = theta / (c->rope_factors ? c->rope_factors[i] : 1.0f) * hp->rope_freq_scale;
+        cs[2 * i] = (float)cos(t);
+        cs[2 * i + 1] = (float)sin(t);
+        theta *= theta_scale;
+    }
+    int rc = kv_shift(&c->kv, n_keep, n_discard, cs, hp->rope_dim, c->model->arch->rope_type == ROPE_NEOX);
+    free(cs);
+    if (rc) {
+        snprintf(c->error, sizeof c->error, "context shift: out of memory");
+        return -1;
+    }
+    if (policy_restart(c)) {
+        snprintf(c->error, sizeof c->error, "context shift: cannot create %s state again", c->policy->name);
+        return -1;
+    }
+    return 0;
 }
 
 int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed)
