@@ -144,6 +144,28 @@ static void test_issue16(const char *model)
     expect_error("run -p hi -c 2e9", "not a valid integer", 2);
 }
 
+/* bench decode --plot draws tok/s against depth (it used to write nothing) */
+static void test_bench_plot(const char *model)
+{
+    char png[512], gp[600], args[2048], *out, *e;
+    tpath(png, sizeof png, "decode.png");
+    snprintf(gp, sizeof gp, "%s.gp", png);
+    snprintf(args, sizeof args, "bench decode -m %s --depth 0,64 --attn dense,streaming --attn-k 16 --fill random "
+             "-n 2 --warmup 1 -t 1 --plot %s", model, png);
+    int rc = run(args, &out, &e);
+    size_t n_png = 0, n_gp = 0;
+    char *img = test_read_file(png, &n_png), *script = test_read_file(gp, &n_gp);
+    CHECK(rc == 0 && img && n_png > 1000 && script && strstr(script, "decode tokens/s") &&
+              strstr(script, "'streaming k=16'") && !strstr(e, "warning"),
+          "bench decode --plot: exit %d, png %zu bytes: %s", rc, n_png, e);
+    free(img);
+    free(script);
+    free(out);
+    free(e);
+    unlink(png);
+    unlink(gp);
+}
+
 /* run --json carries the run's settings and millisecond timings */
 static void test_json_fields(void)
 {
@@ -278,6 +300,7 @@ int main(void)
     unlink(p1);
 
     test_issue16(model);
+    test_bench_plot(model);
     test_json_fields();
     test_sampling_options();
 
