@@ -117,7 +117,11 @@ int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat
 enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1 };
 
 typedef struct sparq_context_params {
-    int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained) */
+    int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained);
+                               the cache is address space committed as
+                               tokens arrive, but the attention scratch
+                               (threads x n_ctx) is allocated at creation:
+                               more than the RAM is refused there        */
     int     n_threads;      /* 0 = all cores                                */
     int     n_batch;        /* prefill tokens per batch (0 = 512)           */
     int     kv_type;        /* SPARQ_KV_F16 (default) or SPARQ_KV_F32       */

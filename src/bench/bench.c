@@ -533,6 +533,26 @@ static void gp_quote(FILE *f, const char *s)
     fputc('\'', f);
 }
 
+/* The series a label names, added if new; -1 when there are too many. */
+static int series_index(char (*labels)[128], int *n_series, int max, const char *lab)
+{
+    int s = 0;
+    while (s < *n_series && strcmp(labels[s], lab) != 0) s++;
+    if (s < *n_series) return s;
+    if (*n_series == max) return -1;
+    snprintf(labels[*n_series], 128, "%s", lab);
+    return (*n_series)++;
+}
+
+/* terminal, output and title lines every plot starts with */
+static void gp_begin(FILE *f, const char *terminal, const char *png_path, const char *title)
+{
+    fprintf(f, "set terminal %s size 1000,650 noenhanced\nset output ", terminal);
+    gp_quote(f, png_path);
+    fputs("\nset title ", f);
+    gp_quote(f, title);
+}
+
 int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_path,
                         const char *terminal, const char *title)
 {
@@ -548,22 +568,13 @@ int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_p
             continue;
         char lab[128];
         bench_series_label(rows, n, r, lab, sizeof lab);
-        int s = 0;
-        while (s < n_series && strcmp(labels[s], lab) != 0) s++;
-        if (s == n_series) {
-            if (n_series == MAX_SERIES) continue;
-            memcpy(labels[n_series++], lab, sizeof lab);
-        }
-        series_of[i] = s;
+        series_of[i] = series_index(labels, &n_series, MAX_SERIES, lab);
     }
     if (n_series == 0) {
         free(series_of);
         return 0;
     }
-    fprintf(f, "set terminal %s size 1000,650 noenhanced\nset output ", terminal);
-    gp_quote(f, png_path);
-    fputs("\nset title ", f);
-    gp_quote(f, title ? title : "speed-up over dense attention");
+    gp_begin(f, terminal, png_path, title ? title : "speed-up over dense attention");
     fputs("\nset logscale x 2\nset logscale y 2\nset grid\nset key outside right top\n"
           "set xlabel 'context length S (positions)'\n"
           "set ylabel 'speed-up over dense (solid: measured, dashed: theoretical)'\n", f);
@@ -628,22 +639,13 @@ int bench_write_gnuplot_decode(FILE *f, const bench_row *rows, int n, const char
                 snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " %s", kv_name(r->elem_size));
                 break;
             }
-        int s = 0;
-        while (s < n_series && strcmp(labels[s], lab) != 0) s++;
-        if (s == n_series) {
-            if (n_series == MAX_SERIES) continue;
-            memcpy(labels[n_series++], lab, sizeof lab);
-        }
-        series_of[i] = s;
+        series_of[i] = series_index(labels, &n_series, MAX_SERIES, lab);
     }
     if (n_series == 0) {
         free(series_of);
         return 0;
     }
-    fprintf(f, "set terminal %s size 1000,650 noenhanced\nset output ", terminal);
-    gp_quote(f, png_path);
-    fputs("\nset title ", f);
-    gp_quote(f, title ? title : "decode speed against context depth");
+    gp_begin(f, terminal, png_path, title ? title : "decode speed against context depth");
     /* depth 0 is a real point, so the x axis stays linear */
     fputs("\nset grid\nset key outside right top\nset yrange [0:*]\n"
           "set xlabel 'depth (positions in the cache)'\nset ylabel 'decode tokens/s'\n", f);

@@ -15,7 +15,8 @@
 const cli_opt cli_model_table[] = {
     { "-m", "--model", OPT_STR, OFF(cli_model_opts, model), "FILE",
       "GGUF model (searched in $SPARQ_MODEL_PATH, ../shared/models; default stories260K.gguf)" },
-    { "-c", "--ctx-size", OPT_I64_0, OFF(cli_model_opts, n_ctx), "N", "context size in tokens (0 = the model's, the default)" },
+    { "-c", "--ctx-size", OPT_I64_0, OFF(cli_model_opts, n_ctx), "N", "context size in tokens (0 = the model's, the default; the KV cache is reserved lazily, "
+      "a context whose attention scratch exceeds the RAM is refused at once)" },
     { "-t", "--threads", OPT_INT0, OFF(cli_model_opts, n_threads), "N", "threads (0 = all cores, the default)" },
     { "-b", "--batch-size", OPT_INT0, OFF(cli_model_opts, n_batch), "N", "prefill batch size (0 = 512, the default)" },
     { "--kv-type", NULL, OPT_STR, OFF(cli_model_opts, kv_type), "f16|f32", "KV cache element type (default f16)" },
@@ -378,6 +379,7 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_siz
                 name, path_search_description());
         return NULL;
     }
+    if (cli_check_regular(path)) return NULL; /* a FIFO would block the loader */
     sparq_model *m = NULL;
     sparq_model_params mp = sparq_model_default_params();
     mp.use_mmap = o->use_mmap && !o->no_mmap;
