@@ -117,7 +117,11 @@ int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat
 enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1 };
 
 typedef struct sparq_context_params {
-    int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained) */
+    int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained);
+                               the cache is address space committed as
+                               tokens arrive, but the attention scratch
+                               (threads x n_ctx) is allocated at creation:
+                               more than the RAM is refused there        */
     int     n_threads;      /* 0 = all cores                                */
     int     n_batch;        /* prefill tokens per batch (0 = 512)           */
     int     kv_type;        /* SPARQ_KV_F16 (default) or SPARQ_KV_F32       */
@@ -146,6 +150,8 @@ int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits
 
 int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
 int64_t sparq_context_n_ctx(const sparq_context *c);
+int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> cores */
+int     sparq_context_n_batch(const sparq_context *c);   /* resolved: 0 -> 512  */
 const char *sparq_context_error(const sparq_context *c); /* last error    */
 /* Timing only: appends n positions of random keys and values (about
  * N(0,1), seeded) to every layer's cache without running the model, so a
@@ -155,6 +161,15 @@ int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed);
 
 /* Drops every cached token (the sequence starts again at position 0). */
 void sparq_context_reset(sparq_context *c);
+
+/* Context shift (llama.cpp's): drops cached positions [n_keep, n_keep +
+ * n_discard) and moves the later ones down by n_discard, re-rotating
+ * their keys (RoPE) to the new positions, so decoding goes on in a full
+ * cache as if the kept tokens had been prefilled at their new positions
+ * (to f16 rounding). Every policy's state follows (SparQ's K^T and V sums,
+ * H2O's scores, top-k indexes: the prefix becomes dense until marked
+ * again). Returns 0, or -1 with the message in sparq_context_error. */
+int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard);
 
 /* ---- KV cache files (docs/KVFILE.md) ----------------------------------- */
 
@@ -204,18 +219,97 @@ void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out);
 
 /* ---- sampling --------------------------------------------------------- */
 
+/* The one home of the sampling defaults: sparq_sampler_default_params().
+ * Order of a draw (as llama.cpp's default chain): repetition penalties on
+ * the logits; temp <= 0: argmax; else min-p (on the untempered logits),
+ * softmax at temp, top-k, top-p, draw. Fields left at 0 by a positional
+ * initialiser switch their stage off. */
+#define SPARQ_SEED_RANDOM UINT64_MAX /* seed: draw one from the OS            */
 typedef struct sparq_sampler_params {
     float    temp;          /* 0 = greedy (argmax, ties to lowest id)       */
     int      top_k;         /* 0 = off                                      */
-    float    top_p;         /* 1 = off                                      */
-    uint64_t seed;
+    float    top_p;         /* 1 (or 0) = off                               */
+    uint64_t seed;          /* SPARQ_SEED_RANDOM: a fresh one each sampler  */
+    float    min_p;         /* keep p >= min_p * p_max; 0 = off             */
+    float    repeat_penalty;   /* logit / rp if > 0 else * rp, for ids in
+                                  the window; 1 (or 0) = off              */
+    float    presence_penalty; /* minus this once per id in the window     */
+    float    frequency_penalty;/* minus this times the id's count          */
+    int      penalty_last_n;   /* window: last n accepted ids (0 = no
+                                  penalties, -1 = every id accepted)      */
 } sparq_sampler_params;
 
 typedef struct sparq_sampler sparq_sampler;
 sparq_sampler_params sparq_sampler_default_params(void);
+/* NULL if a parameter is out of range (NaN or negative temp, top_k < 0,
+ * top_p/min_p outside [0, 1], NaN or negative penalties, last_n < -1),
+ * n_vocab <= 0 or out of memory; sparq_sampler_check says which. */
 sparq_sampler *sparq_sampler_create(const sparq_sampler_params *p, int n_vocab);
+int     sparq_sampler_check(const sparq_sampler_params *p, char *err, size_t err_size);
 void    sparq_sampler_free(sparq_sampler *s);
+/* Draws the next id from logits[n_vocab] (not modified) and accepts it. */
 int32_t sparq_sample(sparq_sampler *s, const float *logits);
+/* Adds an id to the penalty window without drawing (e.g. prompt ids). */
+void    sparq_sampler_accept(sparq_sampler *s, int32_t id);
+uint64_t sparq_sampler_seed(const sparq_sampler *s); /* the seed in use   */
+
+/* ---- generation --------------------------------------------------------- */
+
+enum {
+    SPARQ_STOP_MAX_TOKENS = 0,  /* max_tokens reached                      */
+    SPARQ_STOP_EOG,             /* an end-of-generation token              */
+    SPARQ_STOP_STRING,          /* a stop string appeared in the text      */
+    SPARQ_STOP_CONTEXT_FULL,    /* no room left (and no context shift)     */
+    SPARQ_STOP_ABORTED,         /* the context's abort_flag was set        */
+    SPARQ_STOP_CALLBACK,        /* on_text returned non-zero               */
+};
+const char *sparq_stop_name(int stop); /* "max_tokens", "end_of_generation", ... */
+
+typedef struct sparq_generate_params {
+    int max_tokens;             /* tokens to sample at most (>= 0)         */
+    int ignore_eog;             /* 0: stop at an end-of-generation token
+                                   (kept in tokens, its piece not in text) */
+    const char *const *stop;    /* stop strings [n_stop]; text is cut
+                                   before the first one that appears      */
+    int n_stop;
+    sparq_sampler *sampler;     /* NULL = greedy                           */
+    /* When the cache is full: 0 stops (SPARQ_STOP_CONTEXT_FULL); 1 drops
+     * the oldest half of the positions after the first n_keep
+     * (sparq_context_shift) and goes on. */
+    int context_shift;
+    int64_t n_keep;
+    /* Optional: called with text as it becomes final (the bytes that may
+     * begin a stop string are held back until they cannot); non-zero
+     * stops the generation (SPARQ_STOP_CALLBACK). */
+    int (*on_text)(void *user, const char *text, size_t n);
+    /* Optional: called with the logits of every decode step; non-zero is
+     * an error (the message is the callback's to report). */
+    int (*on_logits)(void *user, const float *logits, int n_vocab);
+    void *user;
+} sparq_generate_params;
+
+typedef struct sparq_generation {
+    int32_t *tokens;            /* [n_tokens] sampled ids, malloc'ed       */
+    int      n_tokens;
+    char    *text;              /* NUL-terminated pieces, cut at a stop    */
+    size_t   n_text;
+    int      stop;              /* SPARQ_STOP_*                            */
+    int      pending;           /* 1: tokens[n_tokens-1] is not in the
+                                   cache (the last one needs no forward
+                                   pass); feed it before the next prompt  */
+    int      n_decoded;         /* decode steps run                        */
+    int      n_shifts;          /* context shifts done                     */
+} sparq_generation;
+
+sparq_generate_params sparq_generate_default_params(void);
+/* Samples up to max_tokens ids, the first from logits[n_vocab] (the last
+ * evaluated position's, e.g. after a prefill), then feeding each sampled
+ * id through a decode step to get the next logits (written to logits).
+ * Returns 0 (out filled; free with sparq_generation_free), or -1 with the
+ * message in sparq_context_error (out is then empty). */
+int  sparq_generate(sparq_context *c, float *logits, const sparq_generate_params *p,
+                    sparq_generation *out);
+void sparq_generation_free(sparq_generation *g);
 
 #ifdef __cplusplus
 }

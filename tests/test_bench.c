@@ -339,6 +339,11 @@ static void test_json(void)
     /* integers print exactly, even above 2^53 */
     CHECK(strstr(txt, "\"peak_rss_bytes\":9007199254740993") != NULL, "exact int64");
     CHECK(strstr(txt, "\"bytes_counted\":1099511627777") != NULL, "exact bytes");
+    /* a membw row carries only what a bandwidth pass has */
+    const char *mb = strstr(txt, "\"kind\":\"membw\"");
+    CHECK(mb && !strstr(mb, "\"B\":") && !strstr(mb, "\"H\":") && !strstr(mb, "\"kv_type\":") &&
+              !strstr(mb, "\"depth\":") && strstr(mb, "\"gbps\":") && strstr(mb, "\"threads\":1"),
+          "membw JSON fields: %s", mb ? mb : txt);
     free(txt);
 
     txt = capture(0, rows, 0, &len);
@@ -446,6 +451,25 @@ static void test_table_and_plot(void)
     CHECK(bench_write_gnuplot(f, rows + 3, 2, "x.png", "png", NULL) == 0, "nothing to plot without attn rows");
     CHECK(bench_write_gnuplot(f, rows, 3, "x.png", "png", NULL) == 1, "one curve");
     fclose(f);
+    free(buf);
+
+    /* decode rows: tok/s against depth, one curve per policy, points by depth */
+    bench_row dr[4];
+    for (int i = 0; i < 4; i++) {
+        dr[i] = rows[3];
+        strcpy(dr[i].policy, i < 2 ? "dense" : "sparq");
+        dr[i].r = i < 2 ? 0 : 16;
+        dr[i].k = i < 2 ? 0 : 128;
+        dr[i].depth = dr[i].S = i % 2 ? 0 : 4096;
+        dr[i].tok_s = 100 + i;
+    }
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    CHECK(bench_write_gnuplot_decode(f, dr, 4, "d.png", "png", NULL) == 2, "two decode curves");
+    CHECK(bench_write_gnuplot_decode(f, rows, 3, "d.png", "png", NULL) == 0, "no decode rows, no curve");
+    fclose(f);
+    const char *d0 = buf ? strstr(buf, "$d0 << EOD\n0 101\n4096 100\nEOD") : NULL;
+    CHECK(d0 && strstr(buf, "title 'sparq r=16 k=128'") && strstr(buf, "decode tokens/s"), "decode plot:\n%s", buf);
     free(buf);
 }
 

@@ -2,21 +2,34 @@
  * errors as one line on stderr with a non-zero exit. Runs the binary from
  * $SPARQ_BUILD (default build/). */
 #include "test.h"
+#include "tensor/gguf.h"
 #include "util/paths.h"
+#include <math.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 static char bin[1024];
+static char tmp[256];   /* a private directory (mkdtemp): parallel suites never collide */
+
+/* tmp/name into buf. */
+static const char *tpath(char *buf, size_t size, const char *name)
+{
+    snprintf(buf, size, "%s/%s", tmp, name);
+    return buf;
+}
 
 /* Runs `sparq ARGS`, capturing stdout and stderr; returns the exit code. */
 static int run(const char *args, char **out, char **err)
 {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s >/tmp/sparq_cli_out.txt 2>/tmp/sparq_cli_err.txt", bin, args);
+    char cmd[8192], o[512], e[512];
+    tpath(o, sizeof o, "out.txt");
+    tpath(e, sizeof e, "err.txt");
+    snprintf(cmd, sizeof cmd, "timeout 60 %s %s >%s 2>%s", bin, args, o, e);
     int st = system(cmd);
     size_t n;
-    *out = test_read_file("/tmp/sparq_cli_out.txt", &n);
-    *err = test_read_file("/tmp/sparq_cli_err.txt", &n);
+    *out = test_read_file(o, &n);
+    *err = test_read_file(e, &n);
     if (!*out) *out = calloc(1, 1);
     if (!*err) *err = calloc(1, 1);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
@@ -41,6 +54,177 @@ static void expect_error(const char *args, const char *needle, int code)
     free(err);
 }
 
+/* Issue 16 item 8/10: what used to block, decode garbage or fall back
+ * silently now fails with one line. */
+static void test_issue16(const char *model)
+{
+    char p1[512], args[2048];
+    /* a FIFO as -m, -f or --load-kv: refused at once instead of blocking */
+    tpath(p1, sizeof p1, "fifo");
+    CHECK(mkfifo(p1, 0600) == 0, "mkfifo");
+    snprintf(args, sizeof args, "run -m %s -p hi", p1);
+    expect_error(args, "not a regular file", 1);
+    snprintf(args, sizeof args, "run -f %s", p1);
+    expect_error(args, "not a regular file", 1);
+    snprintf(args, sizeof args, "run -p hi --load-kv %s", p1);
+    expect_error(args, "not a regular file", 1);
+    unlink(p1);
+
+    /* NaN in a weight: an error naming the position, not garbage and exit 0 */
+    size_t n;
+    uint8_t *buf = test_read_file(model, &n);
+    gguf_file *g = NULL;
+    char err[256];
+    if (buf && gguf_parse(buf, n, &g, err, sizeof err) == 0) {
+        const gguf_tensor *t = gguf_find_tensor(g, "output_norm.weight");
+        CHECK(t && t->type == 0, "output_norm.weight is F32");
+        if (t && t->type == 0) {
+            const float nan = NAN;
+            memcpy((uint8_t *)t->data, &nan, 4); /* data points into buf */
+            tpath(p1, sizeof p1, "nan.gguf");
+            FILE *f = fopen(p1, "wb");
+            CHECK(f && fwrite(buf, 1, n, f) == n && fclose(f) == 0, "write nan model");
+            snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0", p1);
+            char *out, *e;
+            int rc = run(args, &out, &e);
+            CHECK(rc == 1 && strstr(e, "non-finite logits at token position 4"), "NaN weights: exit %d: %s", rc, e);
+            free(out);
+            free(e);
+            unlink(p1);
+        }
+        gguf_close(g);
+    }
+    free(buf);
+
+    /* options that used to fall back or mean something else */
+    static const char *const bad[][2] = {
+        { "run -p hi --temp nan", "finite number" },
+        { "run -p hi --temp -1", "temperature" },
+        { "run -p hi --top-k -3", "--top-k" },
+        { "run -p hi --top-p nan", "finite number" },
+        { "run -p hi --top-p -0.5", "top-p" },
+        { "run -p hi --min-p 2", "min-p" },
+        { "run -p hi -c -1", "-c" },
+        { "run -p hi -t -1", "-t" },
+        { "run -p hi -b -7", "-b" },
+        { "run -p hi --attn sparq --sparq-r 0", "--sparq-r" },
+        { "run -p hi --attn sparq --sparq-k 0", "--sparq-k" },
+        { "run -p hi --attn topk --topk-k 0", "--topk-k" },
+        { "run -p hi --attn oracle --attn-k 0", "--attn-k" },
+        { "run -p hi --attn streaming --attn-k 8 --n-sink 20", "--n-sink" },
+        { "run -p hi --attn dense --sparq-r 4", "--sparq-r is an option of --attn sparq" },
+        { "run -p hi --attn sparq --attn-k 4", "--attn-k is an option" },
+        { "run -p hi --attn h2o --index ivf", "--index is an option of --attn topk" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out, *e;
+        int rc = run(bad[i][0], &out, &e);
+        CHECK(rc != 0 && strstr(e, "error") && strstr(e, bad[i][1]) && count_lines(e) == 1 && !out[0],
+              "`%s`: exit %d, stderr '%s'", bad[i][0], rc, e);
+        free(out);
+        free(e);
+    }
+    /* where 0 is the convention, --help says so */
+    char *out, *e;
+    int rc = run("run --help", &out, &e);
+    CHECK(rc == 0 && strstr(out, "threads (0 = all cores") && strstr(out, "(0 = 512") &&
+              strstr(out, "(0 = the model's"), "help documents 0 = default");
+    free(out);
+    free(e);
+    /* -t 0 and -b 0 work and mean all cores / 512 */
+    rc = run("run -p 'Once upon a time' -n 4 --temp 0 -t 0 -b 0 --json", &out, &e);
+    CHECK(rc == 0 && strstr(out, "\"n_batch\":512") && strstr(out, "\"tokens\":[432,383,286,261]"),
+          "-t 0 -b 0: %s", out);
+    free(out);
+    free(e);
+
+    /* item 10: a context that cannot be served fails at once, with the numbers */
+    expect_error("run -p hi -c 2000000000", "attention scratch", 1);
+    expect_error("run -p hi -c 1099511627776", "too large", 1);
+    expect_error("run -p hi -c 2e9", "not a valid integer", 2);
+}
+
+/* bench decode --plot draws tok/s against depth (it used to write nothing) */
+static void test_bench_plot(const char *model)
+{
+    char png[512], gp[600], args[2048], *out, *e;
+    tpath(png, sizeof png, "decode.png");
+    snprintf(gp, sizeof gp, "%s.gp", png);
+    snprintf(args, sizeof args, "bench decode -m %s --depth 0,64 --attn dense,streaming --attn-k 16 --fill random "
+             "-n 2 --warmup 1 -t 1 --plot %s", model, png);
+    int rc = run(args, &out, &e);
+    size_t n_png = 0, n_gp = 0;
+    char *img = test_read_file(png, &n_png), *script = test_read_file(gp, &n_gp);
+    CHECK(rc == 0 && img && n_png > 1000 && script && strstr(script, "decode tokens/s") &&
+              strstr(script, "'streaming k=16'") && !strstr(e, "warning"),
+          "bench decode --plot: exit %d, png %zu bytes: %s", rc, n_png, e);
+    free(img);
+    free(script);
+    free(out);
+    free(e);
+    unlink(png);
+    unlink(gp);
+}
+
+/* run --json carries the run's settings and millisecond timings */
+static void test_json_fields(void)
+{
+    char *out, *e;
+    int rc = run("run -p 'Once upon a time' -n 4 --temp 0 -t 1 -c 128 --json", &out, &e);
+    CHECK(rc == 0 && strstr(out, "\"n_ctx\":128,\"threads\":1,") && strstr(out, "\"load_ms\":") &&
+              strstr(out, "\"prefill_ms\":") && strstr(out, "\"decode_ms\":") && strstr(out, "\"seed\":"),
+          "json fields: %s", out);
+    free(out);
+    free(e);
+}
+
+/* Issue 12 item 6: sampling options, stop strings, seeds, --version */
+static void test_sampling_options(void)
+{
+    char *out, *e;
+    /* -r: the text stops before the reverse prompt (greedy text is known) */
+    int rc = run("run -p 'Once upon a time' -n 32 --temp 0 -r 'Lily' -r 'zzz'", &out, &e);
+    CHECK(rc == 0 && strcmp(out, ", there was a little girl named \n") == 0 && strstr(e, "stopped: reverse prompt"),
+          "-r: '%s' %s", out, e);
+    free(out);
+    free(e);
+    /* a fixed seed repeats; the default seed is random and printed */
+    char *a, *b;
+    rc = run("run -p 'Once upon a time' -n 12 --seed 7 --json", &a, &e);
+    free(e);
+    rc |= run("run -p 'Once upon a time' -n 12 --seed 7 --json", &b, &e);
+    free(e);
+    const char *ta = strstr(a, "\"tokens\""), *tb = strstr(b, "\"tokens\"");
+    CHECK(rc == 0 && ta && tb && strncmp(ta, tb, 60) == 0 && strstr(a, "\"seed\":7,"), "--seed 7 repeats");
+    free(a);
+    free(b);
+    rc = run("run -p 'Once upon a time' -n 2 --json", &a, &e);
+    free(e);
+    rc |= run("run -p 'Once upon a time' -n 2 --json", &b, &e);
+    free(e);
+    const char *sa = strstr(a, "\"seed\":"), *sb = strstr(b, "\"seed\":");
+    CHECK(rc == 0 && sa && sb && strtoull(sa + 7, NULL, 10) != strtoull(sb + 7, NULL, 10), "default seeds differ");
+    free(a);
+    free(b);
+    /* a strong repeat penalty changes greedy text that repeats */
+    rc = run("run -p 'Once upon a time' -n 48 --temp 0 --repeat-penalty 1.5 --json", &a, &e);
+    free(e);
+    rc |= run("run -p 'Once upon a time' -n 48 --temp 0 --json", &b, &e);
+    free(e);
+    CHECK(rc == 0 && strcmp(strstr(a, "\"tokens\""), strstr(b, "\"tokens\"")) != 0, "repeat penalty acts");
+    free(a);
+    free(b);
+    static const char *const cmds[] = { "--version", "run --version", "bench --version", "eval --version",
+                                        "gen-model --version", "prefill --version", "stats --version",
+                                        "bench-topk --version" };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        rc = run(cmds[i], &out, &e);
+        CHECK(rc == 0 && strncmp(out, "sparq ", 6) == 0, "`sparq %s`: exit %d, '%s'", cmds[i], rc, out);
+        free(out);
+        free(e);
+    }
+}
+
 int main(void)
 {
     const char *b = getenv("SPARQ_BUILD");
@@ -55,6 +239,12 @@ int main(void)
         return test_summary("test_cli");
     }
     char *out, *err;
+    snprintf(tmp, sizeof tmp, "/tmp/sparq_cli_XXXXXX");
+    if (!mkdtemp(tmp)) {
+        CHECK(0, "mkdtemp failed");
+        return test_summary("test_cli");
+    }
+    char p1[512], args[2048];
 
     /* greedy continuation: exactly llama-completion's text after the prompt */
     int rc = run("run -p 'Once upon a time' -n 32 --temp 0 -t 2", &out, &err);
@@ -76,16 +266,19 @@ int main(void)
     free(out); free(err);
 
     /* --logits-out: prompt rows then one row per later step; -n 0 only the prompt */
-    rc = run("run --prompt-tokens 1,403,407,261,378 -n 3 --temp 0 --logits-out /tmp/sparq_cli_logits.f32", &out, &err);
+    tpath(p1, sizeof p1, "logits.f32");
+    snprintf(args, sizeof args, "run --prompt-tokens 1,403,407,261,378 -n 3 --temp 0 --logits-out %s", p1);
+    rc = run(args, &out, &err);
     size_t n;
-    float *rows = test_read_file("/tmp/sparq_cli_logits.f32", &n);
+    float *rows = test_read_file(p1, &n);
     CHECK(rc == 0 && rows && n == (5 + 2) * 512 * 4, "logits rows: %zu bytes", n);
     free(rows); free(out); free(err);
-    rc = run("run --prompt-tokens 1,403,407 -n 0 --logits-out /tmp/sparq_cli_logits.f32", &out, &err);
-    rows = test_read_file("/tmp/sparq_cli_logits.f32", &n);
+    snprintf(args, sizeof args, "run --prompt-tokens 1,403,407 -n 0 --logits-out %s", p1);
+    rc = run(args, &out, &err);
+    rows = test_read_file(p1, &n);
     CHECK(rc == 0 && n == 3 * 512 * 4 && strcmp(out, "\n") == 0, "-n 0: %zu bytes, out '%s'", n, out);
     free(rows); free(out); free(err);
-    unlink("/tmp/sparq_cli_logits.f32");
+    unlink(p1);
 
     /* bad input: one line on stderr, non-zero exit, nothing on stdout */
     expect_error("run -p 'Once upon a time, there was a girl' -c 4", "context", 0);
@@ -99,10 +292,17 @@ int main(void)
     expect_error("run -f /nonexistent/prompt.txt", "cannot read prompt file", 0);
     expect_error("run --prompt-tokens 1,99999", "outside the vocabulary", 0);
     expect_error("frobnicate", "unknown command", 2);
-    FILE *f = fopen("/tmp/sparq_cli_bad.gguf", "wb");
+    tpath(p1, sizeof p1, "bad.gguf");
+    FILE *f = fopen(p1, "wb");
     if (f) { fputs("GGUF this is not a model", f); fclose(f); }
-    expect_error("run -m /tmp/sparq_cli_bad.gguf -p hi", "gguf", 0);
-    unlink("/tmp/sparq_cli_bad.gguf");
+    snprintf(args, sizeof args, "run -m %s -p hi", p1);
+    expect_error(args, "gguf", 0);
+    unlink(p1);
+
+    test_issue16(model);
+    test_bench_plot(model);
+    test_json_fields();
+    test_sampling_options();
 
     rc = run("run --help", &out, &err);
     CHECK(rc == 0 && strstr(out, "--sparq-r") && strstr(out, "--temp"), "help lists options");
@@ -115,5 +315,6 @@ int main(void)
     rc = run("bench nosuchmode", &out, &err);
     CHECK(rc != 0 && strstr(err, "topk"), "unknown bench mode lists topk: exit %d", rc);
     free(out); free(err);
+    rmdir(tmp);
     return test_summary("test_cli");
 }

@@ -22,8 +22,12 @@
 #include "naive_forward.h"
 #include "sparq.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char bin[1024];
@@ -298,6 +302,166 @@ static int turn_prefill(const char *err, int turn)
     return s ? atoi(s + strlen(pat)) : -1;
 }
 
+
+/* ---- a child with pipes, for Ctrl-C (SIGINT) tests ---------------------------- */
+
+typedef struct child {
+    pid_t pid;
+    int   in, out, err;          /* our ends                                  */
+    char  obuf[1 << 16], ebuf[1 << 16];
+    size_t olen, elen;
+    int   out_eof, err_eof;
+} child;
+
+static int spawn(child *ch, char *const argv[])
+{
+    int pi[2], po[2], pe[2];
+    if (pipe(pi) || pipe(po) || pipe(pe)) return -1;
+    memset(ch, 0, sizeof *ch);
+    ch->pid = fork();
+    if (ch->pid < 0) return -1;
+    if (ch->pid == 0) {
+        dup2(pi[0], 0);
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        close(pi[1]); close(po[0]); close(pe[0]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(pi[0]); close(po[1]); close(pe[1]);
+    ch->in = pi[1];
+    ch->out = po[0];
+    ch->err = pe[0];
+    return 0;
+}
+
+/* Reads what is there (stderr only if read_err) for up to ms; keeps the
+ * last 64 KiB of each stream. Returns once `want` appears in stderr (if
+ * given), the streams end, or time runs out; 1 if `want` was seen. */
+static int pump(child *ch, int ms, const char *want, int read_err)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (want && strstr(ch->ebuf, want)) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        int left = ms - (int)((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+        if (left <= 0 || (ch->out_eof && (ch->err_eof || !read_err))) return want ? strstr(ch->ebuf, want) != NULL : 0;
+        struct pollfd p[2] = { { ch->out_eof ? -1 : ch->out, POLLIN, 0 },
+                               { ch->err_eof || !read_err ? -1 : ch->err, POLLIN, 0 } };
+        if (poll(p, 2, left) <= 0) continue;
+        for (int i = 0; i < 2; i++) {
+            if (!(p[i].revents & (POLLIN | POLLHUP))) continue;
+            char *buf = i ? ch->ebuf : ch->obuf;
+            size_t *len = i ? &ch->elen : &ch->olen;
+            char tmp[4096];
+            ssize_t n = read(i ? ch->err : ch->out, tmp, sizeof tmp);
+            if (n <= 0) { *(i ? &ch->err_eof : &ch->out_eof) = 1; continue; }
+            if (*len + (size_t)n >= sizeof ch->obuf) { /* keep the tail */
+                size_t drop = *len + (size_t)n - sizeof ch->obuf / 2;
+                if (drop > *len) drop = *len;
+                memmove(buf, buf + drop, *len - drop);
+                *len -= drop;
+            }
+            memcpy(buf + *len, tmp, (size_t)n);
+            *len += (size_t)n;
+            buf[*len] = 0;
+        }
+    }
+}
+
+/* Waits for the child (killing it after ms); its exit code, or 128+sig. */
+static int reap(child *ch, int ms)
+{
+    close(ch->in);
+    pump(ch, ms, NULL, 1);
+    int st = 0;
+    if (waitpid(ch->pid, &st, WNOHANG) == 0) {
+        kill(ch->pid, SIGKILL);
+        waitpid(ch->pid, &st, 0);
+    }
+    close(ch->out);
+    close(ch->err);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Issue 17: Ctrl-C in a prefill, during a reply and at the prompt; and a
+ * chat longer than the context (context shift). */
+static void test_interactive(const char *model, const sparq_model *m)
+{
+    char args[1024], *out, *err;
+    /* six turns through a 96-position context: shifts instead of an error */
+    const char *turns = "hello there\nwhat is the time\nand the weather\ntell me more\nwhy is that\nthank you\n";
+    snprintf(args, sizeof args, "run -m %s --chat -c 96 -n 24 --temp 0 --ignore-eos --keep 4", model);
+    int rc = run(args, turns, &out, &err);
+    int n_turns = 0;
+    for (const char *q = err; (q = strstr(q, "turn ")) != NULL; q++) n_turns += q[5] >= '1' && q[5] <= '9';
+    CHECK(rc == 0 && strstr(err, "context shift: dropped") && n_turns >= 6 && strstr(err, "chat: 6 turns"),
+          "chat with context shift: exit %d: %s", rc, err);
+    free(out); free(err);
+    snprintf(args, sizeof args, "run -m %s --chat -c 96 -n 24 --temp 0 --ignore-eos --no-context-shift", model);
+    rc = run(args, turns, &out, &err);
+    CHECK(rc == 1 && strstr(err, "positions but the context has"), "--no-context-shift: exit %d: %s", rc, err);
+    free(out); free(err);
+
+    /* Ctrl-C during a prefill: a clean line with the timings, exit 130. The
+     * progress lines (--progress, one per batch of 1) outgrow the pipe, so
+     * the child is certainly still prefilling when the signal comes. */
+    char prompt_path[64];
+    if (make_temp(prompt_path, sizeof prompt_path, "sparq_chat_prompt") == 0) {
+        FILE *f = fopen(prompt_path, "wb");
+        char text[32768] = "";
+        while (strlen(text) < sizeof text - 64 &&
+               sparq_tokenize(m, text, -1, 1, NULL, 0) < 3600)
+            strcat(text, "hello world again ");
+        if (f) { fputs(text, f); fclose(f); }
+        char *argv[] = { bin, "run", "-m", (char *)model, "-f", prompt_path, "-c", "4096", "-b", "1", "-n", "4",
+                         "-t", "1", "--progress", NULL };
+        child ch;
+        if (spawn(&ch, argv) == 0) {
+            int seen = pump(&ch, 20000, "prefill: ", 1);
+            kill(ch.pid, SIGINT);
+            rc = reap(&ch, 20000);
+            CHECK(seen && rc == 130 && strstr(ch.ebuf, "\ninterrupted: prefill stopped after") &&
+                      strstr(ch.ebuf, "tok/s") && !strstr(ch.ebuf, "error"),
+                  "Ctrl-C in prefill: exit %d, stderr tail: %s", rc, ch.elen > 300 ? ch.ebuf + ch.elen - 300 : ch.ebuf);
+        }
+        unlink(prompt_path);
+    }
+
+    /* chat: Ctrl-C in an endless reply returns to the prompt; two at the
+     * prompt end the session with exit 0 and the timings */
+    char *argv[] = { bin, "run", "-m", (char *)model, "--chat", "-n", "1000000", "--ignore-eos", "--temp", "0",
+                     "-c", "256", "-t", "1", NULL };
+    child ch;
+    if (spawn(&ch, argv) == 0) {
+        CHECK(write(ch.in, "hello there\n", 12) == 12, "write turn");
+        int replying = 0;
+        for (int i = 0; i < 200 && !replying; i++) { /* the reply has started */
+            pump(&ch, 50, NULL, 1);
+            replying = ch.olen > 20;
+        }
+        kill(ch.pid, SIGINT);
+        int back = pump(&ch, 20000, "turn 1:", 1);
+        kill(ch.pid, SIGINT);
+        int cleared = pump(&ch, 20000, "^C", 1);
+        /* still alive: a second turn is answered (then stopped again) */
+        CHECK(write(ch.in, "and now\n", 8) == 8, "write turn 2");
+        size_t before = ch.olen;
+        for (int i = 0; i < 200 && ch.olen < before + 20; i++) pump(&ch, 50, NULL, 1);
+        kill(ch.pid, SIGINT);
+        int back2 = pump(&ch, 20000, "turn 2:", 1);
+        kill(ch.pid, SIGINT);
+        pump(&ch, 20000, "^C", 1);
+        kill(ch.pid, SIGINT);
+        rc = reap(&ch, 20000);
+        CHECK(replying && back && cleared && back2 && rc == 0 && strstr(ch.ebuf, "stopped: interrupted") &&
+                  strstr(ch.ebuf, "chat: 2 turns"),
+              "Ctrl-C in chat: replying %d back %d cleared %d back2 %d exit %d: %s", replying, back, cleared, back2, rc,
+              ch.ebuf);
+    }
+}
+
 static void test_chat(void)
 {
     char model[64], args[1024];
@@ -398,6 +562,7 @@ static void test_chat(void)
     CHECK(rc == 2 && strstr(err, "--json") && out[0] == 0, "interactive --json: exit %d: %s", rc, err);
     free(out); free(err);
 
+    test_interactive(model, m);
     sparq_model_free(m);
     unlink(model);
 }

@@ -1,6 +1,7 @@
 /* test_textbuf.c - growable strings and whole-file reads. */
 #include "test.h"
 #include "util/textbuf.h"
+#include <sys/stat.h>
 #include <unistd.h>
 
 int main(void)
@@ -23,6 +24,13 @@ int main(void)
     back = text_read_file("/dev/null", &n);
     CHECK(back && n == 0 && back[0] == 0, "empty file");
     free(back);
+    /* a FIFO would block until a writer comes: refused at once */
+    char dir[] = "/tmp/sparq_textbuf_fifo_XXXXXX", fifo[64];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(fifo, sizeof fifo, "%s/f", dir);
+    CHECK(mkfifo(fifo, 0600) == 0 && text_read_file(fifo, &n) == NULL, "FIFO refused");
+    unlink(fifo);
+    rmdir(dir);
     free(t.data);
     return test_summary("test_textbuf");
 }

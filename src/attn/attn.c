@@ -2,7 +2,6 @@
  *
  * Map of this file:
  *   registry            attn_policy_find / _count / _at / _names, attn_fail
- *   half floats         attn_f16_to_f32
  *   top-k selection     attn_topk_indices (O(n): sampled threshold, exact
  *                       threshold by bisection on order keys)
  *   dispatch            the un-suffixed kernel names pick the fastest twin
@@ -63,28 +62,6 @@ int attn_fail(attn_scratch *s, const char *fmt, ...)
     if (s) err_setv(s->err, s->err_size, fmt, ap);
     va_end(ap);
     return -1;
-}
-
-/* ---- half floats --------------------------------------------------------- */
-
-float attn_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);          /* inf / nan */
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112u) << 23) | (man << 13);  /* normal: rebias 15 -> 127 */
-    } else if (man == 0) {
-        bits = sign;                                        /* +-0 */
-    } else {                                                /* subnormal: normalise */
-        int e = -1;
-        do { man <<= 1; e++; } while (!(man & 0x400u));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
 }
 
 /* ---- top-k selection ----------------------------------------------------- */

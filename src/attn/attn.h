@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sparq.h"
+#include "tensor/quant.h"
 
 enum { KV_F32 = 0, KV_F16 = 1 };   /* element type of K, V and K^T */
 
@@ -275,8 +276,9 @@ void attn_exact_topk_group(const attn_kv_view *kv, const float *q, int g, int64_
 /* out[i] = sum_{h<g} x[h*n + i]: a group's per-head rows summed. */
 void attn_sum_heads(const float *x, int g, int64_t n, float *out);
 
-/* IEEE half -> float, plain C (the reference kernels' conversion). */
-float attn_f16_to_f32(uint16_t h);
+/* IEEE half -> float: tensor/quant.h's fp16_to_fp32, the one converter
+ * (NaN made quiet as F16C does); this name stays for existing callers. */
+static inline float attn_f16_to_f32(uint16_t h) { return fp16_to_fp32(h); }
 
 /* Scratch layout helper: n rounded up to 16 floats (64 bytes). */
 static inline size_t attn_pad16(size_t n) { return (n + 15) & ~(size_t)15; }

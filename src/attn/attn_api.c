@@ -80,7 +80,7 @@ static void *store_copy(const float *src, size_t n, int f16)
 
 static float stored_value(const void *base, size_t at, int f16)
 {
-    return f16 ? attn_f16_to_f32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
+    return f16 ? fp16_to_fp32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
 }
 
 int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, const float *K,

@@ -15,7 +15,7 @@
 
 static inline float kv_elem(const void *base, int elem, int64_t at)
 {
-    return elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)base)[at])
+    return elem == KV_F16 ? fp16_to_fp32(((const uint16_t *)base)[at])
                           : ((const float *)base)[at];
 }
 

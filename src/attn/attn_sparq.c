@@ -137,7 +137,7 @@ static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *c
             float a = 0;
             for (int c = 0; c < r; c++) {
                 const int64_t at = i * kv->d + comp[c];
-                const float k = kv->elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)kv->K)[at])
+                const float k = kv->elem == KV_F16 ? fp16_to_fp32(((const uint16_t *)kv->K)[at])
                                                    : ((const float *)kv->K)[at];
                 a += qs[h * r + c] * k;
             }
@@ -169,7 +169,7 @@ static int64_t mean_value(const attn_kv_view *kv, float *vmean)
     for (int j = 0; j < d; j++) {
         double a = 0;
         for (int64_t i = 0; i < S; i++)
-            a += kv->elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)kv->V)[i * d + j])
+            a += kv->elem == KV_F16 ? fp16_to_fp32(((const uint16_t *)kv->V)[i * d + j])
                                     : ((const float *)kv->V)[i * d + j];
         vmean[j] = (float)a * inv_s;
     }

@@ -350,15 +350,30 @@ static void json_text(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* JSON leaves out what a kind of row does not have: a bandwidth pass has
+ * no attention shape, policy parameters, KV type or decode figures. (CSV
+ * keeps every column: one header serves every row.) */
+static int field_applies(bench_kind kind, const char *name)
+{
+    static const char *const membw[] = { "kind", "policy", "threads", "inner", "n_samples", "median_us", "q1_us",
+                                         "q3_us", "min_us", "max_us", "mean_us", "bytes_counted", "gbps" };
+    if (kind != BENCH_MEMBW) return 1;
+    for (size_t i = 0; i < sizeof membw / sizeof membw[0]; i++)
+        if (strcmp(name, membw[i]) == 0) return 1;
+    return 0;
+}
+
 int bench_write_json(FILE *f, const bench_row *rows, int n)
 {
     fputs("[", f);
     for (int i = 0; i < n; i++) {
         fputs(i ? ",\n {" : "\n {", f);
-        for (int j = 0; j < N_FIELDS; j++) {
+        for (int j = 0, first = 1; j < N_FIELDS; j++) {
+            if (!field_applies(rows[i].kind, fields[j].name)) continue;
             const char *str;
             double v = field_value(&rows[i], &fields[j], &str);
-            fprintf(f, "%s\"%s\":", j ? ", " : "", fields[j].name);
+            fprintf(f, "%s\"%s\":", first ? "" : ", ", fields[j].name);
+            first = 0;
             if (str) json_text(f, str);
             else if (fields[j].kind == F_INT || fields[j].kind == F_I64)
                 fprintf(f, "%lld", field_int(&rows[i], &fields[j]));
@@ -518,6 +533,26 @@ static void gp_quote(FILE *f, const char *s)
     fputc('\'', f);
 }
 
+/* The series a label names, added if new; -1 when there are too many. */
+static int series_index(char (*labels)[128], int *n_series, int max, const char *lab)
+{
+    int s = 0;
+    while (s < *n_series && strcmp(labels[s], lab) != 0) s++;
+    if (s < *n_series) return s;
+    if (*n_series == max) return -1;
+    snprintf(labels[*n_series], 128, "%s", lab);
+    return (*n_series)++;
+}
+
+/* terminal, output and title lines every plot starts with */
+static void gp_begin(FILE *f, const char *terminal, const char *png_path, const char *title)
+{
+    fprintf(f, "set terminal %s size 1000,650 noenhanced\nset output ", terminal);
+    gp_quote(f, png_path);
+    fputs("\nset title ", f);
+    gp_quote(f, title);
+}
+
 int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_path,
                         const char *terminal, const char *title)
 {
@@ -533,22 +568,13 @@ int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_p
             continue;
         char lab[128];
         bench_series_label(rows, n, r, lab, sizeof lab);
-        int s = 0;
-        while (s < n_series && strcmp(labels[s], lab) != 0) s++;
-        if (s == n_series) {
-            if (n_series == MAX_SERIES) continue;
-            memcpy(labels[n_series++], lab, sizeof lab);
-        }
-        series_of[i] = s;
+        series_of[i] = series_index(labels, &n_series, MAX_SERIES, lab);
     }
     if (n_series == 0) {
         free(series_of);
         return 0;
     }
-    fprintf(f, "set terminal %s size 1000,650 noenhanced\nset output ", terminal);
-    gp_quote(f, png_path);
-    fputs("\nset title ", f);
-    gp_quote(f, title ? title : "speed-up over dense attention");
+    gp_begin(f, terminal, png_path, title ? title : "speed-up over dense attention");
     fputs("\nset logscale x 2\nset logscale y 2\nset grid\nset key outside right top\n"
           "set xlabel 'context length S (positions)'\n"
           "set ylabel 'speed-up over dense (solid: measured, dashed: theoretical)'\n", f);
@@ -573,6 +599,73 @@ int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_p
         fprintf(f, ", \\\n  $s%d using 1:2 with linespoints lw 2 pt 7 lc %d title ", s, s + 1);
         gp_quote(f, labels[s]);
         fprintf(f, ", \\\n  $s%d using 1:3 with lines dt 2 lc %d notitle", s, s + 1);
+    }
+    fputs("\n", f);
+    free(series_of);
+    return ferror(f) ? -1 : n_series;
+}
+
+int bench_write_gnuplot_decode(FILE *f, const bench_row *rows, int n, const char *png_path,
+                               const char *terminal, const char *title)
+{
+    enum { MAX_SERIES = 64 };
+    char labels[MAX_SERIES][128];
+    int n_series = 0;
+    int *series_of = malloc((size_t)(n > 0 ? n : 1) * sizeof *series_of);
+    if (!series_of) return -1;
+    for (int i = 0; i < n; i++) {
+        series_of[i] = -1;
+        const bench_row *r = &rows[i];
+        if (r->kind != BENCH_DECODE || !isfinite(r->tok_s)) continue;
+        char lab[128];
+        /* one curve per policy setting (and model, thread count, KV type when they vary) */
+        snprintf(lab, sizeof lab, "%s", r->policy);
+        if (strcmp(r->policy, "sparq") == 0) snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " r=%d k=%d", r->r, r->k);
+        else if (strcmp(r->policy, "dense") != 0) snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " k=%d", r->k);
+        for (int j = 0; j < n; j++) {
+            if (rows[j].kind != BENCH_DECODE) continue;
+            if (strcmp(rows[j].model, r->model) != 0) {
+                snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " %s", r->model);
+                break;
+            }
+        }
+        for (int j = 0; j < n; j++)
+            if (rows[j].kind == BENCH_DECODE && rows[j].threads != r->threads) {
+                snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " t=%d", r->threads);
+                break;
+            }
+        for (int j = 0; j < n; j++)
+            if (rows[j].kind == BENCH_DECODE && rows[j].elem_size != r->elem_size) {
+                snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " %s", kv_name(r->elem_size));
+                break;
+            }
+        series_of[i] = series_index(labels, &n_series, MAX_SERIES, lab);
+    }
+    if (n_series == 0) {
+        free(series_of);
+        return 0;
+    }
+    gp_begin(f, terminal, png_path, title ? title : "decode speed against context depth");
+    /* depth 0 is a real point, so the x axis stays linear */
+    fputs("\nset grid\nset key outside right top\nset yrange [0:*]\n"
+          "set xlabel 'depth (positions in the cache)'\nset ylabel 'decode tokens/s'\n", f);
+    for (int s = 0; s < n_series; s++) {
+        fprintf(f, "$d%d << EOD\n", s);
+        int64_t last = -1;
+        for (;;) {
+            int best = -1;
+            for (int i = 0; i < n; i++)
+                if (series_of[i] == s && rows[i].depth > last && (best < 0 || rows[i].depth < rows[best].depth)) best = i;
+            if (best < 0) break;
+            fprintf(f, "%lld %.6g\n", (long long)rows[best].depth, rows[best].tok_s);
+            last = rows[best].depth;
+        }
+        fputs("EOD\n", f);
+    }
+    fputs("plot ", f);
+    for (int s = 0; s < n_series; s++) {
+        fprintf(f, "%s$d%d using 1:2 with linespoints lw 2 pt 7 lc %d title ", s ? ", \\\n  " : "", s, s + 1);
+        gp_quote(f, labels[s]);
     }
     fputs("\n", f);
     free(series_of);

@@ -143,6 +143,11 @@ void bench_series_label(const bench_row *rows, int n, const bench_row *r, char *
  * one curve per series, in the style of the SparQ paper's Figure 8.
  * terminal: "pngcairo" or "png". Returns the number of curves (0: nothing
  * to plot) or -1 if writing failed. */
+/* The same for decode rows: tokens/s against depth, one curve per policy
+ * setting (plus model, threads, KV type where they vary). Returns the
+ * curve count (0: no decode rows) or -1. */
+int bench_write_gnuplot_decode(FILE *f, const bench_row *rows, int n, const char *png_path,
+                               const char *terminal, const char *title);
 int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_path,
                         const char *terminal, const char *title);
 

@@ -5,6 +5,7 @@
 #include "util/paths.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -15,9 +16,10 @@
 const cli_opt cli_model_table[] = {
     { "-m", "--model", OPT_STR, OFF(cli_model_opts, model), "FILE",
       "GGUF model (searched in $SPARQ_MODEL_PATH, ../shared/models; default stories260K.gguf)" },
-    { "-c", "--ctx-size", OPT_I64, OFF(cli_model_opts, n_ctx), "N", "context size in tokens (default: the model's)" },
-    { "-t", "--threads", OPT_INT, OFF(cli_model_opts, n_threads), "N", "threads (default: all cores)" },
-    { "-b", "--batch-size", OPT_INT, OFF(cli_model_opts, n_batch), "N", "prefill batch size (default 512)" },
+    { "-c", "--ctx-size", OPT_I64_0, OFF(cli_model_opts, n_ctx), "N", "context size in tokens (0 = the model's, the default; the KV cache is reserved lazily, "
+      "a context whose attention scratch exceeds the RAM is refused at once)" },
+    { "-t", "--threads", OPT_INT0, OFF(cli_model_opts, n_threads), "N", "threads (0 = all cores, the default)" },
+    { "-b", "--batch-size", OPT_INT0, OFF(cli_model_opts, n_batch), "N", "prefill batch size (0 = 512, the default)" },
     { "--kv-type", NULL, OPT_STR, OFF(cli_model_opts, kv_type), "f16|f32", "KV cache element type (default f16)" },
     { "--json", NULL, OPT_FLAG, OFF(cli_model_opts, json), NULL, "print one JSON object on stdout" },
     { "--mmap", NULL, OPT_FLAG, OFF(cli_model_opts, use_mmap), NULL,
@@ -30,8 +32,8 @@ const cli_opt cli_model_table[] = {
 const cli_opt cli_attn_table[] = {
     { "--attn", NULL, OPT_STR, OFF(cli_attn_opts, attn), "NAME",
       "decode attention: dense|sparq|oracle|flexgen|h2o|streaming|topk (default dense)" },
-    { "--sparq-r", NULL, OPT_INT, OFF(cli_attn_opts, r), "R", "SparQ query components (default d/4)" },
-    { "--sparq-k", NULL, OPT_INT, OFF(cli_attn_opts, k), "K", "SparQ positions kept (default 128)" },
+    { "--sparq-r", NULL, OPT_INT1, OFF(cli_attn_opts, r), "R", "SparQ query components (default d/4)" },
+    { "--sparq-k", NULL, OPT_INT1, OFF(cli_attn_opts, k), "K", "SparQ positions kept (default 128)" },
     { "--sparq-l", NULL, OPT_INT, OFF(cli_attn_opts, l), "L", "SparQ local window (default k/4)" },
     { "--sparq-select", NULL, OPT_STR, OFF(cli_attn_opts, select), "probs|logits",
       "SparQ selection score (default probs)" },
@@ -39,16 +41,16 @@ const cli_opt cli_attn_table[] = {
       "SparQ without mean-value reallocation (alpha = 1)" },
     { "--sparq-ratio", NULL, OPT_STR, OFF(cli_attn_opts, ratio), "1/N",
       "pick SparQ r and k for this transfer ratio at the context length" },
-    { "--attn-k", NULL, OPT_INT, OFF(cli_attn_opts, attn_k), "K", "positions kept by the baselines (default 128)" },
-    { "--n-sink", NULL, OPT_INT, OFF(cli_attn_opts, n_sink), "N", "streaming: sink positions (default 16)" },
+    { "--attn-k", NULL, OPT_INT1, OFF(cli_attn_opts, attn_k), "K", "positions kept by the baselines (default 128)" },
+    { "--n-sink", NULL, OPT_INT0, OFF(cli_attn_opts, n_sink), "N", "streaming: sink positions (0 = 16, the default)" },
     { "--index", NULL, OPT_STR, OFF(cli_attn_opts, index), "KIND",
       "topk: prefix key index exact|ivf|hnsw|sparq (default exact)" },
-    { "--topk-k", NULL, OPT_INT, OFF(cli_attn_opts, topk_k), "K", "topk: prefix positions per query head (default 128)" },
+    { "--topk-k", NULL, OPT_INT1, OFF(cli_attn_opts, topk_k), "K", "topk: prefix positions per query head (default 128)" },
     { "--topk-schedule", NULL, OPT_STR, OFF(cli_attn_opts, schedule), "uniform|linear",
       "topk: k in every layer, or ramped up from first to last layer, same total" },
-    { "--ivf-nlist", NULL, OPT_INT, OFF(cli_attn_opts, ivf_nlist), "N", "topk ivf: lists (default sqrt(prefix))" },
-    { "--ivf-nprobe", NULL, OPT_INT, OFF(cli_attn_opts, ivf_nprobe), "N", "topk ivf: lists probed (default max(8, nlist/16))" },
-    { "--hnsw-ef", NULL, OPT_INT, OFF(cli_attn_opts, hnsw_ef), "N", "topk hnsw: efSearch (default 64)" },
+    { "--ivf-nlist", NULL, OPT_INT0, OFF(cli_attn_opts, ivf_nlist), "N", "topk ivf: lists (0 = sqrt(prefix), the default)" },
+    { "--ivf-nprobe", NULL, OPT_INT0, OFF(cli_attn_opts, ivf_nprobe), "N", "topk ivf: lists probed (0 = max(8, nlist/16), the default)" },
+    { "--hnsw-ef", NULL, OPT_INT0, OFF(cli_attn_opts, hnsw_ef), "N", "topk hnsw: efSearch (0 = 64, the default)" },
     { "--index-key-type", NULL, OPT_STR, OFF(cli_attn_opts, key_type), "f16|bf16|i8",
       "topk exact/ivf: key storage (default f16)" },
     { "--topk-check", NULL, OPT_FLAG, OFF(cli_attn_opts, topk_check), NULL,
@@ -63,6 +65,15 @@ void cli_attn_opts_init(cli_attn_opts *o)
     o->l = -1;
 }
 
+static int range_error(const cli_opt *o, long long v, const char *val, char *err, size_t err_size)
+{
+    if (o->kind == OPT_INT1 && v < 1)
+        return snprintf(err, err_size, "option %s: '%s' must be at least 1", o->name, val), -1;
+    if ((o->kind == OPT_INT0 || o->kind == OPT_I64_0) && v < 0)
+        return snprintf(err, err_size, "option %s: '%s' must be >= 0 (0 = the default)", o->name, val), -1;
+    return 0;
+}
+
 static int parse_number(const cli_opt *o, const char *val, void *dst, char *err, size_t err_size)
 {
     char *end = NULL;
@@ -71,19 +82,33 @@ static int parse_number(const cli_opt *o, const char *val, void *dst, char *err,
     case OPT_STR: *(const char **)dst = val; return 0;
     case OPT_FLOAT: {
         double v = strtod(val, &end);
-        if (end == val || *end || errno) break;
+        if (end == val || *end || errno || !isfinite(v) || !isfinite((float)v)) break;
         *(float *)dst = (float)v;
         return 0;
     }
-    case OPT_INT: {
+    case OPT_STRS: {
+        cli_strs *l = dst;
+        if (l->n >= CLI_STRS_MAX) {
+            snprintf(err, err_size, "option %s: at most %d given", o->name, CLI_STRS_MAX);
+            return -1;
+        }
+        l->v[l->n++] = val;
+        return 0;
+    }
+    case OPT_INT:
+    case OPT_INT0:
+    case OPT_INT1: {
         long long v = strtoll(val, &end, 10);
         if (end == val || *end || errno || v < -2147483647LL || v > 2147483647LL) break;
+        if (range_error(o, v, val, err, err_size)) return -1;
         *(int *)dst = (int)v;
         return 0;
     }
-    case OPT_I64: {
+    case OPT_I64:
+    case OPT_I64_0: {
         long long v = strtoll(val, &end, 10);
         if (end == val || *end || errno) break;
+        if (range_error(o, v, val, err, err_size)) return -1;
         *(int64_t *)dst = v;
         return 0;
     }
@@ -96,7 +121,7 @@ static int parse_number(const cli_opt *o, const char *val, void *dst, char *err,
     case OPT_FLAG: *(int *)dst = 1; return 0;
     }
     snprintf(err, err_size, "option %s: '%s' is not a valid %s", o->name, val,
-             o->kind == OPT_FLOAT ? "number" : "integer");
+             o->kind == OPT_FLOAT ? "finite number" : o->kind == OPT_U64 ? "non-negative integer" : "integer");
     return -1;
 }
 
@@ -159,6 +184,11 @@ int cli_parse_command(const cli_group *groups, int n_groups, int argc, char **ar
 {
     char err[512], *none[1];
     int n = 0, help = 0;
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("%s\n", SPARQ_VERSION_STRING);
+            return 0;
+        }
     if (cli_parse(groups, n_groups, argc, argv, pos ? pos : none, max_pos, &n, &help, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         return 2;
@@ -183,6 +213,14 @@ void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_g
             fprintf(f, "  %-28s %s\n", left, o->help);
         }
     }
+}
+
+int cli_check_regular(const char *path)
+{
+    char err[512];
+    if (path_check_regular(path, err, sizeof err) == 0) return 0;
+    fprintf(stderr, "error: %s\n", err);
+    return -1;
 }
 
 int cli_kv_type(const char *name)
@@ -226,6 +264,13 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
     out->l = o->l;
     out->no_realloc = o->no_realloc;
     out->n_sink = o->n_sink;
+    if (strcmp(o->attn, "streaming") == 0) { /* sinks are part of the k kept */
+        const int sinks = o->n_sink > 0 ? o->n_sink : 16, k = o->attn_k > 0 ? o->attn_k : 128;
+        if (sinks >= k) { /* the current token must fit beside the sinks */
+            snprintf(err, err_size, "--n-sink %d must be smaller than the positions kept (--attn-k %d)", sinks, k);
+            return -1;
+        }
+    }
     if (o->select) {
         if (strcmp(o->select, "probs") == 0) out->select_logits = 0;
         else if (strcmp(o->select, "logits") == 0) out->select_logits = 1;
@@ -254,6 +299,43 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
     return 0;
 }
 
+
+int cli_attn_check_policy(const cli_attn_opts *o, char *err, size_t err_size)
+{
+    const char *p = o->attn;
+    struct { int given; const char *opt, *policies; } g[] = {
+        { o->r != 0, "--sparq-r", "sparq,topk" },  /* topk: the sparq index's r */
+        { o->k != 0, "--sparq-k", "sparq" },
+        { o->l != -1, "--sparq-l", "sparq,h2o" },
+        { o->select != NULL, "--sparq-select", "sparq" },
+        { o->no_realloc != 0, "--sparq-no-realloc", "sparq" },
+        { o->ratio != NULL, "--sparq-ratio", "sparq" },
+        { o->attn_k != 0, "--attn-k", "oracle,flexgen,h2o,streaming" },
+        { o->n_sink != 0, "--n-sink", "streaming" },
+        { o->index != NULL, "--index", "topk" },
+        { o->topk_k != 0, "--topk-k", "topk" },
+        { o->schedule != NULL, "--topk-schedule", "topk" },
+        { o->ivf_nlist != 0, "--ivf-nlist", "topk" },
+        { o->ivf_nprobe != 0, "--ivf-nprobe", "topk" },
+        { o->hnsw_ef != 0, "--hnsw-ef", "topk" },
+        { o->key_type != NULL, "--index-key-type", "topk" },
+        { o->topk_check != 0, "--topk-check", "topk" },
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        if (!g[i].given) continue;
+        const char *s = g[i].policies;
+        size_t n = strlen(p);
+        int ok = 0;
+        for (const char *q = s; *q; q = strchr(q, ',') ? strchr(q, ',') + 1 : q + strlen(q))
+            if (strncmp(q, p, n) == 0 && (q[n] == ',' || q[n] == 0)) ok = 1;
+        if (!ok) {
+            snprintf(err, err_size, "%s is an option of --attn %s, not of --attn %s", g[i].opt, s, p);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_size)
 {
     const char *name = o->model ? o->model : "stories260K.gguf";
@@ -266,6 +348,7 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_siz
                 name, path_search_description());
         return NULL;
     }
+    if (cli_check_regular(path)) return NULL; /* a FIFO would block the loader */
     sparq_model *m = NULL;
     sparq_model_params mp = sparq_model_default_params();
     mp.use_mmap = o->use_mmap && !o->no_mmap;
@@ -335,6 +418,11 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    for (int i = 1; i < argc; i++) /* every command, before its own dispatch */
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("%s\n", SPARQ_VERSION_STRING);
+            return 0;
+        }
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "error: unknown command '%s'\n", argv[1]);

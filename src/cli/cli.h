@@ -12,7 +12,15 @@
 #include <stdio.h>
 #include "sparq.h"
 
-typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_FLOAT, OPT_FLAG } cli_opt_kind;
+/* Counts are range-checked at parse: OPT_INT1 refuses 0 and negatives (0
+ * would silently mean "the default"), OPT_INT0 / OPT_I64_0 refuse
+ * negatives (the help says what 0 means). OPT_FLOAT never accepts NaN or
+ * Inf. OPT_STRS appends to a cli_strs (repeatable option). */
+typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_FLOAT, OPT_FLAG, OPT_INT1, OPT_INT0, OPT_I64_0,
+               OPT_STRS } cli_opt_kind;
+
+#define CLI_STRS_MAX 16
+typedef struct cli_strs { const char *v[CLI_STRS_MAX]; int n; } cli_strs;
 
 typedef struct cli_opt {
     const char  *name;      /* "-m" or "--model"                          */
@@ -22,6 +30,9 @@ typedef struct cli_opt {
     const char  *metavar;   /* "FILE"; NULL for flags                     */
     const char  *help;
 } cli_opt;
+
+/* "sparq VERSION": printed by `sparq --version` and `sparq CMD --version`. */
+#define SPARQ_VERSION_STRING "sparq 0.3.0"
 
 typedef struct cli_group {
     const char    *title;   /* section in --help                          */
@@ -75,6 +86,11 @@ typedef struct cli_attn_opts {
 extern const cli_opt cli_attn_table[];
 void cli_attn_opts_init(cli_attn_opts *o);
 
+/* The options the user gave that the policy --attn does not read, as an
+ * error ("--sparq-r is a sparq option; --attn is dense"): for commands that
+ * run one policy. Returns 0 or -1 with message. */
+int cli_attn_check_policy(const cli_attn_opts *o, char *err, size_t err_size);
+
 /* Turns the options into library parameters; S is the context length the
  * ratio is aimed at and d the head size. Returns 0 or -1 with message. */
 int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params *out,
@@ -83,6 +99,10 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
 /* Resolves -m (or the default model) through the search path and loads
  * it; on failure prints the error (with download advice) and returns NULL. */
 sparq_model *cli_load_model(const cli_model_opts *o, char *path_out, size_t path_size);
+
+/* 0 if path is a regular file or absent; else prints "error: 'P' is a
+ * FIFO, not a regular file" and returns -1 (a FIFO would block). */
+int cli_check_regular(const char *path);
 
 /* KV type from its name; -1 if unknown. */
 int cli_kv_type(const char *name);

@@ -117,7 +117,7 @@ static const cli_opt out_table[] = {
     { "--json", NULL, OPT_FLAG, OFF(json), NULL, "stdout: a JSON array of rows (table goes to stderr)" },
     { "--csv", NULL, OPT_FLAG, OFF(csv), NULL, "stdout: CSV (table goes to stderr)" },
     { "--plot", NULL, OPT_STR, OFF(plot), "FILE.png",
-      "attn: draw speed-up over dense vs S with gnuplot (script kept as FILE.png.gp)" },
+      "draw with gnuplot (script kept as FILE.png.gp): attn, speed-up over dense vs S; decode, tok/s vs depth per policy" },
     { "--title", NULL, OPT_STR, OFF(title), "TEXT", "plot title" },
     { 0 },
 };
@@ -964,14 +964,16 @@ static int write_plot(const bench_opts *o, const row_list *rl)
         free(script);
         return -1;
     }
+    /* attn rows: speed-up against S; otherwise decode rows: tok/s against depth */
     int n = bench_write_gnuplot(f, rl->v, rl->n, o->plot, term, o->title);
+    if (n == 0) n = bench_write_gnuplot_decode(f, rl->v, rl->n, o->plot, term, o->title);
     if (fclose(f) != 0 || n < 0) {
         fprintf(stderr, "error: writing '%s' failed\n", script);
         free(script);
         return -1;
     }
     if (n == 0) {
-        fprintf(stderr, "warning: --plot: no attn rows with a speed-up to draw\n");
+        fprintf(stderr, "warning: --plot: no attn rows with a speed-up and no decode rows to draw\n");
         free(script);
         return 0;
     }

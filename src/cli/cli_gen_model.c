@@ -29,6 +29,7 @@
  *   cli_gen_model             options, then the above, one cleanup path
  */
 #include "cli/cli.h"
+#include "core/model.h"
 #include "tensor/gguf.h"
 #include "tensor/quant.h"
 
@@ -67,16 +68,28 @@ static const model_shape shapes[] = {
      * original 400, not a multiple of 256, so llama.cpp's rounding of the
      * context before choosing the table shows (model_rope_factors) */
     { "tiny-qwen2",     "qwen2",  256, 2,     4,    2, 0,   768,   1024,   4096,   1000000, 1e-6f, 1,   0,      0 },
+    /* one layer: its cached keys and values depend only on token and
+     * position, so after a context shift the cache must equal a fresh
+     * prefill of the kept tokens (test_context_shift); NORM and NEOX RoPE */
+    { "tiny-1l",        "llama",  128, 1,     4,    2, 0,   256,   512,    1024,   10000,   1e-5f, 0,   0,      0 },
+    { "tiny-qwen2-1l",  "qwen2",  128, 1,     4,    2, 0,   256,   1024,   1024,   10000,   1e-6f, 1,   0,      0 },
     { "tiny-qwen3",     "qwen3",  256, 2,     8,    4, 64,  768,   1024,   4096,   1000000, 1e-6f, 1,   0,      0 },
     { "tiny-phi3",      "phi3",   384, 2,     4,    2, 0,   512,   512,    4096,   10000,   1e-5f, 0,   4,      0 },
     { "tiny-phi3-128k", "phi3",   384, 2,     4,    2, 0,   512,   512,    8192,   10000,   1e-5f, 0,   4,      400 },
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
-static int shape_has_bias(const model_shape *s) { return strcmp(s->arch, "qwen2") == 0; }
-static int shape_has_qk_norm(const model_shape *s) { return strcmp(s->arch, "qwen3") == 0; }
+/* What a file of this architecture holds comes from the loader's own
+ * arch_table, so a generated file has exactly what sparq expects; every
+ * shape names an architecture of the table (checked in cli_gen_model). */
+static int shape_has_bias(const model_shape *s) { return arch_find(s->arch)->has_qkv_bias; }
+static int shape_has_qk_norm(const model_shape *s) { return arch_find(s->arch)->has_qk_norm; }
 static int shape_is_bpe(const model_shape *s) { return strncmp(s->arch, "qwen", 4) == 0; }
-static int shape_is_fused(const model_shape *s) { return strcmp(s->arch, "phi3") == 0; }
+static int shape_is_fused(const model_shape *s)
+{
+    const arch_desc *a = arch_find(s->arch);
+    return a->fused_qkv && a->fused_gate_up; /* the generator writes both fusions or neither */
+}
 static int shape_head_dim(const model_shape *s) { return s->head_dim ? s->head_dim : s->n_embd / s->n_head; }
 
 typedef struct gen_opts {
@@ -89,7 +102,7 @@ typedef struct gen_opts {
 static const cli_opt gen_table[] = {
     { "--shape", NULL, OPT_STR, OFF(shape), "NAME",
       "smollm2-135m | llama-3.2-1b | llama-3-8b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | "
-      "phi3-mini-128k | tiny-qwen2 | tiny-qwen3 | tiny-phi3 | tiny-phi3-128k" },
+      "phi3-mini-128k | tiny-qwen2 | tiny-qwen3 | tiny-phi3 | tiny-phi3-128k | tiny-1l | tiny-qwen2-1l" },
     { "--type", NULL, OPT_STR, OFF(type), "TYPE",
       "F32 | F16 | Q8_0 | Q4_0 | Q4_K_M (default Q8_0); K-quant rows not a multiple of 256 "
       "fall back to Q4_0 / Q8_0" },
@@ -513,6 +526,10 @@ int cli_gen_model(int argc, char **argv)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", shapes[i].name);
         fprintf(stderr, "error: --shape must be one of %s\n", names);
         return 2;
+    }
+    if (!arch_find(sh->arch)) { /* a shape table entry the loader would refuse */
+        fprintf(stderr, "error: shape %s: architecture '%s' is not in the model table\n", sh->name, sh->arch);
+        return 1;
     }
     if (!o.out) {
         fprintf(stderr, "error: -o FILE is required\n");

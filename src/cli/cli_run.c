@@ -15,6 +15,8 @@
 #include "cli/cli.h"
 #include "util/textbuf.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +27,7 @@ typedef struct run_opts {
     const char *prompt_file;   /* -f */
     const char *prompt_tokens; /* --prompt-tokens 1,2,3 */
     int         n_predict;     /* -n */
-    float       temp;
-    int         top_k;
-    float       top_p;
-    uint64_t    seed;
+    sparq_sampler_params sp;   /* the library's defaults, then the options */
     const char *logits_out;
     int         ignore_eos;
     int         chat;          /* --chat / -cnv */
@@ -36,6 +35,10 @@ typedef struct run_opts {
     const char *system;
     const char *load_kv;       /* --load-kv FILE */
     int         verify_kv;     /* --verify-kv */
+    cli_strs    reverse;       /* -r TEXT ... */
+    int         context_shift, no_context_shift;
+    int         n_keep;        /* --keep */
+    int         progress;      /* --progress */
 } run_opts;
 
 #define OFF(f) offsetof(run_opts, f)
@@ -43,11 +46,22 @@ static const cli_opt run_table[] = {
     { "-p", "--prompt", OPT_STR, OFF(prompt), "TEXT", "prompt text" },
     { "-f", "--file", OPT_STR, OFF(prompt_file), "FILE", "read the prompt from FILE" },
     { "--prompt-tokens", NULL, OPT_STR, OFF(prompt_tokens), "ID,ID,...", "prompt as token ids (no BOS added)" },
-    { "-n", "--n-predict", OPT_INT, OFF(n_predict), "N", "tokens to generate (default 128; 0: only evaluate the prompt)" },
-    { "--temp", NULL, OPT_FLOAT, OFF(temp), "T", "temperature (0 = greedy; default 0.8)" },
-    { "--top-k", NULL, OPT_INT, OFF(top_k), "K", "top-k sampling (0 = off; default 40)" },
-    { "--top-p", NULL, OPT_FLOAT, OFF(top_p), "P", "top-p sampling (1 = off; default 0.95)" },
-    { "--seed", NULL, OPT_U64, OFF(seed), "N", "sampling seed (default 42)" },
+    { "-n", "--n-predict", OPT_INT0, OFF(n_predict), "N", "tokens to generate (default 128; 0: only evaluate the prompt)" },
+    { "--temp", NULL, OPT_FLOAT, OFF(sp.temp), "T", "temperature (0 = greedy; default 0.8)" },
+    { "--top-k", NULL, OPT_INT0, OFF(sp.top_k), "K", "top-k sampling (0 = off; default 40)" },
+    { "--top-p", NULL, OPT_FLOAT, OFF(sp.top_p), "P", "top-p sampling (1 = off; default 0.95)" },
+    { "--min-p", NULL, OPT_FLOAT, OFF(sp.min_p), "P", "min-p sampling: keep p >= P * p_max (0 = off; default 0.05)" },
+    { "--repeat-penalty", NULL, OPT_FLOAT, OFF(sp.repeat_penalty), "F",
+      "divide the logits of ids in the last --repeat-last-n by F (1 = off, the default)" },
+    { "--repeat-last-n", NULL, OPT_INT, OFF(sp.penalty_last_n), "N",
+      "ids the penalties look back at (default 64; 0 = no penalties, -1 = all)" },
+    { "--presence-penalty", NULL, OPT_FLOAT, OFF(sp.presence_penalty), "F",
+      "subtract F from the logit of every id in the window (0 = off, the default)" },
+    { "--frequency-penalty", NULL, OPT_FLOAT, OFF(sp.frequency_penalty), "F",
+      "subtract F times its count from the logit of every id in the window (0 = off, the default)" },
+    { "-r", "--reverse-prompt", OPT_STRS, OFF(reverse), "TEXT",
+      "stop generating when the text contains TEXT (repeatable; not printed)" },
+    { "--seed", NULL, OPT_U64, OFF(sp.seed), "N", "sampling seed (default: a random one; --json prints it)" },
     { "--logits-out", NULL, OPT_STR, OFF(logits_out), "FILE",
       "write float32 logits [n_rows][n_vocab] of every prompt position and generation step" },
     { "--ignore-eos", NULL, OPT_FLAG, OFF(ignore_eos), NULL, "do not stop at end-of-generation tokens" },
@@ -61,13 +75,42 @@ static const cli_opt run_table[] = {
       "start from a saved KV cache (sparq prefill --save-kv); the prompt continues it" },
     { "--verify-kv", NULL, OPT_FLAG, OFF(verify_kv), NULL,
       "check the data checksums of --load-kv even when the file is over 1 GiB" },
+    { "--context-shift", NULL, OPT_FLAG, OFF(context_shift), NULL,
+      "when the cache is full, drop the oldest half after --keep and go on "
+      "(the default in interactive --chat)" },
+    { "--no-context-shift", NULL, OPT_FLAG, OFF(no_context_shift), NULL, "stop when the cache is full" },
+    { "--keep", NULL, OPT_INT0, OFF(n_keep), "N",
+      "prompt tokens a context shift never drops, after BOS (default 0)" },
+    { "--progress", NULL, OPT_FLAG, OFF(progress), NULL,
+      "print prefill progress on stderr even when it is not a terminal" },
     { 0 },
 };
 #undef OFF
 
-/* The one piece of global state: set by the SIGINT handler. */
-static volatile sig_atomic_t interrupted;
-static void on_sigint(int sig) { (void)sig; interrupted = 1; }
+/* The one piece of global state: the SIGINT handler's. `interrupted`
+ * counts Ctrl-Cs; `abort_now` is the context's abort flag, raised only
+ * while `armed` (a run's prefill and every reply), so a Ctrl-C during a
+ * chat turn's prefill lets the turn into the cache whole and then stops
+ * its reply before the first token. */
+static volatile sig_atomic_t interrupted, abort_now, armed;
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted++;
+    if (armed) abort_now = 1;
+}
+
+/* SA_RESTART: an interrupted write to stdout goes on; the chat prompt
+ * waits in ppoll, which a signal always interrupts. */
+static void install_sigint(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
 
 
 /* Parses "1,2,3" into a malloc'ed array; returns count or -1. */
@@ -109,55 +152,58 @@ typedef struct gen_ctx {
     int         print;      /* stream each piece to stdout                  */
     FILE       *lf;         /* --logits-out rows, or NULL                   */
     const char *lf_path;
-    text_buf   *out;        /* collects the text, or NULL                   */
+    const char *const *stop;/* -r strings                                   */
+    int         n_stop;
+    int         context_shift;
+    int64_t     n_keep;
 } gen_ctx;
 
-typedef struct gen_result {
-    int n;                  /* ids sampled (a final EOG token included)     */
-    int pending;            /* 1: ids[n-1] belongs to the reply but is not
-                               in the cache yet (it needed no forward pass) */
-    int n_decoded;          /* forward passes                               */
-    const char *stop;       /* why it stopped early, or NULL (n_predict)    */
-} gen_result;
-
-/* Samples up to n_predict tokens into ids[n_predict] from g->logits,
- * evaluating each before sampling the next. An end-of-generation token
- * stops the reply and is never evaluated. Returns 0, or -1 after printing
- * the error. */
-static int generate(const gen_ctx *g, int n_predict, int32_t *ids, gen_result *r)
+static int print_text(void *user, const char *text, size_t n)
 {
-    char piece[256];
-    memset(r, 0, sizeof *r);
-    while (r->n < n_predict) {
-        if (interrupted) { r->stop = "interrupted"; break; }
-        if (sparq_context_pos(g->c) >= sparq_context_n_ctx(g->c)) { r->stop = "context full"; break; }
-        int32_t id = sparq_sample(g->smp, g->logits);
-        ids[r->n++] = id;
-        if (!g->ignore_eos && sparq_token_is_eog(g->m, id)) { r->stop = "end of generation"; break; }
-        int len = sparq_token_to_piece(g->m, id, piece, sizeof piece);
-        if (len > (int)sizeof piece) len = sizeof piece;
-        if (len > 0) {
-            if (g->out && text_append(g->out, piece, (size_t)len)) {
-                fprintf(stderr, "error: out of memory\n");
-                return -1;
-            }
-            if (g->print) { fwrite(piece, 1, (size_t)len, stdout); fflush(stdout); }
-        }
-        r->pending = 1;
-        if (r->n == n_predict) break; /* the last token needs no forward pass */
-        if (sparq_context_pos(g->c) >= sparq_context_n_ctx(g->c)) { r->stop = "context full"; break; }
-        if (sparq_eval(g->c, &id, 1, g->logits)) {
-            fprintf(stderr, "\nerror: %s\n", sparq_context_error(g->c));
-            return -1;
-        }
-        r->pending = 0;
-        r->n_decoded++;
-        if (g->lf && write_rows(g->lf, g->logits, 1, g->n_vocab)) {
-            fprintf(stderr, "error: writing '%s' failed\n", g->lf_path);
-            return -1;
-        }
-    }
+    (void)user;
+    fwrite(text, 1, n, stdout);
+    fflush(stdout);
     return 0;
+}
+
+static int write_logits(void *user, const float *logits, int n_vocab)
+{
+    const gen_ctx *g = user;
+    if (write_rows(g->lf, logits, 1, n_vocab) == 0) return 0;
+    fprintf(stderr, "\nerror: writing '%s' failed\n", g->lf_path);
+    return -1;
+}
+
+/* The library's loop (sparq_generate) with this command's printing.
+ * Returns 0, or -1 after printing the error. */
+/* Why a reply stopped, for people (stderr) and --json. */
+static const char *stop_text(int stop)
+{
+    switch (stop) {
+    case SPARQ_STOP_EOG: return "end of generation";
+    case SPARQ_STOP_STRING: return "reverse prompt";
+    case SPARQ_STOP_CONTEXT_FULL: return "context full";
+    case SPARQ_STOP_ABORTED: return "interrupted";
+    }
+    return sparq_stop_name(stop);
+}
+
+static int generate(const gen_ctx *g, int n_predict, sparq_generation *r)
+{
+    sparq_generate_params p = sparq_generate_default_params();
+    p.max_tokens = n_predict;
+    p.ignore_eog = g->ignore_eos;
+    p.sampler = g->smp;
+    p.stop = g->stop;
+    p.n_stop = g->n_stop;
+    p.context_shift = g->context_shift;
+    p.n_keep = g->n_keep;
+    p.on_text = g->print ? print_text : NULL;
+    p.on_logits = g->lf ? write_logits : NULL;
+    p.user = (void *)g;
+    if (sparq_generate(g->c, g->logits, &p, r) == 0) return 0;
+    if (sparq_context_error(g->c)[0]) fprintf(stderr, "\nerror: %s\n", sparq_context_error(g->c));
+    return -1;
 }
 
 /* ---- prompts ----------------------------------------------------------- */
@@ -267,22 +313,130 @@ static int chat_turn_ids(const sparq_model *m, const char *tmpl, const char *sys
 
 /* ---- interactive chat ----------------------------------------------------- */
 
+/* stdin lines for the chat prompt. SIGINT is blocked except inside ppoll,
+ * so a Ctrl-C at the prompt always wakes the reader (never lost between a
+ * check and a blocking read). */
+typedef struct line_reader {
+    char  *buf;
+    size_t len, cap;
+    int    eof;
+} line_reader;
+
+enum { LINE_OK = 0, LINE_EOF = -1, LINE_INTERRUPT = -2, LINE_ERROR = -3 };
+
+/* The next line (without its newline, NUL-terminated, valid until the next
+ * call) in *line; or LINE_EOF, LINE_INTERRUPT (Ctrl-C: the partial line is
+ * dropped), LINE_ERROR. */
+static int read_line(line_reader *r, char **line, size_t *consumed)
+{
+    if (*consumed) { /* drop the line handed out last time */
+        memmove(r->buf, r->buf + *consumed, r->len - *consumed);
+        r->len -= *consumed;
+        *consumed = 0;
+    }
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    sigset_t wait_mask = old;
+    sigdelset(&wait_mask, SIGINT);
+    int rc = LINE_ERROR;
+    for (;;) {
+        char *nl = r->len ? memchr(r->buf, '\n', r->len) : NULL;
+        if (nl || (r->eof && r->len)) {
+            size_t n = nl ? (size_t)(nl - r->buf) : r->len;
+            if (nl) *nl = 0;
+            else r->buf[n] = 0; /* room: cap > len always */
+            *consumed = nl ? n + 1 : n;
+            *line = r->buf;
+            rc = LINE_OK;
+            break;
+        }
+        if (r->eof) { rc = LINE_EOF; break; }
+        if (interrupted) {
+            r->len = 0; /* the line typed so far is cleared */
+            rc = LINE_INTERRUPT;
+            break;
+        }
+        struct pollfd pfd = { 0, POLLIN, 0 };
+        int pr = ppoll(&pfd, 1, NULL, &wait_mask);
+        if (pr < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (r->cap - r->len < 4097) {
+            size_t cap = r->cap ? r->cap * 2 : 8192;
+            char *bigger = realloc(r->buf, cap);
+            if (!bigger) break;
+            r->buf = bigger;
+            r->cap = cap;
+        }
+        ssize_t got = read(0, r->buf + r->len, 4096);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) break;
+        if (got == 0) r->eof = 1;
+        r->len += (size_t)got;
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+/* Room for n more positions: with context shift, drops the oldest half
+ * after the kept tokens (more if n needs it). Returns 0, or -1 after
+ * printing the error. */
+static int make_room(sparq_context *c, int64_t n, int shift, int64_t n_keep, int turn)
+{
+    const int64_t pos = sparq_context_pos(c), n_ctx = sparq_context_n_ctx(c);
+    if (pos + n <= n_ctx) return 0;
+    if (!shift || n > n_ctx - n_keep - 1) {
+        fprintf(stderr, "error: turn %d needs %lld positions but the context has %lld of %lld left (-c%s)\n", turn,
+                (long long)n, (long long)(n_ctx - pos), (long long)n_ctx, shift ? "" : "; or --context-shift");
+        return -1;
+    }
+    int64_t drop = (pos - n_keep) / 2;
+    if (drop < pos + n - n_ctx) drop = pos + n - n_ctx;
+    if (sparq_context_shift(c, n_keep, drop)) {
+        fprintf(stderr, "error: %s\n", sparq_context_error(c));
+        return -1;
+    }
+    fprintf(stderr, "context shift: dropped %lld positions after the first %lld\n", (long long)drop, (long long)n_keep);
+    return 0;
+}
+
 /* Reads user turns from stdin until EOF, one per line (blank lines are
  * skipped), and answers each: only the turn's new tokens are evaluated, the
- * cache keeps the conversation. Returns the exit code. */
-static int run_chat(const gen_ctx *g, const run_opts *ro, int32_t *gen)
+ * cache keeps the conversation. Ctrl-C during a reply ends the reply; at
+ * the prompt the first clears the line and a second in a row ends the
+ * chat (as Ctrl-D does). Returns the exit code. */
+static int run_chat(const gen_ctx *g, const run_opts *ro)
 {
     char *line = NULL, *prev = NULL;
-    size_t cap = 0;
+    size_t consumed = 0;
+    line_reader lr = { 0 };
     int32_t *ids = NULL, pending_id = -1;
-    int turn = 0, noted = 0, rc = 1, total_gen = 0;
+    int turn = 0, noted = 0, rc = 1, total_gen = 0, cleared = 0;
+    double t_prefill = 0, t_decode = 0;
+    int64_t n_prefilled = 0, n_decoded = 0;
     const int tty = isatty(0);
     for (;;) {
         if (tty) { fputs("> ", stderr); fflush(stderr); }
-        ssize_t len = getline(&line, &cap, stdin);
-        if (len < 0) break;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
-        if (strspn(line, " \t") == (size_t)len) continue;
+        int lrc = read_line(&lr, &line, &consumed);
+        if (lrc == LINE_INTERRUPT) {
+            if (cleared) break; /* the second Ctrl-C in a row */
+            cleared = 1;
+            interrupted = 0;
+            fputs(tty ? "\n" : "^C (once more to quit)\n", stderr);
+            continue;
+        }
+        if (lrc == LINE_ERROR) {
+            fprintf(stderr, "error: reading stdin failed\n");
+            goto done;
+        }
+        if (lrc == LINE_EOF) break;
+        cleared = 0;
+        size_t len = strlen(line);
+        while (len > 0 && line[len - 1] == '\r') line[--len] = 0;
+        if (strspn(line, " \t") == len) continue;
         turn++;
         int n = chat_turn_ids(g->m, ro->chat_template, ro->system, prev, line, &ids, &noted);
         if (n < 0) goto done;
@@ -291,49 +445,55 @@ static int run_chat(const gen_ctx *g, const run_opts *ro, int32_t *gen)
             ids[0] = pending_id;
             n++;
         }
-        const int64_t pos = sparq_context_pos(g->c), n_ctx = sparq_context_n_ctx(g->c);
-        if (pos + n > n_ctx) {
-            fprintf(stderr, "error: turn %d needs %d positions but the context has %lld of %lld left (-c)\n",
-                    turn, n, (long long)(n_ctx - pos), (long long)n_ctx);
-            goto done;
-        }
+        if (make_room(g->c, n, g->context_shift, g->n_keep, turn)) goto done;
         double t0 = cli_now();
+        abort_now = 0;
+        armed = 0; /* the turn goes into the cache whole */
         if (sparq_eval(g->c, ids, n, g->logits)) {
             fprintf(stderr, "error: %s\n", sparq_context_error(g->c));
-            if (interrupted) rc = 130;
             goto done;
         }
+        for (int i = 0; i < n && g->smp; i++) sparq_sampler_accept(g->smp, ids[i]);
         double t1 = cli_now();
-        gen_result r;
-        if (generate(g, ro->n_predict, gen, &r)) goto done;
+        sparq_generation r;
+        if (interrupted) abort_now = 1; /* Ctrl-C during the prefill: no reply */
+        armed = 1;
+        int grc = generate(g, ro->n_predict, &r);
+        armed = 0;
+        interrupted = 0; /* the Ctrl-C that ended the reply is spent; one from now on is at the prompt */
+        if (grc) goto done;
         double t2 = cli_now();
         fputc('\n', stdout);
         fflush(stdout);
-        total_gen += r.n;
-        if (r.stop && strcmp(r.stop, "end of generation") != 0) fprintf(stderr, "stopped: %s\n", r.stop);
+        total_gen += r.n_tokens;
+        t_prefill += t1 - t0;
+        t_decode += t2 - t1;
+        n_prefilled += n;
+        n_decoded += r.n_decoded;
+        if (r.stop != SPARQ_STOP_EOG && r.stop != SPARQ_STOP_MAX_TOKENS) fprintf(stderr, "stopped: %s\n", stop_text(r.stop));
         fprintf(stderr, "turn %d: prefill %d tokens, %.1f tok/s | generated %d tokens, %.2f tok/s | cache %lld / %lld\n",
-                turn, n, t1 > t0 ? n / (t1 - t0) : 0.0, r.n,
+                turn, n, t1 > t0 ? n / (t1 - t0) : 0.0, r.n_tokens,
                 t2 > t1 && r.n_decoded > 0 ? r.n_decoded / (t2 - t1) : 0.0,
-                (long long)sparq_context_pos(g->c), (long long)n_ctx);
-        pending_id = r.pending ? gen[r.n - 1] : -1;
+                (long long)sparq_context_pos(g->c), (long long)sparq_context_n_ctx(g->c));
+        pending_id = r.pending ? r.tokens[r.n_tokens - 1] : -1;
+        sparq_generation_free(&r);
         free(ids);
         ids = NULL;
         free(prev);
-        prev = line; /* the next turn renders after this message */
-        line = NULL;
-        cap = 0;
-        if (interrupted) { rc = 130; goto done; }
+        if (!(prev = strdup(line))) { /* the next turn renders after this message */
+            fprintf(stderr, "error: out of memory\n");
+            goto done;
+        }
     }
-    if (ferror(stdin)) {
-        fprintf(stderr, "error: reading stdin failed\n");
-        goto done;
-    }
-    fprintf(stderr, "chat: %d turns, %d tokens generated, cache %lld / %lld | peak RSS %.1f MiB\n", turn, total_gen,
-            (long long)sparq_context_pos(g->c), (long long)sparq_context_n_ctx(g->c), cli_peak_rss() / 1048576.0);
+    fprintf(stderr, "chat: %d turns, %d tokens generated, cache %lld / %lld | prefill %.1f tok/s, decode %.2f tok/s "
+                    "| peak RSS %.1f MiB\n", turn, total_gen,
+            (long long)sparq_context_pos(g->c), (long long)sparq_context_n_ctx(g->c),
+            t_prefill > 0 ? n_prefilled / t_prefill : 0.0, t_decode > 0 ? n_decoded / t_decode : 0.0,
+            cli_peak_rss() / 1048576.0);
     rc = 0;
 done:
     free(ids);
-    free(line);
+    free(lr.buf);
     free(prev);
     return rc;
 }
@@ -364,10 +524,7 @@ int cli_run(int argc, char **argv)
     cli_attn_opts_init(&ao);
     run_opts ro = { 0 };
     ro.n_predict = 128;
-    ro.temp = 0.8f;
-    ro.top_k = 40;
-    ro.top_p = 0.95f;
-    ro.seed = 42;
+    ro.sp = sparq_sampler_default_params();
     cli_group groups[] = {
         { "generation", run_table, &ro },
         { "model", cli_model_table, &mo },
@@ -389,10 +546,25 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: give only one of -p, -f and --prompt-tokens\n");
         return 2;
     }
-    if (ro.n_predict < 0) {
-        fprintf(stderr, "error: -n must be >= 0\n");
+    if (sparq_sampler_check(&ro.sp, err, sizeof err)) { /* NaN or negative: never a silent default */
+        fprintf(stderr, "error: %s\n", err);
         return 2;
     }
+    if (cli_attn_check_policy(&ao, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return 2;
+    }
+    if (ro.context_shift && ro.no_context_shift) {
+        fprintf(stderr, "error: give only one of --context-shift and --no-context-shift\n");
+        return 2;
+    }
+    for (int i = 0; i < ro.reverse.n; i++)
+        if (!ro.reverse.v[i][0]) {
+            fprintf(stderr, "error: -r needs a non-empty text\n");
+            return 2;
+        }
+    if (ro.prompt_file && cli_check_regular(ro.prompt_file)) return 1;
+    if (ro.load_kv && cli_check_regular(ro.load_kv)) return 1;
     const int interactive = ro.chat && !ro.prompt && !ro.prompt_file && !ro.prompt_tokens;
     if (interactive && (mo.json || ro.logits_out || ro.load_kv)) {
         fprintf(stderr, "error: interactive --chat (no -p/-f) cannot be combined with %s\n",
@@ -407,11 +579,12 @@ int cli_run(int argc, char **argv)
     int32_t *ids = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
-    text_buf out = { 0 };
-    int32_t *gen = NULL;
+    sparq_generation r = { 0 };
 
+    const double t_load0 = cli_now();
     m = cli_load_model(&mo, path, sizeof path);
     if (!m) goto done;
+    double t_load = cli_now() - t_load0;
     const int n_vocab = sparq_model_n_vocab(m);
 
     /* the prompt, as token ids (interactive turns come later) */
@@ -445,8 +618,10 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    if (isatty(2)) cp.progress = cli_prefill_progress;
-    cp.abort_flag = &interrupted;
+    if (isatty(2) || ro.progress) cp.progress = cli_prefill_progress;
+    cp.abort_flag = &abort_now;
+    install_sigint(); /* before the long parts: a Ctrl-C from here on is handled */
+    armed = 1;
     if (ro.load_kv) {
         double tl = cli_now();
         if (sparq_context_load_kv(m, &cp, ro.load_kv, ro.verify_kv ? SPARQ_VERIFY_ALWAYS : SPARQ_VERIFY_AUTO,
@@ -456,6 +631,7 @@ int cli_run(int argc, char **argv)
         }
         fprintf(stderr, "loaded %s: %lld cached positions, capacity %lld (%.2f s)\n", ro.load_kv,
                 (long long)sparq_context_pos(c), (long long)sparq_context_n_ctx(c), cli_now() - tl);
+        t_load += cli_now() - tl;
         if (sparq_context_pos(c) + n_prompt > sparq_context_n_ctx(c)) {
             fprintf(stderr, "error: the prompt has %d tokens but the loaded cache has room for %lld more\n",
                     n_prompt, (long long)(sparq_context_n_ctx(c) - sparq_context_pos(c)));
@@ -465,11 +641,10 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    sparq_sampler_params sp = { ro.temp, ro.top_k, ro.top_p, ro.seed };
-    smp = sparq_sampler_create(&sp, n_vocab);
+    smp = sparq_sampler_create(&ro.sp, n_vocab);
+    for (int i = 0; smp && i < n_prompt; i++) sparq_sampler_accept(smp, ids[i]); /* penalties see the prompt */
     logits = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * n_vocab * sizeof(float));
-    gen = malloc(((size_t)ro.n_predict + 1) * sizeof *gen);
-    if (!smp || !logits || !gen) {
+    if (!smp || !logits) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
@@ -477,11 +652,19 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: cannot write '%s'\n", ro.logits_out);
         goto done;
     }
-    signal(SIGINT, on_sigint);
-    gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out, &out };
+    /* context shift: on by default in interactive chat (as llama-cli);
+     * --keep counts after the BOS the model adds, which is always kept */
+    const int shift = ro.context_shift || (interactive && !ro.no_context_shift);
+    const int64_t n_keep = (int64_t)ro.n_keep + (sparq_token_bos(m) >= 0 && !ro.load_kv && !ro.prompt_tokens ? 1 : 0);
+    if (shift && n_keep >= sparq_context_n_ctx(c) - 1) {
+        fprintf(stderr, "error: --keep %d leaves no room to shift a context of %lld\n", ro.n_keep,
+                (long long)sparq_context_n_ctx(c));
+        goto done;
+    }
+    gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out,
+                  ro.reverse.v, ro.reverse.n, shift, n_keep };
     if (interactive) {
-        g.out = NULL;
-        rc = run_chat(&g, &ro, gen);
+        rc = run_chat(&g, &ro);
         attn_summary(c, &cp.attn, NULL);
         goto done;
     }
@@ -490,6 +673,14 @@ int cli_run(int argc, char **argv)
     double t0 = cli_now();
     int ok = lf ? sparq_eval_all(c, ids, n_prompt, logits) : sparq_eval(c, ids, n_prompt, logits);
     double t_prefill = cli_now() - t0;
+    if (ok != 0 && abort_now) { /* Ctrl-C: a clean line and what was done */
+        const int64_t done_pos = sparq_context_pos(c);
+        fprintf(stderr, "\ninterrupted: prefill stopped after %lld of %d prompt tokens (%.1f tok/s, %.0f ms) | "
+                        "load %.0f ms | peak RSS %.1f MiB\n", (long long)done_pos, n_prompt,
+                t_prefill > 0 ? done_pos / t_prefill : 0.0, t_prefill * 1e3, t_load * 1e3, cli_peak_rss() / 1048576.0);
+        rc = 130;
+        goto done;
+    }
     if (ok != 0) {
         fprintf(stderr, "error: %s\n", sparq_context_error(c));
         goto done;
@@ -502,18 +693,17 @@ int cli_run(int argc, char **argv)
     if (lf) memmove(logits, last, (size_t)n_vocab * sizeof(float));
 
     /* decode */
-    gen_result r;
     double t1 = cli_now();
-    if (generate(&g, ro.n_predict, gen, &r)) goto done;
+    if (generate(&g, ro.n_predict, &r)) goto done;
     double t_decode = cli_now() - t1;
     if (!mo.json) fputc('\n', stdout);
 
     double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0;
     double decode_tps = t_decode > 0 && r.n_decoded > 0 ? r.n_decoded / t_decode : 0;
     int64_t rss = cli_peak_rss();
-    if (r.stop) fprintf(stderr, "stopped: %s\n", r.stop);
+    if (r.stop != SPARQ_STOP_MAX_TOKENS) fprintf(stderr, "stopped: %s\n", stop_text(r.stop));
     fprintf(stderr, "prompt %d tokens, prefill %.1f tok/s | generated %d tokens, decode %.2f tok/s | peak RSS %.1f MiB\n",
-            n_prompt, prefill_tps, r.n, decode_tps, rss / 1048576.0);
+            n_prompt, prefill_tps, r.n_tokens, decode_tps, rss / 1048576.0);
     sparq_attn_stats st;
     double ratio = attn_summary(c, &cp.attn, &st);
     if (mo.json) {
@@ -522,11 +712,15 @@ int cli_run(int argc, char **argv)
         printf(",\"prompt_tokens\":[");
         for (int i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : "", ids[i]);
         printf("],\"tokens\":[");
-        for (int i = 0; i < r.n; i++) printf("%s%d", i ? "," : "", gen[i]);
+        for (int i = 0; i < r.n_tokens; i++) printf("%s%d", i ? "," : "", r.tokens[i]);
         printf("],\"text\":");
-        cli_json_str(stdout, out.data ? out.data : "", out.len);
+        cli_json_str(stdout, r.text ? r.text : "", r.n_text);
         printf(",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"peak_rss_bytes\":%lld",
                prefill_tps, decode_tps, (long long)rss);
+        printf(",\"n_ctx\":%lld,\"threads\":%d,\"n_batch\":%d,\"load_ms\":%.3f,\"prefill_ms\":%.3f,"
+               "\"decode_ms\":%.3f,\"seed\":%llu,\"context_shifts\":%d",
+               (long long)sparq_context_n_ctx(c), sparq_context_n_threads(c), sparq_context_n_batch(c), t_load * 1e3,
+               t_prefill * 1e3, t_decode * 1e3, (unsigned long long)sparq_sampler_seed(smp), r.n_shifts);
         printf(",\"attn\":{\"policy\":\"%s\",\"elements\":%lld,\"dense_elements\":%lld,"
                "\"formula_elements\":%lld,\"ratio\":%.6f,\"r\":%d,\"k\":%d,\"l\":%d}",
                cp.attn.policy ? cp.attn.policy : "dense", (long long)st.elements,
@@ -538,18 +732,17 @@ int cli_run(int argc, char **argv)
                    (long long)st.recall_total);
         printf(",\"index_s\":%.4f", st.index_seconds);
         printf(",\"stop\":");
-        const char *why = r.stop ? r.stop : "n_predict";
+        const char *why = r.stop == SPARQ_STOP_MAX_TOKENS ? "n_predict" : stop_text(r.stop);
         cli_json_str(stdout, why, strlen(why));
         printf("}\n");
     }
-    rc = interrupted ? 130 : 0;
+    rc = r.stop == SPARQ_STOP_ABORTED ? 130 : 0;
 done:
     if (lf && fclose(lf) != 0 && rc == 0) {
         fprintf(stderr, "error: writing '%s' failed\n", ro.logits_out);
         rc = 1;
     }
-    free(out.data);
-    free(gen);
+    sparq_generation_free(&r);
     free(logits);
     free(ids);
     sparq_sampler_free(smp);

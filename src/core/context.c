@@ -10,11 +10,15 @@
  */
 #include "io/kvfile.h"
 #include "core/model.h"
+#include "util/paths.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define ALIGN 64
 
@@ -73,6 +77,19 @@ static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
     rs->scratch_floats = (sf > dense_sf ? sf : dense_sf);
     rs->scratch_floats = (rs->scratch_floats + 15) / 16 * 16;
 
+    /* The KV cache is reserved lazily (address space, pages committed as
+     * tokens arrive), but the attention scratch grows with the context and
+     * is allocated now: refuse a context whose scratch alone exceeds the
+     * RAM, with the numbers, instead of failing later or swapping. */
+    const double scratch = (double)c->n_threads * (double)rs->scratch_floats * 8.0 +
+                           ((c->policy->needs & ATTN_NEEDS_COLSUM) ? (double)hp->n_kv_head * (double)c->kv.cap * 4.0 : 0.0);
+    const double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (ram > 0 && scratch > ram) {
+        snprintf(err, err_size, "context: %lld positions need %.1f GiB of attention scratch (%d threads), "
+                 "more than the %.1f GiB of RAM: use a smaller -c", (long long)c->kv.cap,
+                 scratch / 1073741824.0, c->n_threads, ram / 1073741824.0);
+        return -1;
+    }
     rs->x = alloc_aligned(nb * hp->n_embd * sizeof(float));
     rs->xn = alloc_aligned(nb * hp->n_embd * sizeof(float));
     rs->q = alloc_aligned(nb * q_dim * sizeof(float));
@@ -115,6 +132,12 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     c->model = m;
     c->params = *p;
     const model_hparams *hp = &m->hp;
+    if (p->n_ctx < 0 || p->n_threads < 0 || p->n_batch < 0) {
+        snprintf(err, err_size, "context: %s %lld must be >= 0 (0 = the default)",
+                 p->n_ctx < 0 ? "n_ctx" : p->n_threads < 0 ? "n_threads" : "n_batch",
+                 (long long)(p->n_ctx < 0 ? p->n_ctx : p->n_threads < 0 ? p->n_threads : p->n_batch));
+        goto fail;
+    }
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
     c->rope_factors = model_rope_factors(m, n_ctx);
     c->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_num_procs();
@@ -180,6 +203,7 @@ int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const c
     kvf_fingerprint fp;
     model_fingerprint(m, &fp);
     kvf_file *f = NULL;
+    if (path_check_regular(path, err, err_size)) return -1;
     if (kvf_open(path, &fp, verify == SPARQ_VERIFY_ALWAYS ? KVF_VERIFY_ALWAYS : KVF_VERIFY_AUTO,
                  &f, err, err_size))
         return -1;
@@ -208,8 +232,28 @@ void sparq_context_free(sparq_context *c)
     free(c);
 }
 
+int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos)
+{
+    const size_t V = (size_t)c->model->hp.n_vocab;
+    for (int r = 0; r < rows; r++) {
+        const float *x = logits + (size_t)r * V;
+        float acc = 0.0f; /* inf - inf and NaN both leave a NaN in x*0 */
+        for (size_t i = 0; i < V; i++) acc += x[i] * 0.0f;
+        if (acc == 0.0f) continue;
+        size_t bad = 0;
+        while (bad < V && isfinite(x[bad])) bad++;
+        snprintf(c->error, sizeof c->error, "non-finite logits at token position %lld (logit %zu is %g): "
+                 "the model's weights or activations hold NaN/Inf", (long long)(first_pos + r), bad,
+                 bad < V ? (double)x[bad] : 0.0);
+        return -1;
+    }
+    return 0;
+}
+
 int64_t sparq_context_pos(const sparq_context *c) { return c->kv.n; }
 int64_t sparq_context_n_ctx(const sparq_context *c) { return c->kv.cap; }
+int sparq_context_n_threads(const sparq_context *c) { return c->n_threads; }
+int sparq_context_n_batch(const sparq_context *c) { return c->rs.n_batch; }
 const char *sparq_context_error(const sparq_context *c) { return c->error; }
 void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out)
 {
@@ -223,17 +267,63 @@ void sparq_context_mark_prefix(sparq_context *c)
         c->policy->set_prefix(c->policy_state, &c->params.attn, c->kv.n, NULL);
 }
 
+/* Policy state restarts as after a reset (H2O's scores: every kept
+ * position alive with score 0; topk: the cached positions become the
+ * prefix at the next decode step, its index built again; a KV file's
+ * prebuilt indexes are no longer offered). */
+static int policy_restart(sparq_context *c)
+{
+    if (!c->policy->state_create) return 0;
+    const model_hparams *hp = &c->model->hp;
+    attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, c->kv.cap };
+    if (c->policy->state_free) c->policy->state_free(c->policy_state);
+    c->policy_state = NULL;
+    return c->policy->state_create(&c->params.attn, &shape, &c->policy_state);
+}
+
 void sparq_context_reset(sparq_context *c)
 {
     kv_reset(&c->kv);
     memset(&c->stats, 0, sizeof c->stats);
-    if (c->policy->state_create) { /* policy state (e.g. H2O scores) restarts too */
-        const model_hparams *hp = &c->model->hp;
-        attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, c->kv.cap };
-        if (c->policy->state_free) c->policy->state_free(c->policy_state);
-        c->policy_state = NULL;
-        c->policy->state_create(&c->params.attn, &shape, &c->policy_state);
+    policy_restart(c); /* policy state (e.g. H2O scores) restarts too */
+}
+
+int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard)
+{
+    const model_hparams *hp = &c->model->hp;
+    c->error[0] = 0;
+    if (n_keep < 0 || n_discard < 0 || n_keep + n_discard > c->kv.n) {
+        snprintf(c->error, sizeof c->error, "context shift: keep %lld + discard %lld exceed the %lld cached positions",
+                 (long long)n_keep, (long long)n_discard, (long long)c->kv.n);
+        return -1;
     }
+    if (n_discard == 0) return 0;
+    /* the rotation by -n_discard: RoPE's angles, linear in the position,
+     * without rope_attn_factor (the cached keys already carry it) */
+    float *cs = malloc((size_t)(hp->rope_dim > 0 ? hp->rope_dim : 1) * sizeof *cs);
+    if (!cs) {
+        snprintf(c->error, sizeof c->error, "context shift: out of memory");
+        return -1;
+    }
+    const double theta_scale = pow(hp->rope_base, -2.0 / (double)hp->rope_dim);
+    double theta = -(double)n_discard;
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        const double t = theta / (c->rope_factors ? c->rope_factors[i] : 1.0f) * hp->rope_freq_scale;
+        cs[2 * i] = (float)cos(t);
+        cs[2 * i + 1] = (float)sin(t);
+        theta *= theta_scale;
+    }
+    int rc = kv_shift(&c->kv, n_keep, n_discard, cs, hp->rope_dim, c->model->arch->rope_type == ROPE_NEOX);
+    free(cs);
+    if (rc) {
+        snprintf(c->error, sizeof c->error, "context shift: out of memory");
+        return -1;
+    }
+    if (policy_restart(c)) {
+        snprintf(c->error, sizeof c->error, "context shift: cannot create %s state again", c->policy->name);
+        return -1;
+    }
+    return 0;
 }
 
 int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed)

@@ -355,6 +355,8 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
         if (all_logits) out = logits + (size_t)done * n_vocab;
         else if (last && logits) out = c->rs.logits;
         if (forward(c, tokens + done, nb, n == 1, out, all_logits)) return -1;
+        if (out && ctx_check_logits(c, out, all_logits ? nb : 1, all_logits ? c->kv.n - nb : c->kv.n - 1))
+            return -1; /* NaN/Inf weights or activations: say where, never decode garbage */
         if (n == 1) c->stats.steps++;
         if (last && logits && !all_logits) memcpy(logits, c->rs.logits, (size_t)n_vocab * sizeof(float));
         done += nb;

@@ -224,3 +224,63 @@ void kv_reset(kv_cache *c)
     c->n = 0;
     if (c->v_sum) memset(c->v_sum, 0, (size_t)c->n_layer * c->n_kv_head * c->d * sizeof(float));
 }
+
+static float load_elem(const kv_cache *c, const uint8_t *p)
+{
+    if (c->elem == KV_F16) {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return fp16_to_fp32(h);
+    }
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, int rope_dim, int neox)
+{
+    if (n_keep < 0 || n_discard < 0 || n_keep + n_discard > c->n || rope_dim < 0 || rope_dim > c->d ||
+        (rope_dim & 1))
+        return -1;
+    if (n_discard == 0) return 0;
+    const int d = c->d, half = rope_dim / 2;
+    const size_t es = c->elem_size, row = (size_t)d * es;
+    const int64_t n_new = c->n - n_discard, n_move = n_new - n_keep;
+    float *x = malloc((size_t)d * sizeof *x);
+    if (!x) return -1;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_kv_head; h++) {
+            const size_t base = head_offset(c, l, h);
+            uint8_t *k = c->k + base, *v = c->v + base;
+            memmove(k + (size_t)n_keep * row, k + (size_t)(n_keep + n_discard) * row, (size_t)n_move * row);
+            memmove(v + (size_t)n_keep * row, v + (size_t)(n_keep + n_discard) * row, (size_t)n_move * row);
+            /* a cached key is R(p) k: rotating it by R(-n_discard) gives
+             * R(p - n_discard) k, the key at its new position */
+            for (int64_t s = n_keep; s < n_new; s++) {
+                uint8_t *kr = k + (size_t)s * row;
+                for (int j = 0; j < d; j++) x[j] = load_elem(c, kr + (size_t)j * es);
+                for (int i = 0; i < half; i++) {
+                    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                    const float x0 = x[a], x1 = x[b], co = cs[2 * i], si = cs[2 * i + 1];
+                    x[a] = x0 * co - x1 * si;
+                    x[b] = x0 * si + x1 * co;
+                }
+                store_row(c, kr, x);
+            }
+            if (c->kt) { /* columns [n_keep, n_new) of K^T from the rotated rows */
+                uint8_t *kt = c->kt + base;
+                for (int j = 0; j < d; j++)
+                    for (int64_t s = n_keep; s < n_new; s++)
+                        memcpy(kt + ((size_t)j * c->cap + (size_t)s) * es, k + (size_t)s * row + (size_t)j * es, es);
+            }
+            if (c->v_sum) { /* summed again in position order, as kv_write would have */
+                float *sum = c->v_sum + ((size_t)l * c->n_kv_head + h) * d;
+                memset(sum, 0, (size_t)d * sizeof *sum);
+                for (int64_t s = 0; s < n_new; s++)
+                    for (int j = 0; j < d; j++) sum[j] += load_elem(c, v + (size_t)s * row + (size_t)j * es);
+            }
+        }
+    free(x);
+    c->n = n_new;
+    return 0;
+}

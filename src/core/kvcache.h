@@ -66,6 +66,14 @@ const void *kv_v(const kv_cache *c, int layer, int head);
 /* The attention view of (layer, head) over positions [0, S). */
 void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *out);
 
+/* Context shift: drops positions [n_keep, n_keep + n_discard) and moves
+ * the later ones down by n_discard, rotating each moved key by the angles
+ * cs[rope_dim/2][cos, sin] (RoPE of position -n_discard, no magnitude
+ * scale) over its first rope_dim components, NEOX pairing (i, i+half) if
+ * neox else (2i, 2i+1). K^T columns follow; V sums are summed again.
+ * Returns 0, or -1 on bad arguments / out of memory (cache unchanged). */
+int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, int rope_dim, int neox);
+
 /* Forgets every position (memory stays reserved; sums are zeroed). */
 void kv_reset(kv_cache *c);
 

@@ -13,6 +13,7 @@
  */
 #include "core/chat.h"
 #include "core/model.h"
+#include "util/paths.h"
 #include "tensor/quant.h"
 
 #include <stdio.h>
@@ -391,6 +392,7 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
 {
     *out = NULL;
     loader L = { NULL, NULL, err, err_size, NULL };
+    if (path_check_regular(path, err, err_size)) return -1;
     sparq_model *m = calloc(1, sizeof *m);
     if (!m) {
         snprintf(err, err_size, "model: out of memory");

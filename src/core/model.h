@@ -110,6 +110,11 @@ struct sparq_context {
     char                error[256];
 };
 
+/* Checks logits[rows][n_vocab] (positions first_pos...) are finite; else
+ * -1 with "non-finite logits at token position P" in c->error. O(n_vocab)
+ * per row, nothing next to the forward pass. context.c. */
+int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos);
+
 /* Looks up an architecture by name; NULL if unknown. */
 const arch_desc *arch_find(const char *name);
 

@@ -1,39 +1,100 @@
-/* sampler.c - next-token choice from logits: greedy, temperature, top-k,
- * top-p. The sampler owns its RNG (xorshift64*), seeded explicitly. */
+/* sampler.c - next-token choice from logits: repetition penalties, greedy,
+ * min-p, temperature, top-k, top-p. The sampler owns its RNG (xorshift64*)
+ * and the window of recent ids the penalties look at. The defaults live
+ * here only (sparq_sampler_default_params); `sparq run` and the server
+ * start from them. */
 #include "sparq.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef struct { float p; int32_t id; } prob_id;
 
 struct sparq_sampler {
     sparq_sampler_params p;
     int      n_vocab;
-    uint64_t rng;
+    uint64_t rng, seed;
     prob_id *buf;            /* [n_vocab] */
+    float   *pen;            /* [n_vocab] penalised logits, or NULL        */
+    int32_t *hist;           /* ring of the last `hist_cap` accepted ids   */
+    int      hist_cap, hist_n, hist_at;
+    int     *count;          /* [n_vocab] scratch: occurrences in window   */
 };
 
 sparq_sampler_params sparq_sampler_default_params(void)
 {
-    sparq_sampler_params p = { 0.8f, 40, 0.95f, 42 };
+    /* llama.cpp's defaults, so a user moving over gets the same draws'
+     * distribution; the seed is fresh per run unless fixed */
+    sparq_sampler_params p = { 0.8f, 40, 0.95f, SPARQ_SEED_RANDOM, 0.05f, 1.0f, 0.0f, 0.0f, 64 };
     return p;
+}
+
+int sparq_sampler_check(const sparq_sampler_params *p, char *err, size_t err_size)
+{
+    if (!(p->temp >= 0.0f) || isinf(p->temp))
+        return err_set(err, err_size, "temperature %g must be a finite number >= 0", (double)p->temp);
+    if (p->top_k < 0) return err_set(err, err_size, "top-k %d must be >= 0 (0 = off)", p->top_k);
+    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
+        return err_set(err, err_size, "top-p %g must be in [0, 1] (1 = off)", (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return err_set(err, err_size, "min-p %g must be in [0, 1] (0 = off)", (double)p->min_p);
+    if (!(p->repeat_penalty >= 0.0f) || isinf(p->repeat_penalty))
+        return err_set(err, err_size, "repeat penalty %g must be a finite number > 0 (1 = off)",
+                       (double)p->repeat_penalty);
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        return err_set(err, err_size, "presence and frequency penalties must be finite numbers");
+    if (p->penalty_last_n < -1)
+        return err_set(err, err_size, "penalty window %d must be >= -1 (-1 = all, 0 = off)", p->penalty_last_n);
+    return 0;
+}
+
+static uint64_t fresh_seed(void)
+{
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s) {
+        struct timespec ts; /* no entropy source: time and pid still differ per run */
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 32);
+    }
+    return s == SPARQ_SEED_RANDOM ? 1 : s;
+}
+
+static int penalties_on(const sparq_sampler_params *p)
+{
+    return p->penalty_last_n != 0 &&
+           ((p->repeat_penalty != 0.0f && p->repeat_penalty != 1.0f) || p->presence_penalty != 0.0f ||
+            p->frequency_penalty != 0.0f);
 }
 
 sparq_sampler *sparq_sampler_create(const sparq_sampler_params *p, int n_vocab)
 {
-    if (n_vocab <= 0) return NULL;
+    char err[128];
+    if (n_vocab <= 0 || sparq_sampler_check(p, err, sizeof err)) return NULL;
     sparq_sampler *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    s->buf = malloc((size_t)n_vocab * sizeof *s->buf);
-    if (!s->buf) {
-        free(s);
-        return NULL;
-    }
     s->p = *p;
     s->n_vocab = n_vocab;
-    s->rng = p->seed ? p->seed : 0x9E3779B97F4A7C15ull; /* xorshift must not start at 0 */
+    s->buf = malloc((size_t)n_vocab * sizeof *s->buf);
+    int ok = s->buf != NULL;
+    if (ok && penalties_on(p)) {
+        /* -1 = every accepted id: the window grows as needed */
+        s->hist_cap = p->penalty_last_n > 0 ? p->penalty_last_n : 256;
+        s->pen = malloc((size_t)n_vocab * sizeof *s->pen);
+        s->count = calloc((size_t)n_vocab, sizeof *s->count);
+        s->hist = malloc((size_t)s->hist_cap * sizeof *s->hist);
+        ok = s->pen && s->count && s->hist;
+    }
+    if (!ok) {
+        sparq_sampler_free(s);
+        return NULL;
+    }
+    s->seed = p->seed == SPARQ_SEED_RANDOM ? fresh_seed() : p->seed;
+    s->rng = s->seed ? s->seed : 0x9E3779B97F4A7C15ull; /* xorshift must not start at 0 */
     return s;
 }
 
@@ -41,7 +102,31 @@ void sparq_sampler_free(sparq_sampler *s)
 {
     if (!s) return;
     free(s->buf);
+    free(s->pen);
+    free(s->count);
+    free(s->hist);
     free(s);
+}
+
+uint64_t sparq_sampler_seed(const sparq_sampler *s) { return s->seed; }
+
+void sparq_sampler_accept(sparq_sampler *s, int32_t id)
+{
+    if (!s->hist) return;
+    if (s->p.penalty_last_n < 0 && s->hist_n == s->hist_cap) { /* unbounded: grow, else forget */
+        int32_t *bigger = s->hist_cap < (1 << 28) ? realloc(s->hist, (size_t)s->hist_cap * 2 * sizeof *bigger) : NULL;
+        if (bigger) {
+            /* unroll the ring so the oldest id is at 0 */
+            memmove(bigger + s->hist_cap, bigger, (size_t)s->hist_at * sizeof *bigger);
+            memmove(bigger, bigger + s->hist_at, (size_t)s->hist_cap * sizeof *bigger);
+            s->hist = bigger;
+            s->hist_at = s->hist_cap;
+            s->hist_cap *= 2;
+        }
+    }
+    s->hist[s->hist_at] = id;
+    s->hist_at = (s->hist_at + 1) % s->hist_cap;
+    if (s->hist_n < s->hist_cap) s->hist_n++;
 }
 
 static float rng_uniform(uint64_t *state) /* [0, 1) */
@@ -69,21 +154,56 @@ static int32_t argmax(const float *logits, int n)
     return best;
 }
 
-int32_t sparq_sample(sparq_sampler *s, const float *logits)
+/* llama.cpp's penalties: each id in the window is divided (positive logit)
+ * or multiplied (negative) by the repeat penalty once, then lowered by
+ * count * frequency + presence. Returns the penalised copy. */
+static const float *apply_penalties(sparq_sampler *s, const float *logits)
+{
+    if (!s->hist || s->hist_n == 0) return logits;
+    memcpy(s->pen, logits, (size_t)s->n_vocab * sizeof *s->pen);
+    for (int i = 0; i < s->hist_n; i++) {
+        int32_t id = s->hist[i];
+        if (id >= 0 && id < s->n_vocab) s->count[id]++;
+    }
+    const float rp = s->p.repeat_penalty == 0.0f ? 1.0f : s->p.repeat_penalty;
+    for (int i = 0; i < s->hist_n; i++) {
+        int32_t id = s->hist[i];
+        if (id < 0 || id >= s->n_vocab || s->count[id] == 0) continue;
+        float *l = &s->pen[id];
+        *l = *l <= 0.0f ? *l * rp : *l / rp;
+        *l -= (float)s->count[id] * s->p.frequency_penalty + s->p.presence_penalty;
+        s->count[id] = 0; /* once per distinct id; also leaves count zeroed */
+    }
+    return s->pen;
+}
+
+int32_t sparq_sample(sparq_sampler *s, const float *logits_in)
 {
     const int n = s->n_vocab;
-    if (s->p.temp <= 0.0f) return argmax(logits, n);
-    float mx = logits[argmax(logits, n)], sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        s->buf[i].id = i;
-        s->buf[i].p = expf((logits[i] - mx) / s->p.temp);
-        sum += s->buf[i].p;
+    const float *logits = apply_penalties(s, logits_in);
+    int32_t chosen;
+    if (s->p.temp <= 0.0f) {
+        chosen = argmax(logits, n);
+        sparq_sampler_accept(s, chosen);
+        return chosen;
     }
-    for (int i = 0; i < n; i++) s->buf[i].p /= sum;
+    const float mx = logits[argmax(logits, n)];
+    /* min-p on the untempered distribution: p_i >= min_p * p_max */
+    const float floor_logit = s->p.min_p > 0.0f ? mx + logf(s->p.min_p) : -INFINITY;
+    float sum = 0.0f;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (logits[i] < floor_logit) continue;
+        s->buf[m].id = i;
+        s->buf[m].p = expf((logits[i] - mx) / s->p.temp);
+        sum += s->buf[m].p;
+        m++;
+    }
+    for (int i = 0; i < m; i++) s->buf[i].p /= sum;
     /* Sorting the whole vocabulary costs ~1 ms at 128k: negligible next to
      * a forward pass, and it keeps top-k and top-p one simple code path. */
-    qsort(s->buf, (size_t)n, sizeof *s->buf, by_prob_desc);
-    int keep = n;
+    qsort(s->buf, (size_t)m, sizeof *s->buf, by_prob_desc);
+    int keep = m;
     if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;
     if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) {
         float cum = 0.0f;
@@ -98,9 +218,14 @@ int32_t sparq_sample(sparq_sampler *s, const float *logits)
     float total = 0.0f;
     for (int i = 0; i < keep; i++) total += s->buf[i].p;
     float r = rng_uniform(&s->rng) * total, acc = 0.0f;
+    chosen = s->buf[keep - 1].id;
     for (int i = 0; i < keep; i++) {
         acc += s->buf[i].p;
-        if (r < acc) return s->buf[i].id;
+        if (r < acc) {
+            chosen = s->buf[i].id;
+            break;
+        }
     }
-    return s->buf[keep - 1].id;
+    sparq_sampler_accept(s, chosen);
+    return chosen;
 }

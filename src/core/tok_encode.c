@@ -369,8 +369,8 @@ static int bpe_fragment(const tokenizer *t, const char *text, size_t len, idvec 
         for (size_t i = start; i < end; i++) {
             char u8[4];
             /* re-encoded from the codepoint: invalid bytes became U+FFFD */
-            size_t ul = tok_utf8_encode(pt.cps[i], u8);
-            for (size_t k = 0; k < ul; k++) n += tok_utf8_encode(tok_byte_to_cp((uint8_t)u8[k]), w + n);
+            size_t ul = utf8_encode(pt.cps[i], u8);
+            for (size_t k = 0; k < ul; k++) n += utf8_encode(tok_byte_to_cp((uint8_t)u8[k]), w + n);
         }
         if (bpe_word(t, w, n, sy, &h, out)) goto done;
         start = end;

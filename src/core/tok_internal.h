@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "core/tokenizer.h"
+#include "util/utf8.h" /* utf8_encode */
 
 /* Codepoint flags: one general-category bit (the Unicode major class) plus
  * the White_Space property. Same meaning as llama.cpp's unicode_cpt_flags,
@@ -52,8 +53,6 @@ size_t tok_utf8_len(uint8_t lead);
  * anything else (or a value past U+10FFFF) yields U+FFFD and *adv = 1. */
 uint32_t tok_utf8_decode(const uint8_t *s, size_t n, size_t *adv);
 
-/* Writes cp (<= U+10FFFF) as UTF-8 into out[4]; returns the byte count. */
-size_t tok_utf8_encode(uint32_t cp, char *out);
 
 /* ------------------------------------------------------------------ */
 /* Pre-tokenizer: splits text into words before BPE merging. A pipeline is a

@@ -535,7 +535,7 @@ static size_t make_piece(const tokenizer *t, int32_t id, char *out)
                 continue;
             }
             char u8[4];
-            size_t ul = tok_utf8_encode(cp, u8);
+            size_t ul = utf8_encode(cp, u8);
             if (out) {
                 memcpy(out + n, "[UNK_BYTE_0x", 12);
                 static const char hexd[] = "0123456789abcdef";

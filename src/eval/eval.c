@@ -134,71 +134,42 @@ int eval_generate(sparq_context *c, const int32_t *prompt, int n_prompt, const e
                   eval_generation *out, char *err, size_t err_size)
 {
     memset(out, 0, sizeof *out);
-    const sparq_model *m = c->model;
-    const int n_vocab = sparq_model_n_vocab(m);
+    const int n_vocab = sparq_model_n_vocab(c->model);
     if (n_prompt < 1) return err_set(err, err_size, "generate: empty prompt");
     if (p->max_tokens < 0) return err_set(err, err_size, "generate: max_tokens %d < 0", p->max_tokens);
-    const size_t stop_len = p->stop ? strlen(p->stop) : 0;
-
     float *logits = malloc((size_t)n_vocab * sizeof *logits);
-    out->tokens = malloc(((size_t)p->max_tokens + 1) * sizeof *out->tokens);
-    text_buf t = { 0 };
-    if (!logits || !out->tokens || text_append(&t, "", 0)) {
-        err_set(err, err_size, "generate: out of memory");
-        goto fail;
-    }
+    if (!logits) return err_set(err, err_size, "generate: out of memory");
     sparq_context_reset(c);
     if (sparq_eval(c, prompt, n_prompt, logits)) {
         err_set(err, err_size, "generate: prefill of %d tokens: %s", n_prompt, sparq_context_error(c));
-        goto fail;
+        free(logits);
+        return -1;
     }
-    out->stop = EVAL_STOP_MAX_TOKENS;
-    char piece[256];
-    for (int i = 0; i < p->max_tokens; i++) {
-        if (i > 0) { /* the logits for token i come from feeding token i-1 */
-            if (sparq_context_pos(c) >= sparq_context_n_ctx(c)) {
-                out->stop = EVAL_STOP_CONTEXT_FULL;
-                break;
-            }
-            if (sparq_eval(c, &out->tokens[i - 1], 1, logits)) {
-                err_set(err, err_size, "generate: decode step %d: %s", i, sparq_context_error(c));
-                goto fail;
-            }
-        }
-        const int32_t id = (int32_t)metrics_argmax(logits, n_vocab);
-        out->tokens[out->n_tokens++] = id;
-        if (p->stop_at_eog && sparq_token_is_eog(m, id)) {
-            out->stop = EVAL_STOP_EOG;
-            break;
-        }
-        int len = sparq_token_to_piece(m, id, piece, sizeof piece);
-        if (len > (int)sizeof piece) len = sizeof piece;
-        const size_t before = t.len;
-        if (len > 0 && text_append(&t, piece, (size_t)len)) {
-            err_set(err, err_size, "generate: out of memory");
-            goto fail;
-        }
-        if (stop_len) { /* only a match that ends in the new piece is new */
-            size_t from = before >= stop_len - 1 ? before - (stop_len - 1) : 0;
-            const char *hit = strstr(t.data + from, p->stop);
-            if (hit) {
-                t.len = (size_t)(hit - t.data);
-                t.data[t.len] = 0;
-                out->stop = EVAL_STOP_STRING;
-                break;
-            }
-        }
+    /* the loop is the library's (sparq_generate), greedy: no sampler */
+    sparq_generate_params gp = sparq_generate_default_params();
+    gp.max_tokens = p->max_tokens;
+    gp.ignore_eog = !p->stop_at_eog;
+    const char *stops[1] = { p->stop };
+    gp.stop = stops;
+    gp.n_stop = p->stop && p->stop[0] ? 1 : 0;
+    sparq_generation g;
+    int rc = sparq_generate(c, logits, &gp, &g);
+    free(logits);
+    if (rc) return err_set(err, err_size, "generate: %s", sparq_context_error(c));
+    if (g.stop == SPARQ_STOP_ABORTED) { /* an interrupted run has no metric */
+        sparq_generation_free(&g);
+        return err_set(err, err_size, "generate: eval: aborted");
     }
-    out->text = t.data;
-    out->n_text = t.len;
+    out->tokens = g.tokens;
+    out->n_tokens = g.n_tokens;
+    out->text = g.text;
+    out->n_text = g.n_text;
+    out->stop = g.stop == SPARQ_STOP_EOG            ? EVAL_STOP_EOG
+                : g.stop == SPARQ_STOP_STRING       ? EVAL_STOP_STRING
+                : g.stop == SPARQ_STOP_CONTEXT_FULL ? EVAL_STOP_CONTEXT_FULL
+                                                    : EVAL_STOP_MAX_TOKENS;
     sparq_context_attn_stats(c, &out->attn);
-    free(logits);
     return 0;
-fail:
-    free(logits);
-    free(t.data);
-    eval_generation_free(out);
-    return -1;
 }
 
 /* ---- teacher forcing ---------------------------------------------------------------- */

@@ -1,5 +1,8 @@
 /* paths.c - the model/data search path (see paths.h). */
 #include "util/paths.h"
+#include "util/err.h"
+
+#include <sys/stat.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,4 +45,13 @@ int path_find(const char *name, char *out, size_t out_size)
 const char *path_search_description(void)
 {
     return "$SPARQ_MODEL_PATH, ../shared/models, ../shared";
+}
+
+int path_check_regular(const char *path, char *err, size_t err_size)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return 0;
+    const char *what = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
+                       : S_ISSOCK(st.st_mode) ? "a socket" : "a device";
+    return err_set(err, err_size, "'%s' is %s, not a regular file", path, what);
 }

@@ -16,4 +16,10 @@ int path_find(const char *name, char *out, size_t out_size);
 /* The search path as one human-readable string, for error messages. */
 const char *path_search_description(void);
 
+/* 0 if path names a regular file (after symlinks) or does not exist (the
+ * open that follows reports that); -1 with a message if it is a FIFO,
+ * device, socket or directory: opening a FIFO blocks until a writer
+ * comes, so every file the engine reads is checked first. */
+int path_check_regular(const char *path, char *err, size_t err_size);
+
 #endif

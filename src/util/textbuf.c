@@ -1,6 +1,8 @@
 /* textbuf.c - see textbuf.h. */
 #include "util/textbuf.h"
 
+#include <sys/stat.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,10 @@ int text_append(text_buf *t, const char *s, size_t n)
 
 char *text_read_file(const char *path, size_t *len)
 {
+    /* a FIFO or socket would block until a writer comes; character
+     * devices stay allowed (/dev/null is a fine empty file) */
+    struct stat st;
+    if (stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISDIR(st.st_mode))) return NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     text_buf t = { 0 };

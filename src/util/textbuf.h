@@ -15,7 +15,8 @@ typedef struct text_buf {
 int text_append(text_buf *t, const char *s, size_t n);
 
 /* Reads a whole file into a NUL-terminated malloc'ed buffer (*len bytes,
- * without the NUL). Returns NULL if it cannot be opened or read. */
+ * without the NUL). Returns NULL if it cannot be opened or read, or is a
+ * FIFO, socket or directory (reading those blocks or misleads). */
 char *text_read_file(const char *path, size_t *len);
 
 #endif
