@@ -10,6 +10,7 @@
  *   sparq_eval / sparq_eval_all    batching, progress, abort
  */
 #include "core/model.h"
+#include "tensor/gemm.h"
 #include "tensor/quant.h"
 
 #include <assert.h>
@@ -38,6 +39,58 @@ static const uint8_t *convert_activations(sparq_context *c, const float *in, int
     return dst;
 }
 
+/* Prefill products through packed tiles (tensor/gemm.h): every token's
+ * activations are packed once, then each thread packs a panel of rows
+ * (sized to stay in L2) and runs all tokens past it in 4 x 4 register
+ * tiles. The panels of all products form one parallel loop. Returns -1
+ * (nothing written) if a type has no tiles or memory is short; the caller
+ * then takes the row-chunk path. */
+static int matmul_gemm(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
+                       float *const *outs)
+{
+    for (int i = 0; i < n_w; i++)
+        if (!gemm_supported(ws[i]->type)) return -1;
+    const int64_t n_in = ws[0]->n_in;
+    /* one vec_dot type (checked by the caller), so one activation packing;
+     * every row of the group packs to the same size */
+    const size_t ab = gemm_act_bytes(ws[0]->type, n_in), rb = gemm_row_bytes(ws[0]->type, n_in);
+    for (int i = 1; i < n_w; i++)
+        if (gemm_row_bytes(ws[i]->type, n_in) != rb) return -1;
+    enum { PANEL_BYTES = 256 * 1024 }; /* a quarter of the L2 here; acts stream past */
+    int pr = (int)(PANEL_BYTES / rb) / GEMM_MR * GEMM_MR;
+    if (pr < GEMM_MR) pr = GEMM_MR;
+    if (pr > 128) pr = 128;
+    const int nt = c->n_threads;
+    uint8_t *acts = aligned_alloc(64, (size_t)n * ab);
+    uint8_t *panels = aligned_alloc(64, (size_t)nt * pr * rb);
+    if (!acts || !panels) {
+        free(acts);
+        free(panels);
+        return -1;
+    }
+    int64_t first[5] = { 0 };
+    for (int i = 0; i < n_w; i++) first[i + 1] = first[i] + (ws[i]->n_out + pr - 1) / pr;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int t = 0; t < n; t++) gemm_pack_act(ws[0]->type, in + (size_t)t * n_in, n_in, acts + (size_t)t * ab);
+        uint8_t *panel = panels + (size_t)omp_get_thread_num() * pr * rb;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t p = 0; p < first[n_w]; p++) {
+            int i = 0;
+            while (p >= first[i + 1]) i++;
+            const weight *w = ws[i];
+            const int64_t r0 = (p - first[i]) * pr;
+            const int nr = (int)(w->n_out - r0 < pr ? w->n_out - r0 : pr);
+            gemm_pack_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr, n_in, panel);
+            gemm_panel(w->type, panel, nr, acts, n, n_in, outs[i] + r0, (size_t)w->n_out);
+        }
+    }
+    free(acts);
+    free(panels);
+    return 0;
+}
+
 void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
                         float *const *outs)
 {
@@ -49,6 +102,7 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
             return;
         }
     }
+    if (n >= GEMM_NT && matmul_gemm(c, in, n, n_w, ws, outs) == 0) return;
     const int64_t n_in = ws[0]->n_in;
     size_t x_stride;
     const uint8_t *xq = convert_activations(c, in, n, n_in, vdt, &x_stride);

@@ -6,15 +6,17 @@
 #include "tensor/quant_impl.h"
 
 #include <assert.h>
+#include <float.h>
 #include <string.h>
 
-enum { KIND_NONE = 0, KIND_INT = 1, KIND_F32 = 2 };
+enum { KIND_NONE = 0, KIND_INT = 1, KIND_F32 = 2, KIND_BF16 = 3 };
 
 static int kind_of(uint32_t type)
 {
     switch (type) {
     case QT_Q8_0: case QT_Q4_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return KIND_INT;
-    case QT_F32: case QT_F16: case QT_BF16: return KIND_F32;
+    case QT_F32: case QT_F16: return KIND_F32;
+    case QT_BF16: return KIND_BF16;
     default: return KIND_NONE;
     }
 }
@@ -30,6 +32,7 @@ static int64_t int_ngpad(int64_t n) { return pad_to(int_npad(n) / 16, 16); }
 size_t gemm_row_bytes(uint32_t type, int64_t n)
 {
     if (kind_of(type) == KIND_F32) return (size_t)pad_to(n, 16) * sizeof(float);
+    if (kind_of(type) == KIND_BF16) return (size_t)pad_to(n, 32) * sizeof(uint16_t);
     return (size_t)(2 * int_npad(n) + 4 * int_ngpad(n));
 }
 
@@ -37,38 +40,43 @@ size_t gemm_act_bytes(uint32_t type, int64_t n) { return gemm_row_bytes(type, n)
 
 /* ---- packing ---------------------------------------------------------------- */
 
-/* Writes code, 4-lane scale and 16-group offset of element e (scales are
- * written once per lane / group, at its first element). */
-static inline void put(uint8_t *q, float *sw, float *mn, int64_t e, int code, float scale, float off)
+/* Scale of the 4-element lanes [e0, e0 + len) and offset of their
+ * 16-element groups (len a multiple of 16). */
+static inline void fill_scales(float *sw, float *mn, int64_t e0, int len, float scale, float off)
 {
-    q[e] = (uint8_t)code;
-    if (e % 4 == 0) sw[e / 4] = scale;
-    if (e % 16 == 0) mn[e / 16] = off;
+    for (int l = 0; l < len / 4; l++) sw[e0 / 4 + l] = scale;
+    for (int g = 0; g < len / 16; g++) mn[e0 / 16 + g] = off;
 }
 
+/* Block-wise loops (no per-element index arithmetic): packing runs once per
+ * batch over every weight, so it must cost little next to the products. */
 static void pack_int_row(uint32_t type, const void *src, int64_t n, uint8_t *dst)
 {
     const int64_t np = int_npad(n), ngp = int_ngpad(n);
     uint8_t *q = dst;
     float *sw = (float *)(dst + np), *mn = sw + np / 4;
-    memset(dst, 0, (size_t)(2 * np + 4 * ngp));
+    memset(q + n, 0, (size_t)(np - n)); /* padding: zero codes and scales */
+    memset(sw + n / 4, 0, (size_t)(np - n)); /* (np - n) / 4 floats */
+    memset(mn + n / 16, 0, (size_t)(ngp - n / 16) * sizeof(float));
     switch (type) {
     case QT_Q8_0: {
         const blk_q8_0 *b = src;
-        for (int64_t i = 0; i < n / QK; i++) {
+        for (int64_t i = 0; i < n / QK; i++, q += QK) {
             const float d = fp16_to_fp32(b[i].d);
-            for (int j = 0; j < QK; j++) put(q, sw, mn, i * QK + j, b[i].qs[j] + 128, d, 128.0f * d);
+            for (int j = 0; j < QK; j++) q[j] = (uint8_t)(b[i].qs[j] + 128);
+            fill_scales(sw, mn, i * QK, QK, d, 128.0f * d);
         }
         break;
     }
     case QT_Q4_0: {
         const blk_q4_0 *b = src;
-        for (int64_t i = 0; i < n / QK; i++) {
+        for (int64_t i = 0; i < n / QK; i++, q += QK) {
             const float d = fp16_to_fp32(b[i].d);
-            for (int j = 0; j < QK; j++) {
-                const int c = j < 16 ? (b[i].qs[j] & 0xF) : (b[i].qs[j - 16] >> 4);
-                put(q, sw, mn, i * QK + j, c, d, 8.0f * d);
+            for (int j = 0; j < QK / 2; j++) {
+                q[j] = b[i].qs[j] & 0xF;
+                q[j + QK / 2] = b[i].qs[j] >> 4;
             }
+            fill_scales(sw, mn, i * QK, QK, d, 8.0f * d);
         }
         break;
     }
@@ -83,14 +91,22 @@ static void pack_int_row(uint32_t type, const void *src, int64_t n, uint8_t *dst
             const uint16_t dh = five ? b5->d : b4->d, mh = five ? b5->dmin : b4->dmin;
             const uint8_t *scales = five ? b5->scales : b4->scales, *qs = five ? b5->qs : b4->qs;
             const float d = fp16_to_fp32(dh), dmin = fp16_to_fp32(mh);
-            for (int j = 0; j < 8; j++) {
-                int sc, m;
-                quant_k4_scale_min(scales, j, &sc, &m);
-                for (int e = 32 * j; e < 32 * j + 32; e++) {
-                    const uint8_t v = qs[32 * (e / 64) + e % 32];
-                    int c = (e % 64) < 32 ? (v & 0xF) : (v >> 4);
-                    if (five) c += 16 * ((b5->qh[e % 32] >> (e / 32)) & 1);
-                    put(q, sw, mn, i * QKK + e, c, d * (float)sc, dmin * (float)m);
+            /* 64 elements per 32 bytes of qs: low nibbles, then high */
+            for (int c = 0; c < 4; c++, q += 64) {
+                const uint8_t *v = qs + 32 * c;
+                for (int l = 0; l < 32; l++) {
+                    q[l] = v[l] & 0xF;
+                    q[l + 32] = v[l] >> 4;
+                }
+                if (five)
+                    for (int l = 0; l < 32; l++) {
+                        q[l] += (uint8_t)(16 * ((b5->qh[l] >> (2 * c)) & 1));
+                        q[l + 32] += (uint8_t)(16 * ((b5->qh[l] >> (2 * c + 1)) & 1));
+                    }
+                for (int j = 2 * c; j < 2 * c + 2; j++) {
+                    int sc, m;
+                    quant_k4_scale_min(scales, j, &sc, &m);
+                    fill_scales(sw, mn, i * QKK + 32 * j, 32, d * (float)sc, dmin * (float)m);
                 }
             }
         }
@@ -100,12 +116,17 @@ static void pack_int_row(uint32_t type, const void *src, int64_t n, uint8_t *dst
         const blk_q6_K *b = src;
         for (int64_t i = 0; i < n / QKK; i++) {
             const float d = fp16_to_fp32(b[i].d);
-            for (int e = 0; e < QKK; e++) {
-                const int h = e / 128, s = (e % 128) / 32, l = e % 32;
-                const uint8_t lo = b[i].ql[64 * h + l + 32 * (s & 1)];
-                const int c = (s >= 2 ? (lo >> 4) : (lo & 0xF)) | (((b[i].qh[32 * h + l] >> (2 * s)) & 3) << 4);
-                const float ds = d * (float)b[i].scales[e / 16];
-                put(q, sw, mn, i * QKK + e, c, ds, 32.0f * ds);
+            /* element 128h + 32s + l: low nibble of ql[64h + l + 32(s&1)]
+             * (high nibble when s >= 2), bits 2s..2s+1 of qh[32h + l] */
+            for (int h = 0; h < 2; h++)
+                for (int s = 0; s < 4; s++, q += 32) {
+                    const uint8_t *ql = b[i].ql + 64 * h + 32 * (s & 1), *qh = b[i].qh + 32 * h;
+                    for (int l = 0; l < 32; l++)
+                        q[l] = (uint8_t)(((ql[l] >> (4 * (s >> 1))) & 0xF) | (((qh[l] >> (2 * s)) & 3) << 4));
+                }
+            for (int g = 0; g < QKK / 16; g++) {
+                const float ds = d * (float)b[i].scales[g];
+                fill_scales(sw, mn, i * QKK + 16 * g, 16, ds, 32.0f * ds);
             }
         }
         break;
@@ -122,6 +143,9 @@ void gemm_pack_rows(uint32_t type, const void *w, size_t w_stride, int nr, int64
         uint8_t *out = (uint8_t *)dst + (size_t)r * rb;
         if (kind_of(type) == KIND_INT) {
             pack_int_row(type, src, n, out);
+        } else if (kind_of(type) == KIND_BF16) {
+            memcpy(out, src, (size_t)n * sizeof(uint16_t));
+            memset(out + n * sizeof(uint16_t), 0, rb - (size_t)n * sizeof(uint16_t));
         } else {
             quant_to_float(type, src, (float *)out, n);
             memset(out + n * sizeof(float), 0, rb - (size_t)n * sizeof(float));
@@ -134,6 +158,10 @@ void gemm_pack_act(uint32_t type, const float *x, int64_t n, void *dst)
     const int vdt = quant_traits_of(type)->vec_dot_type;
     uint8_t *out = dst;
     memset(out, 0, gemm_act_bytes(type, n));
+    if (kind_of(type) == KIND_BF16) {
+        quant_from_float(QT_BF16, x, out, n);
+        return;
+    }
     if (kind_of(type) == KIND_F32) {
         float *y = (float *)out;
         if (vdt == QT_F32) {
@@ -205,6 +233,23 @@ static float ref_f32(const float *w, const float *x, int64_t n)
     return quant_hsum16(acc);
 }
 
+/* BF16 x BF16 as vdpbf16ps computes it (the decode kernel's rounding):
+ * subnormal inputs read as zero, per lane l of 32 elements the odd element
+ * 2l+1 then 2l, each an fma whose subnormal result is flushed. */
+static inline float bf16_daz(uint16_t h) { return (h & 0x7f80) == 0 ? 0.0f * bf16_to_fp32(h) : bf16_to_fp32(h); }
+static inline float ftz(float f) { return fabsf(f) < FLT_MIN ? 0.0f * f : f; }
+
+static float ref_bf16(const uint16_t *w, const uint16_t *x, int64_t n)
+{
+    float acc[16] = { 0 };
+    for (int64_t k = 0; k < pad_to(n, 32); k += 32)
+        for (int l = 0; l < 16; l++) {
+            acc[l] = ftz(fmaf(bf16_daz(w[k + 2 * l + 1]), bf16_daz(x[k + 2 * l + 1]), acc[l]));
+            acc[l] = ftz(fmaf(bf16_daz(w[k + 2 * l]), bf16_daz(x[k + 2 * l]), acc[l]));
+        }
+    return quant_hsum16(acc);
+}
+
 void gemm_tile_ref(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                    float *out, size_t ldo)
 {
@@ -214,8 +259,9 @@ void gemm_tile_ref(uint32_t type, const void *rows, int nr, const void *acts, in
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) {
             const uint8_t *w = (const uint8_t *)rows + (size_t)r * rb, *x = (const uint8_t *)acts + (size_t)t * rb;
-            out[(size_t)t * ldo + r] = k == KIND_INT ? ref_int(w, x, n)
-                                                     : ref_f32((const float *)w, (const float *)x, n);
+            out[(size_t)t * ldo + r] = k == KIND_INT    ? ref_int(w, x, n)
+                                       : k == KIND_BF16 ? ref_bf16((const uint16_t *)w, (const uint16_t *)x, n)
+                                                        : ref_f32((const float *)w, (const float *)x, n);
         }
 }
 

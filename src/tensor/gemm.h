@@ -20,8 +20,10 @@
  *     scale * sum of the 16 codes of group g. Then
  *       dot = sum_lanes sw*sx*(sum of 4 u8*s8 products) - sum_g mn_g*sb_g,
  *     the 4-product integer sums being one vpdpbusd lane.
- *   float kind (F32, F16, BF16): both rows widened to f32 (activations first
+ *   float kind (F32, F16): both rows widened to f32 (activations first
  *     rounded to the vec_dot type, so every product equals quant_dot's).
+ *   BF16: both rows stay bf16 and meet in vdpbf16ps (its rounding: odd
+ *     element first, subnormals flushed), as the decode kernel does.
  *
  * Numerics: the integer parts are exact; against quant_dot only the float
  * rounding and summation order differ (|diff| ~ 1e-6 relative), which the
@@ -70,6 +72,14 @@ void gemm_tile_ref(uint32_t type, const void *rows, int nr, const void *acts, in
  * caller to stay in L2) stream past it. */
 void gemm_panel(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                 float *out, size_t ldo);
+
+/* Peak-rate loops for `sparq bench peak`: `iters` rounds of 12 independent
+ * vpdpbusd (int8: 128 ops each, 64 multiply-adds) or 16 vfmadd (f32: 32
+ * flops each) on zmm registers; returns the operations done, 0 when the
+ * build has no such instructions. The result is consumed via *sink so the
+ * loop cannot be removed. */
+double gemm_peak_int8(int64_t iters, float *sink);
+double gemm_peak_f32(int64_t iters, float *sink);
 
 /* Implementation detail shared with gemm_avx512.c. */
 void gemm_tile_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
