@@ -10,6 +10,7 @@
  *   sparq_eval / sparq_eval_all    batching, progress, abort
  */
 #include "core/model.h"
+#include "attn/attn_prefill.h"
 #include "tensor/gemm.h"
 #include "tensor/quant.h"
 
@@ -223,9 +224,9 @@ static void prefill_colsum(sparq_context *c, int il, int h, int64_t pos0, int n,
     free(w);
 }
 
-/* Exact causal attention for n new tokens at pos0..pos0+n-1: each token and
- * KV head is one group-wide pass over the cache (no S x S matrix). */
-static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
+/* The untiled fallback (when attend_prefill cannot get its scratch): each
+ * token and KV head is one group-wide pass over the cache. */
+static void attend_prefill_rows(sparq_context *c, int il, int64_t pos0, int n)
 {
     const model_hparams *hp = &c->model->hp;
     const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
@@ -253,6 +254,68 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
             c->policy->observe_prefill(c->policy_state, &c->params.attn, il, h, &kv, cs);
         }
     }
+}
+
+/* Exact causal attention for n new tokens at pos0..pos0+n-1, tiled
+ * (attn/attn_prefill.h): units of (query block, KV head), the longest rows
+ * first so the threads finish together. H2O's column sums reuse the rows'
+ * final softmax statistics: one more q.k pass over key tiles, split across
+ * threads by key block (each thread owns its columns), no p.V. */
+static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
+{
+    const model_hparams *hp = &c->model->hp;
+    const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
+    const size_t q_dim = (size_t)hp->n_head * d;
+    const int observe = c->policy->observe_prefill != NULL;
+    const int colsum = observe && (c->policy->needs & ATTN_NEEDS_COLSUM) != 0;
+    const size_t sf = (attn_prefill_scratch(d, g) + 15) / 16 * 16;
+    float *scratch = aligned_alloc(64, (size_t)c->n_threads * sf * sizeof(float));
+    float *ml = colsum ? malloc((size_t)n_kv * n * g * 2 * sizeof(float)) : NULL;
+    if (!scratch || (colsum && !ml)) {
+        free(scratch);
+        free(ml);
+        attend_prefill_rows(c, il, pos0, n);
+        return;
+    }
+    const int bq = attn_prefill_bq(g), n_qb = (n + bq - 1) / bq;
+    const int64_t S = pos0 + n, n_kb = (S + ATTN_PF_BK - 1) / ATTN_PF_BK;
+#pragma omp parallel num_threads(c->n_threads)
+    {
+        float *s = scratch + (size_t)omp_get_thread_num() * sf;
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int qb = n_qb - 1; qb >= 0; qb--)
+            for (int h = 0; h < n_kv; h++) {
+                const int t0 = qb * bq, nt = n - t0 < bq ? n - t0 : bq;
+                attn_kv_view kv;
+                kv_view(&c->kv, il, h, S, &kv);
+                const size_t off = (size_t)t0 * q_dim + (size_t)h * g * d;
+                attn_prefill_block(&kv, pos0 + t0, nt, c->rs.q + off, q_dim, g, c->rs.att + off, q_dim,
+                                   ml ? ml + ((size_t)h * n + t0) * g * 2 : NULL, s);
+            }
+        if (colsum) {
+#pragma omp for schedule(dynamic, 4) collapse(2)
+            for (int h = 0; h < n_kv; h++)
+                for (int64_t kb = 0; kb < n_kb; kb++) {
+                    const int64_t k0 = kb * ATTN_PF_BK;
+                    const int nk = (int)(S - k0 < ATTN_PF_BK ? S - k0 : ATTN_PF_BK);
+                    attn_kv_view kv;
+                    kv_view(&c->kv, il, h, S, &kv);
+                    attn_prefill_colsum(&kv, k0, nk, pos0, n, c->rs.q + (size_t)h * g * d, q_dim, g,
+                                        ml + (size_t)h * n * g * 2, c->rs.colsum + (size_t)h * c->kv.cap + k0, s);
+                }
+        }
+        if (observe) {
+#pragma omp for schedule(dynamic, 1)
+            for (int h = 0; h < n_kv; h++) {
+                attn_kv_view kv;
+                kv_view(&c->kv, il, h, S, &kv);
+                c->policy->observe_prefill(c->policy_state, &c->params.attn, il, h, &kv,
+                                           colsum ? c->rs.colsum + (size_t)h * c->kv.cap : NULL);
+            }
+        }
+    }
+    free(scratch);
+    free(ml);
 }
 
 /* One decode step through the policy, all KV heads of layer il. Returns 0,
