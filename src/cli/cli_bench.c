@@ -992,23 +992,32 @@ typedef struct pp_row {
     double tok_s, gflop, gflop_s;
 } pp_row;
 
+/* A JSON number, or null when it is not finite (peak rows have no tok/s). */
+static void pp_num(double x) { if (isfinite(x)) printf("%.10g", x); else printf("null"); }
+
 static void pp_write(const pp_row *r, int n, int json, int csv)
 {
     FILE *tf = json || csv ? stderr : stdout;
     if (json) {
         printf("[\n");
-        for (int i = 0; i < n; i++)
-            printf("  {\"test\": \"%s\", \"model\": \"%s\", \"type\": \"%s\", \"n_prompt\": %lld, \"n_depth\": %lld, "
-                   "\"threads\": %d, \"reps\": %d, \"ms\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
-                   "\"tok_s\": %.4f, \"gflop\": %.6f, \"gflop_s\": %.4f}%s\n",
-                   r[i].test, r[i].model, r[i].type, (long long)r[i].n_prompt, (long long)r[i].depth,
-                   r[i].threads, r[i].reps, r[i].ms, r[i].ms_min, r[i].ms_max, r[i].tok_s, r[i].gflop,
-                   r[i].gflop_s, i + 1 < n ? "," : "");
+        for (int i = 0; i < n; i++) {
+            printf("  {\"test\": \"%s\", \"model\": ", r[i].test);
+            cli_json_str(stdout, r[i].model, strlen(r[i].model));
+            printf(", \"type\": \"%s\", \"n_prompt\": %lld, \"n_depth\": %lld, \"threads\": %d, \"reps\": %d, ",
+                   r[i].type, (long long)r[i].n_prompt, (long long)r[i].depth, r[i].threads, r[i].reps);
+            const char *keys[] = { "ms", "ms_min", "ms_max", "tok_s", "gflop", "gflop_s" };
+            const double vals[] = { r[i].ms, r[i].ms_min, r[i].ms_max, r[i].tok_s, r[i].gflop, r[i].gflop_s };
+            for (int k = 0; k < 6; k++) {
+                printf("%s\"%s\": ", k ? ", " : "", keys[k]);
+                pp_num(vals[k]);
+            }
+            printf("}%s\n", i + 1 < n ? "," : "");
+        }
         printf("]\n");
     } else if (csv) {
         printf("test,model,type,n_prompt,n_depth,threads,reps,ms,ms_min,ms_max,tok_s,gflop,gflop_s\n");
         for (int i = 0; i < n; i++)
-            printf("%s,%s,%s,%lld,%lld,%d,%d,%.4f,%.4f,%.4f,%.4f,%.6f,%.4f\n", r[i].test, r[i].model, r[i].type,
+            printf("%s,%s,%s,%lld,%lld,%d,%d,%.4f,%.4f,%.4f,%.4f,%.10g,%.4f\n", r[i].test, r[i].model, r[i].type,
                    (long long)r[i].n_prompt, (long long)r[i].depth, r[i].threads, r[i].reps, r[i].ms,
                    r[i].ms_min, r[i].ms_max, r[i].tok_s, r[i].gflop, r[i].gflop_s);
     }
