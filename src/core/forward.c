@@ -365,6 +365,44 @@ static int attend_decode(sparq_context *c, int il, int64_t pos)
 
 /* ---- the layer loop --------------------------------------------------------- */
 
+/* for (i = 0; i < count; i++) body, on all threads when par (a prefill's
+ * per-token loops, so no serial phase idles the other cores between the
+ * products), inline otherwise: an OpenMP region costs ~1 us even when its
+ * if() clause is false, and a decode step would pass ~180 of them. */
+#define FOR_ROWS(par, i, count, ...)                                                   \
+    do {                                                                               \
+        if (par) {                                                                     \
+            _Pragma("omp parallel for num_threads(c->n_threads) schedule(static)")     \
+            for (int64_t i = 0; i < (int64_t)(count); i++) { __VA_ARGS__; }            \
+        } else {                                                                       \
+            for (int64_t i = 0; i < (int64_t)(count); i++) { __VA_ARGS__; }            \
+        }                                                                              \
+    } while (0)
+
+/* Biases, optional q/k norms and RoPE of token t's q and k (before kv_write). */
+static void qk_finish(const sparq_context *c, const layer_weights *L, int64_t t)
+{
+    const sparq_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const run_state *rs = &c->rs;
+    const int hd = hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_kv_head * hd;
+    float *q = rs->q + t * q_dim, *k = rs->k + t * kv_dim, *v = rs->v + t * kv_dim;
+    /* each bias is optional on its own, as in llama.cpp */
+    for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
+    for (size_t i = 0; L->bk && i < kv_dim; i++) k[i] += L->bk[i];
+    for (size_t i = 0; L->bv && i < kv_dim; i++) v[i] += L->bv[i];
+    const float *cs = rs->rope_cs + (size_t)t * hp->rope_dim;
+    for (int h = 0; h < hp->n_head; h++) {
+        if (L->q_norm) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
+        rope_head(q + h * hd, cs, hp->rope_dim, m->arch->rope_type);
+    }
+    for (int h = 0; h < hp->n_kv_head; h++) {
+        if (L->k_norm) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+        rope_head(k + h * hd, cs, hp->rope_dim, m->arch->rope_type);
+    }
+}
+
 /* decode: the step is a generation step (one token through the policy);
  * otherwise exact causal attention, whatever n is. */
 static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, float *logits,
@@ -373,61 +411,46 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
     const sparq_model *m = c->model;
     const model_hparams *hp = &m->hp;
     run_state *rs = &c->rs;
-    const int E = hp->n_embd, hd = hp->head_dim;
-    const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_kv_head * hd;
+    const int E = hp->n_embd;
+    const size_t kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
     const int64_t pos0 = c->kv.n;
 
-    for (int t = 0; t < n; t++) { /* token embeddings and rotation angles */
-        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
-        quant_to_float(m->tok_embd.type, row, rs->x + (size_t)t * E, E);
-        rope_angles(rs->rope_cs + (size_t)t * hp->rope_dim, pos0 + t, hp, c->rope_factors);
-    }
+    const int par = n > 1;
+    FOR_ROWS(par, t, n, /* token embeddings and rotation angles */
+             quant_to_float(m->tok_embd.type,
+                            (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes,
+                            rs->x + (size_t)t * E, E);
+             rope_angles(rs->rope_cs + (size_t)t * hp->rope_dim, pos0 + t, hp, c->rope_factors));
 
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *L = &m->layers[il];
 
         /* attention block: x += Wo attn(rope(Wq xn), rope(Wk xn), Wv xn);
          * fused Q/K/V (phi3) arrive as three row views of one tensor */
-        for (int t = 0; t < n; t++)
-            rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
+        FOR_ROWS(par, t, n, rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps));
         const weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
         float *const qkv_out[3] = { rs->q, rs->k, rs->v };
         model_matmul_group(c, rs->xn, n, 3, qkv, qkv_out);
-        for (int t = 0; t < n; t++) {
-            float *q = rs->q + t * q_dim, *k = rs->k + t * kv_dim, *v = rs->v + t * kv_dim;
-            /* each bias is optional on its own, as in llama.cpp */
-            for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
-            for (size_t i = 0; L->bk && i < kv_dim; i++) k[i] += L->bk[i];
-            for (size_t i = 0; L->bv && i < kv_dim; i++) v[i] += L->bv[i];
-            const float *cs = rs->rope_cs + (size_t)t * hp->rope_dim;
-            for (int h = 0; h < hp->n_head; h++) {
-                if (L->q_norm) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
-                rope_head(q + h * hd, cs, hp->rope_dim, m->arch->rope_type);
-            }
-            for (int h = 0; h < hp->n_kv_head; h++) {
-                if (L->k_norm) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
-                rope_head(k + h * hd, cs, hp->rope_dim, m->arch->rope_type);
-            }
-            kv_write(&c->kv, il, pos0 + t, k, v);
-        }
+        FOR_ROWS(par, t, n, qk_finish(c, L, t));
+        for (int t = 0; t < n; t++) /* in order: the cache's running V sum depends on it */
+            kv_write(&c->kv, il, pos0 + t, rs->k + t * kv_dim, rs->v + t * kv_dim);
         if (decode) {
             if (attend_decode(c, il, pos0)) return -1; /* the cache's n is unchanged */
         } else {
             attend_prefill(c, il, pos0, n);
         }
         model_matmul(c, rs->xn, rs->att, n, &L->wo);
-        for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
+        FOR_ROWS(par, i, (size_t)n * E, rs->x[i] += rs->xn[i]);
 
         /* feed-forward block: x += Wdown (silu(Wgate xn) * Wup xn); phi3's
          * gate and up are the two halves of its ffn_up tensor */
-        for (int t = 0; t < n; t++)
-            rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
+        FOR_ROWS(par, t, n, rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps));
         const weight *gate_up[2] = { &L->w_gate, &L->w_up };
         float *const gate_up_out[2] = { rs->gate, rs->up };
         model_matmul_group(c, rs->xn, n, 2, gate_up, gate_up_out);
-        for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
+        FOR_ROWS(par, i, (size_t)n * hp->n_ff, rs->gate[i] = silu(rs->gate[i]) * rs->up[i]);
         model_matmul(c, rs->xn, rs->gate, n, &L->w_down);
-        for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
+        FOR_ROWS(par, i, (size_t)n * E, rs->x[i] += rs->xn[i]);
     }
     c->kv.n += n;
     if (!logits) return 0;
