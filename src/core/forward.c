@@ -103,7 +103,12 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
             return;
         }
     }
-    if (n >= GEMM_NT && matmul_gemm(c, in, n, n_w, ws, outs) == 0) return;
+    /* Packing every weight once per call costs about what the row-chunk
+     * path spends on a few dozen tokens: below that, short prompts (chat
+     * turns) stay on it. Measured under load (pp4..pp64, smollm2 Q8_0, 1
+     * thread): chunks faster at 32 tokens, tiles at 64; retune when quiet. */
+    enum { GEMM_MIN_TOKENS = 48 };
+    if (n >= GEMM_MIN_TOKENS && matmul_gemm(c, in, n, n_w, ws, outs) == 0) return;
     const int64_t n_in = ws[0]->n_in;
     size_t x_stride;
     const uint8_t *xq = convert_activations(c, in, n, n_in, vdt, &x_stride);
