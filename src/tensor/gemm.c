@@ -21,7 +21,17 @@ static int kind_of(uint32_t type)
     }
 }
 
-int gemm_supported(uint32_t type) { return kind_of(type) != KIND_NONE; }
+/* Only where the SIMD tiles exist: without them (no AVX-512 build) the
+ * plain-C tiles would be slower than quant_dot_rows' AVX2 kernels. */
+int gemm_supported(uint32_t type)
+{
+#if defined(QUANT_SIMD_AVX512)
+    return kind_of(type) != KIND_NONE;
+#else
+    (void)type;
+    return 0;
+#endif
+}
 
 static int64_t pad_to(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 

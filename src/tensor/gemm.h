@@ -42,7 +42,8 @@
 
 enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_PAD = 64 };
 
-/* 1 if weights of this type have a packed GEMM path. */
+/* 1 if weights of this type have a packed GEMM path in this build (AVX-512
+ * builds only; the packing and gemm_tile_ref work everywhere). */
 int gemm_supported(uint32_t type);
 
 /* Bytes of one packed weight row / one packed activation row of n elements
