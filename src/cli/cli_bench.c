@@ -15,6 +15,10 @@
  *           sparq_context_fill_random (timing only: outputs meaningless).
  *           Weights vs attention: the same policy's ms/token at depth 0 is
  *           the weights-only baseline, the rest is attributed to attention.
+ *   prefill prompt processing tokens/s (pp N at depth D, as llama-bench
+ *           -p N -d D) with the GFLOP/s it implies (bench_prefill_main).
+ *   peak    the machine's measured int8 (vpdpbusd) and f32 (FMA) peak and
+ *           the prefill GEMM tile's rate, the roofline for the prefill rows.
  *
  * stdout carries the table (or the JSON array / CSV); progress goes to stderr.
  * Arithmetic, statistics and formatting live in bench.c (tested there).
@@ -22,6 +26,9 @@
 #include "cli/cli.h"
 #include "bench/bench.h"
 #include "core/kvcache.h"
+#include "core/model.h"
+#include "tensor/gemm.h"
+#include "tensor/quant.h"
 
 #include <math.h>
 #include <omp.h>
@@ -942,6 +949,317 @@ done:
     return rc;
 }
 
+/* ---- prefill and peak ------------------------------------------------------------ */
+
+typedef struct prefill_opts {
+    const char *model, *prompt, *depth, *threads, *kv_type;
+    int reps, warmup, n_batch, use_mmap, json, csv;
+    int64_t iters;
+} prefill_opts;
+
+#define POFF(f) offsetof(prefill_opts, f)
+static const cli_opt prefill_table[] = {
+    { "-m", "--model", OPT_STR, POFF(model), "FILE", "GGUF model (searched like `sparq run -m`)" },
+    { "-p", "--n-prompt", OPT_STR, POFF(prompt), "LIST", "prompt lengths, e.g. 512,4096 (default 512)" },
+    { "-d", "--depth", OPT_STR, POFF(depth), "LIST", "tokens already in the cache (default 0)" },
+    { "-b", "--batch-size", OPT_INT, POFF(n_batch), "N", "prefill batch size (default 512)" },
+    { "--kv-type", NULL, OPT_STR, POFF(kv_type), "f16|f32", "KV element type (default f16)" },
+    { "--mmap", NULL, OPT_FLAG, POFF(use_mmap), NULL, "map the model file instead of reading it" },
+    { 0 },
+};
+static const cli_opt peak_table[] = {
+    { "--iters", NULL, OPT_I64, POFF(iters), "N", "rounds per timed loop (default 2000000)" },
+    { 0 },
+};
+static const cli_opt prefill_run_table[] = {
+    { "-t", "--threads", OPT_STR, POFF(threads), "LIST", "thread counts (default: all cores; peak: 1,all)" },
+    { "-r", "--reps", OPT_INT, POFF(reps), "N", "timed repetitions (default 3)" },
+    { "--warmup", NULL, OPT_INT, POFF(warmup), "N", "untimed runs before each point (default 1)" },
+    { "--json", NULL, OPT_FLAG, POFF(json), NULL, "stdout: a JSON array of rows (table goes to stderr)" },
+    { "--csv", NULL, OPT_FLAG, POFF(csv), NULL, "stdout: CSV (table goes to stderr)" },
+    { 0 },
+};
+#undef POFF
+
+/* One result line of `bench prefill` or `bench peak`. */
+typedef struct pp_row {
+    char   test[32];     /* "pp512" / "int8-vnni" ...                  */
+    char   model[64];
+    char   type[16];     /* weight type of the FFN down matrix, or "-"  */
+    int64_t n_prompt, depth;
+    int    threads, reps;
+    double ms, ms_min, ms_max;   /* per prompt (prefill) or per loop     */
+    double tok_s, gflop, gflop_s;
+} pp_row;
+
+/* A JSON number, or null when it is not finite (peak rows have no tok/s). */
+static void pp_num(double x) { if (isfinite(x)) printf("%.10g", x); else printf("null"); }
+
+static void pp_write(const pp_row *r, int n, int json, int csv)
+{
+    FILE *tf = json || csv ? stderr : stdout;
+    if (json) {
+        printf("[\n");
+        for (int i = 0; i < n; i++) {
+            printf("  {\"test\": \"%s\", \"model\": ", r[i].test);
+            cli_json_str(stdout, r[i].model, strlen(r[i].model));
+            printf(", \"type\": \"%s\", \"n_prompt\": %lld, \"n_depth\": %lld, \"threads\": %d, \"reps\": %d, ",
+                   r[i].type, (long long)r[i].n_prompt, (long long)r[i].depth, r[i].threads, r[i].reps);
+            const char *keys[] = { "ms", "ms_min", "ms_max", "tok_s", "gflop", "gflop_s" };
+            const double vals[] = { r[i].ms, r[i].ms_min, r[i].ms_max, r[i].tok_s, r[i].gflop, r[i].gflop_s };
+            for (int k = 0; k < 6; k++) {
+                printf("%s\"%s\": ", k ? ", " : "", keys[k]);
+                pp_num(vals[k]);
+            }
+            printf("}%s\n", i + 1 < n ? "," : "");
+        }
+        printf("]\n");
+    } else if (csv) {
+        printf("test,model,type,n_prompt,n_depth,threads,reps,ms,ms_min,ms_max,tok_s,gflop,gflop_s\n");
+        for (int i = 0; i < n; i++)
+            printf("%s,%s,%s,%lld,%lld,%d,%d,%.4f,%.4f,%.4f,%.4f,%.10g,%.4f\n", r[i].test, r[i].model, r[i].type,
+                   (long long)r[i].n_prompt, (long long)r[i].depth, r[i].threads, r[i].reps, r[i].ms,
+                   r[i].ms_min, r[i].ms_max, r[i].tok_s, r[i].gflop, r[i].gflop_s);
+    }
+    fprintf(tf, "| %-14s | %-24s | %-5s | %7s | %5s | %9s | %10s | %9s |\n", "test", "model", "type", "depth",
+            "t", "ms", "tok/s", "GFLOP/s");
+    for (int i = 0; i < n; i++)
+        fprintf(tf, "| %-14s | %-24.24s | %-5s | %7lld | %5d | %9.2f | %10.2f | %9.2f |\n", r[i].test, r[i].model,
+                r[i].type, (long long)r[i].depth, r[i].threads, r[i].ms, r[i].tok_s, r[i].gflop_s);
+    fflush(stdout);
+}
+
+/* Arithmetic of one prompt of n tokens after `depth`: 2 flops per weight
+ * and token for the layer matrices, the LM head once (the last token's
+ * logits, as llama-bench), and causal attention's q.k and p.v (2 x 2 x
+ * head_dim flops per query head and visible key). */
+static double prefill_gflop(const sparq_model *m, int64_t n, int64_t depth)
+{
+    const model_hparams *hp = &m->hp;
+    double w = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const layer_weights *L = &m->layers[il];
+        const weight *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+        for (int i = 0; i < 7; i++) w += (double)ws[i]->n_in * (double)ws[i]->n_out;
+    }
+    const double keys = (double)n * (double)depth + (double)n * (double)(n + 1) / 2;
+    const double attn = 4.0 * hp->head_dim * hp->n_head * hp->n_layer * keys;
+    const double head = 2.0 * (double)m->output.n_in * (double)m->output.n_out;
+    return (2.0 * w * (double)n + attn + head) / 1e9;
+}
+
+static void pp_stats(pp_row *row, const double *ms, int n)
+{
+    double sorted[64];
+    memcpy(sorted, ms, (size_t)n * sizeof *ms);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of samples */
+        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
+            double x = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = x;
+        }
+    row->ms = bench_quantile_sorted(sorted, n, 0.5);
+    row->ms_min = sorted[0];
+    row->ms_max = sorted[n - 1];
+    row->reps = n;
+}
+
+static int pp_parse(int argc, char **argv, prefill_opts *o, int peak)
+{
+    memset(o, 0, sizeof *o);
+    o->reps = 3;
+    o->warmup = 1;
+    o->iters = 2000000;
+    cli_group groups[2];
+    groups[0] = peak ? (cli_group){ "peak", peak_table, o } : (cli_group){ "prefill", prefill_table, o };
+    groups[1] = (cli_group){ "runs and output", prefill_run_table, o };
+    int parsed = cli_parse_command(groups, 2, argc, argv,
+                                   peak ? "usage: sparq bench peak [-t LIST] [--iters N] [--json|--csv]"
+                                        : "usage: sparq bench prefill -m MODEL [-p LIST] [-d LIST] [-t LIST] [-r N] "
+                                          "[--json|--csv]",
+                                   NULL, 0, NULL);
+    if (parsed >= 0) return parsed;
+    if (o->reps < 1 || o->reps > 64 || o->warmup < 0 || o->iters < 1 || (o->json && o->csv)) {
+        fprintf(stderr, "error: -r must be in [1, 64], --warmup >= 0, --iters >= 1, one of --json/--csv\n");
+        return 2;
+    }
+    return -1;
+}
+
+/* `sparq bench prefill`: for every thread count, depth and prompt length,
+ * warm-up then timed prompts; before each run the cache is reset and
+ * refilled to the depth (untimed), as llama-bench -d does. */
+static int bench_prefill_main(int argc, char **argv)
+{
+    prefill_opts o;
+    int st = pp_parse(argc, argv, &o, 0);
+    if (st >= 0) return st;
+    int64_t ps[MAX_LIST], ds[MAX_LIST], ts[MAX_LIST];
+    char err[512] = "", def_t[16], path[4096];
+    snprintf(def_t, sizeof def_t, "%d", omp_get_num_procs());
+    int np = int_list("-p", o.prompt, "512", 1, (int64_t)1 << 30, ps, err, sizeof err);
+    int nd = np < 0 ? -1 : int_list("-d", o.depth, "0", 0, (int64_t)1 << 30, ds, err, sizeof err);
+    int nt = nd < 0 ? -1 : int_list("-t", o.threads, def_t, 1, 1024, ts, err, sizeof err);
+    int kv = cli_kv_type(o.kv_type ? o.kv_type : "f16");
+    if (nt < 0 || kv < 0) {
+        fprintf(stderr, "error: %s\n", kv < 0 ? "--kv-type must be f16 or f32" : err);
+        return 2;
+    }
+    cli_model_opts mo = { 0 };
+    mo.model = o.model;
+    mo.use_mmap = o.use_mmap;
+    sparq_model *m = cli_load_model(&mo, path, sizeof path);
+    if (!m) return 1;
+    const int n_vocab = sparq_model_n_vocab(m);
+    int64_t max_p = 0;
+    for (int i = 0; i < np; i++) max_p = ps[i] > max_p ? ps[i] : max_p;
+    int32_t *ids = malloc((size_t)max_p * sizeof *ids);
+    float *logits = malloc((size_t)n_vocab * sizeof *logits);
+    pp_row *rows = calloc((size_t)np * nd * nt, sizeof *rows);
+    int n_rows = 0, rc = 1;
+    if (!ids || !logits || !rows) {
+        fprintf(stderr, "error: bench prefill: out of memory\n");
+        goto done;
+    }
+    for (int it = 0; it < nt; it++)
+        for (int id = 0; id < nd; id++)
+            for (int ip = 0; ip < np; ip++) {
+                const int64_t n = ps[ip], depth = ds[id];
+                sparq_context_params cp = sparq_context_default_params();
+                cp.n_ctx = depth + n + 8;
+                cp.n_threads = (int)ts[it];
+                cp.n_batch = o.n_batch;
+                cp.kv_type = kv;
+                sparq_context *ctx = NULL;
+                if (sparq_context_create(m, &cp, &ctx, err, sizeof err)) {
+                    fprintf(stderr, "error: %s\n", err);
+                    goto done;
+                }
+                for (int64_t i = 0; i < n; i++) /* fixed pseudo-random tokens (no BOS: timing only) */
+                    ids[i] = (int32_t)(((uint64_t)(depth + i) * 2654435761u + 17) % (uint64_t)n_vocab);
+                double ms[64];
+                for (int r = 0; r < o.warmup + o.reps; r++) {
+                    sparq_context_reset(ctx);
+                    if (decode_fill(ctx, depth, 0, n_vocab, 1, err, sizeof err)) {
+                        fprintf(stderr, "error: %s\n", err);
+                        sparq_context_free(ctx);
+                        goto done;
+                    }
+                    double t0 = cli_now();
+                    if (sparq_eval(ctx, ids, (int)n, logits)) {
+                        fprintf(stderr, "error: prefill: %s\n", sparq_context_error(ctx));
+                        sparq_context_free(ctx);
+                        goto done;
+                    }
+                    if (r >= o.warmup) ms[r - o.warmup] = (cli_now() - t0) * 1e3;
+                }
+                sparq_context_free(ctx);
+                pp_row *row = &rows[n_rows++];
+                snprintf(row->test, sizeof row->test, "pp%lld", (long long)n);
+                snprintf(row->model, sizeof row->model, "%.63s", base_name(path));
+                const quant_traits *qt = quant_traits_of(m->layers[0].w_down.type);
+                snprintf(row->type, sizeof row->type, "%s", qt && qt->name ? qt->name : "?");
+                row->n_prompt = n;
+                row->depth = depth;
+                row->threads = (int)ts[it];
+                pp_stats(row, ms, o.reps);
+                row->tok_s = (double)n / (row->ms / 1e3);
+                row->gflop = prefill_gflop(m, n, depth);
+                row->gflop_s = row->gflop / (row->ms / 1e3);
+                fprintf(stderr, "prefill: pp%lld depth %lld t=%d: %.2f tok/s, %.1f GFLOP/s\n", (long long)n,
+                        (long long)depth, row->threads, row->tok_s, row->gflop_s);
+            }
+    rc = 0;
+done:
+    if (n_rows > 0) pp_write(rows, n_rows, o.json, o.csv);
+    free(ids);
+    free(logits);
+    free(rows);
+    sparq_model_free(m);
+    return rc;
+}
+
+/* `sparq bench peak`: the int8 and f32 peak of every thread count (each
+ * thread its own register loop), and one prefill GEMM tile loop (Q8_0, a
+ * 64-row panel against 64 tokens of 2048) per thread, kernel only. */
+static int bench_peak_main(int argc, char **argv)
+{
+    prefill_opts o;
+    int st = pp_parse(argc, argv, &o, 1);
+    if (st >= 0) return st;
+    int64_t ts[MAX_LIST];
+    char err[256] = "", def_t[32];
+    snprintf(def_t, sizeof def_t, "1,%d", omp_get_num_procs());
+    int nt = int_list("-t", o.threads, def_t, 1, 1024, ts, err, sizeof err);
+    if (nt < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        return 2;
+    }
+    nt = sort_unique(ts, nt);
+    enum { PR = 64, PT = 64, PN = 2048 };
+    const size_t rb = gemm_row_bytes(QT_Q8_0, PN), wrb = (size_t)PN / 32 * 34;
+    pp_row rows[3 * MAX_LIST];
+    int n_rows = 0;
+    for (int it = 0; it < nt; it++)
+        for (int kind = 0; kind < 3; kind++) {
+            const int threads = (int)ts[it];
+            double ms[64], ops = 0;
+            int failed = 0;
+            for (int r = 0; r < o.warmup + o.reps; r++) {
+                double t0 = cli_now(), sum_ops = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sum_ops, failed)
+                {
+                    float sink = 0;
+                    if (kind == 0) sum_ops += gemm_peak_int8(o.iters, &sink);
+                    else if (kind == 1) sum_ops += gemm_peak_f32(o.iters, &sink);
+                    else {
+                        uint8_t *w = calloc(PR, wrb), *pw = aligned_alloc(64, PR * rb),
+                                *pa = aligned_alloc(64, PT * rb);
+                        float *x = malloc(PN * sizeof(float)), *out = malloc(PR * PT * sizeof(float));
+                        if (w && pw && pa && x && out) {
+                            for (int i = 0; i < PN; i++) x[i] = (float)((i * 37) % 11) - 5.0f;
+                            for (int i = 0; i < PR * (int)wrb; i++) w[i] = (uint8_t)(i * 13);
+                            for (int i = 0; i < PR * (int)wrb; i += 34) w[i + 1] = 0x20; /* f16 scale 2^-7ish */
+                            gemm_pack_rows(QT_Q8_0, w, wrb, PR, PN, pw);
+                            for (int t = 0; t < PT; t++) gemm_pack_act(QT_Q8_0, x, PN, pa + t * rb);
+                            const int64_t loops = o.iters / 20000 + 1;
+                            for (int64_t l = 0; l < loops; l++) gemm_panel(QT_Q8_0, pw, PR, pa, PT, PN, out, PR);
+                            sink = out[0];
+                            sum_ops += 2.0 * PR * PT * PN * (double)loops;
+                        } else {
+                            failed++;
+                        }
+                        free(w); free(pw); free(pa); free(x); free(out);
+                    }
+                    if (sink == 12345.678f) sum_ops += 1; /* keeps sink live */
+                }
+                if (r >= o.warmup) ms[r - o.warmup] = (cli_now() - t0) * 1e3;
+                ops = sum_ops;
+            }
+            if (failed) {
+                fprintf(stderr, "error: bench peak: out of memory\n");
+                return 1;
+            }
+            if (ops == 0) {
+                fprintf(stderr, "bench peak: this build has no AVX-512 loops; skipped\n");
+                continue;
+            }
+            pp_row *row = &rows[n_rows++];
+            memset(row, 0, sizeof *row);
+            snprintf(row->test, sizeof row->test, "%s", kind == 0 ? "int8-vnni" : kind == 1 ? "f32-fma" : "gemm-q8_0");
+            snprintf(row->model, sizeof row->model, "-");
+            snprintf(row->type, sizeof row->type, "%s", kind == 1 ? "F32" : "Q8_0");
+            row->threads = (int)ts[it];
+            pp_stats(row, ms, o.reps);
+            row->gflop = ops / 1e9;
+            row->gflop_s = row->gflop / (row->ms / 1e3);
+            row->tok_s = NAN;
+            fprintf(stderr, "peak: %s t=%d: %.1f GOP/s\n", row->test, row->threads, row->gflop_s);
+        }
+    pp_write(rows, n_rows, o.json, o.csv);
+    return 0;
+}
+
 /* ---- output ----------------------------------------------------------------------- */
 
 static int write_plot(const bench_opts *o, const row_list *rl)
@@ -993,7 +1311,9 @@ static void usage_all(FILE *f)
             "  attn     the decode attention operation alone (SparQ paper section 6 microbenchmark)\n"
             "  membw    sequential read bandwidth (the roofline for the attn rows)\n"
             "  decode   end-to-end decode tokens/s at context depths (like llama-bench -d)\n"
-            "  topk     top-k attention over a key index at up to 1M tokens (= sparq bench-topk)\n");
+            "  topk     top-k attention over a key index at up to 1M tokens (= sparq bench-topk)\n"
+            "  prefill  prompt processing tokens/s and GFLOP/s at depths (like llama-bench -p N -d D)\n"
+            "  peak     measured int8 (VNNI) and f32 (FMA) peak GOP/s and the prefill GEMM tile's rate\n");
 }
 
 int cli_bench(int argc, char **argv)
@@ -1004,6 +1324,8 @@ int cli_bench(int argc, char **argv)
     }
     const char *mode = argv[0];
     if (strcmp(mode, "topk") == 0) return cli_topk(argc - 1, argv + 1); /* its own options and report */
+    if (strcmp(mode, "prefill") == 0) return bench_prefill_main(argc - 1, argv + 1);
+    if (strcmp(mode, "peak") == 0) return bench_peak_main(argc - 1, argv + 1);
     bench_opts o;
     memset(&o, 0, sizeof o);
     o.l = -1;

@@ -10,6 +10,8 @@
  *   sparq_eval / sparq_eval_all    batching, progress, abort
  */
 #include "core/model.h"
+#include "attn/attn_prefill.h"
+#include "tensor/gemm.h"
 #include "tensor/quant.h"
 
 #include <assert.h>
@@ -38,6 +40,58 @@ static const uint8_t *convert_activations(sparq_context *c, const float *in, int
     return dst;
 }
 
+/* Prefill products through packed tiles (tensor/gemm.h): every token's
+ * activations are packed once, then each thread packs a panel of rows
+ * (sized to stay in L2) and runs all tokens past it in 4 x 4 register
+ * tiles. The panels of all products form one parallel loop. Returns -1
+ * (nothing written) if a type has no tiles or memory is short; the caller
+ * then takes the row-chunk path. */
+static int matmul_gemm(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
+                       float *const *outs)
+{
+    for (int i = 0; i < n_w; i++)
+        if (!gemm_supported(ws[i]->type)) return -1;
+    const int64_t n_in = ws[0]->n_in;
+    /* one vec_dot type (checked by the caller), so one activation packing;
+     * every row of the group packs to the same size */
+    const size_t ab = gemm_act_bytes(ws[0]->type, n_in), rb = gemm_row_bytes(ws[0]->type, n_in);
+    for (int i = 1; i < n_w; i++)
+        if (gemm_row_bytes(ws[i]->type, n_in) != rb) return -1;
+    enum { PANEL_BYTES = 256 * 1024 }; /* a quarter of the L2 here; acts stream past */
+    int pr = (int)(PANEL_BYTES / rb) / GEMM_MR * GEMM_MR;
+    if (pr < GEMM_MR) pr = GEMM_MR;
+    if (pr > 128) pr = 128;
+    const int nt = c->n_threads;
+    uint8_t *acts = aligned_alloc(64, (size_t)n * ab);
+    uint8_t *panels = aligned_alloc(64, (size_t)nt * pr * rb);
+    if (!acts || !panels) {
+        free(acts);
+        free(panels);
+        return -1;
+    }
+    int64_t first[5] = { 0 };
+    for (int i = 0; i < n_w; i++) first[i + 1] = first[i] + (ws[i]->n_out + pr - 1) / pr;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int t = 0; t < n; t++) gemm_pack_act(ws[0]->type, in + (size_t)t * n_in, n_in, acts + (size_t)t * ab);
+        uint8_t *panel = panels + (size_t)omp_get_thread_num() * pr * rb;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t p = 0; p < first[n_w]; p++) {
+            int i = 0;
+            while (p >= first[i + 1]) i++;
+            const weight *w = ws[i];
+            const int64_t r0 = (p - first[i]) * pr;
+            const int nr = (int)(w->n_out - r0 < pr ? w->n_out - r0 : pr);
+            gemm_pack_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr, n_in, panel);
+            gemm_panel(w->type, panel, nr, acts, n, n_in, outs[i] + r0, (size_t)w->n_out);
+        }
+    }
+    free(acts);
+    free(panels);
+    return 0;
+}
+
 void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
                         float *const *outs)
 {
@@ -49,6 +103,12 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
             return;
         }
     }
+    /* Packing every weight once per call costs about what the row-chunk
+     * path spends on a few dozen tokens: below that, short prompts (chat
+     * turns) stay on it. Measured under load (pp4..pp64, smollm2 Q8_0, 1
+     * thread): chunks faster at 32 tokens, tiles at 64; retune when quiet. */
+    enum { GEMM_MIN_TOKENS = 48 };
+    if (n >= GEMM_MIN_TOKENS && matmul_gemm(c, in, n, n_w, ws, outs) == 0) return;
     const int64_t n_in = ws[0]->n_in;
     size_t x_stride;
     const uint8_t *xq = convert_activations(c, in, n, n_in, vdt, &x_stride);
@@ -169,9 +229,9 @@ static void prefill_colsum(sparq_context *c, int il, int h, int64_t pos0, int n,
     free(w);
 }
 
-/* Exact causal attention for n new tokens at pos0..pos0+n-1: each token and
- * KV head is one group-wide pass over the cache (no S x S matrix). */
-static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
+/* The untiled fallback (when attend_prefill cannot get its scratch): each
+ * token and KV head is one group-wide pass over the cache. */
+static void attend_prefill_rows(sparq_context *c, int il, int64_t pos0, int n)
 {
     const model_hparams *hp = &c->model->hp;
     const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
@@ -199,6 +259,68 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
             c->policy->observe_prefill(c->policy_state, &c->params.attn, il, h, &kv, cs);
         }
     }
+}
+
+/* Exact causal attention for n new tokens at pos0..pos0+n-1, tiled
+ * (attn/attn_prefill.h): units of (query block, KV head), the longest rows
+ * first so the threads finish together. H2O's column sums reuse the rows'
+ * final softmax statistics: one more q.k pass over key tiles, split across
+ * threads by key block (each thread owns its columns), no p.V. */
+static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
+{
+    const model_hparams *hp = &c->model->hp;
+    const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
+    const size_t q_dim = (size_t)hp->n_head * d;
+    const int observe = c->policy->observe_prefill != NULL;
+    const int colsum = observe && (c->policy->needs & ATTN_NEEDS_COLSUM) != 0;
+    const size_t sf = (attn_prefill_scratch(d, g) + 15) / 16 * 16;
+    float *scratch = aligned_alloc(64, (size_t)c->n_threads * sf * sizeof(float));
+    float *ml = colsum ? malloc((size_t)n_kv * n * g * 2 * sizeof(float)) : NULL;
+    if (!scratch || (colsum && !ml)) {
+        free(scratch);
+        free(ml);
+        attend_prefill_rows(c, il, pos0, n);
+        return;
+    }
+    const int bq = attn_prefill_bq(g), n_qb = (n + bq - 1) / bq;
+    const int64_t S = pos0 + n, n_kb = (S + ATTN_PF_BK - 1) / ATTN_PF_BK;
+#pragma omp parallel num_threads(c->n_threads)
+    {
+        float *s = scratch + (size_t)omp_get_thread_num() * sf;
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int qb = n_qb - 1; qb >= 0; qb--)
+            for (int h = 0; h < n_kv; h++) {
+                const int t0 = qb * bq, nt = n - t0 < bq ? n - t0 : bq;
+                attn_kv_view kv;
+                kv_view(&c->kv, il, h, S, &kv);
+                const size_t off = (size_t)t0 * q_dim + (size_t)h * g * d;
+                attn_prefill_block(&kv, pos0 + t0, nt, c->rs.q + off, q_dim, g, c->rs.att + off, q_dim,
+                                   ml ? ml + ((size_t)h * n + t0) * g * 2 : NULL, s);
+            }
+        if (colsum) {
+#pragma omp for schedule(dynamic, 4) collapse(2)
+            for (int h = 0; h < n_kv; h++)
+                for (int64_t kb = 0; kb < n_kb; kb++) {
+                    const int64_t k0 = kb * ATTN_PF_BK;
+                    const int nk = (int)(S - k0 < ATTN_PF_BK ? S - k0 : ATTN_PF_BK);
+                    attn_kv_view kv;
+                    kv_view(&c->kv, il, h, S, &kv);
+                    attn_prefill_colsum(&kv, k0, nk, pos0, n, c->rs.q + (size_t)h * g * d, q_dim, g,
+                                        ml + (size_t)h * n * g * 2, c->rs.colsum + (size_t)h * c->kv.cap + k0, s);
+                }
+        }
+        if (observe) {
+#pragma omp for schedule(dynamic, 1)
+            for (int h = 0; h < n_kv; h++) {
+                attn_kv_view kv;
+                kv_view(&c->kv, il, h, S, &kv);
+                c->policy->observe_prefill(c->policy_state, &c->params.attn, il, h, &kv,
+                                           colsum ? c->rs.colsum + (size_t)h * c->kv.cap : NULL);
+            }
+        }
+    }
+    free(scratch);
+    free(ml);
 }
 
 /* One decode step through the policy, all KV heads of layer il. Returns 0,
@@ -248,6 +370,44 @@ static int attend_decode(sparq_context *c, int il, int64_t pos)
 
 /* ---- the layer loop --------------------------------------------------------- */
 
+/* for (i = 0; i < count; i++) body, on all threads when par (a prefill's
+ * per-token loops, so no serial phase idles the other cores between the
+ * products), inline otherwise: an OpenMP region costs ~1 us even when its
+ * if() clause is false, and a decode step would pass ~180 of them. */
+#define FOR_ROWS(par, i, count, ...)                                                   \
+    do {                                                                               \
+        if (par) {                                                                     \
+            _Pragma("omp parallel for num_threads(c->n_threads) schedule(static)")     \
+            for (int64_t i = 0; i < (int64_t)(count); i++) { __VA_ARGS__; }            \
+        } else {                                                                       \
+            for (int64_t i = 0; i < (int64_t)(count); i++) { __VA_ARGS__; }            \
+        }                                                                              \
+    } while (0)
+
+/* Biases, optional q/k norms and RoPE of token t's q and k (before kv_write). */
+static void qk_finish(const sparq_context *c, const layer_weights *L, int64_t t)
+{
+    const sparq_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const run_state *rs = &c->rs;
+    const int hd = hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_kv_head * hd;
+    float *q = rs->q + t * q_dim, *k = rs->k + t * kv_dim, *v = rs->v + t * kv_dim;
+    /* each bias is optional on its own, as in llama.cpp */
+    for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
+    for (size_t i = 0; L->bk && i < kv_dim; i++) k[i] += L->bk[i];
+    for (size_t i = 0; L->bv && i < kv_dim; i++) v[i] += L->bv[i];
+    const float *cs = rs->rope_cs + (size_t)t * hp->rope_dim;
+    for (int h = 0; h < hp->n_head; h++) {
+        if (L->q_norm) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
+        rope_head(q + h * hd, cs, hp->rope_dim, m->arch->rope_type);
+    }
+    for (int h = 0; h < hp->n_kv_head; h++) {
+        if (L->k_norm) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+        rope_head(k + h * hd, cs, hp->rope_dim, m->arch->rope_type);
+    }
+}
+
 /* decode: the step is a generation step (one token through the policy);
  * otherwise exact causal attention, whatever n is. */
 static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, float *logits,
@@ -256,61 +416,46 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
     const sparq_model *m = c->model;
     const model_hparams *hp = &m->hp;
     run_state *rs = &c->rs;
-    const int E = hp->n_embd, hd = hp->head_dim;
-    const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_kv_head * hd;
+    const int E = hp->n_embd;
+    const size_t kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
     const int64_t pos0 = c->kv.n;
 
-    for (int t = 0; t < n; t++) { /* token embeddings and rotation angles */
-        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
-        quant_to_float(m->tok_embd.type, row, rs->x + (size_t)t * E, E);
-        rope_angles(rs->rope_cs + (size_t)t * hp->rope_dim, pos0 + t, hp, c->rope_factors);
-    }
+    const int par = n > 1;
+    FOR_ROWS(par, t, n, /* token embeddings and rotation angles */
+             quant_to_float(m->tok_embd.type,
+                            (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes,
+                            rs->x + (size_t)t * E, E);
+             rope_angles(rs->rope_cs + (size_t)t * hp->rope_dim, pos0 + t, hp, c->rope_factors));
 
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *L = &m->layers[il];
 
         /* attention block: x += Wo attn(rope(Wq xn), rope(Wk xn), Wv xn);
          * fused Q/K/V (phi3) arrive as three row views of one tensor */
-        for (int t = 0; t < n; t++)
-            rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
+        FOR_ROWS(par, t, n, rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps));
         const weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
         float *const qkv_out[3] = { rs->q, rs->k, rs->v };
         model_matmul_group(c, rs->xn, n, 3, qkv, qkv_out);
-        for (int t = 0; t < n; t++) {
-            float *q = rs->q + t * q_dim, *k = rs->k + t * kv_dim, *v = rs->v + t * kv_dim;
-            /* each bias is optional on its own, as in llama.cpp */
-            for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
-            for (size_t i = 0; L->bk && i < kv_dim; i++) k[i] += L->bk[i];
-            for (size_t i = 0; L->bv && i < kv_dim; i++) v[i] += L->bv[i];
-            const float *cs = rs->rope_cs + (size_t)t * hp->rope_dim;
-            for (int h = 0; h < hp->n_head; h++) {
-                if (L->q_norm) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
-                rope_head(q + h * hd, cs, hp->rope_dim, m->arch->rope_type);
-            }
-            for (int h = 0; h < hp->n_kv_head; h++) {
-                if (L->k_norm) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
-                rope_head(k + h * hd, cs, hp->rope_dim, m->arch->rope_type);
-            }
-            kv_write(&c->kv, il, pos0 + t, k, v);
-        }
+        FOR_ROWS(par, t, n, qk_finish(c, L, t));
+        for (int t = 0; t < n; t++) /* in order: the cache's running V sum depends on it */
+            kv_write(&c->kv, il, pos0 + t, rs->k + t * kv_dim, rs->v + t * kv_dim);
         if (decode) {
             if (attend_decode(c, il, pos0)) return -1; /* the cache's n is unchanged */
         } else {
             attend_prefill(c, il, pos0, n);
         }
         model_matmul(c, rs->xn, rs->att, n, &L->wo);
-        for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
+        FOR_ROWS(par, i, (size_t)n * E, rs->x[i] += rs->xn[i]);
 
         /* feed-forward block: x += Wdown (silu(Wgate xn) * Wup xn); phi3's
          * gate and up are the two halves of its ffn_up tensor */
-        for (int t = 0; t < n; t++)
-            rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
+        FOR_ROWS(par, t, n, rms_norm(rs->xn + (size_t)t * E, rs->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps));
         const weight *gate_up[2] = { &L->w_gate, &L->w_up };
         float *const gate_up_out[2] = { rs->gate, rs->up };
         model_matmul_group(c, rs->xn, n, 2, gate_up, gate_up_out);
-        for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
+        FOR_ROWS(par, i, (size_t)n * hp->n_ff, rs->gate[i] = silu(rs->gate[i]) * rs->up[i]);
         model_matmul(c, rs->xn, rs->gate, n, &L->w_down);
-        for (size_t i = 0; i < (size_t)n * E; i++) rs->x[i] += rs->xn[i];
+        FOR_ROWS(par, i, (size_t)n * E, rs->x[i] += rs->xn[i]);
     }
     c->kv.n += n;
     if (!logits) return 0;

@@ -1,0 +1,165 @@
+/* attn_prefill.c - tiled causal attention for prefill (attn_prefill.h): the
+ * tile loops, once, over the row primitives; the plain-C primitives (the
+ * reference twin); the dispatch.
+ */
+#include "attn/attn_prefill.h"
+#include "tensor/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+int attn_prefill_bq(int g) { return g >= 32 ? 1 : 32 / g; }
+
+/* KT [d][BK] | V [BK][d] | s [BK] | O [rows][d] | m, l [rows] */
+size_t attn_prefill_scratch(int d, int g)
+{
+    const size_t rows = (size_t)attn_prefill_bq(g) * g;
+    return 2 * (size_t)d * ATTN_PF_BK + ATTN_PF_BK + rows * d + 2 * rows;
+}
+
+/* Key rows [k0, k0 + nk) widened to f32: transposed into kt, as rows into v. */
+static void load_tile(const attn_kv_view *kv, int64_t k0, int nk, float *kt, float *v)
+{
+    const int d = kv->d;
+    for (int k = 0; k < nk; k++) {
+        float *row = v + (size_t)k * d; /* K row first, through v as staging */
+        if (kv->elem == KV_F16) fp16_to_fp32_row((const uint16_t *)kv->K + (k0 + k) * d, row, d);
+        else memcpy(row, (const float *)kv->K + (k0 + k) * d, (size_t)d * sizeof(float));
+        for (int e = 0; e < d; e++) kt[(size_t)e * ATTN_PF_BK + k] = row[e];
+    }
+    for (int e = 0; e < d && nk < ATTN_PF_BK; e++) /* tail keys read as zeros */
+        memset(kt + (size_t)e * ATTN_PF_BK + nk, 0, (ATTN_PF_BK - nk) * sizeof(float));
+    if (kv->elem == KV_F16) fp16_to_fp32_row((const uint16_t *)kv->V + k0 * d, v, (int64_t)nk * d);
+    else memcpy(v, (const float *)kv->V + k0 * d, (size_t)nk * d * sizeof(float));
+}
+
+static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t pos0, int nt, const float *q,
+                      size_t q_stride, int g, float *out, size_t out_stride, float *ml, float *scratch)
+{
+    const int d = kv->d, rows = nt * g;
+    const float scale = 1.0f / sqrtf((float)d);
+    float *kt = scratch, *v = kt + (size_t)d * ATTN_PF_BK, *s = v + (size_t)d * ATTN_PF_BK;
+    float *o = s + ATTN_PF_BK, *m = o + (size_t)rows * d, *l = m + rows;
+    memset(o, 0, (size_t)rows * d * sizeof(float));
+    for (int i = 0; i < rows; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+    }
+    const int64_t end = pos0 + nt; /* keys any row of the block sees */
+    for (int64_t k0 = 0; k0 < end; k0 += ATTN_PF_BK) {
+        const int nk = (int)(end - k0 < ATTN_PF_BK ? end - k0 : ATTN_PF_BK);
+        load_tile(kv, k0, nk, kt, v);
+        for (int t = 0; t < nt; t++) {
+            const int64_t vis = pos0 + t + 1 - k0; /* causal: a prefix of the tile */
+            if (vis <= 0) continue;
+            const int nki = vis < nk ? (int)vis : nk;
+            for (int j = 0; j < g; j++) {
+                const int i = t * g + j;
+                op->scores(q + (size_t)t * q_stride + (size_t)j * d, kt, d, nki, scale, s);
+                float mx = m[i];
+                for (int k = 0; k < nki; k++) mx = s[k] > mx ? s[k] : mx;
+                const float c = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+                const float sum = op->expsum(s, nki, mx);
+                l[i] = l[i] * c + sum;
+                m[i] = mx;
+                op->pv(s, v, nki, d, c, o + (size_t)i * d);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < g; j++) {
+            const int i = t * g + j;
+            const float inv = 1.0f / l[i];
+            float *dst = out + (size_t)t * out_stride + (size_t)j * d;
+            for (int e = 0; e < d; e++) dst[e] = o[(size_t)i * d + e] * inv;
+            if (ml) {
+                ml[2 * i] = m[i];
+                ml[2 * i + 1] = l[i];
+            }
+        }
+}
+
+static void colsum_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n,
+                       const float *q, size_t q_stride, int g, const float *ml, float *colsum, float *scratch)
+{
+    const int d = kv->d;
+    const float scale = 1.0f / sqrtf((float)d);
+    float *kt = scratch, *v = kt + (size_t)d * ATTN_PF_BK, *s = v + (size_t)d * ATTN_PF_BK;
+    memset(colsum, 0, (size_t)nk * sizeof(float));
+    load_tile(kv, k0, nk, kt, v);
+    for (int t = k0 > pos0 ? (int)(k0 - pos0) : 0; t < n; t++) {
+        const int64_t vis = pos0 + t + 1 - k0;
+        const int nki = vis < nk ? (int)vis : nk;
+        for (int j = 0; j < g; j++) {
+            const int i = t * g + j;
+            op->scores(q + (size_t)t * q_stride + (size_t)j * d, kt, d, nki, scale, s);
+            op->expsum(s, nki, ml[2 * i]);
+            const float inv = 1.0f / ml[2 * i + 1];
+            for (int k = 0; k < nki; k++) colsum[k] += s[k] * inv;
+        }
+    }
+}
+
+/* ---- plain-C primitives (the reference) ---------------------------------------- */
+
+static void scores_ref(const float *q, const float *kt, int d, int nk, float scale, float *s)
+{
+    /* acc += q*k, unfused, in order of e, then * scale: attn_scores' order,
+     * so the scores equal the decode kernels' bit for bit */
+    for (int k = 0; k < nk; k++) s[k] = 0;
+    for (int e = 0; e < d; e++)
+        for (int k = 0; k < nk; k++) {
+            const float p = q[e] * kt[(size_t)e * ATTN_PF_BK + k];
+            s[k] += p;
+        }
+    for (int k = 0; k < nk; k++) s[k] *= scale;
+}
+
+static float expsum_ref(float *s, int nk, float m)
+{
+    float sum = 0;
+    for (int k = 0; k < nk; k++) sum += (s[k] = expf(s[k] - m));
+    return sum;
+}
+
+static void pv_ref(const float *p, const float *v, int nk, int d, float c, float *o)
+{
+    for (int e = 0; e < d; e++) o[e] *= c;
+    for (int k = 0; k < nk; k++)
+        for (int e = 0; e < d; e++) o[e] = fmaf(p[k], v[(size_t)k * d + e], o[e]);
+}
+
+const attn_pf_ops attn_pf_ops_ref = { scores_ref, expsum_ref, pv_ref };
+
+/* ---- entry points ----------------------------------------------------------------- */
+
+#ifdef ATTN_HAVE_AVX512
+#define PF_BEST (&attn_pf_ops_avx512)
+#else
+#define PF_BEST (&attn_pf_ops_ref)
+#endif
+
+void attn_prefill_block(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride, int g,
+                        float *out, size_t out_stride, float *ml, float *scratch)
+{
+    block_run(PF_BEST, kv, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
+}
+
+void attn_prefill_block_ref(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
+                            int g, float *out, size_t out_stride, float *ml, float *scratch)
+{
+    block_run(&attn_pf_ops_ref, kv, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
+}
+
+void attn_prefill_colsum(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n, const float *q,
+                         size_t q_stride, int g, const float *ml, float *colsum, float *scratch)
+{
+    colsum_run(PF_BEST, kv, k0, nk, pos0, n, q, q_stride, g, ml, colsum, scratch);
+}
+
+void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n,
+                             const float *q, size_t q_stride, int g, const float *ml, float *colsum,
+                             float *scratch)
+{
+    colsum_run(&attn_pf_ops_ref, kv, k0, nk, pos0, n, q, q_stride, g, ml, colsum, scratch);
+}

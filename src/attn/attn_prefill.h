@@ -1,0 +1,67 @@
+/* attn_prefill.h - tiled exact causal attention for a prefill batch.
+ *
+ * The decode-style prefill ran one pass over the whole cache per token, so
+ * every key and value row was re-read for every query. Here a block of
+ * queries (ATTN_PF_BQ tokens x the g heads of one KV head's group) meets
+ * the keys one block of ATTN_PF_BK rows at a time, with an online softmax
+ * (running max m and sum l per query row, f32), so each K/V tile is read
+ * (and widened from f16) once per query block and the memory per thread is
+ * O(tile), whatever the context length (flash-attention's scheme).
+ *
+ * Numerics: the same maths as attn_dense_group in another summation order
+ * (and, in the AVX-512 twin, a polynomial exp about 2e-7 from expf).
+ *
+ * Queries: token t of the block, head j of the group at
+ * q + t * q_stride + j * d; outputs in the same layout.
+ */
+#ifndef SPARQ_ATTN_PREFILL_H
+#define SPARQ_ATTN_PREFILL_H
+
+#include "attn/attn.h"
+
+enum { ATTN_PF_BK = 32 };
+
+/* Query tokens per block for group size g (rows = tokens x g near 32). */
+int attn_prefill_bq(int g);
+
+/* Scratch floats one call needs (per thread). */
+size_t attn_prefill_scratch(int d, int g);
+
+/* Causal attention of nt query tokens at positions pos0 .. pos0+nt-1 (token
+ * t sees keys 0..pos0+t of kv, kv->S >= pos0 + nt) for the g heads of one
+ * KV head. ml (may be NULL): receives the final running max and sum of
+ * every row, ml[2 * (t * g + j)] = m, [.. + 1] = l, in units of the scaled
+ * scores, for attn_prefill_colsum. */
+void attn_prefill_block(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
+                        int g, float *out, size_t out_stride, float *ml, float *scratch);
+void attn_prefill_block_ref(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
+                            int g, float *out, size_t out_stride, float *ml, float *scratch);
+
+/* Column sums of the softmax weights (what H2O accumulates) for the keys
+ * [k0, k0 + nk) (nk <= ATTN_PF_BK), over the n queries at pos0.. (token
+ * t, head j, statistics ml from attn_prefill_block): colsum[k - k0] =
+ * sum over rows that see key k of exp(s - m) / l. Key blocks are
+ * independent, so threads split them without sharing a sum. */
+void attn_prefill_colsum(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n, const float *q,
+                         size_t q_stride, int g, const float *ml, float *colsum, float *scratch);
+void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n,
+                             const float *q, size_t q_stride, int g, const float *ml, float *colsum,
+                             float *scratch);
+
+/* ---- implementation detail (attn_prefill*.c) ----------------------------
+ * The tile loops are written once (attn_prefill.c) over these row
+ * primitives; the plain-C set is the reference, attn_prefill_avx512.c the
+ * SIMD twin. kt is a key tile transposed, [d][ATTN_PF_BK]; v a value tile
+ * [nk][d]. */
+typedef struct attn_pf_ops {
+    /* s[k] = scale * q . key k, k < nk */
+    void (*scores)(const float *q, const float *kt, int d, int nk, float scale, float *s);
+    /* s[k] = exp(s[k] - m), k < nk; returns their sum */
+    float (*expsum)(float *s, int nk, float m);
+    /* o = o * c + sum_k p[k] v[k] */
+    void (*pv)(const float *p, const float *v, int nk, int d, float c, float *o);
+} attn_pf_ops;
+extern const attn_pf_ops attn_pf_ops_ref;
+extern const attn_pf_ops attn_pf_ops_avx512;
+
+#endif

@@ -1,0 +1,136 @@
+/* test_prefill.c - tiled causal prefill attention (attn/attn_prefill.h)
+ * against a naive causal attention written here: full score rows, softmax
+ * in double, weighted sum in double, for f32 and f16 KV, odd lengths, a
+ * cache already holding tokens (pos0 > 0), several group sizes g and head
+ * sizes; and H2O's column sums against the naive softmax weights.
+ */
+#include "attn/attn_prefill.h"
+#include "tensor/quant.h"
+#include "test.h"
+
+#include <stdint.h>
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float unif(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* Naive: token t (position pos0 + t), head j; K, V as float (already
+ * rounded through f16 when the cache is f16). */
+static void naive(const float *K, const float *V, int d, int64_t pos0, int n, int g, const float *q,
+                  double *out, double *colsum)
+{
+    const int64_t S = pos0 + n;
+    double *w = malloc((size_t)S * sizeof *w);
+    if (!w) return;
+    for (int64_t s = 0; s < S; s++) colsum[s] = 0;
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < g; j++) {
+            const float *qi = q + ((size_t)t * g + j) * d;
+            const int64_t vis = pos0 + t + 1;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t s = 0; s < vis; s++) {
+                double dot = 0;
+                for (int e = 0; e < d; e++) dot += (double)qi[e] * K[s * d + e];
+                w[s] = dot / sqrt((double)d);
+                if (w[s] > mx) mx = w[s];
+            }
+            for (int64_t s = 0; s < vis; s++) sum += (w[s] = exp(w[s] - mx));
+            double *o = out + ((size_t)t * g + j) * d;
+            for (int e = 0; e < d; e++) o[e] = 0;
+            for (int64_t s = 0; s < vis; s++) {
+                colsum[s] += w[s] / sum;
+                for (int e = 0; e < d; e++) o[e] += w[s] / sum * V[s * d + e];
+            }
+        }
+    free(w);
+}
+
+typedef void (*block_fn)(const attn_kv_view *, int64_t, int, const float *, size_t, int, float *, size_t,
+                         float *, float *);
+typedef void (*colsum_fn)(const attn_kv_view *, int64_t, int, int64_t, int, const float *, size_t, int,
+                          const float *, float *, float *);
+
+static void run_case(int f16, int d, int g, int64_t pos0, int n)
+{
+    const int64_t S = pos0 + n;
+    float *K = malloc((size_t)S * d * sizeof(float)), *V = malloc((size_t)S * d * sizeof(float));
+    uint16_t *Kh = malloc((size_t)S * d * 2), *Vh = malloc((size_t)S * d * 2);
+    float *q = malloc((size_t)n * g * d * sizeof(float)), *out = malloc((size_t)n * g * d * sizeof(float));
+    float *ml = malloc((size_t)n * g * 2 * sizeof(float)), *cs = malloc((size_t)(S + ATTN_PF_BK) * sizeof(float));
+    double *ref = malloc((size_t)n * g * d * sizeof(double)), *rcs = malloc((size_t)S * sizeof(double));
+    float *scratch = aligned_alloc(64, (attn_prefill_scratch(d, g) * sizeof(float) + 63) / 64 * 64);
+    if (!K || !V || !Kh || !Vh || !q || !out || !ml || !cs || !ref || !rcs || !scratch) {
+        CHECK(0, "out of memory");
+        return;
+    }
+    for (int64_t i = 0; i < S * d; i++) {
+        K[i] = 2.0f * unif(); /* scores of a few units: a peaked softmax */
+        V[i] = unif();
+        if (f16) {
+            Kh[i] = fp32_to_fp16(K[i]);
+            Vh[i] = fp32_to_fp16(V[i]);
+            K[i] = fp16_to_fp32(Kh[i]);
+            V[i] = fp16_to_fp32(Vh[i]);
+        }
+    }
+    for (int64_t i = 0; i < (int64_t)n * g * d; i++) q[i] = 2.0f * unif();
+    naive(K, V, d, pos0, n, g, q, ref, rcs);
+    attn_kv_view kv = { 0 };
+    kv.S = S;
+    kv.d = d;
+    kv.elem = f16 ? KV_F16 : KV_F32;
+    kv.K = f16 ? (const void *)Kh : (const void *)K;
+    kv.V = f16 ? (const void *)Vh : (const void *)V;
+    const block_fn bf[2] = { attn_prefill_block_ref, attn_prefill_block };
+    const colsum_fn cf[2] = { attn_prefill_colsum_ref, attn_prefill_colsum };
+    const int bq = attn_prefill_bq(g);
+    for (int simd = 0; simd < 2; simd++) {
+        for (int t0 = 0; t0 < n; t0 += bq) {
+            const int nt = n - t0 < bq ? n - t0 : bq;
+            bf[simd](&kv, pos0 + t0, nt, q + (size_t)t0 * g * d, (size_t)g * d, g, out + (size_t)t0 * g * d,
+                     (size_t)g * d, ml + (size_t)t0 * g * 2, scratch);
+        }
+        double worst = 0;
+        for (int64_t i = 0; i < (int64_t)n * g * d; i++) {
+            const double e = fabs(out[i] - ref[i]);
+            if (e > worst) worst = e;
+        }
+        for (int64_t k0 = 0; k0 < S; k0 += ATTN_PF_BK) {
+            const int nk = S - k0 < ATTN_PF_BK ? (int)(S - k0) : ATTN_PF_BK;
+            cf[simd](&kv, k0, nk, pos0, n, q, (size_t)g * d, g, ml, cs + k0, scratch);
+        }
+        double worst_cs = 0, total = 0;
+        for (int64_t s = 0; s < S; s++) {
+            const double e = fabs(cs[s] - rcs[s]) / (1.0 + rcs[s]);
+            if (e > worst_cs) worst_cs = e;
+            total += cs[s];
+        }
+        CHECK(worst <= 2e-6, "%s f%d d=%d g=%d pos0=%lld n=%d: output max error %g", simd ? "simd" : "ref",
+              f16 ? 16 : 32, d, g, (long long)pos0, n, worst);
+        CHECK(worst_cs <= 2e-6, "%s f%d d=%d g=%d pos0=%lld n=%d: colsum max error %g", simd ? "simd" : "ref",
+              f16 ? 16 : 32, d, g, (long long)pos0, n, worst_cs);
+        /* every row's weights sum to one */
+        CHECK_NEAR(total, (double)n * g, 1e-3 * n * g);
+    }
+    free(K); free(V); free(Kh); free(Vh); free(q); free(out); free(ml); free(cs); free(ref); free(rcs);
+    free(scratch);
+}
+
+int main(void)
+{
+    const int gs[] = { 1, 3, 4, 8 };
+    for (int f16 = 0; f16 < 2; f16++)
+        for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++) {
+            run_case(f16, 64, gs[gi], 0, 1);
+            run_case(f16, 64, gs[gi], 0, 77);
+            run_case(f16, 48, gs[gi], 13, 45);
+            run_case(f16, 128, gs[gi], 100, 33);
+        }
+    run_case(1, 64, 2, 0, test_quick() ? 200 : 700); /* many key tiles, causal edges inside tiles */
+    return test_summary("test_prefill");
+}
