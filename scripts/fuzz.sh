@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# fuzz.sh - a short libFuzzer run over the GGUF reader (`make fuzz`).
+# fuzz.sh - short libFuzzer runs over every parser that reads untrusted
+# bytes (`make fuzz`, and .ci/run):
+#   fuzz_gguf       the GGUF reader
+#   fuzz_kvfile     KV cache files (the harness recomputes the checksums)
+#   fuzz_tokenizer  tokenizers + chat templates over several vocabularies
+#   fuzz_json       the JSON reader and string writer
+#   fuzz_index      key-index images (exact, ivf; hnsw needs Faiss) and search
+#   fuzz/fuzz_*.c   any other harness added there (seeds: none but the corpus)
 #
-# Builds fuzz/fuzz_gguf.c with clang's fuzzer + ASan + UBSan into build-fuzz/,
-# seeds build-fuzz/seeds with valid GGUFs (stories260K.gguf and llama.cpp's
-# vocab files from the search path, plus small files made with our writer),
-# and fuzzes for FUZZ_SECONDS (default 60). New inputs accumulate in
-# build-fuzz/corpus across runs; a crash leaves build-fuzz/crash-* and makes
-# this script exit non-zero. Without clang or the libFuzzer runtime
-# (libclang-rt-14-dev, see scripts/setup.sh) it prints why and "fuzz: skipped".
+# The library is built once with clang, ASan + UBSan and fuzzer coverage into
+# build-fuzz/obj; each harness links against it. Seeds come from our own
+# writers and from the search path's real files. Each harness runs for
+# FUZZ_SECONDS (default 30; FUZZ_ONLY=name runs one). New inputs accumulate
+# in build-fuzz/corpus-NAME across runs; a crash leaves build-fuzz/crash-*
+# and makes this script exit non-zero. A longer run, e.g. before a release:
+#   FUZZ_SECONDS=3600 FUZZ_ONLY=fuzz_kvfile scripts/fuzz.sh
+# Without clang or the libFuzzer runtime (libclang-rt-14-dev, see
+# scripts/setup.sh) it prints why and "fuzz: skipped".
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
 OUT=build-fuzz
-SECONDS_TOTAL=${FUZZ_SECONDS:-60}
+SECONDS_TOTAL=${FUZZ_SECONDS:-30}
 CC_FUZZ=""
 for c in clang clang-14 clang-15 clang-16; do
   command -v "$c" >/dev/null 2>&1 && { CC_FUZZ=$c; break; }
@@ -22,7 +31,7 @@ if [ -z "$CC_FUZZ" ]; then
   echo "fuzz: skipped"
   exit 0
 fi
-mkdir -p "$OUT/seeds" "$OUT/corpus" || exit 1
+mkdir -p "$OUT/seeds" "$OUT/obj" || exit 1
 
 # Can this clang link a fuzzer at all? (the runtime is a separate package)
 probe="$OUT/probe.c"
@@ -34,10 +43,34 @@ if ! "$CC_FUZZ" -fsanitize=fuzzer "$probe" -o "$OUT/probe" >/dev/null 2>&1; then
 fi
 rm -f "$probe" "$OUT/probe"
 
-FLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -Iinclude -Isrc"
-echo "fuzz: building $OUT/fuzz_gguf with $CC_FUZZ"
-"$CC_FUZZ" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  fuzz/fuzz_gguf.c src/tensor/gguf.c src/tensor/quant_types.c -o "$OUT/fuzz_gguf" || { echo "fuzz: build failed" >&2; exit 1; }
+SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+FLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer -fopenmp -Iinclude -Isrc"
+LIBS="-lz -lm -fopenmp"
+# The library (every layer but the command and the server; no Faiss shim),
+# instrumented for coverage; rebuilt only where a source is newer.
+echo "fuzz: building the instrumented library with $CC_FUZZ"
+objs=""
+for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/'); do
+  o="$OUT/obj/$(echo "${src#src/}" | tr / _).o"
+  # SIMD kernel files are not parsers, and clang takes minutes and GBs to
+  # instrument their intrinsics: they are built plain (the sanitizer suite,
+  # make test-asan, covers them).
+  case $src in *_avx512.c|*_avx2.c|*_sse*.c) san="" ;; *) san="$SAN -fsanitize=fuzzer-no-link" ;; esac
+  if [ ! -e "$o" ] || [ "$src" -nt "$o" ] || [ -n "$(find src include -name '*.h' -newer "$o" | head -1)" ]; then
+    "$CC_FUZZ" $FLAGS $san -c "$src" -o "$o" || { echo "fuzz: build of $src failed" >&2; exit 1; }
+  fi
+  objs="$objs $o"
+done
+rm -f "$OUT/libsparq-fuzz.a"
+ar rcs "$OUT/libsparq-fuzz.a" $objs || exit 1
+harnesses=""
+for h in fuzz/fuzz_*.c; do
+  name=$(basename "$h" .c)
+  [ -n "${FUZZ_ONLY:-}" ] && [ "$name" != "$FUZZ_ONLY" ] && continue
+  "$CC_FUZZ" $FLAGS $SAN -fsanitize=fuzzer "$h" "$OUT/libsparq-fuzz.a" $LIBS -o "$OUT/$name" ||
+    { echo "fuzz: build of $h failed" >&2; exit 1; }
+  harnesses="$harnesses $name"
+done
 
 # Seeds made with our writer: a tiny model (several tensor types, a vocab),
 # and a metadata-only file.
@@ -77,8 +110,10 @@ int main(int argc, char **argv)
     return 0;
 }
 GEN
-if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/tensor/gguf.c src/tensor/quant_types.c -o "$OUT/gen_seeds" &&
-   "$OUT/gen_seeds" "$OUT/seeds/gen-model.gguf" "$OUT/seeds/gen-vocab.gguf"; then :; else
+mkdir -p "$OUT/seeds/fuzz_gguf" "$OUT/seeds/fuzz_kvfile" "$OUT/seeds/fuzz_tokenizer" "$OUT/seeds/fuzz_json" \
+         "$OUT/seeds/fuzz_index"
+if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/tensor/gguf.c src/tensor/quant_types.c src/util/err.c -o "$OUT/gen_seeds" &&
+   "$OUT/gen_seeds" "$OUT/seeds/fuzz_gguf/gen-model.gguf" "$OUT/seeds/fuzz_gguf/gen-vocab.gguf"; then :; else
   echo "fuzz: could not generate seeds (continuing with the others)" >&2
 fi
 
@@ -91,19 +126,97 @@ find_data() {
   return 1
 }
 n_real=0
-if p=$(find_data stories260K.gguf); then cp -f "$p" "$OUT/seeds/" && n_real=$((n_real + 1)); fi
+if p=$(find_data stories260K.gguf); then cp -f "$p" "$OUT/seeds/fuzz_gguf/" && n_real=$((n_real + 1)); fi
 if t=$(find_data golden/llamacpp/tokenizer/ggml-vocab-llama-spm.gguf); then
-  for f in "$(dirname "$t")"/*.gguf; do cp -f "$f" "$OUT/seeds/" && n_real=$((n_real + 1)); done
+  for f in "$(dirname "$t")"/*.gguf; do cp -f "$f" "$OUT/seeds/fuzz_gguf/" && n_real=$((n_real + 1)); done
 fi
-echo "fuzz: $(ls "$OUT/seeds" | wc -l) seeds ($n_real real files), ${SECONDS_TOTAL}s"
 
-# max_len keeps executions fast: big seeds are cut to their first 64 KiB
-# (the header, metadata and tensor infos, where the parsing happens).
-"$OUT/fuzz_gguf" -max_total_time="$SECONDS_TOTAL" -rss_limit_mb=2048 -max_len=65536 -timeout=10 \
-  -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" "$OUT/seeds"
-rc=$?
-if [ $rc -ne 0 ]; then
-  echo "fuzz: FAILED (exit $rc); reproducer in $OUT/crash-* / $OUT/leak-* / $OUT/timeout-*" >&2
-  exit $rc
+# KV files: two small caches made by the library's own writer (f16 with an
+# exact index and K^T, f32 without), so the harness starts from valid files.
+cat > "$OUT/gen_kv.c" <<'GEN'
+#include "attn/attn.h"
+#include "io/kvfile.h"
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv)
+{
+    if (argc < 3) return 2;
+    enum { L = 2, H = 2, D = 8, N = 20, CAP = 24 };
+    char err[512];
+    for (int f = 0; f < 2; f++) {
+        const int elem = f == 0 ? KV_F16 : KV_F32, es = f == 0 ? 2 : 4;
+        kvf_fingerprint fp;
+        kvf_synthetic_fingerprint(&fp, L, 4, H, D);
+        kvf_writer *w;
+        int32_t tokens[N];
+        for (int i = 0; i < N; i++) tokens[i] = i * 7;
+        if (kvf_writer_create(argv[1 + f], &fp, elem, N, CAP, f == 0, f == 0 ? N : 0,
+                              f == 0 ? "exact" : "", &w, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        if (f == 0) kvf_writer_tokens(w, tokens);
+        unsigned char *k = calloc(N * D, 4), *v = calloc(N * D, 4);
+        for (int i = 0; i < N * D * es; i++) { k[i] = (unsigned char)(i * 13 % 61); v[i] = (unsigned char)(i % 31); }
+        sparq_attn_params ap = sparq_attn_default_params();
+        ap.policy = "topk";
+        for (int hh = 0; hh < L * H; hh++) {
+            if (kvf_writer_head(w, hh / H, hh % H, k, v, NULL, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+            if (f == 0) {
+                attn_kv_view view = { N, D, elem, k, v, NULL, N, NULL };
+                void *img; size_t bytes;
+                if (attn_topk_index_image(&ap, "exact", &view, N, 1, &img, &bytes, err, sizeof err) ||
+                    kvf_writer_index(w, hh / H, hh % H, "exact", img, bytes, N, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+                if (hh == 0 && argc > 3) { /* the image alone seeds fuzz_index */
+                    FILE *o = fopen(argv[3], "wb");
+                    if (!o || fwrite(img, 1, bytes, o) != bytes || fclose(o)) return 1;
+                }
+                free(img);
+            }
+        }
+        if (kvf_writer_finish(w, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        free(k); free(v);
+    }
+    return 0;
+}
+GEN
+if ! { "$CC_FUZZ" $FLAGS $SAN "$OUT/gen_kv.c" "$OUT/libsparq-fuzz.a" $LIBS -o "$OUT/gen_kv" &&
+       "$OUT/gen_kv" "$OUT/seeds/fuzz_kvfile/f16-exact.kv" "$OUT/seeds/fuzz_kvfile/f32.kv" \
+                     "$OUT/seeds/fuzz_index/exact-f16.idx"; }; then
+  echo "fuzz: could not generate KV-file seeds" >&2; exit 1
 fi
+# Tokenizer: the golden input texts, each behind a vocabulary/template byte.
+if inp0=$(find_data golden/llamacpp/tokenizer/ggml-vocab-llama-spm.gguf.inp); then
+  i=0
+  for inp in "$(dirname "$inp0")"/*.inp; do
+    { printf '%b' "\\x$(printf %02x $((i * 7 % 256)))"; head -c 2000 "$inp"; } > "$OUT/seeds/fuzz_tokenizer/t$i"
+    i=$((i + 1))
+  done
+fi
+printf '\x03Hello <|im_start|>world [INST] \xf0\x9f\x98\x80 \xe2\x96\x81\n\n' > "$OUT/seeds/fuzz_tokenizer/chat"
+# JSON: small documents of every kind.
+printf '{"a":[1,-2.5e3,true,false,null],"s":"x\\u00e9\\ud83d\\ude00\\n","o":{}}' > "$OUT/seeds/fuzz_json/doc"
+printf '[[[["deep"]]]]' > "$OUT/seeds/fuzz_json/nest"
+printf '"\\u0000 \xc3\xa9"' > "$OUT/seeds/fuzz_json/str"
+
+echo "fuzz: harnesses:$harnesses; ${SECONDS_TOTAL}s each; $n_real real GGUF seeds"
+failed=0
+for name in $harnesses; do
+  mkdir -p "$OUT/corpus-$name" "$OUT/seeds/$name"
+  # max_len keeps executions fast: big seeds are cut (GGUF: the header,
+  # metadata and tensor infos are in the first 64 KiB; KV files need their
+  # 4 KiB-aligned sections)
+  case $name in
+    fuzz_kvfile) max_len=262144 ;;
+    fuzz_gguf) max_len=65536 ;;
+    *) max_len=4096 ;;
+  esac
+  echo "fuzz: $name"
+  "$OUT/$name" -max_total_time="$SECONDS_TOTAL" -rss_limit_mb=2048 -max_len=$max_len -timeout=10 \
+    -print_final_stats=1 -artifact_prefix="$OUT/$name-" "$OUT/corpus-$name" "$OUT/seeds/$name" 2>&1 |
+    grep -E '^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|INFO: Seed)|ERROR|Assert|abort' | head -40
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    echo "fuzz: $name FAILED (exit $rc); reproducer in $OUT/$name-crash-* / -leak-* / -timeout-*" >&2
+    failed=1
+  fi
+done
+[ $failed -eq 0 ] || exit 1
 echo "fuzz: ok"
