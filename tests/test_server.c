@@ -255,6 +255,10 @@ static void json_str_to(FILE *f, const char *s) { json_write_str(f, s, strlen(s)
 static void raw_http(int port)
 {
     resp r;
+    /* a slow client: half a request, then silence, held open throughout */
+    int slow = dial(port);
+    const char *half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";
+    CHECK(slow >= 0 && send_all(slow, half, strlen(half)) == 0, "slow client connect");
     CHECK(http(port, "GET", "/health", NULL, 0, 0, &r) == 0 && r.status == 200 && strstr(r.body, "ok"), "health");
     resp_free(&r);
     expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\",", 1, 400, "json", "truncated JSON");
@@ -325,6 +329,28 @@ static void raw_http(int port)
     }
     json_free(d);
     resp_free(&r);
+    CHECK(http(port, "GET", "/health", NULL, 0, 0, &r) == 0 && r.status == 200, "health beside a slow client");
+    resp_free(&r);
+    if (slow >= 0) close(slow);
+}
+
+/* --timeout: a request that cannot finish in time ends with 504. */
+static void request_timeout(const char *tiny)
+{
+    server s;
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -c 8192 -t 1 --timeout 1", tiny);
+    CHECK(start_server(&s, args) == 0, "timeout server did not start");
+    if (s.pid <= 0) return;
+    const char *body = "{\"prompt\": [1, 2], \"max_tokens\": 8000, \"ignore_eos\": true, \"temperature\": 0}";
+    resp r;
+    const double t0 = now();
+    int rc = http(s.port, "POST", "/v1/completions", body, strlen(body), 0, &r);
+    const double dt = now() - t0;
+    CHECK(rc == 0 && r.status == 504 && is_error(&r, "timed out") && dt < 30, "timeout: %d after %.1f s: %s",
+          rc ? -1 : r.status, dt, rc ? "" : r.body);
+    if (!rc) resp_free(&r);
+    CHECK(stop_server(&s) == 0, "timeout server: SIGTERM did not end it cleanly");
 }
 
 /* Greedy requests against sparq run, and the case file for the node test. */
@@ -529,7 +555,10 @@ int main(void)
     snprintf(cmd, sizeof cmd, "%s gen-model --shape tiny --type Q8_0 -c 8192 -o %s >/dev/null 2>&1", bin, tiny);
     int rc = system(cmd);
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "gen-model tiny failed");
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) overload_and_disconnect(tiny);
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) {
+        overload_and_disconnect(tiny);
+        request_timeout(tiny);
+    }
     unlink(tiny);
     return test_summary("test_server");
 }

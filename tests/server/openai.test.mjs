@@ -97,6 +97,10 @@ async function main() {
   const b = await completion(c0, { temperature: 1, seed: 1234 });
   check(a.choices[0].text === b.choices[0].text, 'same seed, same text', `${a.choices[0].text} | ${b.choices[0].text}`);
 
+  // min_p = 1 keeps only the most likely token: any seed gives the greedy text
+  const mp = await completion(c0, { temperature: 1, min_p: 1, seed: 99 });
+  check(mp.choices[0].text === alone[0], 'min_p 1 == greedy', JSON.stringify(mp.choices[0].text));
+
   // chat, whole and streamed
   const msgs = [{ role: 'system', content: 'You tell stories.' }, { role: 'user', content: 'Tell me about a cat.' }];
   const ch = await client.chat.completions.create({ model, messages: msgs, max_tokens: 20, temperature: 0,
