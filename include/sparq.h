@@ -171,6 +171,16 @@ int sparq_eval_prefill(sparq_context *c, const int32_t *tokens, int n, float *lo
 int sparq_eval_prefill_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
 int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits);
 
+/* Copies the first n cached positions of src into the empty context dst
+ * (same model and KV type; dst's capacity >= n), as if dst had prefilled
+ * them: a prefix cache. Prefill is exact attention whatever the policy, so
+ * the keys and values depend only on the tokens; a copy cut at a multiple
+ * of n_batch, followed by the rest of the prompt in n_batch chunks, gives
+ * bit-identical logits to prefilling the whole prompt. Refused (-1) when
+ * dst's policy observes the prefill (h2o). */
+int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int64_t n, char *err,
+                              size_t err_size);
+
 int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
 int64_t sparq_context_n_ctx(const sparq_context *c);
 const char *sparq_context_error(const sparq_context *c); /* last error    */

@@ -164,6 +164,41 @@ static void check_policy(sparq_model *m, const char *label, const char *pol, seq
     free(rows);
 }
 
+/* A prefix copied from another context (sparq_context_copy_prefix, cut at
+ * a multiple of n_batch), then the rest of the prompt and decode steps:
+ * the logits equal the lone run's bit for bit. The source runs another
+ * policy than the copy: prefill keys and values do not depend on it. */
+static void check_copy_prefix(sparq_model *m, const char *label, const char *pol, const seq *sq)
+{
+    const int V = sparq_model_n_vocab(m);
+    float *row = malloc((size_t)V * sizeof(float));
+    sparq_context *src = make_ctx(m, strcmp(pol, "dense") ? "dense" : "sparq"), *dst = make_ctx(m, pol);
+    char err[256] = "";
+    int ok = row && src && dst && sparq_eval(src, sq->prompt, sq->n_prompt, NULL) == 0;
+    const int P = (sq->n_prompt - 1) / N_BATCH * N_BATCH;
+    int rc = ok ? sparq_context_copy_prefix(dst, src, P, err, sizeof err) : -1;
+    if (!strcmp(pol, "h2o")) {
+        CHECK(rc == -1 && strstr(err, "observes the prefill"), "%s: copy_prefix into h2o: %s", label, err);
+    } else {
+        CHECK(rc == 0 && sparq_context_pos(dst) == P, "%s %s: copy_prefix: %s", label, pol, err);
+        int diff = 0;
+        for (int at = P; rc == 0 && at < sq->n_prompt; at += N_BATCH) {
+            const int nb = sq->n_prompt - at < N_BATCH ? sq->n_prompt - at : N_BATCH;
+            rc = sparq_eval_prefill(dst, sq->prompt + at, nb, row);
+        }
+        diff += rc == 0 && memcmp(row, sq->ref, (size_t)V * sizeof(float)) != 0;
+        for (int t = 0; rc == 0 && t < N_STEPS; t++) {
+            rc = sparq_decode_batch(&dst, &sq->next[t], 1, row);
+            diff += rc == 0 && memcmp(row, sq->ref + (size_t)(1 + t) * V, (size_t)V * sizeof(float)) != 0;
+        }
+        CHECK(rc == 0 && diff == 0, "%s %s: after a copied prefix of %d, %d rows differ (%s)", label, pol, P, diff,
+              dst ? sparq_context_error(dst) : "");
+    }
+    sparq_context_free(src);
+    sparq_context_free(dst);
+    free(row);
+}
+
 static void check_model(const char *path, const char *label)
 {
     char err[512];
@@ -184,7 +219,11 @@ static void check_model(const char *path, const char *label)
         if (!seqs[s].ref) return;
     }
     static const char *pols[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming", "topk" };
-    for (size_t p = 0; p < sizeof pols / sizeof pols[0]; p++) check_policy(m, label, pols[p], seqs);
+    for (size_t p = 0; p < sizeof pols / sizeof pols[0]; p++) {
+        check_policy(m, label, pols[p], seqs);
+        check_copy_prefix(m, label, pols[p], &seqs[9]); /* 24 tokens: a prefix of 16 */
+        check_copy_prefix(m, label, pols[p], &seqs[7]); /* 17 tokens: the rest is one token */
+    }
 
     /* the API's errors: same context twice, bad id, full context */
     sparq_context *a = make_ctx(m, "dense"), *b = make_ctx(m, "dense");

@@ -359,7 +359,7 @@ static int greedy_vs_run(int port, const char *model, gcase *cases, int n_cases,
     int ok_all = 1;
     for (int i = 0; i < n_cases; i++) {
         char args[2048];
-        snprintf(args, sizeof args, "-m %s -c 256 -t 1 -n 40 --temp 0 -p '%s' %s", model, cases[i].prompt,
+        snprintf(args, sizeof args, "-m %s -c 256 -b 4 -t 1 -n 40 --temp 0 -p '%s' %s", model, cases[i].prompt,
                  cases[i].run_args);
         cases[i].text = run_capture(args);
         CHECK(cases[i].text != NULL, "sparq run %s failed", args);
@@ -515,7 +515,7 @@ int main(void)
     server s;
     char args[2048];
     snprintf(args, sizeof args,
-             "-m %s -c 256 -t 1 --parallel 16 --queue 32 --api-key %s --chat-template chatml --max-body 65536", model,
+             "-m %s -c 256 -b 4 -t 1 --parallel 16 --queue 32 --api-key %s --chat-template chatml --max-body 65536", model,
              key);
     CHECK(start_server(&s, args) == 0, "server did not start");
     if (s.pid > 0) {
@@ -544,6 +544,14 @@ int main(void)
         int fd = mkstemp(expect);
         if (fd >= 0) close(fd);
         if (fd >= 0 && greedy_vs_run(s.port, model, cases, 16, expect) == 0) node_tests(s.port, expect);
+        /* prompts were repeated with -b 4: later ones started from cached
+         * prefixes, and every text above still matched sparq run's */
+        resp r;
+        int rc = http(s.port, "GET", "/metrics", NULL, 0, 1, &r);
+        const char *hits = rc ? NULL : strstr(r.body, "\nsparq_prefix_cache_hits_total ");
+        CHECK(hits && atoi(hits + 31) >= 8, "prefix cache hits: %s", rc ? "" : r.body);
+        if (hits) fprintf(stderr, "prefix cache hits: %d\n", atoi(hits + 31));
+        if (!rc) resp_free(&r);
         unlink(expect);
         for (int i = 0; i < 16; i++) free(cases[i].text);
         CHECK(stop_server(&s) == 0, "SIGTERM did not end the server cleanly");

@@ -14,7 +14,7 @@
 
 typedef struct serve_opts {
     const char *host;
-    int         port, parallel, queue, max_prompt;
+    int         port, parallel, queue, max_prompt, prefix_mb;
     int64_t     max_body;
     float       timeout;
     const char *api_key, *api_key_file, *chat_template, *alias, *port_file;
@@ -33,6 +33,8 @@ static const cli_opt serve_table[] = {
     { "--chat-template", NULL, OPT_STR, OFF(chat_template), "NAME",
       "chat template when the GGUF has none: llama3, chatml, phi3, mistral, gemma" },
     { "--alias", NULL, OPT_STR, OFF(alias), "NAME", "model id reported (default: the file name)" },
+    { "--prefix-cache", NULL, OPT_INT, OFF(prefix_mb), "MIB",
+      "memory for cached prompt prefixes, reused by later requests (default 256; 0 = off)" },
     { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
     { 0 },
 };
@@ -55,7 +57,7 @@ int cli_serve(int argc, char **argv)
     memset(&mo, 0, sizeof mo);
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL };
+    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL };
     cli_group groups[] = {
         { "model", cli_model_table, &mo },
         { "server", serve_table, &so },
@@ -65,7 +67,7 @@ int cli_serve(int argc, char **argv)
     int rc = cli_parse_command(groups, 3, argc, argv, "usage: sparq serve [-m MODEL] [--port N] [options]", NULL, 0, NULL);
     if (rc >= 0) return rc;
     if (so.port < 0 || so.port > 65535 || so.parallel < 1 || so.parallel > 256 || so.queue < 0 ||
-        so.queue > 100000 || so.max_body < 1024 || !(so.timeout > 0)) {
+        so.queue > 100000 || so.max_body < 1024 || !(so.timeout > 0) || so.prefix_mb < 0) {
         fprintf(stderr, "error: serve: --port 0..65535, --parallel 1..256, --queue 0..100000, --max-body >= 1024 "
                         "and --timeout > 0\n");
         return 2;
@@ -105,6 +107,7 @@ int cli_serve(int argc, char **argv)
     cfg.max_body = (size_t)so.max_body;
     cfg.max_prompt = so.max_prompt;
     cfg.timeout = so.timeout;
+    cfg.prefix_cache_bytes = (size_t)so.prefix_mb << 20;
     if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         sparq_model_free(m);

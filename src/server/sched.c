@@ -13,6 +13,8 @@
  *   slot_sample        the one place a token is chosen (penalties, min-p)
  *   publish_token      text, stop strings, held-back bytes, log-probs
  *   slot_start/finish  a request's context and its release
+ *   pc_*               the prefix cache: prompt prefixes cut at multiples
+ *                      of n_batch, copied into new contexts (LRU, budget)
  *   srv_sched_main     the loop
  */
 #include "server/srv_internal.h"
@@ -71,6 +73,94 @@ typedef struct slot {
     int            policy_ix;
     double         t_prefill;    /* seconds spent prefilling                */
 } slot;
+
+/* ---- prefix cache ------------------------------------------------------------
+ * Owned by the scheduler thread alone. An entry is a dense context holding
+ * exactly the first n tokens of some prompt, n a multiple of n_batch, so a
+ * request that starts with those tokens copies them
+ * (sparq_context_copy_prefix) and prefills only the rest, in the same
+ * chunks it would have used: its logits stay bit-identical. Keyed by the
+ * tokens (one server = one model, so the model fingerprint is implicit);
+ * least recently used entries go when the budget is exceeded. */
+
+typedef struct pc_entry {
+    int32_t       *tokens;
+    int            n;
+    sparq_context *c;
+    double         used;
+    size_t         bytes;
+} pc_entry;
+
+typedef struct prefix_cache {
+    pc_entry *e;
+    int       n, cap;
+    size_t    bytes, budget;
+} prefix_cache;
+
+static void pc_drop(prefix_cache *pc, int i)
+{
+    sparq_context_free(pc->e[i].c);
+    free(pc->e[i].tokens);
+    pc->bytes -= pc->e[i].bytes;
+    pc->e[i] = pc->e[--pc->n];
+}
+
+static void pc_free(prefix_cache *pc)
+{
+    while (pc->n) pc_drop(pc, pc->n - 1);
+    free(pc->e);
+}
+
+/* The longest entry that is a proper prefix of ids[n] (at least one token
+ * left to prefill: its logits are needed), or -1. */
+static int pc_find(const prefix_cache *pc, const int32_t *ids, int n)
+{
+    int best = -1;
+    for (int i = 0; i < pc->n; i++) {
+        const pc_entry *e = &pc->e[i];
+        if (e->n < n && (best < 0 || e->n > pc->e[best].n) && !memcmp(e->tokens, ids, (size_t)e->n * sizeof *ids))
+            best = i;
+    }
+    return best;
+}
+
+/* Remembers the first n tokens of src's cache (if not already there). */
+static void pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n)
+{
+    for (int i = 0; i < pc->n; i++)
+        if (pc->e[i].n == n && !memcmp(pc->e[i].tokens, ids, (size_t)n * sizeof *ids)) return;
+    const size_t bytes = (size_t)n * sparq_model_n_layer(s->model) * sparq_model_n_kv_head(s->model) *
+                         sparq_model_head_dim(s->model) * 2 * (s->cfg.kv_type == SPARQ_KV_F32 ? 4 : 2);
+    if (bytes > pc->budget) return;
+    while (pc->n && pc->bytes + bytes > pc->budget) { /* least recently used first */
+        int lru = 0;
+        for (int i = 1; i < pc->n; i++)
+            if (pc->e[i].used < pc->e[lru].used) lru = i;
+        pc_drop(pc, lru);
+    }
+    if (pc->n == pc->cap) {
+        int cap = pc->cap ? 2 * pc->cap : 16;
+        pc_entry *e = realloc(pc->e, (size_t)cap * sizeof *e);
+        if (!e) return;
+        pc->e = e;
+        pc->cap = cap;
+    }
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = n;
+    cp.n_threads = 1;
+    cp.kv_type = s->cfg.kv_type;
+    char err[256];
+    pc_entry e = { malloc((size_t)n * sizeof *ids), n, NULL, srv_now(), bytes };
+    if (!e.tokens || sparq_context_create(s->model, &cp, &e.c, err, sizeof err) ||
+        sparq_context_copy_prefix(e.c, src, n, err, sizeof err)) {
+        free(e.tokens);
+        sparq_context_free(e.c);
+        return;
+    }
+    memcpy(e.tokens, ids, (size_t)n * sizeof *ids);
+    pc->e[pc->n++] = e;
+    pc->bytes += bytes;
+}
 
 /* ---- sampling ------------------------------------------------------------- */
 
@@ -241,6 +331,23 @@ static void slot_release(srv_server *s, slot *sl)
     memset(sl, 0, sizeof *sl);
 }
 
+/* A cached prefix of the prompt goes into the new context (not with echo
+ * and logprobs: those need every prompt position's logits). */
+static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, slot *sl)
+{
+    const srv_request *r = sl->r;
+    if (!pc->budget || sl->prompt_logits) return;
+    const int i = pc_find(pc, r->prompt, r->n_prompt);
+    char err[256];
+    if (i < 0 || sparq_context_copy_prefix(sl->c, pc->e[i].c, pc->e[i].n, err, sizeof err)) return;
+    sl->fed = pc->e[i].n;
+    pc->e[i].used = srv_now();
+    pthread_mutex_lock(&s->lock);
+    s->metrics.prefix_hits++;
+    s->metrics.prefix_tokens += pc->e[i].n;
+    pthread_mutex_unlock(&s->lock);
+}
+
 /* Creates the request's context and sampler; 0, or -1 with the message. */
 static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
 {
@@ -333,6 +440,7 @@ void *srv_sched_main(void *arg)
     int *bslot = malloc((size_t)P * sizeof *bslot);
     int rr = 0;
     char err[512], piece[256];
+    prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes };
     pthread_mutex_lock(&s->lock);
     if (!slots || !blogits || !bc || !btok || !bslot) {
         fprintf(stderr, "serve: out of memory for %d slots\n", P);
@@ -398,6 +506,8 @@ void *srv_sched_main(void *arg)
                 pthread_mutex_lock(&s->lock);
                 finish(s, sl, "stop", 400, err);
                 pthread_mutex_unlock(&s->lock);
+            } else {
+                slot_reuse_prefix(s, &pc, sl);
             }
         }
         /* one prefill chunk, round robin over the sequences still prefilling */
@@ -408,6 +518,11 @@ void *srv_sched_main(void *arg)
             const int fed0 = sl->fed;
             int rc = slot_prefill_chunk(s, sl);
             const double t1 = srv_now();
+            if (!rc && sl->ready && pc.budget) { /* remember the prompt, cut at a chunk boundary */
+                const int nb_max = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
+                const int cut = (sl->r->n_prompt - 1) / nb_max * nb_max;
+                if (cut > 0) pc_insert(s, &pc, sl->c, sl->r->prompt, cut);
+            }
             pthread_mutex_lock(&s->lock);
             s->metrics.prefill_tokens += sl->fed - fed0;
             s->metrics.prefill_seconds += t1 - t0;
@@ -475,6 +590,7 @@ void *srv_sched_main(void *arg)
     }
     pthread_mutex_unlock(&s->lock);
     for (int i = 0; slots && i < P; i++) slot_release(s, &slots[i]);
+    pc_free(&pc);
     free(slots);
     free(blogits);
     free(bc);

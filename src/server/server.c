@@ -896,8 +896,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
            m.prefill_seconds > 0 ? m.prefill_tokens / m.prefill_seconds : 0.0);
     METRIC("decode_tokens_per_second", "gauge", "Aggregate decode throughput while decoding.", "%.3f",
            m.decode_seconds > 0 ? m.decode_tokens / m.decode_seconds : 0.0);
-    METRIC("prefix_cache_hits_total", "counter", "Prompts that reused a cached prefix (no prefix cache yet: 0).",
-           "%lld", (long long)m.prefix_hits);
+    METRIC("prefix_cache_hits_total", "counter", "Prompts that started from a cached prefix.", "%lld",
+           (long long)m.prefix_hits);
+    METRIC("prefix_cache_tokens_total", "counter", "Prompt tokens copied from the prefix cache, not prefilled.",
+           "%lld", (long long)m.prefix_tokens);
 #undef METRIC
     fputs("# HELP sparq_attn_bytes_read_total KV-cache bytes read and written by decode attention, by policy.\n"
           "# TYPE sparq_attn_bytes_read_total counter\n", f);

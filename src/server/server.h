@@ -36,6 +36,7 @@ typedef struct srv_config {
     int         max_prompt;     /* tokens                                      */
     double      timeout;        /* seconds per request                         */
     const char *port_file;      /* write the bound port here (tests)           */
+    size_t      prefix_cache_bytes; /* 0: no prefix cache                     */
 } srv_config;
 
 typedef struct srv_server srv_server;

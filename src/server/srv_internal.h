@@ -58,7 +58,7 @@ typedef struct srv_metrics {
     int64_t requests, errors, rejected, cancelled;
     int64_t prefill_tokens, decode_tokens;
     double  prefill_seconds, decode_seconds;
-    int64_t prefix_hits;
+    int64_t prefix_hits, prefix_tokens;
     int64_t attn_bytes[16];     /* by policy, in attn_names order          */
 } srv_metrics;
 
