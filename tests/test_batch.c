@@ -199,6 +199,38 @@ static void check_copy_prefix(sparq_model *m, const char *label, const char *pol
     free(row);
 }
 
+/* 64 sequences in every step (the width a server runs), SparQ, bit for
+ * bit against each alone. */
+static void check_wide(sparq_model *m, const char *label)
+{
+    enum { W = 64, STEPS = 3 };
+    const int V = sparq_model_n_vocab(m);
+    sparq_context *ctx[W] = { 0 };
+    int32_t prompt[W][6], tok[STEPS][W];
+    float *ref = malloc((size_t)W * STEPS * V * sizeof(float)), *rows = malloc((size_t)W * V * sizeof(float));
+    int ok = ref && rows;
+    for (int i = 0; i < W; i++) {
+        for (int j = 0; j < 6; j++) prompt[i][j] = (int32_t)(rnd() % (uint32_t)V);
+        for (int t = 0; t < STEPS; t++) tok[t][i] = (int32_t)(rnd() % (uint32_t)V);
+    }
+    for (int i = 0; ok && i < W; i++) { /* alone */
+        sparq_context *c = make_ctx(m, "sparq");
+        ok = c && sparq_eval(c, prompt[i], 2 + i % 5, NULL) == 0;
+        for (int t = 0; ok && t < STEPS; t++) ok = sparq_eval(c, &tok[t][i], 1, ref + ((size_t)t * W + i) * V) == 0;
+        sparq_context_free(c);
+    }
+    for (int i = 0; ok && i < W; i++) ok = (ctx[i] = make_ctx(m, "sparq")) && sparq_eval(ctx[i], prompt[i], 2 + i % 5, NULL) == 0;
+    int diff = 0;
+    for (int t = 0; ok && t < STEPS; t++) {
+        ok = sparq_decode_batch(ctx, tok[t], W, rows) == 0;
+        for (int i = 0; ok && i < W; i++) diff += memcmp(rows + (size_t)i * V, ref + ((size_t)t * W + i) * V, (size_t)V * sizeof(float)) != 0;
+    }
+    CHECK(ok && diff == 0, "%s: batch of %d: %d rows differ (%s)", label, W, diff, ctx[0] ? sparq_context_error(ctx[0]) : "");
+    for (int i = 0; i < W; i++) sparq_context_free(ctx[i]);
+    free(ref);
+    free(rows);
+}
+
 static void check_model(const char *path, const char *label)
 {
     char err[512];
@@ -224,6 +256,8 @@ static void check_model(const char *path, const char *label)
         check_copy_prefix(m, label, pols[p], &seqs[9]); /* 24 tokens: a prefix of 16 */
         check_copy_prefix(m, label, pols[p], &seqs[7]); /* 17 tokens: the rest is one token */
     }
+
+    check_wide(m, label);
 
     /* the API's errors: same context twice, bad id, full context */
     sparq_context *a = make_ctx(m, "dense"), *b = make_ctx(m, "dense");
