@@ -34,6 +34,9 @@ ifneq ($(FAISS_HDR),)
   endif
 endif
 
+# sparq serve: libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
+LDLIBS  += -lmicrohttpd -lpthread
+
 .PHONY: all run test test-asan fuzz setup clean bench
 all: $(BUILD)/sparq
 

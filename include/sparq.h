@@ -148,6 +148,43 @@ int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits);
 /* The same, writing logits for every token: logits_all[n][n_vocab]. */
 int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
 
+/* ---- batched decoding (server) ------------------------------------------
+ * A server runs many sequences, one context each, over one model.
+ *
+ * sparq_eval_prefill is sparq_eval for one chunk of a prompt: attention is
+ * exact even when the chunk is a single token. A prompt fed in chunks of
+ * the context's n_batch (the last one shorter) through it gives the same
+ * cache and logits as one sparq_eval of the whole prompt (n > 1), so
+ * prefills interleaved with other work stay reproducible. The _all form
+ * writes every token's logits (logits_all[n][n_vocab]); its last row is
+ * bit-identical to sparq_eval_prefill's.
+ *
+ * sparq_decode_batch is one decode step for n sequences: tokens[i] is
+ * appended to ctxs[i] (n distinct contexts of one model, each with room for
+ * one more token) and runs through ctxs[i]'s own attention policy and
+ * parameters at its own position. The weights are read once for the whole
+ * batch. logits: [n][n_vocab] (row i for ctxs[i]) or NULL. Batch
+ * invariance: row i is bit-identical to what sparq_eval(ctxs[i],
+ * &tokens[i], 1, ...) would give, whatever the other sequences, n or i
+ * (every weight row meets each sequence's activations through the same dot
+ * kernel a lone decode uses). Threads: ctxs[0]'s n_threads. Returns 0, or -1
+ * with the message in every context's sparq_context_error (a full context
+ * or bad id changes nothing; an attention failure leaves the step undone
+ * in every context, as sparq_eval does). */
+int sparq_eval_prefill(sparq_context *c, const int32_t *tokens, int n, float *logits);
+int sparq_eval_prefill_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
+int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits);
+
+/* Copies the first n cached positions of src into the empty context dst
+ * (same model and KV type; dst's capacity >= n), as if dst had prefilled
+ * them: a prefix cache. Prefill is exact attention whatever the policy, so
+ * the keys and values depend only on the tokens; a copy cut at a multiple
+ * of n_batch, followed by the rest of the prompt in n_batch chunks, gives
+ * bit-identical logits to prefilling the whole prompt. Refused (-1) when
+ * dst's policy observes the prefill (h2o). */
+int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int64_t n, char *err,
+                              size_t err_size);
+
 int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
 int64_t sparq_context_n_ctx(const sparq_context *c);
 int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> cores */

@@ -6,12 +6,17 @@
 #   libclang-rt-14-dev  libFuzzer runtime for the GGUF fuzz harness (clang)
 #   gnuplot-nox         --plot output of bench/eval
 #   libfaiss-dev, libopenblas-dev   the optional HNSW index (Faiss)
+#   libmicrohttpd-dev   the HTTP server of `sparq serve`
+#   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
 set -u
-pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev"
+pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev libmicrohttpd-dev curl"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# node from any source will do (nodesource's bundles npm; Debian's splits it)
+command -v node >/dev/null || missing="$missing nodejs"
+command -v npm >/dev/null || missing="$missing npm"
 [ -z "$missing" ] && exit 0
 echo "setup: installing$missing" >&2
 SUDO=""

@@ -125,5 +125,6 @@ int cli_eval(int argc, char **argv);
 int cli_stats(int argc, char **argv);
 int cli_prefill(int argc, char **argv);
 int cli_topk(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif

@@ -1,5 +1,6 @@
-/* forward.c - one sequence through the transformer: batched prefill and
- * single-token decode. The context it runs in is made in context.c.
+/* forward.c - the transformer forward pass: one sequence's batched prefill
+ * and single-token decode, and one decode step for many sequences at once
+ * (sparq_decode_batch). The contexts it runs in are made in context.c.
  *
  * Map:
  *   model_matmul(_group)           threaded W x, ggml-compatible numerics
@@ -8,6 +9,8 @@
  *   attend_decode                  one token through the attention policy
  *   forward                        the layer loop, reading like the maths
  *   sparq_eval / sparq_eval_all    batching, progress, abort
+ *   sparq_decode_batch             one token for each of B sequences, one
+ *                                  pass over the weights, batch-invariant
  */
 #include "core/model.h"
 #include "attn/attn_prefill.h"
@@ -468,7 +471,9 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
     return 0;
 }
 
-static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, int all_logits)
+/* prefill: exact attention even for a single token (a prompt's last chunk) */
+static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, int all_logits,
+                int prefill)
 {
     const int n_vocab = c->model->hp.n_vocab;
     c->error[0] = 0;
@@ -499,10 +504,11 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
         float *out = NULL;
         if (all_logits) out = logits + (size_t)done * n_vocab;
         else if (last && logits) out = c->rs.logits;
-        if (forward(c, tokens + done, nb, n == 1, out, all_logits)) return -1;
+        const int decode = n == 1 && !prefill;
+        if (forward(c, tokens + done, nb, decode, out, all_logits)) return -1;
         if (out && ctx_check_logits(c, out, all_logits ? nb : 1, all_logits ? c->kv.n - nb : c->kv.n - 1))
             return -1; /* NaN/Inf weights or activations: say where, never decode garbage */
-        if (n == 1) c->stats.steps++;
+        if (decode) c->stats.steps++;
         if (last && logits && !all_logits) memcpy(logits, c->rs.logits, (size_t)n_vocab * sizeof(float));
         done += nb;
         if (c->params.progress && n > 1) c->params.progress(c->params.progress_user, done, n);
@@ -512,10 +518,219 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
 
 int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits)
 {
-    return eval(c, tokens, n, logits, 0);
+    return eval(c, tokens, n, logits, 0, 0);
+}
+
+int sparq_eval_prefill(sparq_context *c, const int32_t *tokens, int n, float *logits)
+{
+    return eval(c, tokens, n, logits, 0, 1);
+}
+
+int sparq_eval_prefill_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all)
+{
+    return eval(c, tokens, n, logits_all, 1, 1);
 }
 
 int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all)
 {
-    return eval(c, tokens, n, logits_all, 1);
+    return eval(c, tokens, n, logits_all, 1, 0);
+}
+
+/* ---- batched decode ------------------------------------------------------- */
+
+/* The B-row activations of one batched step (allocated per call). */
+typedef struct batch_rows {
+    float   *x, *xn, *q, *k, *v, *att, *gate, *up;
+    uint8_t *xq;
+    size_t   xq_row_bytes;
+} batch_rows;
+
+/* outs[i][t][n_out] = W_i in[t] for the n rows of the batch. Every output
+ * is one quant_dot over the row's activations converted on their own, which
+ * is exactly what a lone decode step computes (model_matmul_group with
+ * n == 1), so a sequence's result does not depend on its batch. The weight
+ * rows are the outer loop: each row is read from memory once per step and
+ * meets every sequence's activations while it sits in L1. */
+static void batch_matmul_group(int n_threads, batch_rows *b, const float *in, int n, int n_w,
+                               const weight *const *ws, float *const *outs)
+{
+    const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
+    for (int i = 1; i < n_w; i++) {
+        if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt) {
+            for (int j = 0; j < n_w; j++) batch_matmul_group(n_threads, b, in, n, 1, ws + j, outs + j);
+            return;
+        }
+    }
+    const int64_t n_in = ws[0]->n_in;
+    const uint8_t *xq = (const uint8_t *)in;
+    size_t x_stride = (size_t)n_in * sizeof(float);
+    if (vdt != QT_F32) {
+        x_stride = b->xq_row_bytes;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n > 1)
+        for (int t = 0; t < n; t++)
+            quant_from_float((uint32_t)vdt, in + (size_t)t * n_in, b->xq + (size_t)t * x_stride, n_in);
+        xq = b->xq;
+    }
+    enum { CHUNK = 16 };
+    int64_t first_chunk[5] = { 0 };
+    for (int i = 0; i < n_w; i++) first_chunk[i + 1] = first_chunk[i] + (ws[i]->n_out + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t ch = 0; ch < first_chunk[n_w]; ch++) {
+        int i = 0;
+        while (ch >= first_chunk[i + 1]) i++;
+        const weight *w = ws[i];
+        const int64_t r0 = (ch - first_chunk[i]) * CHUNK;
+        const int nr = (int)(w->n_out - r0 < CHUNK ? w->n_out - r0 : CHUNK);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)(r0 + r) * w->row_bytes;
+            for (int t = 0; t < n; t++)
+                outs[i][(size_t)t * w->n_out + r0 + r] = quant_dot(w->type, row, xq + (size_t)t * x_stride, n_in);
+        }
+    }
+}
+
+static void batch_matmul(int n_threads, batch_rows *b, float *out, const float *in, int n, const weight *w)
+{
+    batch_matmul_group(n_threads, b, in, n, 1, &w, &out);
+}
+
+static void batch_rows_free(batch_rows *b)
+{
+    free(b->x); free(b->xn); free(b->q); free(b->k); free(b->v); free(b->att);
+    free(b->gate); free(b->up); free(b->xq);
+}
+
+static int batch_rows_alloc(batch_rows *b, const model_hparams *hp, int n)
+{
+    memset(b, 0, sizeof *b);
+    const size_t N = (size_t)n, q_dim = (size_t)hp->n_head * hp->head_dim;
+    const size_t kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
+    size_t max_in = (size_t)hp->n_embd;
+    if ((size_t)hp->n_ff > max_in) max_in = hp->n_ff;
+    if (q_dim > max_in) max_in = q_dim;
+    b->xq_row_bytes = (max_in * 4 + 63) / 64 * 64; /* any vec_dot type: <= 4 bytes per element */
+    b->x = malloc(N * hp->n_embd * sizeof(float));
+    b->xn = malloc(N * hp->n_embd * sizeof(float));
+    b->q = malloc(N * q_dim * sizeof(float));
+    b->k = malloc(N * kv_dim * sizeof(float));
+    b->v = malloc(N * kv_dim * sizeof(float));
+    b->att = malloc(N * q_dim * sizeof(float));
+    b->gate = malloc(N * hp->n_ff * sizeof(float));
+    b->up = malloc(N * hp->n_ff * sizeof(float));
+    if (posix_memalign((void **)&b->xq, 64, N * b->xq_row_bytes)) b->xq = NULL;
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->xq) {
+        batch_rows_free(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Puts msg into every context's error (the caller may look at any). */
+static int batch_fail(sparq_context **ctxs, int n, const char *msg)
+{
+    for (int i = 0; i < n; i++)
+        if (ctxs[i] && ctxs[i]->error != msg) snprintf(ctxs[i]->error, sizeof ctxs[i]->error, "%s", msg);
+    return -1;
+}
+
+int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits)
+{
+    char msg[256];
+    if (n <= 0 || !ctxs || !tokens || !ctxs[0]) return -1;
+    const sparq_model *m = ctxs[0]->model;
+    const model_hparams *hp = &m->hp;
+    for (int i = 0; i < n; i++) {
+        const sparq_context *c = ctxs[i];
+        if (!c || c->model != m) {
+            snprintf(msg, sizeof msg, "decode_batch: context %d %s", i, c ? "belongs to another model" : "is NULL");
+            return batch_fail(ctxs, i, msg);
+        }
+        for (int j = 0; j < i; j++)
+            if (ctxs[j] == c) {
+                snprintf(msg, sizeof msg, "decode_batch: contexts %d and %d are the same sequence", j, i);
+                return batch_fail(ctxs, n, msg);
+            }
+        if (c->kv.n + 1 > c->kv.cap) {
+            snprintf(msg, sizeof msg, "context full: sequence %d has %lld tokens in a context of %lld", i,
+                     (long long)c->kv.n, (long long)c->kv.cap);
+            return batch_fail(ctxs, n, msg);
+        }
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab) {
+            snprintf(msg, sizeof msg, "decode_batch: token id %d of sequence %d is outside [0, %d)", tokens[i],
+                     i, hp->n_vocab);
+            return batch_fail(ctxs, n, msg);
+        }
+    }
+    batch_rows b;
+    if (batch_rows_alloc(&b, hp, n)) return batch_fail(ctxs, n, "decode_batch: out of memory");
+    for (int i = 0; i < n; i++) ctxs[i]->error[0] = 0;
+    const int nt = ctxs[0]->n_threads;
+    const int E = hp->n_embd, hd = hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_kv_head * hd;
+    int rc = 0;
+
+    for (int t = 0; t < n; t++) { /* embeddings; each sequence's angles at its own position */
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        quant_to_float(m->tok_embd.type, row, b.x + (size_t)t * E, E);
+        rope_angles(ctxs[t]->rs.rope_cs, ctxs[t]->kv.n, hp, ctxs[t]->rope_factors);
+    }
+    for (int il = 0; il < hp->n_layer && !rc; il++) {
+        const layer_weights *L = &m->layers[il];
+        for (int t = 0; t < n; t++)
+            rms_norm(b.xn + (size_t)t * E, b.x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
+        const weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+        float *const qkv_out[3] = { b.q, b.k, b.v };
+        batch_matmul_group(nt, &b, b.xn, n, 3, qkv, qkv_out);
+        /* per sequence: the same row operations as forward(), then the
+         * sequence's own attention policy over its own cache */
+        for (int t = 0; t < n && !rc; t++) {
+            sparq_context *c = ctxs[t];
+            float *q = b.q + t * q_dim, *k = b.k + t * kv_dim, *v = b.v + t * kv_dim;
+            for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
+            for (size_t i = 0; L->bk && i < kv_dim; i++) k[i] += L->bk[i];
+            for (size_t i = 0; L->bv && i < kv_dim; i++) v[i] += L->bv[i];
+            for (int h = 0; h < hp->n_head; h++) {
+                if (L->q_norm) rms_norm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_eps);
+                rope_head(q + h * hd, c->rs.rope_cs, hp->rope_dim, m->arch->rope_type);
+            }
+            for (int h = 0; h < hp->n_kv_head; h++) {
+                if (L->k_norm) rms_norm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_eps);
+                rope_head(k + h * hd, c->rs.rope_cs, hp->rope_dim, m->arch->rope_type);
+            }
+            kv_write(&c->kv, il, c->kv.n, k, v);
+            memcpy(c->rs.q, q, q_dim * sizeof(float));
+            if (attend_decode(c, il, c->kv.n)) {
+                rc = batch_fail(ctxs, n, c->error);
+                break;
+            }
+            memcpy(b.att + t * q_dim, c->rs.att, q_dim * sizeof(float));
+        }
+        if (rc) break;
+        batch_matmul(nt, &b, b.xn, b.att, n, &L->wo);
+        for (size_t i = 0; i < (size_t)n * E; i++) b.x[i] += b.xn[i];
+        for (int t = 0; t < n; t++)
+            rms_norm(b.xn + (size_t)t * E, b.x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
+        const weight *gate_up[2] = { &L->w_gate, &L->w_up };
+        float *const gate_up_out[2] = { b.gate, b.up };
+        batch_matmul_group(nt, &b, b.xn, n, 2, gate_up, gate_up_out);
+        for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) b.gate[i] = silu(b.gate[i]) * b.up[i];
+        batch_matmul(nt, &b, b.xn, b.gate, n, &L->w_down);
+        for (size_t i = 0; i < (size_t)n * E; i++) b.x[i] += b.xn[i];
+    }
+    if (!rc) {
+        for (int t = 0; t < n; t++) {
+            ctxs[t]->kv.n++;
+            ctxs[t]->stats.steps++;
+        }
+        if (logits) {
+            for (int t = 0; t < n; t++)
+                rms_norm(b.xn + (size_t)t * E, b.x + (size_t)t * E, m->output_norm, E, hp->rms_eps);
+            batch_matmul(nt, &b, logits, b.xn, n, &m->output);
+            /* as in eval: NaN/Inf logits are an error naming the position */
+            for (int t = 0; t < n && !rc; t++)
+                rc = ctx_check_logits(ctxs[t], logits + (size_t)t * hp->n_vocab, 1, ctxs[t]->kv.n - 1);
+        }
+    }
+    batch_rows_free(&b);
+    return rc;
 }

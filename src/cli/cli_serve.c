@@ -1,0 +1,152 @@
+/* cli_serve.c - `sparq serve`: options, signals, and the server's life
+ * cycle (src/server/ does the work). */
+#include "cli/cli.h"
+#include "server/server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define OFF(field) offsetof(serve_opts, field)
+
+typedef struct serve_opts {
+    const char *host;
+    int         port, parallel, queue, max_prompt, prefix_mb;
+    int64_t     max_body;
+    float       timeout;
+    const char *api_key, *api_key_file, *chat_template, *alias, *port_file;
+} serve_opts;
+
+static const cli_opt serve_table[] = {
+    { "--host", NULL, OPT_STR, OFF(host), "ADDR", "IPv4 address to listen on (default 127.0.0.1)" },
+    { "--port", NULL, OPT_INT, OFF(port), "N", "port (default 8080; 0 = any free port, printed)" },
+    { "-np", "--parallel", OPT_INT, OFF(parallel), "N", "sequences decoded together (default 4)" },
+    { "--queue", NULL, OPT_INT, OFF(queue), "N", "requests waiting beyond them before 503 (default 64)" },
+    { "--max-body", NULL, OPT_I64, OFF(max_body), "BYTES", "largest request body (default 4194304)" },
+    { "--max-prompt", NULL, OPT_INT, OFF(max_prompt), "N", "longest prompt in tokens (default: context - 1)" },
+    { "--timeout", NULL, OPT_FLOAT, OFF(timeout), "SEC", "per-request time limit (default 600)" },
+    { "--api-key", NULL, OPT_STR, OFF(api_key), "KEY", "require Authorization: Bearer KEY" },
+    { "--api-key-file", NULL, OPT_STR, OFF(api_key_file), "FILE", "the same, the key read from FILE" },
+    { "--chat-template", NULL, OPT_STR, OFF(chat_template), "NAME",
+      "chat template when the GGUF has none: llama3, chatml, phi3, mistral, gemma" },
+    { "--alias", NULL, OPT_STR, OFF(alias), "NAME", "model id reported (default: the file name)" },
+    { "--prefix-cache", NULL, OPT_INT, OFF(prefix_mb), "MIB",
+      "memory for cached prompt prefixes, reused by later requests (default 256; 0 = off)" },
+    { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
+    { 0 },
+};
+
+static char *read_key(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char buf[512];
+    char *line = fgets(buf, sizeof buf, f);
+    fclose(f);
+    if (!line) return NULL;
+    buf[strcspn(buf, "\r\n")] = 0;
+    return buf[0] ? strdup(buf) : NULL;
+}
+
+int cli_serve(int argc, char **argv)
+{
+    cli_model_opts mo;
+    memset(&mo, 0, sizeof mo);
+    cli_attn_opts ao;
+    cli_attn_opts_init(&ao);
+    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL };
+    cli_group groups[] = {
+        { "model", cli_model_table, &mo },
+        { "server", serve_table, &so },
+        { "default attention (a request may choose its own: \"sparq\": {\"attn\": ..., \"ratio\": ...})",
+          cli_attn_table, &ao },
+    };
+    int rc = cli_parse_command(groups, 3, argc, argv, "usage: sparq serve [-m MODEL] [--port N] [options]", NULL, 0, NULL);
+    if (rc >= 0) return rc;
+    if (so.port < 0 || so.port > 65535 || so.parallel < 1 || so.parallel > 256 || so.queue < 0 ||
+        so.queue > 100000 || so.max_body < 1024 || !(so.timeout > 0) || so.prefix_mb < 0) {
+        fprintf(stderr, "error: serve: --port 0..65535, --parallel 1..256, --queue 0..100000, --max-body >= 1024 "
+                        "and --timeout > 0\n");
+        return 2;
+    }
+    const int kv_type = cli_kv_type(mo.kv_type ? mo.kv_type : "f16");
+    if (kv_type < 0) {
+        fprintf(stderr, "error: --kv-type must be f16 or f32\n");
+        return 2;
+    }
+    char *key = so.api_key ? strdup(so.api_key) : so.api_key_file ? read_key(so.api_key_file) : NULL;
+    if ((so.api_key || so.api_key_file) && !key) {
+        fprintf(stderr, "error: cannot read an API key from '%s'\n", so.api_key_file ? so.api_key_file : "--api-key");
+        return 2;
+    }
+    char path[1024], err[512];
+    sparq_model *m = cli_load_model(&mo, path, sizeof path);
+    if (!m) {
+        free(key);
+        return 1;
+    }
+    srv_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.host = so.host;
+    cfg.port = so.port;
+    cfg.parallel = so.parallel;
+    cfg.queue = so.queue;
+    /* per-sequence context: -c, else the model's, at most 4096 by default
+     * (each running request holds one) */
+    cfg.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : sparq_model_n_ctx_train(m) < 4096 ? sparq_model_n_ctx_train(m) : 4096;
+    cfg.n_threads = mo.n_threads;
+    cfg.n_batch = mo.n_batch;
+    cfg.kv_type = kv_type;
+    cfg.api_key = key;
+    const char *base = strrchr(path, '/');
+    cfg.model_id = so.alias ? so.alias : base ? base + 1 : path;
+    cfg.chat_template = so.chat_template;
+    cfg.max_body = (size_t)so.max_body;
+    cfg.max_prompt = so.max_prompt;
+    cfg.timeout = so.timeout;
+    cfg.prefix_cache_bytes = (size_t)so.prefix_mb << 20;
+    if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        sparq_model_free(m);
+        free(key);
+        return 2;
+    }
+    /* SIGTERM/SIGINT are taken by this thread only: the others never see them */
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &block, NULL);
+    srv_server *s = srv_start(m, &cfg, err, sizeof err);
+    if (!s) {
+        fprintf(stderr, "error: %s\n", err);
+        sparq_model_free(m);
+        free(key);
+        return 1;
+    }
+    fprintf(stderr, "serve: %s on http://%s:%d (%d parallel, context %lld, attention %s)\n", cfg.model_id, cfg.host,
+            srv_port(s), cfg.parallel, (long long)cfg.n_ctx, cfg.attn.policy ? cfg.attn.policy : "dense");
+    if (so.port_file) {
+        char tmp[1100];
+        snprintf(tmp, sizeof tmp, "%s.tmp", so.port_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%d\n", srv_port(s)) < 0 || fclose(f) != 0 || rename(tmp, so.port_file) != 0)
+            fprintf(stderr, "warning: cannot write the port to '%s'\n", so.port_file);
+    }
+    sigset_t wait_set;
+    sigemptyset(&wait_set);
+    sigaddset(&wait_set, SIGTERM);
+    sigaddset(&wait_set, SIGINT);
+    int sig = 0;
+    sigwait(&wait_set, &sig);
+    fprintf(stderr, "serve: signal %d: finishing the running requests (up to 5 s), then exiting\n", sig);
+    srv_stop(s, 5.0);
+    sparq_model_free(m);
+    free(key);
+    fprintf(stderr, "serve: stopped\n");
+    return 0;
+}

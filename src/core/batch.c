@@ -1,0 +1,59 @@
+/* batch.c - what a server needs beyond one sequence's forward pass:
+ * copying a cached prompt prefix from one context into a fresh one (the
+ * server's prefix cache). sparq_decode_batch itself lives in forward.c,
+ * beside the kernels a lone decode step uses, so both stay the same code.
+ */
+#include "core/model.h"
+#include "tensor/quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int64_t n, char *err, size_t err_size)
+{
+    if (!dst || !src || dst == src || dst->model != src->model) {
+        snprintf(err, err_size, "copy_prefix: the contexts must be two of one model");
+        return -1;
+    }
+    if (dst->kv.n != 0 || n < 0 || n > src->kv.n || n > dst->kv.cap || dst->kv.elem != src->kv.elem) {
+        snprintf(err, err_size, "copy_prefix: cannot copy %lld of %lld positions into a context holding %lld of %lld "
+                 "(KV types must match)", (long long)n, (long long)src->kv.n, (long long)dst->kv.n,
+                 (long long)dst->kv.cap);
+        return -1;
+    }
+    if (dst->policy->observe_prefill) { /* e.g. H2O's scores come from the prefill's attention */
+        snprintf(err, err_size, "copy_prefix: the %s policy observes the prefill; prefill instead", dst->policy->name);
+        return -1;
+    }
+    const kv_cache *s = &src->kv;
+    const int d = s->d, nh = s->n_kv_head;
+    float *k = malloc((size_t)2 * nh * d * sizeof(float));
+    if (!k) {
+        snprintf(err, err_size, "copy_prefix: out of memory");
+        return -1;
+    }
+    float *v = k + (size_t)nh * d;
+    /* rewritten through kv_write, position by position: K^T and the V sums
+     * of dst come out exactly as its own prefill would have made them
+     * (stored values round-trip through f32 unchanged) */
+    for (int il = 0; il < s->n_layer; il++) {
+        for (int64_t p = 0; p < n; p++) {
+            for (int h = 0; h < nh; h++) {
+                const uint8_t *kr = (const uint8_t *)kv_k(s, il, h) + (size_t)p * d * s->elem_size;
+                const uint8_t *vr = (const uint8_t *)kv_v(s, il, h) + (size_t)p * d * s->elem_size;
+                if (s->elem == KV_F16) {
+                    fp16_to_fp32_row((const uint16_t *)kr, k + (size_t)h * d, d);
+                    fp16_to_fp32_row((const uint16_t *)vr, v + (size_t)h * d, d);
+                } else {
+                    memcpy(k + (size_t)h * d, kr, (size_t)d * sizeof(float));
+                    memcpy(v + (size_t)h * d, vr, (size_t)d * sizeof(float));
+                }
+            }
+            kv_write(&dst->kv, il, p, k, v);
+        }
+    }
+    free(k);
+    dst->kv.n = n;
+    return 0;
+}

@@ -1,0 +1,600 @@
+/* sched.c - the scheduler thread of `sparq serve`: continuous batching.
+ *
+ * Each round: drop cancelled or timed-out sequences, admit queued requests
+ * into free slots (a fresh context each, with the request's attention
+ * policy), run one prefill chunk of one sequence (round robin), then sample
+ * one token for every sequence whose logits are ready and decode all of
+ * them in one sparq_decode_batch step. Prefill chunks are the context's
+ * n_batch tokens from the start of the prompt whatever the load, and the
+ * batched step is batch-invariant, so each request's tokens are exactly
+ * what `sparq run` gives for the same prompt, policy and sampling.
+ *
+ * Map:
+ *   slot_sample        the one place a token is chosen (penalties, min-p)
+ *   publish_token      text, stop strings, held-back bytes, log-probs
+ *   slot_start/finish  a request's context and its release
+ *   pc_*               the prefix cache: prompt prefixes cut at multiples
+ *                      of n_batch, copied into new contexts (LRU, budget)
+ *   srv_sched_main     the loop
+ */
+#include "server/srv_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *const srv_policy_names[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming", "topk", NULL };
+
+double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void srv_request_release(srv_request *r)
+{
+    if (!r || --r->refs > 0) return;
+    free(r->prompt);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->text.data);
+    free(r->toks);
+    free(r);
+}
+
+int srv_submit(srv_server *s, srv_request *r)
+{
+    /* queued or admitted but not yet counted active: all wait for a slot */
+    if (s->stopping || s->n_queued + s->n_active >= s->cfg.parallel + s->cfg.queue) return -1;
+    r->refs++;
+    r->state = REQ_QUEUED;
+    r->next = NULL;
+    if (s->queue_tail) s->queue_tail->next = r;
+    else s->queue_head = r;
+    s->queue_tail = r;
+    s->n_queued++;
+    pthread_cond_signal(&s->wake_sched);
+    return 0;
+}
+
+typedef struct slot {
+    srv_request   *r;
+    sparq_context *c;
+    sparq_sampler *smp;
+    float         *logits;       /* [V] the next token's distribution       */
+    float         *work;         /* [V] penalised copy                      */
+    float         *prompt_logits;/* echo + logprobs: [n_prompt][V]          */
+    int           *counts;       /* [V] generated-token counts (penalties)  */
+    int            fed;          /* prompt tokens in the cache              */
+    int            ready;        /* logits are fresh                        */
+    size_t         gen_start;    /* where generated text starts (after echo) */
+    int            policy_ix;
+    double         t_prefill;    /* seconds spent prefilling                */
+} slot;
+
+/* ---- prefix cache ------------------------------------------------------------
+ * Owned by the scheduler thread alone. An entry is a dense context holding
+ * exactly the first n tokens of some prompt, n a multiple of n_batch, so a
+ * request that starts with those tokens copies them
+ * (sparq_context_copy_prefix) and prefills only the rest, in the same
+ * chunks it would have used: its logits stay bit-identical. Keyed by the
+ * tokens (one server = one model, so the model fingerprint is implicit);
+ * least recently used entries go when the budget is exceeded. */
+
+typedef struct pc_entry {
+    int32_t       *tokens;
+    int            n;
+    sparq_context *c;
+    double         used;
+    size_t         bytes;
+} pc_entry;
+
+typedef struct prefix_cache {
+    pc_entry *e;
+    int       n, cap;
+    size_t    bytes, budget;
+} prefix_cache;
+
+static void pc_drop(prefix_cache *pc, int i)
+{
+    sparq_context_free(pc->e[i].c);
+    free(pc->e[i].tokens);
+    pc->bytes -= pc->e[i].bytes;
+    pc->e[i] = pc->e[--pc->n];
+}
+
+static void pc_free(prefix_cache *pc)
+{
+    while (pc->n) pc_drop(pc, pc->n - 1);
+    free(pc->e);
+}
+
+/* The longest entry that is a proper prefix of ids[n] (at least one token
+ * left to prefill: its logits are needed), or -1. */
+static int pc_find(const prefix_cache *pc, const int32_t *ids, int n)
+{
+    int best = -1;
+    for (int i = 0; i < pc->n; i++) {
+        const pc_entry *e = &pc->e[i];
+        if (e->n < n && (best < 0 || e->n > pc->e[best].n) && !memcmp(e->tokens, ids, (size_t)e->n * sizeof *ids))
+            best = i;
+    }
+    return best;
+}
+
+/* Remembers the first n tokens of src's cache (if not already there). */
+static void pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n)
+{
+    for (int i = 0; i < pc->n; i++)
+        if (pc->e[i].n == n && !memcmp(pc->e[i].tokens, ids, (size_t)n * sizeof *ids)) return;
+    const size_t bytes = (size_t)n * sparq_model_n_layer(s->model) * sparq_model_n_kv_head(s->model) *
+                         sparq_model_head_dim(s->model) * 2 * (s->cfg.kv_type == SPARQ_KV_F32 ? 4 : 2);
+    if (bytes > pc->budget) return;
+    while (pc->n && pc->bytes + bytes > pc->budget) { /* least recently used first */
+        int lru = 0;
+        for (int i = 1; i < pc->n; i++)
+            if (pc->e[i].used < pc->e[lru].used) lru = i;
+        pc_drop(pc, lru);
+    }
+    if (pc->n == pc->cap) {
+        int cap = pc->cap ? 2 * pc->cap : 16;
+        pc_entry *e = realloc(pc->e, (size_t)cap * sizeof *e);
+        if (!e) return;
+        pc->e = e;
+        pc->cap = cap;
+    }
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = n;
+    cp.n_threads = 1;
+    cp.kv_type = s->cfg.kv_type;
+    char err[256];
+    pc_entry e = { malloc((size_t)n * sizeof *ids), n, NULL, srv_now(), bytes };
+    if (!e.tokens || sparq_context_create(s->model, &cp, &e.c, err, sizeof err) ||
+        sparq_context_copy_prefix(e.c, src, n, err, sizeof err)) {
+        free(e.tokens);
+        sparq_context_free(e.c);
+        return;
+    }
+    memcpy(e.tokens, ids, (size_t)n * sizeof *ids);
+    pc->e[pc->n++] = e;
+    pc->bytes += bytes;
+}
+
+/* ---- sampling ------------------------------------------------------------- */
+
+/* Chooses the next token. Penalties (over the generated tokens, as OpenAI
+ * defines frequency/presence; repetition as llama.cpp: divide positive
+ * logits, multiply negative ones) and min-p work on a copy; without them
+ * the sampler sees the raw logits, exactly as `sparq run` does. */
+static int32_t slot_sample(slot *sl, int V)
+{
+    const srv_request *r = sl->r;
+    const float *lg = sl->logits;
+    if (r->rep_pen != 1.0f || r->freq_pen != 0.0f || r->pres_pen != 0.0f || r->min_p > 0.0f) {
+        memcpy(sl->work, sl->logits, (size_t)V * sizeof(float));
+        float *w = sl->work;
+        for (int v = 0; v < V; v++) {
+            if (!sl->counts[v]) continue;
+            if (r->rep_pen != 1.0f) w[v] = w[v] > 0 ? w[v] / r->rep_pen : w[v] * r->rep_pen;
+            w[v] -= r->freq_pen * (float)sl->counts[v] + r->pres_pen;
+        }
+        if (r->min_p > 0.0f) { /* keep tokens with p >= min_p * p_max */
+            float mx = -INFINITY;
+            for (int v = 0; v < V; v++) mx = w[v] > mx ? w[v] : mx;
+            const float t = r->temp > 0 ? r->temp : 1.0f;
+            const float cut = mx + t * logf(r->min_p);
+            for (int v = 0; v < V; v++)
+                if (w[v] < cut) w[v] = -INFINITY;
+        }
+        lg = w;
+    }
+    int32_t id = sparq_sample(sl->smp, lg);
+    if (id >= 0 && id < V) sl->counts[id]++;
+    return id;
+}
+
+/* Log-softmax of logits at id, and the n most likely tokens. */
+static void token_logprobs(const float *lg, int V, int32_t id, int n_top, srv_token *t)
+{
+    float mx = -INFINITY;
+    for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += exp((double)lg[v] - mx);
+    const float lse = mx + (float)log(sum);
+    t->logprob = lg[id] - lse;
+    t->n_top = 0;
+    if (n_top > SRV_MAX_TOP) n_top = SRV_MAX_TOP;
+    if (n_top > V) n_top = V;
+    for (int v = 0; v < V; v++) { /* insertion into a short sorted list */
+        int k = t->n_top;
+        if (k == n_top && !(lg[v] > lg[t->top_id[k - 1]])) continue;
+        if (k < n_top) t->n_top++;
+        else k--;
+        while (k > 0 && lg[v] > lg[t->top_id[k - 1]]) {
+            t->top_id[k] = t->top_id[k - 1];
+            k--;
+        }
+        t->top_id[k] = v;
+    }
+    for (int k = 0; k < t->n_top; k++) t->top_lp[k] = lg[t->top_id[k]] - lse;
+}
+
+/* ---- publishing (lock held) ----------------------------------------------------- */
+
+static void finish(srv_server *s, slot *sl, const char *reason, int status, const char *msg)
+{
+    srv_request *r = sl->r;
+    r->finish = reason;
+    if (status) {
+        r->err_status = status;
+        snprintf(r->error, sizeof r->error, "%s", msg);
+        s->metrics.errors++;
+    }
+    r->state = REQ_DONE;
+    r->text_ok = r->text.len;
+    r->n_ok_toks = r->n_toks;
+}
+
+static int push_token(srv_request *r, const srv_token *t)
+{
+    if (r->n_toks == r->cap_toks) {
+        int cap = r->cap_toks ? 2 * r->cap_toks : 64;
+        srv_token *p = realloc(r->toks, (size_t)cap * sizeof *p);
+        if (!p) return -1;
+        r->toks = p;
+        r->cap_toks = cap;
+    }
+    r->toks[r->n_toks++] = *t;
+    return 0;
+}
+
+/* Bytes at the end of s[0..n) that are an unfinished UTF-8 sequence. */
+static size_t utf8_tail(const char *s, size_t n)
+{
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = (unsigned char)s[n - k];
+        if ((c & 0xC0) == 0x80) continue;              /* continuation byte */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > k ? k : 0;
+    }
+    return 0;
+}
+
+/* Appends a token's piece; applies stop strings and decides how much text
+ * is final (not a possible start of a stop string, not a cut UTF-8
+ * character). Returns 1 if a stop string ended the reply, -1 on OOM. */
+static int publish_token(slot *sl, int32_t id, const srv_token *lp, const char *piece, int len)
+{
+    srv_request *r = sl->r;
+    const size_t old = r->text.len;
+    if (len > 0 && text_append(&r->text, piece, (size_t)len)) return -1;
+    srv_token t;
+    if (lp) t = *lp;
+    else { memset(&t, 0, sizeof t); t.logprob = NAN; }
+    t.id = id;
+    t.text_off = old;
+    if (push_token(r, &t)) return -1;
+    const size_t gs = sl->gen_start;
+    for (int i = 0; i < r->n_stops; i++) {
+        const size_t sl_len = strlen(r->stops[i]);
+        size_t from = old >= gs + sl_len ? old - sl_len + 1 : gs;
+        if (r->text.len < sl_len) continue;
+        for (size_t p = from; p + sl_len <= r->text.len; p++) {
+            if (memcmp(r->text.data + p, r->stops[i], sl_len) == 0) {
+                r->text.len = p;
+                r->text.data[p] = 0;
+                return 1;
+            }
+        }
+    }
+    size_t held = 0;
+    for (int i = 0; i < r->n_stops; i++) {
+        const size_t sl_len = strlen(r->stops[i]);
+        for (size_t k = sl_len - 1; k > held; k--) {
+            if (k <= r->text.len - gs && memcmp(r->text.data + r->text.len - k, r->stops[i], k) == 0) {
+                held = k;
+                break;
+            }
+        }
+    }
+    size_t ok = r->text.len - held;
+    ok -= utf8_tail(r->text.data, ok);
+    if (ok > r->text_ok) r->text_ok = ok;
+    while (r->n_ok_toks < r->n_toks) {
+        const srv_token *n = &r->toks[r->n_ok_toks];
+        size_t end = r->n_ok_toks + 1 < r->n_toks ? r->toks[r->n_ok_toks + 1].text_off : r->text.len;
+        if (end > r->text_ok && n->text_off < end) break;
+        r->n_ok_toks++;
+    }
+    return 0;
+}
+
+/* ---- slots ------------------------------------------------------------------ */
+
+static void slot_release(srv_server *s, slot *sl)
+{
+    if (sl->c) {
+        sparq_attn_stats st;
+        sparq_context_attn_stats(sl->c, &st);
+        pthread_mutex_lock(&s->lock);
+        if (sl->policy_ix >= 0) s->metrics.attn_bytes[sl->policy_ix] += st.bytes;
+        pthread_mutex_unlock(&s->lock);
+    }
+    sparq_context_free(sl->c);
+    sparq_sampler_free(sl->smp);
+    free(sl->logits);
+    free(sl->work);
+    free(sl->prompt_logits);
+    free(sl->counts);
+    memset(sl, 0, sizeof *sl);
+}
+
+/* A cached prefix of the prompt goes into the new context (not with echo
+ * and logprobs: those need every prompt position's logits). */
+static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, slot *sl)
+{
+    const srv_request *r = sl->r;
+    if (!pc->budget || sl->prompt_logits) return;
+    const int i = pc_find(pc, r->prompt, r->n_prompt);
+    char err[256];
+    if (i < 0 || sparq_context_copy_prefix(sl->c, pc->e[i].c, pc->e[i].n, err, sizeof err)) return;
+    sl->fed = pc->e[i].n;
+    pc->e[i].used = srv_now();
+    pthread_mutex_lock(&s->lock);
+    s->metrics.prefix_hits++;
+    s->metrics.prefix_tokens += pc->e[i].n;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Creates the request's context and sampler; 0, or -1 with the message. */
+static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
+{
+    const srv_request *r = sl->r;
+    const int V = s->n_vocab;
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = s->cfg.n_ctx;
+    cp.n_threads = s->cfg.n_threads;
+    cp.n_batch = s->cfg.n_batch;
+    cp.kv_type = s->cfg.kv_type;
+    cp.attn = r->attn;
+    if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) return -1;
+    sparq_sampler_params sp = { r->temp, r->top_k, r->top_p, r->seed };
+    sl->smp = sparq_sampler_create(&sp, V);
+    sl->logits = malloc((size_t)V * sizeof(float));
+    sl->work = malloc((size_t)V * sizeof(float));
+    sl->counts = calloc((size_t)V, sizeof(int));
+    if (r->echo && r->logprobs >= 0)
+        sl->prompt_logits = malloc((size_t)r->n_prompt * V * sizeof(float));
+    if (!sl->smp || !sl->logits || !sl->work || !sl->counts || (r->echo && r->logprobs >= 0 && !sl->prompt_logits)) {
+        snprintf(err, err_size, "out of memory for a new sequence");
+        return -1;
+    }
+    sl->policy_ix = -1;
+    for (int i = 0; srv_policy_names[i]; i++)
+        if (strcmp(srv_policy_names[i], r->attn.policy ? r->attn.policy : "dense") == 0) sl->policy_ix = i;
+    return 0;
+}
+
+/* One prefill chunk of sl's prompt: n_batch tokens from where it stopped,
+ * the same boundaries `sparq run` uses. Returns 0 or -1 (message in ctx). */
+static int slot_prefill_chunk(srv_server *s, slot *sl)
+{
+    const srv_request *r = sl->r;
+    const int V = s->n_vocab;
+    const int nb_max = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
+    int nb = r->n_prompt - sl->fed < nb_max ? r->n_prompt - sl->fed : nb_max;
+    const int last = sl->fed + nb == r->n_prompt;
+    int rc;
+    if (r->n_prompt == 1) { /* a one-token prompt is a decode step, as in sparq_eval */
+        rc = sparq_eval(sl->c, r->prompt, 1, sl->prompt_logits ? sl->prompt_logits : sl->logits);
+    } else if (sl->prompt_logits) {
+        rc = sparq_eval_prefill_all(sl->c, r->prompt + sl->fed, nb, sl->prompt_logits + (size_t)sl->fed * V);
+    } else {
+        rc = sparq_eval_prefill(sl->c, r->prompt + sl->fed, nb, last ? sl->logits : NULL);
+    }
+    if (rc) return -1;
+    sl->fed += nb;
+    if (last) {
+        if (sl->prompt_logits) memcpy(sl->logits, sl->prompt_logits + (size_t)(r->n_prompt - 1) * V, (size_t)V * sizeof(float));
+        sl->ready = 1;
+    }
+    return 0;
+}
+
+/* Echo: the prompt's text (and its tokens' log-probabilities) opens the
+ * reply. Lock held. */
+static int publish_echo(srv_server *s, slot *sl)
+{
+    srv_request *r = sl->r;
+    const int V = s->n_vocab;
+    const int bos = sparq_token_bos(s->model);
+    char piece[256];
+    for (int i = 0; i < r->n_prompt; i++) {
+        if (i == 0 && r->prompt[0] == bos) continue;
+        int len = sparq_token_to_piece(s->model, r->prompt[i], piece, sizeof piece);
+        if (len > (int)sizeof piece) len = sizeof piece;
+        srv_token t;
+        memset(&t, 0, sizeof t);
+        t.logprob = NAN;
+        if (sl->prompt_logits && i > 0) token_logprobs(sl->prompt_logits + (size_t)(i - 1) * V, V, r->prompt[i], r->logprobs, &t);
+        if (publish_token(sl, r->prompt[i], sl->prompt_logits ? &t : NULL, piece, len < 0 ? 0 : len) < 0) return -1;
+    }
+    sl->gen_start = r->text.len;
+    r->text_ok = r->text.len;
+    r->n_ok_toks = r->n_toks;
+    return 0;
+}
+
+/* ---- the loop ---------------------------------------------------------------- */
+
+void *srv_sched_main(void *arg)
+{
+    srv_server *s = arg;
+    const int P = s->cfg.parallel, V = s->n_vocab;
+    slot *slots = calloc((size_t)P, sizeof *slots);
+    float *blogits = malloc((size_t)P * V * sizeof(float));
+    sparq_context **bc = malloc((size_t)P * sizeof *bc);
+    int32_t *btok = malloc((size_t)P * sizeof *btok);
+    int *bslot = malloc((size_t)P * sizeof *bslot);
+    int rr = 0;
+    char err[512], piece[256];
+    prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes };
+    pthread_mutex_lock(&s->lock);
+    if (!slots || !blogits || !bc || !btok || !bslot) {
+        fprintf(stderr, "serve: out of memory for %d slots\n", P);
+        s->stopping = 2;
+    }
+    for (;;) {
+        /* cancellations and timeouts; admissions */
+        const double now = srv_now();
+        int active = 0;
+        for (int i = 0; slots && i < P; i++) {
+            srv_request *r = slots[i].r;
+            if (!r) continue;
+            if (r->state != REQ_DONE) {
+                if (s->stopping == 2) finish(s, &slots[i], "stop", 503, "the server is shutting down");
+                else if (r->cancelled) { finish(s, &slots[i], "stop", 499, "cancelled"); s->metrics.cancelled++; }
+                else if (now > r->deadline) finish(s, &slots[i], "length", 504, "request timed out");
+            }
+            if (r->state == REQ_DONE) {
+                srv_request_release(r);
+                slots[i].r = NULL;
+                s->n_active--;
+                pthread_mutex_unlock(&s->lock);
+                slot_release(s, &slots[i]);
+                pthread_mutex_lock(&s->lock);
+                continue;
+            }
+            active++;
+        }
+        for (int i = 0; slots && i < P && s->queue_head && s->stopping < 2; i++) {
+            if (slots[i].r) continue;
+            srv_request *r = s->queue_head;
+            s->queue_head = r->next;
+            if (!s->queue_head) s->queue_tail = NULL;
+            s->n_queued--;
+            s->n_active++;
+            r->state = REQ_RUNNING;
+            slots[i].r = r;
+            active++;
+        }
+        while (s->stopping == 2 && s->queue_head) { /* shutdown: drop the queue */
+            srv_request *r = s->queue_head;
+            s->queue_head = r->next;
+            if (!s->queue_head) s->queue_tail = NULL;
+            s->n_queued--;
+            r->err_status = 503;
+            snprintf(r->error, sizeof r->error, "the server is shutting down");
+            r->state = REQ_DONE;
+            srv_request_release(r);
+        }
+        pthread_cond_broadcast(&s->progress);
+        if (!active) {
+            if (s->stopping) break;
+            pthread_cond_wait(&s->wake_sched, &s->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&s->lock);
+
+        /* new sequences get their context */
+        for (int i = 0; i < P; i++) {
+            slot *sl = &slots[i];
+            if (!sl->r || sl->c) continue;
+            if (slot_start(s, sl, err, sizeof err)) {
+                pthread_mutex_lock(&s->lock);
+                finish(s, sl, "stop", 400, err);
+                pthread_mutex_unlock(&s->lock);
+            } else {
+                slot_reuse_prefix(s, &pc, sl);
+            }
+        }
+        /* one prefill chunk, round robin over the sequences still prefilling */
+        for (int k = 0; k < P; k++) {
+            slot *sl = &slots[(rr + k) % P];
+            if (!sl->r || !sl->c || sl->ready || sl->r->state == REQ_DONE) continue;
+            const double t0 = srv_now();
+            const int fed0 = sl->fed;
+            int rc = slot_prefill_chunk(s, sl);
+            const double t1 = srv_now();
+            if (!rc && sl->ready && pc.budget) { /* remember the prompt, cut at a chunk boundary */
+                const int nb_max = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
+                const int cut = (sl->r->n_prompt - 1) / nb_max * nb_max;
+                if (cut > 0) pc_insert(s, &pc, sl->c, sl->r->prompt, cut);
+            }
+            pthread_mutex_lock(&s->lock);
+            s->metrics.prefill_tokens += sl->fed - fed0;
+            s->metrics.prefill_seconds += t1 - t0;
+            if (rc) finish(s, sl, "stop", 500, sparq_context_error(sl->c));
+            else if (sl->ready) {
+                sl->r->n_prompt_tokens = sl->r->n_prompt;
+                if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
+            }
+            pthread_mutex_unlock(&s->lock);
+            rr = (int)((sl - slots) + 1) % P;
+            break;
+        }
+        /* sample one token for every ready sequence; decode them together */
+        int nb = 0;
+        for (int i = 0; i < P; i++) {
+            slot *sl = &slots[i];
+            srv_request *r = sl->r;
+            if (!r || !sl->ready || r->state == REQ_DONE) continue;
+            if (r->max_tokens == 0) { /* echo only (loglikelihood scoring) */
+                pthread_mutex_lock(&s->lock);
+                finish(s, sl, "length", 0, NULL);
+                pthread_mutex_unlock(&s->lock);
+                continue;
+            }
+            const int32_t id = slot_sample(sl, V);
+            srv_token lp, *lpp = NULL;
+            if (r->logprobs >= 0) {
+                token_logprobs(sl->logits, V, id, r->logprobs, &lp);
+                lpp = &lp;
+            }
+            const int eog = !r->ignore_eos && sparq_token_is_eog(s->model, id);
+            int len = eog ? 0 : sparq_token_to_piece(s->model, id, piece, sizeof piece);
+            if (len > (int)sizeof piece) len = sizeof piece;
+            pthread_mutex_lock(&s->lock);
+            if (eog) {
+                finish(s, sl, "stop", 0, NULL);
+            } else {
+                r->n_gen++;
+                int st = publish_token(sl, id, lpp, piece, len < 0 ? 0 : len);
+                if (st < 0) finish(s, sl, "stop", 500, "out of memory");
+                else if (st > 0) finish(s, sl, "stop", 0, NULL);
+                else if (r->n_gen >= r->max_tokens) finish(s, sl, "length", 0, NULL);
+                else if (sparq_context_pos(sl->c) >= sparq_context_n_ctx(sl->c)) finish(s, sl, "length", 0, NULL);
+                else {
+                    bc[nb] = sl->c;
+                    btok[nb] = id;
+                    bslot[nb++] = i;
+                }
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        if (nb > 0) {
+            const double t0 = srv_now();
+            int rc = sparq_decode_batch(bc, btok, nb, blogits);
+            const double t1 = srv_now();
+            for (int j = 0; j < nb && !rc; j++)
+                memcpy(slots[bslot[j]].logits, blogits + (size_t)j * V, (size_t)V * sizeof(float));
+            pthread_mutex_lock(&s->lock);
+            s->metrics.decode_tokens += nb;
+            s->metrics.decode_seconds += t1 - t0;
+            for (int j = 0; j < nb && rc; j++) finish(s, &slots[bslot[j]], "stop", 500, sparq_context_error(bc[j]));
+            pthread_mutex_unlock(&s->lock);
+        }
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; slots && i < P; i++) slot_release(s, &slots[i]);
+    pc_free(&pc);
+    free(slots);
+    free(blogits);
+    free(bc);
+    free(btok);
+    free(bslot);
+    return NULL;
+}

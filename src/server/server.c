@@ -1,0 +1,1121 @@
+/* server.c - the HTTP side of `sparq serve` (libmicrohttpd, one thread per
+ * connection): routing, authentication, body limits, parsing and validating
+ * untrusted JSON (util/json.c: strict RFC 8259, UTF-8 checked, depth
+ * capped), and writing the OpenAI response shapes, whole or as server-sent
+ * events. Generation itself happens in sched.c.
+ *
+ * Map:
+ *   reply_* / err_reply       JSON and error responses
+ *   parse_sampling / parse_attn / parse_prompt   request fields, validated
+ *   write_completion / write_chunk               OpenAI shapes
+ *   stream_reader             SSE: waits for the scheduler, emits chunks
+ *   handle_generate           /v1/completions, /v1/chat/completions
+ *   on_request                routing
+ */
+#include "server/srv_internal.h"
+#include "cli/cli.h"
+#include "util/json.h"
+
+#include <errno.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { EP_NONE, EP_COMPLETIONS, EP_CHAT };
+
+typedef struct conn {
+    srv_server  *s;
+    text_buf     body;
+    int          too_large;
+    srv_request *r;             /* generation in flight (one reference)    */
+    int          chat;
+    char         id[48];
+    long         created;
+    int          fd;
+    /* streaming */
+    char        *out;           /* pending SSE bytes                       */
+    size_t       out_len, out_off;
+    size_t       sent_text;
+    int          sent_toks, sent_role, finished;
+} conn;
+
+/* ---- responses --------------------------------------------------------------- */
+
+static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *ctype, const char *body,
+                             size_t len, const char *extra_header, const char *extra_value)
+{
+    struct MHD_Response *res = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, "Content-Type", ctype);
+    if (extra_header) MHD_add_response_header(res, extra_header, extra_value);
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, res);
+    MHD_destroy_response(res);
+    return rc;
+}
+
+static const char *err_type(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 503: return "server_overloaded";
+    case 504: return "timeout_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+/* The OpenAI error object as a malloc'ed string. */
+static char *err_json(int status, const char *code, const char *msg)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    fputs("{\"error\":{\"message\":", f);
+    json_write_str(f, msg, strlen(msg));
+    fprintf(f, ",\"type\":\"%s\",\"code\":", err_type(status));
+    if (code) json_write_str(f, code, strlen(code));
+    else fputs("null", f);
+    fputs("}}", f);
+    fclose(f);
+    return buf;
+}
+
+static enum MHD_Result err_reply(struct MHD_Connection *c, int status, const char *code, const char *msg)
+{
+    char *b = err_json(status, code, msg);
+    if (!b) return MHD_NO;
+    enum MHD_Result rc = reply(c, status, "application/json", b, strlen(b),
+                               status == 503 ? "Retry-After" : status == 405 ? "Allow" : NULL,
+                               status == 503 ? "1" : "POST");
+    free(b);
+    return rc;
+}
+
+static enum MHD_Result json_reply(struct MHD_Connection *c, int status, char *buf, size_t len)
+{
+    enum MHD_Result rc = buf ? reply(c, status, "application/json", buf, len, NULL, NULL) : MHD_NO;
+    free(buf);
+    return rc;
+}
+
+/* ---- request fields ----------------------------------------------------------- */
+
+/* Each getter: absent or null leaves *out alone and returns 0; a wrong type
+ * or value returns -1 with the reason in err. */
+static int get_num(const json_value *o, const char *key, double lo, double hi, double *out, char *err, size_t n)
+{
+    const json_value *v = json_get(o, key);
+    if (!v || v->type == JSON_NULL) return 0;
+    if (v->type != JSON_NUMBER || !isfinite(v->u.number) || v->u.number < lo || v->u.number > hi) {
+        snprintf(err, n, "'%s' must be a number in [%g, %g]", key, lo, hi);
+        return -1;
+    }
+    *out = v->u.number;
+    return 0;
+}
+
+static int get_int(const json_value *o, const char *key, double lo, double hi, int64_t *out, char *err, size_t n)
+{
+    const json_value *v = json_get(o, key);
+    if (!v || v->type == JSON_NULL) return 0;
+    if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < lo || v->u.number > hi) {
+        snprintf(err, n, "'%s' must be an integer in [%.0f, %.0f]", key, lo, hi);
+        return -1;
+    }
+    *out = (int64_t)v->u.number;
+    return 0;
+}
+
+static int get_bool(const json_value *o, const char *key, int *out, char *err, size_t n)
+{
+    const json_value *v = json_get(o, key);
+    if (!v || v->type == JSON_NULL) return 0;
+    if (v->type != JSON_BOOL) {
+        snprintf(err, n, "'%s' must be true or false", key);
+        return -1;
+    }
+    *out = v->u.boolean;
+    return 0;
+}
+
+static int fgetf(const json_value *o, const char *key, double lo, double hi, float *out, char *err, size_t n)
+{
+    double d = *out;
+    if (get_num(o, key, lo, hi, &d, err, n)) return -1;
+    *out = (float)d;
+    return 0;
+}
+
+static int parse_sampling(const json_value *o, srv_request *r, int chat, char *err, size_t n)
+{
+    r->temp = 1.0f;
+    r->top_p = 1.0f;
+    r->rep_pen = 1.0f;
+    if (fgetf(o, "temperature", 0, 100, &r->temp, err, n) || fgetf(o, "top_p", 0, 1, &r->top_p, err, n) ||
+        fgetf(o, "min_p", 0, 1, &r->min_p, err, n) ||
+        fgetf(o, "frequency_penalty", -2, 2, &r->freq_pen, err, n) ||
+        fgetf(o, "presence_penalty", -2, 2, &r->pres_pen, err, n) ||
+        fgetf(o, "repetition_penalty", 0.01, 100, &r->rep_pen, err, n) ||
+        fgetf(o, "repeat_penalty", 0.01, 100, &r->rep_pen, err, n))
+        return -1;
+    if (r->top_p <= 0) {
+        snprintf(err, n, "'top_p' must be in (0, 1]");
+        return -1;
+    }
+    int64_t top_k = 0, nn = 1, seed = -1;
+    if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, 1e9, &nn, err, n) ||
+        get_int(o, "seed", -9.2e18, 9.2e18, &seed, err, n))
+        return -1;
+    if (nn != 1) {
+        snprintf(err, n, "'n' > 1 is not supported: send one request per completion");
+        return -1;
+    }
+    r->top_k = (int)top_k;
+    if (json_get(o, "seed") && json_get(o, "seed")->type == JSON_NUMBER) {
+        r->seed = (uint64_t)seed;
+    } else { /* random when not given, as llama.cpp does */
+        if (getrandom(&r->seed, sizeof r->seed, 0) != (ssize_t)sizeof r->seed) r->seed = (uint64_t)time(NULL);
+    }
+    if (get_bool(o, "stream", &r->stream, err, n) || get_bool(o, "ignore_eos", &r->ignore_eos, err, n))
+        return -1;
+    const json_value *st = json_get(o, "stop");
+    if (st && st->type != JSON_NULL) {
+        const int arr = st->type == JSON_ARRAY;
+        const size_t cnt = arr ? json_len(st) : 1;
+        if ((!arr && st->type != JSON_STRING) || cnt > SRV_MAX_STOPS) {
+            snprintf(err, n, "'stop' must be a string or an array of at most %d strings", SRV_MAX_STOPS);
+            return -1;
+        }
+        for (size_t i = 0; i < cnt; i++) {
+            size_t len = 0;
+            const char *sv = json_str(arr ? json_at(st, i) : st, &len);
+            if (!sv || len == 0 || len > 256 || memchr(sv, 0, len)) {
+                snprintf(err, n, "'stop' strings must be 1 to 256 bytes");
+                return -1;
+            }
+            if (!(r->stops[r->n_stops] = strndup(sv, len))) {
+                snprintf(err, n, "out of memory");
+                return -1;
+            }
+            r->n_stops++;
+        }
+    }
+    r->logprobs = -1;
+    if (chat) {
+        int lp = 0;
+        int64_t top = 0;
+        if (get_bool(o, "logprobs", &lp, err, n) || get_int(o, "top_logprobs", 0, SRV_MAX_TOP, &top, err, n))
+            return -1;
+        if (lp) r->logprobs = (int)top;
+    } else {
+        int64_t lp = -1;
+        if (get_int(o, "logprobs", 0, SRV_MAX_TOP, &lp, err, n) || get_bool(o, "echo", &r->echo, err, n))
+            return -1;
+        r->logprobs = (int)lp;
+    }
+    return 0;
+}
+
+/* The extension field "sparq": {"attn": "sparq", "ratio": "1/8", ...}: the
+ * options of `sparq run`, turned into parameters by the same code. */
+static int parse_attn(srv_server *s, const json_value *o, srv_request *r, char *err, size_t n)
+{
+    r->attn = s->cfg.attn;
+    const json_value *x = json_get(o, "sparq");
+    if (!x || x->type == JSON_NULL) goto copy;
+    if (x->type != JSON_OBJECT) {
+        snprintf(err, n, "'sparq' must be an object such as {\"attn\": \"sparq\", \"ratio\": \"1/8\"}");
+        return -1;
+    }
+    static const char *const str_keys[] = { "attn", "ratio", "select", "index", "schedule", "key_type", NULL };
+    static const char *const int_keys[] = { "r", "k", "l", "attn_k", "n_sink", "topk_k", "ivf_nlist",
+                                            "ivf_nprobe", "hnsw_ef", NULL };
+    for (size_t i = 0; i < x->n; i++) {
+        const char *key = x->u.members[i].key;
+        int known = !strcmp(key, "no_realloc");
+        for (int j = 0; str_keys[j]; j++) known |= !strcmp(key, str_keys[j]);
+        for (int j = 0; int_keys[j]; j++) known |= !strcmp(key, int_keys[j]);
+        if (!known) {
+            snprintf(err, n, "'sparq' has an unknown field '%.64s' (known: attn ratio r k l attn_k select "
+                             "no_realloc n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef key_type)", key);
+            return -1;
+        }
+    }
+    cli_attn_opts ao;
+    cli_attn_opts_init(&ao);
+    const char **sdst[] = { &ao.attn, &ao.ratio, &ao.select, &ao.index, &ao.schedule, &ao.key_type };
+    for (int j = 0; str_keys[j]; j++) {
+        const json_value *v = json_get(x, str_keys[j]);
+        if (!v || v->type == JSON_NULL) continue;
+        if (v->type != JSON_STRING || v->n > 64) {
+            snprintf(err, n, "'sparq.%s' must be a short string", str_keys[j]);
+            return -1;
+        }
+        *sdst[j] = v->u.str;
+    }
+    int *idst[] = { &ao.r, &ao.k, &ao.l, &ao.attn_k, &ao.n_sink, &ao.topk_k, &ao.ivf_nlist, &ao.ivf_nprobe, &ao.hnsw_ef };
+    for (int j = 0; int_keys[j]; j++) {
+        int64_t v = *idst[j];
+        if (get_int(x, int_keys[j], j == 2 ? -1 : 0, 1 << 24, &v, err, n)) return -1;
+        *idst[j] = (int)v;
+    }
+    if (get_bool(x, "no_realloc", &ao.no_realloc, err, n)) return -1;
+    const int64_t S = s->cfg.n_ctx;
+    if (cli_attn_params(&ao, S, sparq_model_head_dim(s->model), &r->attn, err, n)) return -1;
+copy:
+    /* the request owns its strings: the document is freed before decoding */
+    snprintf(r->policy, sizeof r->policy, "%s", r->attn.policy ? r->attn.policy : "dense");
+    r->attn.policy = r->policy;
+    if (r->attn.index) {
+        snprintf(r->index, sizeof r->index, "%s", r->attn.index);
+        r->attn.index = r->index;
+    }
+    int known = 0;
+    for (int i = 0; srv_policy_names[i]; i++) known |= !strcmp(srv_policy_names[i], r->policy);
+    if (!known) {
+        snprintf(err, n, "unknown attention policy '%.32s' (known: dense sparq oracle flexgen h2o streaming topk)",
+                 r->policy);
+        return -1;
+    }
+    return 0;
+}
+
+/* Token ids from a JSON array of integers; -1 with the reason. */
+static int parse_ids(srv_server *s, const json_value *a, int32_t **out, char *err, size_t n)
+{
+    const size_t cnt = json_len(a);
+    if (cnt > (size_t)s->cfg.max_prompt) {
+        snprintf(err, n, "the prompt has %zu tokens; the limit is %d", cnt, s->cfg.max_prompt);
+        return -1;
+    }
+    int32_t *ids = malloc((cnt + 1) * sizeof *ids);
+    if (!ids) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        const json_value *v = json_at(a, i);
+        if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < 0 ||
+            v->u.number >= s->n_vocab) {
+            snprintf(err, n, "token %zu is not an id in [0, %d)", i, s->n_vocab);
+            free(ids);
+            return -1;
+        }
+        ids[i] = (int32_t)v->u.number;
+    }
+    *out = ids;
+    return (int)cnt;
+}
+
+static int tokenize_text(srv_server *s, const char *text, size_t len, int add_special, int32_t **out, char *err,
+                         size_t n)
+{
+    if (len > (size_t)s->cfg.max_prompt * 64) { /* no token is 64 bytes: over the limit for sure */
+        snprintf(err, n, "the prompt of %zu bytes exceeds the limit of %d tokens", len, s->cfg.max_prompt);
+        return -1;
+    }
+    int cnt = sparq_tokenize(s->model, text, (int)len, add_special, NULL, 0);
+    int32_t *ids = cnt >= 0 ? malloc(((size_t)cnt + 1) * sizeof *ids) : NULL;
+    if (!ids || sparq_tokenize(s->model, text, (int)len, add_special, ids, cnt) != cnt) {
+        free(ids);
+        snprintf(err, n, "cannot tokenize the prompt");
+        return -1;
+    }
+    *out = ids;
+    return cnt;
+}
+
+/* prompt: a string, token ids, or a one-element array of either. */
+static int parse_prompt(srv_server *s, const json_value *o, srv_request *r, char *err, size_t n)
+{
+    const json_value *p = json_get(o, "prompt");
+    if (p && p->type == JSON_ARRAY && json_len(p) >= 1 && json_at(p, 0)->type != JSON_NUMBER) {
+        if (json_len(p) > 1) {
+            snprintf(err, n, "'prompt' with several prompts is not supported: send one request each");
+            return -1;
+        }
+        p = json_at(p, 0);
+    }
+    int cnt;
+    if (p && p->type == JSON_STRING) cnt = tokenize_text(s, p->u.str, p->n, 1, &r->prompt, err, n);
+    else if (p && p->type == JSON_ARRAY) cnt = parse_ids(s, p, &r->prompt, err, n);
+    else {
+        snprintf(err, n, "'prompt' must be a string or an array of token ids");
+        return -1;
+    }
+    r->n_prompt = cnt;
+    return cnt < 0 ? -1 : 0;
+}
+
+static int parse_messages(srv_server *s, const json_value *o, srv_request *r, char *err, size_t n)
+{
+    const json_value *ms = json_get(o, "messages");
+    if (!ms || ms->type != JSON_ARRAY || json_len(ms) == 0 || json_len(ms) > 1024) {
+        snprintf(err, n, "'messages' must be a non-empty array of {role, content}");
+        return -1;
+    }
+    const size_t cnt = json_len(ms);
+    sparq_chat_msg *msgs = calloc(cnt, sizeof *msgs);
+    char **owned = calloc(cnt, sizeof *owned);
+    int rc = -1;
+    if (!msgs || !owned) {
+        snprintf(err, n, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        const json_value *m = json_at(ms, i);
+        size_t rl = 0;
+        const char *role = json_get_str(m, "role", &rl);
+        const json_value *c = json_get(m, "content");
+        if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
+                      strcmp(role, "developer"))) {
+            snprintf(err, n, "messages[%zu].role must be system, user or assistant", i);
+            goto done;
+        }
+        msgs[i].role = strcmp(role, "developer") ? role : "system";
+        if (c && c->type == JSON_STRING) {
+            if (memchr(c->u.str, 0, c->n)) {
+                snprintf(err, n, "messages[%zu].content holds a NUL character", i);
+                goto done;
+            }
+            msgs[i].content = c->u.str;
+        } else if (c && c->type == JSON_ARRAY) { /* [{"type":"text","text":...}] parts, joined */
+            text_buf t = { 0 };
+            for (size_t j = 0; j < json_len(c); j++) {
+                size_t tl = 0;
+                const char *type = json_get_str(json_at(c, j), "type", NULL);
+                const char *tx = json_get_str(json_at(c, j), "text", &tl);
+                if (!type || strcmp(type, "text") || !tx || memchr(tx, 0, tl)) {
+                    snprintf(err, n, "messages[%zu].content parts must be {\"type\": \"text\", \"text\": ...}", i);
+                    free(t.data);
+                    goto done;
+                }
+                if (text_append(&t, tx, tl)) {
+                    free(t.data);
+                    snprintf(err, n, "out of memory");
+                    goto done;
+                }
+            }
+            owned[i] = t.data ? t.data : strdup("");
+            msgs[i].content = owned[i];
+            if (!owned[i]) goto done;
+        } else {
+            snprintf(err, n, "messages[%zu].content must be a string or an array of text parts", i);
+            goto done;
+        }
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < cnt; i++) total += strlen(msgs[i].content);
+    if (total > (size_t)s->cfg.max_prompt * 64) {
+        snprintf(err, n, "the messages (%zu bytes) exceed the limit of %d tokens", total, s->cfg.max_prompt);
+        goto done;
+    }
+    int k = sparq_chat_tokenize(s->model, s->cfg.chat_template, msgs, (int)cnt, 1, NULL, 0, err, n);
+    if (k < 0) goto done;
+    if (!(r->prompt = malloc(((size_t)k + 1) * sizeof *r->prompt)) ||
+        sparq_chat_tokenize(s->model, s->cfg.chat_template, msgs, (int)cnt, 1, r->prompt, k, err, n) != k) {
+        snprintf(err, n, "cannot tokenize the messages");
+        goto done;
+    }
+    r->n_prompt = k;
+    rc = 0;
+done:
+    for (size_t i = 0; owned && i < cnt; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    return rc;
+}
+
+/* ---- OpenAI shapes ---------------------------------------------------------------- */
+
+static void write_piece(FILE *f, srv_server *s, int32_t id)
+{
+    char piece[256];
+    int len = sparq_token_to_piece(s->model, id, piece, sizeof piece);
+    if (len < 0) len = 0;
+    if (len > (int)sizeof piece) len = sizeof piece;
+    json_write_str(f, piece, (size_t)len);
+}
+
+static void write_bytes(FILE *f, srv_server *s, int32_t id)
+{
+    char piece[256];
+    int len = sparq_token_to_piece(s->model, id, piece, sizeof piece);
+    if (len < 0) len = 0;
+    if (len > (int)sizeof piece) len = sizeof piece;
+    fputc('[', f);
+    for (int i = 0; i < len; i++) fprintf(f, "%s%d", i ? "," : "", (unsigned char)piece[i]);
+    fputc(']', f);
+}
+
+static void write_lp(FILE *f, float lp)
+{
+    if (isnan(lp)) fputs("null", f);
+    else fprintf(f, "%.9g", lp < -1e30f ? -1e30f : lp);
+}
+
+/* Log-probabilities of tokens [a, b) of r; base: text offset of the first
+ * byte the client sees (completions' text_offset). */
+static void write_logprobs(FILE *f, srv_server *s, const srv_request *r, int chat, int a, int b)
+{
+    if (r->logprobs < 0) {
+        fputs("null", f);
+        return;
+    }
+    if (chat) {
+        fputs("{\"content\":[", f);
+        for (int i = a; i < b; i++) {
+            const srv_token *t = &r->toks[i];
+            fprintf(f, "%s{\"token\":", i > a ? "," : "");
+            write_piece(f, s, t->id);
+            fputs(",\"logprob\":", f);
+            write_lp(f, t->logprob);
+            fputs(",\"bytes\":", f);
+            write_bytes(f, s, t->id);
+            fputs(",\"top_logprobs\":[", f);
+            for (int k = 0; k < t->n_top; k++) {
+                fprintf(f, "%s{\"token\":", k ? "," : "");
+                write_piece(f, s, t->top_id[k]);
+                fputs(",\"logprob\":", f);
+                write_lp(f, t->top_lp[k]);
+                fputs(",\"bytes\":", f);
+                write_bytes(f, s, t->top_id[k]);
+                fputc('}', f);
+            }
+            fputs("]}", f);
+        }
+        fputs("]}", f);
+        return;
+    }
+    fputs("{\"tokens\":[", f);
+    for (int i = a; i < b; i++) {
+        if (i > a) fputc(',', f);
+        write_piece(f, s, r->toks[i].id);
+    }
+    fputs("],\"token_logprobs\":[", f);
+    for (int i = a; i < b; i++) {
+        if (i > a) fputc(',', f);
+        write_lp(f, r->toks[i].logprob);
+    }
+    fputs("],\"top_logprobs\":[", f);
+    for (int i = a; i < b; i++) {
+        const srv_token *t = &r->toks[i];
+        fputs(i > a ? "," : "", f);
+        if (isnan(t->logprob)) {
+            fputs("null", f);
+            continue;
+        }
+        fputc('{', f);
+        for (int k = 0; k < t->n_top; k++) {
+            if (k) fputc(',', f);
+            write_piece(f, s, t->top_id[k]);
+            fputc(':', f);
+            write_lp(f, t->top_lp[k]);
+        }
+        fputc('}', f);
+    }
+    fputs("],\"text_offset\":[", f);
+    for (int i = a; i < b; i++) fprintf(f, "%s%zu", i > a ? "," : "", r->toks[i].text_off);
+    fputs("]}", f);
+}
+
+static void write_head(FILE *f, conn *k, const char *object)
+{
+    fprintf(f, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", k->id, object, k->created);
+    json_write_str(f, k->s->cfg.model_id, strlen(k->s->cfg.model_id));
+}
+
+static void write_usage(FILE *f, const srv_request *r)
+{
+    fprintf(f, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->n_prompt,
+            r->n_gen, r->n_prompt + r->n_gen);
+}
+
+/* The whole (non-streamed) reply. Lock held. */
+static char *write_completion(conn *k, size_t *len)
+{
+    const srv_request *r = k->r;
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    if (!f) return NULL;
+    write_head(f, k, k->chat ? "chat.completion" : "text_completion");
+    fputs(",\"choices\":[{\"index\":0,", f);
+    if (k->chat) {
+        fputs("\"message\":{\"role\":\"assistant\",\"content\":", f);
+        json_write_str(f, r->text.data ? r->text.data : "", r->text.len);
+        fputs("},", f);
+    } else {
+        fputs("\"text\":", f);
+        json_write_str(f, r->text.data ? r->text.data : "", r->text.len);
+        fputc(',', f);
+    }
+    fputs("\"logprobs\":", f);
+    write_logprobs(f, k->s, r, k->chat, 0, r->n_toks);
+    fprintf(f, ",\"finish_reason\":\"%s\"}],", r->finish ? r->finish : "stop");
+    write_usage(f, r);
+    fputs("}", f);
+    fclose(f);
+    return buf;
+}
+
+/* One SSE event with text [a, b) and tokens [ta, tb); finish may be NULL.
+ * Lock held. */
+static void write_chunk(FILE *f, conn *k, size_t a, size_t b, int ta, int tb, const char *finish)
+{
+    const srv_request *r = k->r;
+    fputs("data: ", f);
+    write_head(f, k, k->chat ? "chat.completion.chunk" : "text_completion");
+    fputs(",\"choices\":[{\"index\":0,", f);
+    if (k->chat) {
+        fputs("\"delta\":{", f);
+        if (!k->sent_role) {
+            fputs("\"role\":\"assistant\"", f);
+            k->sent_role = 1;
+            if (b > a || !finish) fputc(',', f);
+        }
+        if (b > a || !finish) {
+            fputs("\"content\":", f);
+            json_write_str(f, r->text.data ? r->text.data + a : "", b - a);
+        }
+        fputs("},", f);
+    } else {
+        fputs("\"text\":", f);
+        json_write_str(f, r->text.data ? r->text.data + a : "", b - a);
+        fputc(',', f);
+    }
+    fputs("\"logprobs\":", f);
+    write_logprobs(f, k->s, r, k->chat, ta, tb);
+    fputs(",\"finish_reason\":", f);
+    if (finish) fprintf(f, "\"%s\"", finish);
+    else fputs("null", f);
+    fputs("}]", f);
+    if (finish) {
+        fputc(',', f);
+        write_usage(f, r);
+    }
+    fputs("}\n\n", f);
+}
+
+/* ---- waiting for the scheduler -------------------------------------------------------- */
+
+/* 1 if the peer closed its end (a read would return EOF or an error). */
+static int peer_gone(int fd)
+{
+    if (fd < 0) return 0;
+    struct pollfd p = { fd, POLLIN | POLLRDHUP, 0 };
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return 1;
+    char c;
+    ssize_t got = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* Waits (lock held) until cond holds for r or the client goes away; then
+ * marks r cancelled and returns -1. */
+static int wait_for(conn *k, int (*cond)(const conn *))
+{
+    srv_server *s = k->s;
+    while (!cond(k)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->progress, &s->lock, &ts);
+        if (!cond(k) && peer_gone(k->fd)) {
+            k->r->cancelled = 1;
+            pthread_cond_signal(&s->wake_sched);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int is_done(const conn *k) { return k->r->state == REQ_DONE; }
+static int has_news(const conn *k)
+{
+    return k->r->state == REQ_DONE || k->r->text_ok > k->sent_text || k->r->n_ok_toks > k->sent_toks;
+}
+static int is_started(const conn *k) { return k->r->state == REQ_DONE || k->r->n_prompt_tokens > 0 || k->r->cancelled; }
+
+/* The SSE body: blocks until the scheduler has something, then formats it. */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    conn *k = cls;
+    srv_server *s = k->s;
+    (void)pos;
+    while (k->out_off >= k->out_len) {
+        free(k->out);
+        k->out = NULL;
+        k->out_len = k->out_off = 0;
+        if (k->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        pthread_mutex_lock(&s->lock);
+        if (wait_for(k, has_news)) {
+            pthread_mutex_unlock(&s->lock);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        srv_request *r = k->r;
+        FILE *f = open_memstream(&k->out, &k->out_len);
+        if (!f) {
+            pthread_mutex_unlock(&s->lock);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (r->state == REQ_DONE && r->err_status) {
+            char *e = err_json(r->err_status, NULL, r->error);
+            fprintf(f, "data: %s\n\ndata: [DONE]\n\n", e ? e : "{}");
+            free(e);
+            k->finished = 1;
+        } else {
+            const size_t b = r->text_ok;
+            const int tb = r->n_ok_toks;
+            if (b > k->sent_text || tb > k->sent_toks || (!k->sent_role && k->chat))
+                write_chunk(f, k, k->sent_text, b, k->sent_toks, tb, NULL);
+            k->sent_text = b;
+            k->sent_toks = tb;
+            if (r->state == REQ_DONE) {
+                write_chunk(f, k, b, b, tb, tb, r->finish ? r->finish : "stop");
+                fputs("data: [DONE]\n\n", f);
+                k->finished = 1;
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        fclose(f);
+    }
+    size_t n = k->out_len - k->out_off < max ? k->out_len - k->out_off : max;
+    memcpy(buf, k->out + k->out_off, n);
+    k->out_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) { (void)cls; /* the conn is freed by on_completed */ }
+
+/* ---- endpoints ------------------------------------------------------------------------------- */
+
+static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int chat)
+{
+    srv_server *s = k->s;
+    char err[512];
+    json_doc *d = json_parse(k->body.data ? k->body.data : "", k->body.len, 64, err, sizeof err);
+    if (!d) return err_reply(c, 400, "invalid_json", err);
+    const json_value *o = json_root(d);
+    srv_request *r = calloc(1, sizeof *r);
+    int status = 400;
+    const char *code = "invalid_request";
+    if (!r) {
+        json_free(d);
+        return err_reply(c, 500, NULL, "out of memory");
+    }
+    r->refs = 1;
+    r->chat = chat;
+    int64_t max_tokens = chat ? -1 : 16;
+    if (o->type != JSON_OBJECT) {
+        snprintf(err, sizeof err, "the body must be a JSON object");
+        goto bad;
+    }
+    const json_value *model = json_get(o, "model");
+    if (model && model->type != JSON_STRING && model->type != JSON_NULL) {
+        snprintf(err, sizeof err, "'model' must be a string");
+        goto bad;
+    }
+    if (parse_sampling(o, r, chat, err, sizeof err) || parse_attn(s, o, r, err, sizeof err) ||
+        get_int(o, "max_tokens", 0, 1e9, &max_tokens, err, sizeof err) ||
+        get_int(o, "max_completion_tokens", 0, 1e9, &max_tokens, err, sizeof err) ||
+        (chat ? parse_messages(s, o, r, err, sizeof err) : parse_prompt(s, o, r, err, sizeof err)))
+        goto bad;
+    if (r->n_prompt == 0) {
+        snprintf(err, sizeof err, "the prompt is empty");
+        goto bad;
+    }
+    if (r->n_prompt > s->cfg.max_prompt || r->n_prompt >= s->cfg.n_ctx) {
+        snprintf(err, sizeof err, "the prompt has %d tokens; the limit is %d (context %lld)", r->n_prompt,
+                 s->cfg.max_prompt < s->cfg.n_ctx - 1 ? s->cfg.max_prompt : (int)(s->cfg.n_ctx - 1),
+                 (long long)s->cfg.n_ctx);
+        code = "context_length_exceeded";
+        goto bad;
+    }
+    if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * s->n_vocab * 4 > 512.0 * 1024 * 1024) {
+        snprintf(err, sizeof err, "echo with logprobs is limited to %d prompt tokens", (int)(512.0 * 1024 * 1024 / 4 / s->n_vocab));
+        goto bad;
+    }
+    if (max_tokens < 0 || max_tokens > s->cfg.n_ctx - r->n_prompt) max_tokens = s->cfg.n_ctx - r->n_prompt;
+    r->max_tokens = (int)max_tokens;
+    r->deadline = srv_now() + s->cfg.timeout;
+    json_free(d);
+    d = NULL;
+
+    k->chat = chat;
+    k->r = r;
+    pthread_mutex_lock(&s->lock);
+    s->n_attached++;
+    s->metrics.requests++;
+    if (srv_submit(s, r)) {
+        s->metrics.rejected++;
+        const int stopping = s->stopping;
+        pthread_mutex_unlock(&s->lock);
+        return err_reply(c, 503, "server_busy",
+                         stopping ? "the server is shutting down" : "the queue is full; retry later");
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    k->fd = ci ? ci->connect_fd : -1;
+    static const char *const alpha = "abcdefghijklmnopqrstuvwxyz0123456789";
+    uint8_t rb[20];
+    if (getrandom(rb, sizeof rb, 0) != (ssize_t)sizeof rb) memset(rb, 7, sizeof rb);
+    int o_ = snprintf(k->id, sizeof k->id, "%s", chat ? "chatcmpl-" : "cmpl-");
+    for (int i = 0; i < 20 && o_ + i + 1 < (int)sizeof k->id; i++) k->id[o_ + i] = alpha[rb[i] % 36], k->id[o_ + i + 1] = 0;
+    k->created = (long)time(NULL);
+
+    if (r->stream) { /* headers go out once the sequence started, so setup errors are still 4xx */
+        if (wait_for(k, is_started)) {
+            pthread_mutex_unlock(&s->lock);
+            return MHD_NO;
+        }
+        if (r->state == REQ_DONE && r->err_status) {
+            char *e = err_json(r->err_status, NULL, r->error);
+            int st = r->err_status;
+            pthread_mutex_unlock(&s->lock);
+            enum MHD_Result rc = e ? reply(c, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
+            free(e);
+            return rc;
+        }
+        pthread_mutex_unlock(&s->lock);
+        struct MHD_Response *res = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, k, stream_free);
+        if (!res) return MHD_NO;
+        MHD_add_response_header(res, "Content-Type", "text/event-stream");
+        MHD_add_response_header(res, "Cache-Control", "no-cache");
+        enum MHD_Result rc = MHD_queue_response(c, MHD_HTTP_OK, res);
+        MHD_destroy_response(res);
+        return rc;
+    }
+    if (wait_for(k, is_done)) {
+        pthread_mutex_unlock(&s->lock);
+        return MHD_NO; /* the client is gone */
+    }
+    if (r->err_status) {
+        char *e = err_json(r->err_status, r->err_status == 504 ? "timeout" : NULL, r->error);
+        int st = r->err_status;
+        pthread_mutex_unlock(&s->lock);
+        enum MHD_Result rc = e ? reply(c, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
+        free(e);
+        return rc;
+    }
+    size_t len = 0;
+    char *body = write_completion(k, &len);
+    pthread_mutex_unlock(&s->lock);
+    return json_reply(c, 200, body, len);
+bad:
+    json_free(d);
+    srv_request_release(r);
+    pthread_mutex_lock(&s->lock);
+    s->metrics.requests++;
+    s->metrics.errors++;
+    pthread_mutex_unlock(&s->lock);
+    return err_reply(c, status, code, err);
+}
+
+static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *k, int detok)
+{
+    srv_server *s = k->s;
+    char err[512];
+    json_doc *d = json_parse(k->body.data ? k->body.data : "", k->body.len, 64, err, sizeof err);
+    if (!d) return err_reply(c, 400, "invalid_json", err);
+    const json_value *o = json_root(d);
+    char *buf = NULL;
+    size_t len = 0;
+    int32_t *ids = NULL;
+    int n = -1;
+    if (!detok) {
+        size_t tl = 0;
+        const char *text = json_get_str(o, "content", &tl);
+        int add = 0;
+        if (!text) snprintf(err, sizeof err, "'content' must be a string");
+        else if (!get_bool(o, "add_special", &add, err, sizeof err)) n = tokenize_text(s, text, tl, add, &ids, err, sizeof err);
+    } else {
+        const json_value *t = json_get(o, "tokens");
+        if (!t || t->type != JSON_ARRAY) snprintf(err, sizeof err, "'tokens' must be an array of token ids");
+        else n = parse_ids(s, t, &ids, err, sizeof err);
+    }
+    json_free(d);
+    if (n < 0) return err_reply(c, 400, "invalid_request", err);
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) {
+        free(ids);
+        return MHD_NO;
+    }
+    if (!detok) {
+        fputs("{\"tokens\":[", f);
+        for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? "," : "", ids[i]);
+        fputs("]}", f);
+    } else {
+        text_buf t = { 0 };
+        char piece[256];
+        for (int i = 0; i < n; i++) {
+            int pl = sparq_token_to_piece(s->model, ids[i], piece, sizeof piece);
+            if (pl > (int)sizeof piece) pl = sizeof piece;
+            if (pl > 0) text_append(&t, piece, (size_t)pl);
+        }
+        fputs("{\"content\":", f);
+        json_write_str(f, t.data ? t.data : "", t.len);
+        fputs("}", f);
+        free(t.data);
+    }
+    fclose(f);
+    free(ids);
+    return json_reply(c, 200, buf, len);
+}
+
+static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return MHD_NO;
+    pthread_mutex_lock(&s->lock);
+    const srv_metrics m = s->metrics;
+    const int queued = s->n_queued, active = s->n_active;
+    pthread_mutex_unlock(&s->lock);
+#define METRIC(name, type, help, fmt, val) \
+    fprintf(f, "# HELP sparq_" name " " help "\n# TYPE sparq_" name " " type "\nsparq_" name " " fmt "\n", val)
+    METRIC("requests_total", "counter", "Generation requests received.", "%lld", (long long)m.requests);
+    METRIC("request_errors_total", "counter", "Generation requests that failed (4xx/5xx).", "%lld", (long long)m.errors);
+    METRIC("requests_rejected_total", "counter", "Requests refused because the queue was full (503).", "%lld", (long long)m.rejected);
+    METRIC("requests_cancelled_total", "counter", "Sequences cancelled by a client disconnect.", "%lld", (long long)m.cancelled);
+    METRIC("queue_depth", "gauge", "Requests waiting for a slot.", "%d", queued);
+    METRIC("active_sequences", "gauge", "Sequences being prefilled or decoded.", "%d", active);
+    METRIC("prefill_tokens_total", "counter", "Prompt tokens prefilled.", "%lld", (long long)m.prefill_tokens);
+    METRIC("decode_tokens_total", "counter", "Tokens decoded (batched steps).", "%lld", (long long)m.decode_tokens);
+    METRIC("prefill_tokens_per_second", "gauge", "Prefill throughput while prefilling.", "%.3f",
+           m.prefill_seconds > 0 ? m.prefill_tokens / m.prefill_seconds : 0.0);
+    METRIC("decode_tokens_per_second", "gauge", "Aggregate decode throughput while decoding.", "%.3f",
+           m.decode_seconds > 0 ? m.decode_tokens / m.decode_seconds : 0.0);
+    METRIC("prefix_cache_hits_total", "counter", "Prompts that started from a cached prefix.", "%lld",
+           (long long)m.prefix_hits);
+    METRIC("prefix_cache_tokens_total", "counter", "Prompt tokens copied from the prefix cache, not prefilled.",
+           "%lld", (long long)m.prefix_tokens);
+#undef METRIC
+    fputs("# HELP sparq_attn_bytes_read_total KV-cache bytes read and written by decode attention, by policy.\n"
+          "# TYPE sparq_attn_bytes_read_total counter\n", f);
+    for (int i = 0; srv_policy_names[i]; i++)
+        fprintf(f, "sparq_attn_bytes_read_total{policy=\"%s\"} %lld\n", srv_policy_names[i], (long long)m.attn_bytes[i]);
+    fclose(f);
+    enum MHD_Result rc = buf ? reply(c, 200, "text/plain; version=0.0.4", buf, len, NULL, NULL) : MHD_NO;
+    free(buf);
+    return rc;
+}
+
+static enum MHD_Result handle_models(struct MHD_Connection *c, srv_server *s)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return MHD_NO;
+    fputs("{\"object\":\"list\",\"data\":[{\"id\":", f);
+    json_write_str(f, s->cfg.model_id, strlen(s->cfg.model_id));
+    fprintf(f, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"sparq\"}]}", (long)time(NULL));
+    fclose(f);
+    return json_reply(c, 200, buf, len);
+}
+
+/* ---- routing --------------------------------------------------------------------------------- */
+
+static int authorised(struct MHD_Connection *c, const srv_server *s)
+{
+    if (!s->cfg.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
+    h += 7;
+    const size_t a = strlen(h), b = strlen(s->cfg.api_key);
+    unsigned diff = a != b;
+    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned)(h[i] ^ s->cfg.api_key[i]); /* no early exit */
+    return diff == 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    srv_server *s = cls;
+    (void)version;
+    conn *k = *con_cls;
+    if (!k) {
+        if (!(k = calloc(1, sizeof *k))) return MHD_NO;
+        k->s = s;
+        k->fd = -1;
+        *con_cls = k;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) k->too_large = 1;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!k->too_large && k->body.len + *upload_size > s->cfg.max_body) k->too_large = 1;
+        if (!k->too_large && text_append(&k->body, upload, *upload_size)) k->too_large = 1;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    static const struct { const char *path, *method; int ep; } routes[] = {
+        { "/v1/completions", "POST", 1 }, { "/v1/chat/completions", "POST", 2 }, { "/v1/models", "GET", 3 },
+        { "/health", "GET", 4 }, { "/metrics", "GET", 5 }, { "/tokenize", "POST", 6 }, { "/detokenize", "POST", 7 },
+        { "/completions", "POST", 1 }, { "/chat/completions", "POST", 2 }, { "/models", "GET", 3 },
+    };
+    int ep = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !ep; i++) {
+        if (strcmp(url, routes[i].path) != 0) continue;
+        if (strcmp(method, routes[i].method) != 0) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "%s takes %s, not %.16s", url, routes[i].method, method);
+            struct MHD_Response *res;
+            char *b = err_json(405, "method_not_allowed", msg);
+            if (!b || !(res = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE))) {
+                free(b);
+                return MHD_NO;
+            }
+            MHD_add_response_header(res, "Content-Type", "application/json");
+            MHD_add_response_header(res, "Allow", routes[i].method);
+            enum MHD_Result rc = MHD_queue_response(c, 405, res);
+            MHD_destroy_response(res);
+            return rc;
+        }
+        ep = routes[i].ep;
+    }
+    if (!ep) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no endpoint %.100s", url);
+        return err_reply(c, 404, "not_found", msg);
+    }
+    if (ep == 4) return reply(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL, NULL);
+    if (!authorised(c, s)) return err_reply(c, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
+    if (k->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body exceeds the limit of %zu bytes", s->cfg.max_body);
+        return err_reply(c, 400, "body_too_large", msg);
+    }
+    switch (ep) {
+    case 1: return handle_generate(c, k, 0);
+    case 2: return handle_generate(c, k, 1);
+    case 3: return handle_models(c, s);
+    case 5: return handle_metrics(c, s);
+    case 6: return handle_tokenize(c, k, 0);
+    default: return handle_tokenize(c, k, 1);
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
+{
+    srv_server *s = cls;
+    conn *k = *con_cls;
+    (void)c;
+    (void)why;
+    if (!k) return;
+    if (k->r) {
+        pthread_mutex_lock(&s->lock);
+        if (k->r->state != REQ_DONE) { /* the client left before the end */
+            k->r->cancelled = 1;
+            pthread_cond_signal(&s->wake_sched);
+        }
+        srv_request_release(k->r);
+        s->n_attached--;
+        pthread_cond_broadcast(&s->progress);
+        pthread_mutex_unlock(&s->lock);
+    }
+    free(k->body.data);
+    free(k->out);
+    free(k);
+    *con_cls = NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------------------------------ */
+
+srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t err_size)
+{
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_size, "serve: out of memory");
+        return NULL;
+    }
+    s->model = m;
+    s->cfg = *cfg;
+    s->n_vocab = sparq_model_n_vocab(m);
+    s->t_start = srv_now();
+    if (s->cfg.n_ctx <= 0) s->cfg.n_ctx = sparq_model_n_ctx_train(m);
+    if (s->cfg.max_prompt <= 0 || s->cfg.max_prompt > s->cfg.n_ctx - 1) s->cfg.max_prompt = (int)(s->cfg.n_ctx - 1);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->wake_sched, NULL);
+    pthread_cond_init(&s->progress, NULL);
+    if (pthread_create(&s->sched, NULL, srv_sched_main, s) != 0) {
+        snprintf(err, err_size, "serve: cannot start the scheduler thread");
+        srv_stop(s, 0);
+        return NULL;
+    }
+    s->sched_started = 1;
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)cfg->port);
+    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1) {
+        snprintf(err, err_size, "serve: --host '%s' is not an IPv4 address", cfg->host);
+        srv_stop(s, 0);
+        return NULL;
+    }
+    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
+                                 (uint16_t)cfg->port, NULL, NULL, on_request, s,
+                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->parallel + cfg->queue + 64),
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
+                                 MHD_OPTION_END);
+    if (!s->daemon) {
+        snprintf(err, err_size, "serve: cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
+        srv_stop(s, 0);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : cfg->port;
+    return s;
+}
+
+int srv_port(const srv_server *s) { return s->port; }
+
+void srv_stop(srv_server *s, double grace)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->lock);
+    s->stopping = 1;
+    pthread_cond_signal(&s->wake_sched);
+    const double until = srv_now() + grace;
+    while ((s->n_active || s->n_queued) && srv_now() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->progress, &s->lock, &ts);
+    }
+    s->stopping = 2; /* cancel what is left */
+    pthread_cond_signal(&s->wake_sched);
+    pthread_mutex_unlock(&s->lock);
+    if (s->sched_started) pthread_join(s->sched, NULL);
+    /* every request is finished now; give their connections a moment to
+     * send the end (a stream's [DONE], the error object) before closing */
+    pthread_mutex_lock(&s->lock);
+    const double close_by = srv_now() + 3.0;
+    while (s->n_attached > 0 && srv_now() < close_by) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->progress, &s->lock, &ts);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    pthread_cond_destroy(&s->progress);
+    pthread_cond_destroy(&s->wake_sched);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}

@@ -1,0 +1,94 @@
+/* srv_internal.h - what server.c (HTTP) and sched.c (scheduler) share:
+ * the request record and the server state. Every field marked [lock] is
+ * read and written only under srv_server.lock. */
+#ifndef SPARQ_SRV_INTERNAL_H
+#define SPARQ_SRV_INTERNAL_H
+
+#include "server/server.h"
+#include "util/textbuf.h"
+
+#include <pthread.h>
+
+enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20 };
+enum { REQ_QUEUED = 0, REQ_RUNNING = 1, REQ_DONE = 2 };
+
+/* One generated (or, with echo, prompt) token as the client sees it. */
+typedef struct srv_token {
+    int32_t id;
+    float   logprob;            /* NAN: none (the first prompt token)       */
+    size_t  text_off;           /* where its piece starts in the text       */
+    int     n_top;
+    int32_t top_id[SRV_MAX_TOP];
+    float   top_lp[SRV_MAX_TOP];
+} srv_token;
+
+typedef struct srv_request {
+    /* set by the HTTP thread before submission, then read-only */
+    int      chat, stream, echo;
+    int32_t *prompt;
+    int      n_prompt;
+    int      max_tokens;
+    sparq_attn_params attn;
+    char     policy[32], index[16];   /* storage for attn.policy / attn.index */
+    float    temp, top_p, min_p, rep_pen, freq_pen, pres_pen;
+    int      top_k, ignore_eos;
+    uint64_t seed;
+    char    *stops[SRV_MAX_STOPS];
+    int      n_stops;
+    int      logprobs;          /* -1: none; else top alternatives per token */
+    double   deadline;          /* monotonic seconds                        */
+    /* [lock] progress published by the scheduler */
+    int      state;
+    int      cancelled;         /* client gone, timeout or shutdown          */
+    text_buf text;              /* the reply so far (echoed prompt first)   */
+    size_t   text_ok;           /* bytes of text that are final             */
+    srv_token *toks;
+    int      n_toks, cap_toks;
+    int      n_ok_toks;         /* tokens whose text is final               */
+    int      n_gen;             /* generated tokens                         */
+    int      n_prompt_tokens;   /* for usage                                */
+    const char *finish;         /* "stop" / "length" when done              */
+    int      err_status;        /* non-zero: failed with this HTTP status   */
+    char     error[512];
+    int      refs;              /* HTTP thread + scheduler                  */
+    struct srv_request *next;   /* queue link                               */
+} srv_request;
+
+typedef struct srv_metrics {
+    int64_t requests, errors, rejected, cancelled;
+    int64_t prefill_tokens, decode_tokens;
+    double  prefill_seconds, decode_seconds;
+    int64_t prefix_hits, prefix_tokens;
+    int64_t attn_bytes[16];     /* by policy, in attn_names order          */
+} srv_metrics;
+
+struct srv_server {
+    sparq_model    *model;
+    srv_config      cfg;
+    struct MHD_Daemon *daemon;
+    pthread_t       sched;
+    int             sched_started;
+    pthread_mutex_t lock;
+    pthread_cond_t  wake_sched;  /* new work or stop                       */
+    pthread_cond_t  progress;    /* broadcast after every scheduler round  */
+    srv_request    *queue_head, *queue_tail;   /* [lock] */
+    int             n_queued, n_active;        /* [lock] */
+    int             n_attached;  /* [lock] requests whose connection is open */
+    int             stopping;    /* [lock] 1: no new work; 2: cancel all   */
+    srv_metrics     metrics;     /* [lock] */
+    int             port;
+    double          t_start;
+    int             n_vocab;
+};
+
+extern const char *const srv_policy_names[]; /* NULL-terminated, for metrics */
+
+double srv_now(void);
+/* Drops one reference (frees at zero). Call with the lock held. */
+void srv_request_release(srv_request *r);
+/* Queues r (refs taken for the scheduler); returns 0, or -1 if the queue is
+ * full or the server is stopping. Lock held. */
+int  srv_submit(srv_server *s, srv_request *r);
+void *srv_sched_main(void *arg);
+
+#endif

@@ -1,0 +1,572 @@
+/* test_server.c - `sparq serve` end to end, started and stopped here on
+ * 127.0.0.1 with a free port, every wait bounded.
+ *
+ *  - raw HTTP through a small socket client: health, malformed JSON, wrong
+ *    method, unknown path, huge body, invalid UTF-8, huge numbers, wrong
+ *    types, missing API key, /tokenize and /detokenize round trip, metrics;
+ *  - greedy completions equal `sparq run`'s output for the same prompt and
+ *    policy (the reference is the CLI, a separate code path);
+ *  - the official openai npm client (tests/server/openai.test.mjs): shapes,
+ *    streaming, logprobs, stop strings, chat, errors, and 16 concurrent
+ *    streams with different policies each equal to the request alone;
+ *  - a second server with one slot and no queue: a request beyond it gets
+ *    503 + Retry-After; a client that disconnects mid-stream frees its slot
+ *    (the next request is served long before the abandoned one would have
+ *    finished, and the cancellation is counted);
+ *  - SIGTERM: both servers exit with status 0.
+ */
+#include "test.h"
+#include "util/json.h"
+#include "util/paths.h"
+#include "util/textbuf.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char bin[1024];
+static const char *key = "test-key-123";
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- the server process ------------------------------------------------------ */
+
+typedef struct server {
+    pid_t pid;
+    int   port;
+    char  log[64], port_file[80];
+} server;
+
+static int start_server(server *s, const char *args)
+{
+    snprintf(s->log, sizeof s->log, "/tmp/sparq_test_server_log_XXXXXX");
+    int fd = mkstemp(s->log);
+    if (fd < 0) return -1;
+    snprintf(s->port_file, sizeof s->port_file, "%s.port", s->log);
+    unlink(s->port_file);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "exec %s serve --port 0 --port-file %s %s", bin, s->port_file, args);
+    s->pid = fork();
+    if (s->pid < 0) return -1;
+    if (s->pid == 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fd);
+    for (double t0 = now(); now() - t0 < 60;) { /* loading under load can be slow */
+        FILE *f = fopen(s->port_file, "r");
+        if (f) {
+            int ok = fscanf(f, "%d", &s->port) == 1;
+            fclose(f);
+            if (ok) return 0;
+        }
+        int st;
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            s->pid = -1;
+            return -1;
+        }
+        usleep(50000);
+    }
+    return -1;
+}
+
+/* SIGTERM, then the exit status (or -1 if it hangs for 20 s: then killed). */
+static int stop_server(server *s)
+{
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    for (double t0 = now(); now() - t0 < 20;) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            unlink(s->port_file);
+            unlink(s->log);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(50000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    return -1;
+}
+
+/* ---- a minimal HTTP client ---------------------------------------------------- */
+
+static int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+typedef struct resp {
+    int   status;
+    char *head, *body;   /* malloc'ed                                     */
+} resp;
+
+/* Reads until the server closes (Connection: close), at most 120 s. */
+static int read_resp(int fd, resp *r)
+{
+    text_buf t = { 0 };
+    char buf[8192];
+    for (double t0 = now(); now() - t0 < 120;) {
+        struct pollfd p = { fd, POLLIN, 0 };
+        if (poll(&p, 1, 1000) <= 0) continue;
+        ssize_t got = recv(fd, buf, sizeof buf, 0);
+        if (got <= 0) break;
+        text_append(&t, buf, (size_t)got);
+    }
+    memset(r, 0, sizeof *r);
+    if (!t.data || sscanf(t.data, "HTTP/1.%*d %d", &r->status) != 1) {
+        free(t.data);
+        return -1;
+    }
+    char *sep = strstr(t.data, "\r\n\r\n");
+    r->body = strdup(sep ? sep + 4 : "");
+    if (sep) *sep = 0;
+    r->head = t.data;
+    return 0;
+}
+
+/* One request; body may be NULL. auth: send the API key. */
+static int http(int port, const char *method, const char *path, const char *body, size_t body_len, int auth, resp *r)
+{
+    int fd = dial(port);
+    if (fd < 0) return -1;
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%sContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n",
+                     method, path, auth ? "Authorization: Bearer " : "", auth ? key : "", auth ? "\r\n" : "",
+                     body ? body_len : 0);
+    int rc = send_all(fd, head, (size_t)n);
+    if (!rc && body) send_all(fd, body, body_len); /* the server may answer early and close */
+    rc = read_resp(fd, r);
+    close(fd);
+    return rc;
+}
+
+static void resp_free(resp *r)
+{
+    free(r->head);
+    free(r->body);
+}
+
+/* The body is an OpenAI error object with a message containing want. */
+static int is_error(const resp *r, const char *want)
+{
+    char err[256];
+    json_doc *d = json_parse(r->body, strlen(r->body), 0, err, sizeof err);
+    if (!d) return 0;
+    const json_value *e = json_get(json_root(d), "error");
+    const char *msg = json_get_str(e, "message", NULL);
+    const json_value *type = json_get(e, "type"), *code = json_get(e, "code");
+    int ok = msg && strstr(msg, want) && type && type->type == JSON_STRING && code;
+    json_free(d);
+    return ok;
+}
+
+static void expect_error(int port, const char *method, const char *path, const char *body, int auth, int status,
+                         const char *want, const char *name)
+{
+    resp r;
+    int rc = http(port, method, path, body, body ? strlen(body) : 0, auth, &r);
+    CHECK(rc == 0, "%s: no response", name);
+    if (rc) return;
+    CHECK(r.status == status && is_error(&r, want), "%s: status %d body %s", name, r.status, r.body);
+    resp_free(&r);
+}
+
+/* The "text" of a completion response (malloc'ed), or NULL. */
+static char *completion_text(const char *body)
+{
+    char err[256];
+    json_doc *d = json_parse(body, strlen(body), 0, err, sizeof err);
+    if (!d) return NULL;
+    size_t n = 0;
+    const char *t = json_get_str(json_at(json_get(json_root(d), "choices"), 0), "text", &n);
+    char *out = t ? strndup(t, n) : NULL;
+    json_free(d);
+    return out;
+}
+
+/* ---- `sparq run` as the reference ------------------------------------------------ */
+
+typedef struct gcase {
+    const char *prompt;
+    const char *run_args;   /* the policy as sparq run options          */
+    const char *json;       /* the same as the request's "sparq" field  */
+    char       *text;       /* what sparq run printed                   */
+} gcase;
+
+static char *run_capture(const char *args)
+{
+    char out[64] = "/tmp/sparq_test_server_run_XXXXXX";
+    int fd = mkstemp(out);
+    if (fd < 0) return NULL;
+    close(fd);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s run %s >%s 2>/dev/null", bin, args, out);
+    int st = system(cmd);
+    size_t n;
+    char *text = (WIFEXITED(st) && WEXITSTATUS(st) == 0) ? test_read_file(out, &n) : NULL;
+    unlink(out);
+    if (text && n > 0 && text[n - 1] == '\n') text[n - 1] = 0; /* run ends its output with a newline */
+    return text;
+}
+
+static void json_str_to(FILE *f, const char *s) { json_write_str(f, s, strlen(s)); }
+
+/* ---- the tests ------------------------------------------------------------------- */
+
+static void raw_http(int port)
+{
+    resp r;
+    /* a slow client: half a request, then silence, held open throughout */
+    int slow = dial(port);
+    const char *half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";
+    CHECK(slow >= 0 && send_all(slow, half, strlen(half)) == 0, "slow client connect");
+    CHECK(http(port, "GET", "/health", NULL, 0, 0, &r) == 0 && r.status == 200 && strstr(r.body, "ok"), "health");
+    resp_free(&r);
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\",", 1, 400, "json", "truncated JSON");
+    expect_error(port, "POST", "/v1/completions", "[1,2,3]", 1, 400, "object", "array body");
+    expect_error(port, "POST", "/v1/completions", "", 1, 400, "json", "empty body");
+    expect_error(port, "GET", "/v1/completions", NULL, 1, 405, "POST", "wrong method");
+    expect_error(port, "DELETE", "/v1/models", NULL, 1, 405, "GET", "wrong method on models");
+    expect_error(port, "GET", "/v1/nothing", NULL, 1, 404, "no endpoint", "unknown path");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\"}", 0, 401, "API key", "no API key");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"\xff\xfe\"}", 1, 400, "UTF-8", "invalid UTF-8");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1e999}", 1, 400, "range",
+                 "huge number");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 99999999999}", 1, 400,
+                 "max_tokens", "huge max_tokens");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": -1}", 1, 400, "max_tokens",
+                 "negative max_tokens");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"top_k\": 2.5}", 1, 400, "top_k",
+                 "fractional top_k");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": 42}", 1, 400, "prompt", "prompt of a wrong type");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": [1, 99999999]}", 1, 400, "token",
+                 "token id out of range");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"stream\": \"yes\"}", 1, 400, "stream",
+                 "stream of a wrong type");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"stop\": [\"\"]}", 1, 400, "stop",
+                 "empty stop string");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"attn\": \"sparq\", \"bogus\": 1}}",
+                 1, 400, "unknown field", "unknown sparq field");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"attn\": \"sparq\", \"r\": 1000}}",
+                 1, 400, "exceeds head size", "policy parameter rejected by the library");
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}",
+                 1, 400, "role", "bad chat role");
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\": \"hi\"}", 1, 400, "messages", "bad messages");
+    /* deep nesting, a body over the limit (65536 bytes here) */
+    char deep[4096];
+    memset(deep, '[', sizeof deep - 1);
+    deep[sizeof deep - 1] = 0;
+    expect_error(port, "POST", "/v1/completions", deep, 1, 400, "json", "deep nesting");
+    const size_t big = 200000;
+    char *huge = malloc(big + 1);
+    if (huge) {
+        memset(huge, ' ', big);
+        memcpy(huge, "{\"prompt\": \"", 12);
+        huge[big - 2] = '"';
+        huge[big - 1] = '}';
+        huge[big] = 0;
+        CHECK(http(port, "POST", "/v1/completions", huge, big, 1, &r) == 0 && r.status == 400 &&
+                  is_error(&r, "exceeds the limit"), "huge body: %d %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+        free(huge);
+    }
+    /* tokenize and detokenize invert each other */
+    CHECK(http(port, "POST", "/tokenize", "{\"content\": \"Once upon a time\"}", 31, 1, &r) == 0 && r.status == 200,
+          "tokenize");
+    char err[256];
+    json_doc *d = r.body ? json_parse(r.body, strlen(r.body), 0, err, sizeof err) : NULL;
+    const json_value *toks = json_get(d ? json_root(d) : NULL, "tokens");
+    CHECK(toks && json_len(toks) >= 3, "tokenize: %s", r.body);
+    if (toks) {
+        char body[1024];
+        int n = snprintf(body, sizeof body, "{\"tokens\": [");
+        for (size_t i = 0; i < json_len(toks); i++)
+            n += snprintf(body + n, sizeof body - n, "%s%d", i ? "," : "", (int)json_at(toks, i)->u.number);
+        snprintf(body + n, sizeof body - n, "]}");
+        resp r2;
+        CHECK(http(port, "POST", "/detokenize", body, strlen(body), 1, &r2) == 0 && r2.status == 200 &&
+                  strstr(r2.body, "Once upon a time"), "detokenize: %s", r2.body);
+        resp_free(&r2);
+    }
+    json_free(d);
+    resp_free(&r);
+    CHECK(http(port, "GET", "/health", NULL, 0, 0, &r) == 0 && r.status == 200, "health beside a slow client");
+    resp_free(&r);
+    if (slow >= 0) close(slow);
+}
+
+/* --timeout: a request that cannot finish in time ends with 504. */
+static void request_timeout(const char *tiny)
+{
+    server s;
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -c 8192 -t 1 --timeout 1", tiny);
+    CHECK(start_server(&s, args) == 0, "timeout server did not start");
+    if (s.pid <= 0) return;
+    const char *body = "{\"prompt\": [1, 2], \"max_tokens\": 8000, \"ignore_eos\": true, \"temperature\": 0}";
+    resp r;
+    const double t0 = now();
+    int rc = http(s.port, "POST", "/v1/completions", body, strlen(body), 0, &r);
+    const double dt = now() - t0;
+    CHECK(rc == 0 && r.status == 504 && is_error(&r, "timed out") && dt < 30, "timeout: %d after %.1f s: %s",
+          rc ? -1 : r.status, dt, rc ? "" : r.body);
+    if (!rc) resp_free(&r);
+    CHECK(stop_server(&s) == 0, "timeout server: SIGTERM did not end it cleanly");
+}
+
+/* Greedy requests against sparq run, and the case file for the node test. */
+static int greedy_vs_run(int port, const char *model, gcase *cases, int n_cases, const char *expect_path)
+{
+    int ok_all = 1;
+    for (int i = 0; i < n_cases; i++) {
+        char args[2048];
+        snprintf(args, sizeof args, "-m %s -c 256 -b 4 -t 1 -n 40 --temp 0 -p '%s' %s", model, cases[i].prompt,
+                 cases[i].run_args);
+        cases[i].text = run_capture(args);
+        CHECK(cases[i].text != NULL, "sparq run %s failed", args);
+        if (!cases[i].text) {
+            ok_all = 0;
+            continue;
+        }
+        /* the first 7 cases also go through raw HTTP here */
+        if (i >= 7) continue;
+        char body[2048];
+        snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 40, \"temperature\": 0%s%s%s}",
+                 cases[i].prompt, cases[i].json ? ", \"sparq\": " : "", cases[i].json ? cases[i].json : "", "");
+        resp r;
+        int rc = http(port, "POST", "/v1/completions", body, strlen(body), 1, &r);
+        char *text = rc == 0 && r.status == 200 ? completion_text(r.body) : NULL;
+        CHECK(text && strcmp(text, cases[i].text) == 0, "greedy %s: server %s vs sparq run %s", cases[i].run_args,
+              text ? text : rc ? "(no response)" : r.body, cases[i].text);
+        free(text);
+        if (!rc) resp_free(&r);
+    }
+    FILE *f = fopen(expect_path, "w");
+    if (!f) return -1;
+    fputs("{\"cases\": [", f);
+    for (int i = 0; i < n_cases; i++) {
+        fprintf(f, "%s{\"prompt\": ", i ? ",\n" : "");
+        json_str_to(f, cases[i].prompt);
+        fprintf(f, ", \"max_tokens\": 40, \"sparq\": %s, \"text\": ", cases[i].json ? cases[i].json : "null");
+        json_str_to(f, cases[i].text ? cases[i].text : "");
+        fputc('}', f);
+    }
+    fputs("]}\n", f);
+    fclose(f);
+    return ok_all ? 0 : -1;
+}
+
+/* Runs the openai npm test; each of its "ok"/"not ok" lines is a check. */
+static void node_tests(int port, const char *expect_path)
+{
+    const char *dir = "tests/server";
+    struct stat st;
+    if (stat("tests/server/node_modules/openai", &st) != 0) {
+        /* first run: install the locked packages (cached by npm afterwards) */
+        int rc = system("cd tests/server && timeout 300 npm ci --prefer-offline --no-audit --no-fund >/dev/null 2>&1");
+        CHECK(rc == 0, "npm ci in tests/server failed (needs the npm registry once, or its cache)");
+        if (rc) return;
+    }
+    char cmd[2048], out[64] = "/tmp/sparq_test_server_node_XXXXXX";
+    int fd = mkstemp(out);
+    if (fd < 0) return;
+    close(fd);
+    snprintf(cmd, sizeof cmd, "cd %s && timeout 300 node openai.test.mjs http://127.0.0.1:%d/v1 %s %s >%s 2>&1", dir,
+             port, key, expect_path, out);
+    int rc = system(cmd);
+    size_t n;
+    char *text = test_read_file(out, &n);
+    unlink(out);
+    int pass = 0, fail = 0, summary = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "ok ", 3)) pass++;
+        else if (!strncmp(line, "not ok ", 7)) {
+            fail++;
+            CHECK(0, "openai client: %s", line + 7);
+        } else if (strstr(line, "openai: ")) summary = 1;
+        else fprintf(stderr, "node: %s\n", line);
+    }
+    test_n_pass += pass;
+    CHECK(summary && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "the node test did not finish (exit %d)", rc);
+    CHECK(pass >= 40, "the node test ran only %d checks", pass);
+    free(text);
+}
+
+/* One slot, no queue: 503 beyond it; a disconnect frees the slot. */
+static void overload_and_disconnect(const char *tiny)
+{
+    server s;
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -c 8192 -t 1 --parallel 1 --queue 0 --api-key %s", tiny, key);
+    CHECK(start_server(&s, args) == 0, "second server did not start");
+    if (s.pid <= 0) return;
+    /* a long stream: 8000 tokens, read one chunk, then hang up */
+    int fd = dial(s.port);
+    const char *body = "{\"prompt\": [1, 2, 3], \"max_tokens\": 8000, \"ignore_eos\": true, \"temperature\": 0, "
+                       "\"stream\": true}";
+    char head[512];
+    int n = snprintf(head, sizeof head,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n%s",
+                     key, strlen(body), body);
+    CHECK(fd >= 0 && send_all(fd, head, (size_t)n) == 0, "long stream request");
+    char buf[4096];
+    ssize_t got = 0;
+    for (double t0 = now(); fd >= 0 && got <= 0 && now() - t0 < 60;) {
+        struct pollfd p = { fd, POLLIN, 0 };
+        if (poll(&p, 1, 500) > 0) got = recv(fd, buf, sizeof buf - 1, 0);
+    }
+    if (got > 0) buf[got] = 0;
+    CHECK(got > 0 && strstr(buf, "200") && strstr(buf, "text/event-stream"), "stream started: %s", got > 0 ? buf : "");
+    /* the only slot is busy and the queue holds nothing: 503 */
+    resp r;
+    int rc = http(s.port, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2}", 33, 1, &r);
+    CHECK(rc == 0 && r.status == 503 && strstr(r.head, "Retry-After") && is_error(&r, "queue"),
+          "queue full: %d %s", rc ? -1 : r.status, rc ? "" : r.body);
+    if (!rc) resp_free(&r);
+    /* hang up mid-stream: the next request gets the slot soon */
+    if (fd >= 0) close(fd);
+    int served = 0;
+    const double t0 = now();
+    while (!served && now() - t0 < 30) {
+        rc = http(s.port, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2}", 33, 1, &r);
+        if (rc == 0) {
+            served = r.status == 200;
+            resp_free(&r);
+        }
+        if (!served) usleep(100000);
+    }
+    CHECK(served, "no slot freed 30 s after the client disconnected");
+    /* (the retries above may have been refused too: rejected >= 1) */
+    rc = http(s.port, "GET", "/metrics", NULL, 0, 1, &r);
+    const char *cn = rc ? NULL : strstr(r.body, "\nsparq_requests_cancelled_total ");
+    const char *rj = rc ? NULL : strstr(r.body, "\nsparq_requests_rejected_total ");
+    CHECK(cn && rj && atoi(cn + 32) == 1 && atoi(rj + 31) >= 1 && strstr(r.body, "# TYPE sparq_queue_depth gauge"),
+          "metrics after the disconnect: %s", rc ? "" : r.body);
+    resp_free(&r);
+    /* SIGTERM while a stream is running: it ends, the server exits 0 */
+    fd = dial(s.port);
+    if (fd >= 0) send_all(fd, head, (size_t)n);
+    usleep(300000);
+    CHECK(stop_server(&s) == 0, "second server: SIGTERM did not end it cleanly");
+    if (fd >= 0) {
+        resp rr;
+        /* a stream that had started ends with [DONE]; one still waiting
+         * for its prompt gets a 503 error object */
+        CHECK(read_resp(fd, &rr) == 0 && (strstr(rr.body, "[DONE]") || (rr.status == 503 && is_error(&rr, "shutting down"))),
+              "the stream running at SIGTERM was not ended: %d %s", rr.status, rr.body ? rr.body : "");
+        if (rr.head) resp_free(&rr);
+        close(fd);
+    }
+}
+
+int main(void)
+{
+    char model[1024];
+    if (path_find("stories260K.gguf", model, sizeof model)) {
+        test_skip("stories260K.gguf not found");
+        return test_summary("test_server");
+    }
+    const char *b = getenv("SPARQ_BUILD");
+    snprintf(bin, sizeof bin, "%s/sparq", b ? b : "build");
+    if (access(bin, X_OK) != 0) {
+        CHECK(0, "%s not built", bin);
+        return test_summary("test_server");
+    }
+    signal(SIGPIPE, SIG_IGN);
+    server s;
+    char args[2048];
+    snprintf(args, sizeof args,
+             "-m %s -c 256 -b 4 -t 1 --parallel 16 --queue 32 --api-key %s --chat-template chatml --max-body 65536", model,
+             key);
+    CHECK(start_server(&s, args) == 0, "server did not start");
+    if (s.pid > 0) {
+        raw_http(s.port);
+        /* 16 cases: every policy, several prompts */
+        static const char *prompts[] = { "Once upon a time", "The little dog", "Lily and Ben went to the park",
+                                         "One day" };
+        static const struct { const char *run, *json; } pols[] = {
+            { "", NULL },
+            { "--attn sparq --sparq-ratio 1/8", "{\"attn\": \"sparq\", \"ratio\": \"1/8\"}" },
+            { "--attn sparq --sparq-r 2 --sparq-k 8", "{\"attn\": \"sparq\", \"r\": 2, \"k\": 8}" },
+            { "--attn oracle --attn-k 8", "{\"attn\": \"oracle\", \"attn_k\": 8}" },
+            { "--attn flexgen --attn-k 8", "{\"attn\": \"flexgen\", \"attn_k\": 8}" },
+            { "--attn h2o --attn-k 12", "{\"attn\": \"h2o\", \"attn_k\": 12}" },
+            { "--attn streaming --attn-k 12 --n-sink 4", "{\"attn\": \"streaming\", \"attn_k\": 12, \"n_sink\": 4}" },
+            { "--attn topk --topk-k 8", "{\"attn\": \"topk\", \"topk_k\": 8}" },
+        };
+        gcase cases[16];
+        for (int i = 0; i < 16; i++) {
+            cases[i].prompt = prompts[i / 8 * 2 + (i % 2)];
+            cases[i].run_args = pols[i % 8].run;
+            cases[i].json = pols[i % 8].json;
+            cases[i].text = NULL;
+        }
+        char expect[64] = "/tmp/sparq_test_server_expect_XXXXXX";
+        int fd = mkstemp(expect);
+        if (fd >= 0) close(fd);
+        if (fd >= 0 && greedy_vs_run(s.port, model, cases, 16, expect) == 0) node_tests(s.port, expect);
+        /* prompts were repeated with -b 4: later ones started from cached
+         * prefixes, and every text above still matched sparq run's */
+        resp r;
+        int rc = http(s.port, "GET", "/metrics", NULL, 0, 1, &r);
+        const char *hits = rc ? NULL : strstr(r.body, "\nsparq_prefix_cache_hits_total ");
+        CHECK(hits && atoi(hits + 31) >= 8, "prefix cache hits: %s", rc ? "" : r.body);
+        if (hits) fprintf(stderr, "prefix cache hits: %d\n", atoi(hits + 31));
+        if (!rc) resp_free(&r);
+        unlink(expect);
+        for (int i = 0; i < 16; i++) free(cases[i].text);
+        CHECK(stop_server(&s) == 0, "SIGTERM did not end the server cleanly");
+    }
+    /* a model slow enough that one stream outlives the checks around it */
+    char tiny[64];
+    snprintf(tiny, sizeof tiny, "/tmp/sparq_test_server_tiny_%d.gguf", (int)getpid());
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape tiny --type Q8_0 -c 8192 -o %s >/dev/null 2>&1", bin, tiny);
+    int rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "gen-model tiny failed");
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) {
+        overload_and_disconnect(tiny);
+        request_timeout(tiny);
+    }
+    unlink(tiny);
+    return test_summary("test_server");
+}
