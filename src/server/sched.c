@@ -64,9 +64,7 @@ typedef struct slot {
     sparq_context *c;
     sparq_sampler *smp;
     float         *logits;       /* [V] the next token's distribution       */
-    float         *work;         /* [V] penalised copy                      */
     float         *prompt_logits;/* echo + logprobs: [n_prompt][V]          */
-    int           *counts;       /* [V] generated-token counts (penalties)  */
     int            fed;          /* prompt tokens in the cache              */
     int            ready;        /* logits are fresh                        */
     size_t         gen_start;    /* where generated text starts (after echo) */
@@ -164,35 +162,13 @@ static void pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src,
 
 /* ---- sampling ------------------------------------------------------------- */
 
-/* Chooses the next token. Penalties (over the generated tokens, as OpenAI
- * defines frequency/presence; repetition as llama.cpp: divide positive
- * logits, multiply negative ones) and min-p work on a copy; without them
- * the sampler sees the raw logits, exactly as `sparq run` does. */
+/* Chooses the next token: the library sampler, the one `sparq run` uses
+ * (penalties over the generated tokens, as OpenAI defines frequency and
+ * presence; repetition as llama.cpp; min-p), set up in slot_start. */
 static int32_t slot_sample(slot *sl, int V)
 {
-    const srv_request *r = sl->r;
-    const float *lg = sl->logits;
-    if (r->rep_pen != 1.0f || r->freq_pen != 0.0f || r->pres_pen != 0.0f || r->min_p > 0.0f) {
-        memcpy(sl->work, sl->logits, (size_t)V * sizeof(float));
-        float *w = sl->work;
-        for (int v = 0; v < V; v++) {
-            if (!sl->counts[v]) continue;
-            if (r->rep_pen != 1.0f) w[v] = w[v] > 0 ? w[v] / r->rep_pen : w[v] * r->rep_pen;
-            w[v] -= r->freq_pen * (float)sl->counts[v] + r->pres_pen;
-        }
-        if (r->min_p > 0.0f) { /* keep tokens with p >= min_p * p_max */
-            float mx = -INFINITY;
-            for (int v = 0; v < V; v++) mx = w[v] > mx ? w[v] : mx;
-            const float t = r->temp > 0 ? r->temp : 1.0f;
-            const float cut = mx + t * logf(r->min_p);
-            for (int v = 0; v < V; v++)
-                if (w[v] < cut) w[v] = -INFINITY;
-        }
-        lg = w;
-    }
-    int32_t id = sparq_sample(sl->smp, lg);
-    if (id >= 0 && id < V) sl->counts[id]++;
-    return id;
+    (void)V;
+    return sparq_sample(sl->smp, sl->logits);
 }
 
 /* Log-softmax of logits at id, and the n most likely tokens. */
@@ -325,9 +301,7 @@ static void slot_release(srv_server *s, slot *sl)
     sparq_context_free(sl->c);
     sparq_sampler_free(sl->smp);
     free(sl->logits);
-    free(sl->work);
     free(sl->prompt_logits);
-    free(sl->counts);
     memset(sl, 0, sizeof *sl);
 }
 
@@ -360,14 +334,22 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     cp.kv_type = s->cfg.kv_type;
     cp.attn = r->attn;
     if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) return -1;
-    sparq_sampler_params sp = { r->temp, r->top_k, r->top_p, r->seed };
+    sparq_sampler_params sp = sparq_sampler_default_params();
+    sp.temp = r->temp;
+    sp.top_k = r->top_k;
+    sp.top_p = r->top_p;
+    sp.seed = r->seed;
+    sp.min_p = r->min_p;
+    sp.repeat_penalty = r->rep_pen;
+    sp.presence_penalty = r->pres_pen;
+    sp.frequency_penalty = r->freq_pen;
+    sp.penalty_last_n = -1; /* every generated token (the prompt is not accepted) */
+    if (sparq_sampler_check(&sp, err, err_size)) return -1;
     sl->smp = sparq_sampler_create(&sp, V);
     sl->logits = malloc((size_t)V * sizeof(float));
-    sl->work = malloc((size_t)V * sizeof(float));
-    sl->counts = calloc((size_t)V, sizeof(int));
     if (r->echo && r->logprobs >= 0)
         sl->prompt_logits = malloc((size_t)r->n_prompt * V * sizeof(float));
-    if (!sl->smp || !sl->logits || !sl->work || !sl->counts || (r->echo && r->logprobs >= 0 && !sl->prompt_logits)) {
+    if (!sl->smp || !sl->logits || (r->echo && r->logprobs >= 0 && !sl->prompt_logits)) {
         snprintf(err, err_size, "out of memory for a new sequence");
         return -1;
     }
