@@ -65,6 +65,11 @@ enum { SPARQ_TOPK_UNIFORM = 0, SPARQ_TOPK_LINEAR = 1 };
 enum { SPARQ_KEY_DEFAULT = 0, SPARQ_KEY_F16 = 1, SPARQ_KEY_BF16 = 2, SPARQ_KEY_I8 = 3 };
 
 sparq_attn_params sparq_attn_default_params(void);
+/* The registered policies, in registry order: name i (NULL past the end)
+ * and its one-line summary, for help text, validation and metrics. */
+int         sparq_attn_policy_count(void);
+const char *sparq_attn_policy_name(int i);
+const char *sparq_attn_policy_summary(int i);
 
 /* ---- model ----------------------------------------------------------- */
 

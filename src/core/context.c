@@ -40,6 +40,20 @@ sparq_attn_params sparq_attn_default_params(void)
     return p;
 }
 
+int sparq_attn_policy_count(void) { return attn_policy_count(); }
+
+const char *sparq_attn_policy_name(int i)
+{
+    const attn_policy *p = attn_policy_at(i);
+    return p ? p->name : NULL;
+}
+
+const char *sparq_attn_policy_summary(int i)
+{
+    const attn_policy *p = attn_policy_at(i);
+    return p ? p->summary : NULL;
+}
+
 sparq_context_params sparq_context_default_params(void)
 {
     sparq_context_params p;

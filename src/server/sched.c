@@ -25,7 +25,6 @@
 #include <string.h>
 #include <time.h>
 
-const char *const srv_policy_names[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming", "topk", NULL };
 
 double srv_now(void)
 {
@@ -354,8 +353,8 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
         return -1;
     }
     sl->policy_ix = -1;
-    for (int i = 0; srv_policy_names[i]; i++)
-        if (strcmp(srv_policy_names[i], r->attn.policy ? r->attn.policy : "dense") == 0) sl->policy_ix = i;
+    for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)
+        if (strcmp(sparq_attn_policy_name(i), r->attn.policy ? r->attn.policy : "dense") == 0) sl->policy_ix = i;
     return 0;
 }
 

@@ -281,10 +281,14 @@ copy:
         r->attn.index = r->index;
     }
     int known = 0;
-    for (int i = 0; srv_policy_names[i]; i++) known |= !strcmp(srv_policy_names[i], r->policy);
+    char names[256] = "";
+    for (int i = 0; sparq_attn_policy_name(i); i++) {
+        known |= !strcmp(sparq_attn_policy_name(i), r->policy);
+        const size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, "%s%s", i ? " " : "", sparq_attn_policy_name(i));
+    }
     if (!known) {
-        snprintf(err, n, "unknown attention policy '%.32s' (known: dense sparq oracle flexgen h2o streaming topk)",
-                 r->policy);
+        snprintf(err, n, "unknown attention policy '%.32s' (known: %s)", r->policy, names);
         return -1;
     }
     return 0;
@@ -903,8 +907,8 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
 #undef METRIC
     fputs("# HELP sparq_attn_bytes_read_total KV-cache bytes read and written by decode attention, by policy.\n"
           "# TYPE sparq_attn_bytes_read_total counter\n", f);
-    for (int i = 0; srv_policy_names[i]; i++)
-        fprintf(f, "sparq_attn_bytes_read_total{policy=\"%s\"} %lld\n", srv_policy_names[i], (long long)m.attn_bytes[i]);
+    for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)
+        fprintf(f, "sparq_attn_bytes_read_total{policy=\"%s\"} %lld\n", sparq_attn_policy_name(i), (long long)m.attn_bytes[i]);
     fclose(f);
     enum MHD_Result rc = buf ? reply(c, 200, "text/plain; version=0.0.4", buf, len, NULL, NULL) : MHD_NO;
     free(buf);

@@ -9,7 +9,7 @@
 
 #include <pthread.h>
 
-enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20 };
+enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20, SRV_MAX_POLICIES = 32 };
 enum { REQ_QUEUED = 0, REQ_RUNNING = 1, REQ_DONE = 2 };
 
 /* One generated (or, with echo, prompt) token as the client sees it. */
@@ -59,7 +59,7 @@ typedef struct srv_metrics {
     int64_t prefill_tokens, decode_tokens;
     double  prefill_seconds, decode_seconds;
     int64_t prefix_hits, prefix_tokens;
-    int64_t attn_bytes[16];     /* by policy, in attn_names order          */
+    int64_t attn_bytes[SRV_MAX_POLICIES]; /* by policy, in registry order */
 } srv_metrics;
 
 struct srv_server {
@@ -81,7 +81,6 @@ struct srv_server {
     int             n_vocab;
 };
 
-extern const char *const srv_policy_names[]; /* NULL-terminated, for metrics */
 
 double srv_now(void);
 /* Drops one reference (frees at zero). Call with the lock held. */
