@@ -1,4 +1,4 @@
-/* test_bench_prefill.c - `sparq bench prefill` and `sparq bench peak` as a
+/* test_bench_prefill.c - `sparq bench prefill`, `bench peak` and `bench membw` as a
  * user runs them (binary from $SPARQ_BUILD, default build/) on the tiny
  * model: the shape of their JSON and CSV output and the arithmetic that
  * ties its columns together (tok/s = n / time, GFLOP/s = GFLOP / time, the
@@ -14,16 +14,47 @@
 #include <unistd.h>
 
 static char bin[1024];
+static char tmpdir[] = "/tmp/sparq_bench_pp_XXXXXX"; /* mkdtemp: suites may run at once */
 
 static int run(const char *args, char **out)
 {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s >/tmp/sparq_bench_pp_out.txt 2>/tmp/sparq_bench_pp_err.txt", bin, args);
+    char cmd[4096], path[256];
+    snprintf(path, sizeof path, "%s/out.txt", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s/err.txt", bin, args, path, tmpdir);
     int st = system(cmd);
     size_t n;
-    *out = test_read_file("/tmp/sparq_bench_pp_out.txt", &n);
+    *out = test_read_file(path, &n);
     if (!*out) *out = calloc(1, 1);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static double num(const json_value *row, const char *key);
+
+/* bench membw: one row per (threads, streams), the stream count in the row's
+ * name, a bandwidth that is the bytes over the median time; a nonsense
+ * stream count is refused. */
+static void test_membw(void)
+{
+    char *out, err[256];
+    CHECK(run("bench membw --size 16 -t 1 --streams 1,4 --reps 3 --warmup 1 --json", &out) == 0, "bench membw exits 0");
+    json_doc *d = json_parse(out, strlen(out), 0, err, sizeof err);
+    CHECK(d != NULL, "bench membw --json is JSON: %s", err);
+    if (d) {
+        const json_value *root = json_root(d);
+        CHECK(root->type == JSON_ARRAY && json_len(root) == 2, "2 rows, got %zu", json_len(root));
+        for (size_t i = 0; i < json_len(root); i++) {
+            const json_value *r = json_at(root, i);
+            const char *pol = json_get_str(r, "policy", NULL);
+            CHECK(pol && strcmp(pol, i == 0 ? "read" : "read-x4") == 0, "row %zu: %s", i, pol ? pol : "?");
+            CHECK(num(r, "bytes_counted") == 16 << 20, "row %zu: 16 MiB read", i);
+            CHECK_NEAR(num(r, "gbps"), num(r, "bytes_counted") / (num(r, "median_us") * 1e3),
+                       1e-3 * num(r, "gbps"));
+        }
+        json_free(d);
+    }
+    free(out);
+    CHECK(run("bench membw --size 16 --streams 0", &out) != 0, "--streams 0 is refused");
+    free(out);
 }
 
 static double num(const json_value *row, const char *key)
@@ -126,12 +157,20 @@ int main(void)
         CHECK(0, "%s not built", bin);
         return test_summary("test_bench_prefill");
     }
+    if (!mkdtemp(tmpdir)) {
+        CHECK(0, "mkdtemp failed");
+        return test_summary("test_bench_prefill");
+    }
+    test_membw();
     char model[1024];
     if (path_find("stories260K.gguf", model, sizeof model)) {
         test_skip("stories260K.gguf not found");
-        return test_summary("test_bench_prefill");
+    } else {
+        test_prefill(model);
+        test_peak();
     }
-    test_prefill(model);
-    test_peak();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
     return test_summary("test_bench_prefill");
 }
