@@ -94,6 +94,40 @@ def test_pip_install_offline_in_venv(tmp_path, model_path):
     assert len(r.stdout.strip()) > 5
 
 
+def test_pip_install_system_wide_staged(tmp_path):
+    """System-wide on Debian 12 pip needs --break-system-packages (PEP 668);
+    staged with --root so the test leaves the system alone."""
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(ROOT, "python"), src)
+    root = tmp_path / "root"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-index",
+                        "--no-deps", "--disable-pip-version-check", "--break-system-packages",
+                        "--root", str(root), str(src)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = [p for p, _, files in os.walk(root) if "llama.py" in files and p.endswith("sparq")]
+    assert len(found) == 1, found
+
+
+def test_library_found_on_system_path(tmp_path):
+    """Without SPARQ_LIB or a copy beside the package, the package loads
+    libsparq.so.0 from the loader's path (as after `make install`)."""
+    pkg = tmp_path / "sparq"
+    shutil.copytree(os.path.join(ROOT, "python", "sparq"), pkg)
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    shutil.copy(os.path.realpath(os.path.join(BUILD, "libsparq.so")), libdir / "libsparq.so.0")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libdir))
+    env.pop("SPARQ_LIB", None)
+    code = "import sparq, sparq._lib as L; sparq.version(); print(L.load()._name)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("libsparq.so.0", str(libdir / "libsparq.so.0"))
+    env.pop("LD_LIBRARY_PATH")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    if r.returncode != 0:  # not installed system-wide: the error names every place it looked
+        assert "cannot load libsparq" in r.stderr and "SPARQ_LIB" in r.stderr
+
+
 # ---- low level ------------------------------------------------------------------
 
 def test_model_properties(model):
