@@ -209,6 +209,8 @@ typedef struct sparq_attn_stats {
      * selected prefix positions that are in the exact top-k, and k.      */
     int64_t recall_hits, recall_total;
     double  index_seconds;   /* topk: building or loading prefix indexes    */
+    int64_t nominal_elements;/* part of elements estimated, not counted
+                              * (topk hnsw: Faiss reports no visits)       */
 } sparq_attn_stats;
 SPARQ_API void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out);
 

@@ -6,9 +6,11 @@
  * exactly KL 0; SparQ/oracle with k >= S is dense; SparQ's scores with
  * r = d are the exact ones), and independent re-tokenization for left
  * truncation. The `sparq eval` / `sparq stats` commands are run once each
- * and their JSON checked (skipped if build/sparq is absent).
+ * and their JSON checked (skipped if build/sparq is absent), as are eval's
+ * help pages, its refusals of bad options and its truncation note.
  */
 #include "eval/eval.h"
+#include "attn/attn.h"
 #include "util/json.h"
 #include "eval/metrics.h"
 #include "util/paths.h"
@@ -16,6 +18,8 @@
 #include "test.h"
 
 #include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char model_path[4096];
@@ -299,16 +303,16 @@ static int64_t count_with_bos(void *ctx, const char *text, size_t n)
 
 static void test_tasks(sparq_model *m)
 {
-    const task_kind kinds[] = { TASK_SQUAD, TASK_TRIVIAQA, TASK_CNNDM, TASK_WIKITEXT,
-                                TASK_REPETITION, TASK_NIAH, TASK_KVRET };
+    const task_def *const kinds[] = { &task_def_squad, &task_def_triviaqa, &task_def_cnndm, &task_def_wikitext,
+                                      &task_def_repetition, &task_def_niah, &task_def_kvret };
     const int64_t n_ctx = 192;
     eval_task_params ep = eval_task_default_params();
     for (size_t t = 0; t < sizeof kinds / sizeof kinds[0]; t++) {
-        const char *name = task_kind_name(kinds[t]);
+        const char *name = kinds[t]->name;
         char err[512];
         task_params tp = task_default_params();
         const int64_t lengths[1] = { 150 };
-        if (kinds[t] == TASK_NIAH) {
+        if (kinds[t] == &task_def_niah) {
             tp.niah_lengths = lengths;
             tp.n_niah_lengths = 1;
             tp.niah_depths = 2;
@@ -335,7 +339,7 @@ static void test_tasks(sparq_model *m)
         int32_t *full = NULL;
         int64_t nf = eval_tokenize(m, ex.prompt, ex.n_prompt, 1, &full, err, sizeof err);
         CHECK(pr.prompt[0] == sparq_token_bos(m), "%s: BOS kept", name);
-        if (kinds[t] == TASK_WIKITEXT) {
+        if (kinds[t] == &task_def_wikitext) {
             CHECK(pr.n_target >= 1 && pr.n_target <= ep.bpc_max_tokens && pr.n_gen == 0, "%s: target %d", name,
                   pr.n_target);
             CHECK(pr.n_prompt + pr.n_target - 1 <= n_ctx, "%s: fits", name);
@@ -350,27 +354,26 @@ static void test_tasks(sparq_model *m)
                 CHECK(memcmp(pr.prompt + 1, full + nf - (pr.n_prompt - 1), (size_t)(pr.n_prompt - 1) * 4) == 0,
                       "%s: the kept tokens are the prompt's last ones", name);
         }
-        if (kinds[t] != TASK_TRIVIAQA && kinds[t] != TASK_NIAH) /* short prompts */
+        if (kinds[t] != &task_def_triviaqa && kinds[t] != &task_def_niah) /* short prompts */
             CHECK(pr.n_dropped > 0, "%s: a long prompt was truncated (%lld dropped)", name, (long long)pr.n_dropped);
         sparq_context *c = make_ctx(m, n_ctx, "sparq", 16, 0);
         eval_result r;
         if (c && eval_run(c, &pr, &r, err, sizeof err) == 0) {
-            switch (kinds[t]) {
-            case TASK_WIKITEXT:
+            if (kinds[t] == &task_def_wikitext) {
                 CHECK(r.value > 0.3 && r.value < 20 && r.n_chars == pr.n_target_chars, "%s: bpc %g", name, r.value);
                 CHECK_NEAR(r.value, r.nll_sum * 1.4426950408889634 / (double)r.n_chars, 1e-12);
                 CHECK(r.attn.steps == pr.n_target - 1, "%s: decode steps", name);
-                break;
-            case TASK_CNNDM: CHECK(r.value >= 0 && r.value <= 1, "%s: rouge %g", name, r.value); break;
-            case TASK_REPETITION:
+            } else if (kinds[t] == &task_def_cnndm) {
+                CHECK(r.value >= 0 && r.value <= 1, "%s: rouge %g", name, r.value);
+            } else if (kinds[t] == &task_def_repetition) {
                 CHECK(r.value >= 0 && r.value <= (double)strlen(ex.answers[0]), "%s: %g chars", name, r.value);
                 CHECK(r.value == (double)metrics_match_length(r.output, r.n_output, ex.answers[0],
                                                               strlen(ex.answers[0])),
                       "%s: scored from its output", name);
-                break;
-            default: CHECK(r.value == 0 || r.value == 1, "%s: %g", name, r.value);
+            } else {
+                CHECK(r.value == 0 || r.value == 1, "%s: %g", name, r.value);
             }
-            if (kinds[t] != TASK_WIKITEXT) {
+            if (kinds[t] != &task_def_wikitext) {
                 CHECK(r.n_generated >= 1 && r.n_generated <= pr.n_gen, "%s: generated %d", name, r.n_generated);
                 CHECK(r.attn.steps == r.n_generated - 1, "%s: decode steps %lld", name, (long long)r.attn.steps);
                 CHECK(r.attn.elements < r.attn.dense_elements || r.attn.steps == 0, "%s: sparq read less", name);
@@ -459,23 +462,225 @@ static void test_stats(sparq_model *m)
 
 /* ---- the commands ------------------------------------------------------------------------- */
 
+/* A private directory for the commands' output (mkdtemp: suites may run at
+ * once); removed by main. */
+static char tmp_dir[] = "/tmp/sparq_test_eval_XXXXXX";
+static int have_tmp;
+
+/* Runs cmd with stdout and stderr captured; returns stdout (never NULL
+ * unless out of memory), *err_out (if not NULL) stderr; *status = the exit
+ * code (128 if it did not exit). */
+static char *run_cmd_err(const char *cmd, int *status, char **err_out)
+{
+    char full[4096], out[128], errf[128];
+    snprintf(out, sizeof out, "%s/out", tmp_dir);
+    snprintf(errf, sizeof errf, "%s/err", tmp_dir);
+    snprintf(full, sizeof full, "%s > %s 2> %s", cmd, out, errf);
+    const int st = system(full);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    size_t n;
+    char *s = test_read_file(out, &n), *e = test_read_file(errf, &n);
+    unlink(out);
+    unlink(errf);
+    if (!s) s = calloc(1, 1);
+    if (err_out) *err_out = e ? e : calloc(1, 1);
+    else free(e);
+    return s;
+}
+
 static char *run_cmd(const char *cmd, int *status)
 {
-    char full[4096];
-    snprintf(full, sizeof full, "%s > /tmp/sparq_test_eval_%d.out 2>/dev/null", cmd, (int)getpid());
-    *status = system(full);
-    char out[64];
-    snprintf(out, sizeof out, "/tmp/sparq_test_eval_%d.out", (int)getpid());
-    size_t n;
-    char *s = test_read_file(out, &n);
-    unlink(out);
-    return s;
+    return run_cmd_err(cmd, status, NULL);
 }
 
 static double num(const json_value *obj, const char *key)
 {
     const json_value *v = json_get(obj, key);
     return v && v->type == JSON_NUMBER ? v->u.number : NAN;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* `sparq eval ARGS` is refused: exit 2, one line on stderr naming `needle`,
+ * nothing on stdout (it never ran). */
+static void expect_refused(const char *bin, const char *args, const char *needle)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s eval %s", bin, args);
+    int st;
+    char *err = NULL, *out = run_cmd_err(cmd, &st, &err);
+    CHECK(st == 2, "`eval %s`: exit %d, want 2", args, st);
+    CHECK(out && out[0] == 0, "`eval %s`: nothing on stdout", args);
+    CHECK(err && strncmp(err, "error: ", 7) == 0 && count_lines(err) == 1 && strstr(err, needle),
+          "`eval %s`: one error line naming '%s': %s", args, needle, err ? err : "");
+    free(out);
+    free(err);
+}
+
+/* `eval --help` and `eval TASK --help`: the generic page lists every task
+ * and every task's options; a task's page its own options and no other
+ * task's; the policy list comes from the attention registry. */
+static void test_help(const char *bin)
+{
+    char cmd[2048];
+    int st;
+    snprintf(cmd, sizeof cmd, "%s eval --help", bin);
+    char *all = run_cmd(cmd, &st);
+    CHECK(st == 0 && all, "eval --help: exit %d", st);
+    if (!all) return;
+    char in_all[512] = "--attn all = ";
+    size_t n = strlen(in_all);
+    for (int i = 0; i < attn_policy_count(); i++) {
+        const attn_policy *p = attn_policy_at(i);
+        if (p->in_all) n += (size_t)snprintf(in_all + n, sizeof in_all - n, "%s%s", n > 13 ? "," : "", p->name);
+        CHECK(strstr(all, p->summary) != NULL, "eval --help shows policy %s's summary", p->name);
+    }
+    CHECK(strstr(all, in_all) != NULL, "eval --help: '%s' from the registry", in_all);
+    for (int i = 0; i < task_def_count(); i++) {
+        const task_def *t = task_def_at(i);
+        CHECK(strstr(all, t->summary) != NULL, "eval --help lists task %s", t->name);
+        snprintf(cmd, sizeof cmd, "%s eval %s --help", bin, t->name);
+        char *page = run_cmd(cmd, &st);
+        CHECK(st == 0 && page && strstr(page, t->summary), "eval %s --help: exit %d", t->name, st);
+        for (int j = 0; page && j < task_def_count(); j++)
+            for (const task_option *o = task_def_at(j)->options; o && o->name; o++) {
+                CHECK(strstr(all, o->name) != NULL, "eval --help shows %s", o->name);
+                const int own = task_option_find(t, o->name) != NULL;
+                CHECK(own == (strstr(page, o->name) != NULL), "eval %s --help %s %s", t->name,
+                      own ? "shows its option" : "does not show", o->name);
+            }
+        CHECK(page && strstr(page, "--limit") && strstr(page, "--attn"), "eval %s --help has the common options",
+              t->name);
+        free(page);
+    }
+    free(all);
+    snprintf(cmd, sizeof cmd, "%s eval squad --help", bin);
+    char *page = run_cmd(cmd, &st);
+    CHECK(page && strstr(page, "squad options:\n  --squad-confusion N") && !strstr(page, "--kvret-keys") &&
+              !strstr(page, "--fid-tokens"),
+          "eval squad --help: squad's options only:\n%s", page ? page : "");
+    free(page);
+}
+
+/* Options that are zero, negative or for another task are refused before
+ * anything runs (issue 16): `-n 0` never means "all 10,570 examples". */
+static void test_refused(const char *bin)
+{
+    char cmd0_stats[2048];
+    expect_refused(bin, "squad -n 0", "--limit");
+    expect_refused(bin, "squad --limit 0", "--limit");
+    expect_refused(bin, "squad --limit -3", "--limit");
+    expect_refused(bin, "squad --limit 2x", "--limit");
+    expect_refused(bin, "fidelity -n 0", "--limit");
+    expect_refused(bin, "wikitext --sweep ratio=1/4 --attn sparq --ratio-len 0", "--ratio-len");
+    expect_refused(bin, "wikitext --sweep ratio=1/4 --attn sparq --ratio-len -64", "--ratio-len");
+    expect_refused(bin, "wikitext --attn sparq --ratio-len 64", "--ratio-len applies");
+    expect_refused(bin, "wikitext --attn sparq,h2o --match k", "--match applies");
+    expect_refused(bin, "squad --sweep ratio=1/4", "non-dense");
+    expect_refused(bin, "squad --squad-confusion -1", "--squad-confusion");
+    expect_refused(bin, "niah --niah-depths 0", "--niah-depths");
+    expect_refused(bin, "niah --niah-depths -2", "--niah-depths");
+    expect_refused(bin, "wikitext --context-chars 0", "--context-chars");
+    expect_refused(bin, "repetition --context-chars -5", "--context-chars");
+    expect_refused(bin, "kvret --kvret-gold -1", "--kvret-gold");
+    expect_refused(bin, "kvret --kvret-keys 0", "--kvret-keys");
+    expect_refused(bin, "fidelity --fid-tokens 0", "--fid-tokens");
+    expect_refused(bin, "fidelity --fid-prompt 1", "--fid-prompt");
+    expect_refused(bin, "fidelity --fid-gen -1", "--fid-gen");
+    expect_refused(bin, "squad --kvret-keys 140", "not an option of task squad");
+    expect_refused(bin, "triviaqa --context-chars 500", "not an option of task triviaqa");
+    expect_refused(bin, "squad --sweep k=0", "positive");
+    expect_refused(bin, "squad --attn dense,nosuch", "nosuch");
+
+    /* stats: counts of zero or less are refused, not replaced by defaults */
+    const char *const stats_bad[] = { "--n-query 0", "--n-query -4", "--stats-k 0", "--alpha-r -1" };
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd0_stats, sizeof cmd0_stats, "%s stats %s", bin, stats_bad[i]);
+        int st0;
+        char *e0 = NULL, *o0 = run_cmd_err(cmd0_stats, &st0, &e0);
+        char opt[32];
+        snprintf(opt, sizeof opt, "%.*s", (int)strcspn(stats_bad[i], " "), stats_bad[i]);
+        CHECK(st0 == 2 && o0[0] == 0 && count_lines(e0) == 1 && strstr(e0, opt), "`stats %s`: exit %d: %s",
+              stats_bad[i], st0, e0);
+        free(o0);
+        free(e0);
+    }
+
+    /* a FIFO as data would block forever: refused, not read (timeout: a
+     * regression fails instead of hanging the suite) */
+    char fifo[256], cmd0[2048];
+    snprintf(fifo, sizeof fifo, "%s/fifo", tmp_dir);
+    if (mkfifo(fifo, 0600) == 0) {
+        const char *const uses[] = { "eval fidelity -f", "eval repetition --data", "stats -f" };
+        for (int i = 0; i < 3; i++) {
+            snprintf(cmd0, sizeof cmd0, "timeout 20 %s %s %s -c 128", bin, uses[i], fifo);
+            int st0;
+            char *e0 = NULL, *o0 = run_cmd_err(cmd0, &st0, &e0);
+            CHECK(st0 == 1 && o0[0] == 0 && count_lines(e0) == 1 && strstr(e0, "not a regular file"),
+                  "`%s FIFO`: exit %d: %s", uses[i], st0, e0);
+            free(o0);
+            free(e0);
+        }
+        unlink(fifo);
+    } else {
+        CHECK(0, "mkfifo %s", fifo);
+    }
+
+    /* errors found only once the data is read: still one line, non-zero */
+    char cmd[2048];
+    int st;
+    snprintf(cmd, sizeof cmd, "%s eval niah -t 1 -c 256 --niah-lengths 0", bin);
+    char *err = NULL, *out = run_cmd_err(cmd, &st, &err);
+    CHECK(st != 0 && out[0] == 0 && count_lines(err) == 1 && strstr(err, "--niah-lengths"),
+          "niah lengths 0: exit %d: %s", st, err);
+    free(out);
+    free(err);
+}
+
+/* eval truncates long prompts to the context and says so on stderr without
+ * -v; the count equals the sum of what -v reports per example. */
+static void test_truncation_note(const char *bin)
+{
+    char cmd[2048];
+    if (path_find("data/qa/squad/dev-v1.1.json", cmd, sizeof cmd) &&
+        path_find("data/qa/squad/dev-v1.1.part1of2.json", cmd, sizeof cmd)) {
+        test_skip("SQuAD data not found: truncation note not checked");
+        return;
+    }
+    int st;
+    snprintf(cmd, sizeof cmd, "%s eval squad -t 1 -c 256 -n 3", bin);
+    char *err = NULL, *out = run_cmd_err(cmd, &st, &err);
+    long long dropped = -1;
+    const char *note = strstr(err, "note: 3 of 3 prompts were truncated from the left to fit the context of 256");
+    CHECK(st == 0 && note, "squad at 256 tokens: truncation noted without -v: %s", err);
+    const char *paren = note ? strstr(note, "(") : NULL;
+    if (paren) dropped = strtoll(paren + 1, NULL, 10);
+    free(out);
+    free(err);
+    /* -v: "[id] dense -: prompt 255 (-N) value ..." per example */
+    snprintf(cmd, sizeof cmd, "%s eval squad -t 1 -c 256 -n 3 -v", bin);
+    out = run_cmd_err(cmd, &st, &err);
+    long long sum = 0;
+    int lines = 0;
+    for (const char *p = strstr(err, " (-"); p; p = strstr(p + 3, " (-")) {
+        sum += strtoll(p + 3, NULL, 10);
+        lines++;
+    }
+    CHECK(st == 0 && lines == 3 && sum == dropped && dropped > 0, "dropped %lld = sum of -v's %lld over %d lines",
+          dropped, sum, lines);
+    free(out);
+    free(err);
+    /* a prompt that fits: no note */
+    snprintf(cmd, sizeof cmd, "%s eval squad -t 1 -c 4096 -n 1 --squad-confusion 0", bin);
+    out = run_cmd_err(cmd, &st, &err);
+    CHECK(st == 0 && !strstr(err, "truncated"), "a prompt that fits is not reported: %s", err);
+    free(out);
+    free(err);
 }
 
 static void test_commands(void)
@@ -535,10 +740,14 @@ static void test_commands(void)
     json_free(doc);
     free(out);
 
-    snprintf(cmd, sizeof cmd, "%s eval nosuchtask 2>/dev/null", bin);
+    snprintf(cmd, sizeof cmd, "%s eval nosuchtask", bin);
     out = run_cmd(cmd, &st);
     CHECK(st != 0 && out && out[0] == 0, "unknown task: non-zero exit, nothing on stdout");
     free(out);
+
+    test_help(bin);
+    test_refused(bin);
+    test_truncation_note(bin);
 }
 
 int main(void)
@@ -561,6 +770,11 @@ int main(void)
     test_tasks(m);
     test_stats(m);
     sparq_model_free(m);
-    test_commands();
+    have_tmp = mkdtemp(tmp_dir) != NULL;
+    CHECK(have_tmp, "mkdtemp %s", tmp_dir);
+    if (have_tmp) {
+        test_commands();
+        rmdir(tmp_dir);
+    }
     return test_summary("test_eval");
 }

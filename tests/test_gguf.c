@@ -1055,8 +1055,27 @@ static void test_vocab_files(void)
     }
 }
 
+/* gguf_str_show: what every message that quotes a file's bytes uses. */
+static void test_str_show(void)
+{
+    char buf[96];
+    gguf_str s = { 12, "ab\x1b[2J'\\\n\xff\x00z" };
+    CHECK(strcmp(gguf_str_show(s, buf, sizeof buf), "ab\\x1b[2J\\x27\\x5c\\x0a\\xff\\x00z") == 0, "escaped: %s", buf);
+    gguf_str plain = { 5, "llama" };
+    CHECK(strcmp(gguf_str_show(plain, buf, sizeof buf), "llama") == 0, "plain: %s", buf);
+    char long_name[300];
+    memset(long_name, 'x', sizeof long_name);
+    gguf_str lng = { sizeof long_name, long_name };
+    gguf_str_show(lng, buf, sizeof buf);
+    CHECK(strlen(buf) < sizeof buf && strcmp(buf + strlen(buf) - 3, "...") == 0, "cut: %zu bytes", strlen(buf));
+    char small[5];
+    gguf_str_show(lng, small, sizeof small);
+    CHECK(strlen(small) < sizeof small, "tiny buffer stays terminated");
+}
+
 int main(void)
 {
+    test_str_show();
     test_small_image(3);
     test_small_image(2);
     test_bad_header();

@@ -790,6 +790,96 @@ static void test_bad_params(void)
 #undef REJECT
 }
 
+/* What a search reports it read, against sizes computed here from the
+ * image's shape: every key of an exact index once (its row: d key values,
+ * the int8 scale); for ivf with nprobe = nlist every centroid and bonus and
+ * every key with its id; hnsw's figure is flagged as nominal. */
+static void test_search_cost(void)
+{
+    const int d = 24, g = 3, k = 10;
+    const int64_t n = 1000 + 7; /* a partial last block: padding is not counted */
+    float *keys = gauss_matrix(n, d, 77), *q = gauss_matrix(g, d, 78);
+    int32_t ids[3 * 10];
+    float sc[3 * 10];
+    char err[256];
+    idx_scratch *s = idx_scratch_create();
+    uint64_t bytes;
+    int nominal;
+    idx_scratch_cost(s, &bytes, &nominal);
+    CHECK(bytes == 0 && nominal == 0, "no search yet: cost 0");
+    const int kts[] = { IDX_F16, IDX_BF16, IDX_I8 };
+    for (int i = 0; i < 3; i++) {
+        idx_params p = idx_default_params();
+        p.key_type = kts[i];
+        idx_index *ix = NULL;
+        CHECK(idx_build(&p, keys, n, d, &ix, err, sizeof err) == 0, "%s", err);
+        if (!ix) continue;
+        CHECK(idx_search(ix, q, g, k, NULL, s, ids, sc, err, sizeof err) == 0, "%s", err);
+        idx_scratch_cost(s, &bytes, &nominal);
+        const uint64_t row = (uint64_t)d * (kts[i] == IDX_I8 ? 1 : 2) + (kts[i] == IDX_I8 ? 4 : 0);
+        CHECK(bytes == (uint64_t)n * row && !nominal, "exact kt %d: %llu bytes, expected %llu", kts[i],
+              (unsigned long long)bytes, (unsigned long long)(n * row));
+        idx_free(ix);
+
+        p.kind = "ivf";
+        p.nlist = 20;
+        CHECK(idx_build(&p, keys, n, d, &ix, err, sizeof err) == 0, "%s", err);
+        if (!ix) continue;
+        idx_search_params sp = { 20, 0, 0 };
+        CHECK(idx_search(ix, q, g, k, &sp, s, ids, sc, err, sizeof err) == 0, "%s", err);
+        idx_scratch_cost(s, &bytes, &nominal);
+        const uint64_t want = 20ull * (4 * d + 4) + (uint64_t)n * (row + 4);
+        CHECK(bytes == want && !nominal, "ivf kt %d, all lists: %llu bytes, expected %llu", kts[i],
+              (unsigned long long)bytes, (unsigned long long)want);
+        /* one probe per query: between one list and g lists' keys */
+        sp.nprobe = 1;
+        CHECK(idx_search(ix, q, 1, k, &sp, s, ids, sc, err, sizeof err) == 0, "%s", err);
+        idx_scratch_cost(s, &bytes, &nominal);
+        int64_t biggest = 0;
+        for (int l = 0; l < ix->nlist; l++) biggest = ix->list_n[l] > biggest ? ix->list_n[l] : biggest;
+        CHECK(bytes > 20ull * (4 * d + 4) && bytes <= 20ull * (4 * d + 4) + (uint64_t)biggest * (row + 4),
+              "ivf one probe: %llu bytes", (unsigned long long)bytes);
+        idx_free(ix);
+    }
+#ifdef SPARQ_HAVE_FAISS
+    idx_params p = idx_default_params();
+    p.kind = "hnsw";
+    idx_index *ix = NULL;
+    CHECK(idx_build(&p, keys, n, d, &ix, err, sizeof err) == 0, "%s", err);
+    if (ix) {
+        CHECK(idx_search(ix, q, g, k, NULL, s, ids, sc, err, sizeof err) == 0, "%s", err);
+        idx_scratch_cost(s, &bytes, &nominal);
+        CHECK(nominal == 1 && bytes == (uint64_t)g * 64 * 2 * 16 * (4 * d + 4), "hnsw: nominal %d, %llu bytes",
+              nominal, (unsigned long long)bytes);
+    }
+    idx_free(ix);
+#endif
+    idx_scratch_free(s);
+    free(keys);
+    free(q);
+}
+
+/* The registry: names, lookup, and that every listed kind builds or says
+ * why it cannot. */
+static void test_registry(void)
+{
+    char names[128];
+    CHECK(strcmp(idx_kind_names(names, sizeof names, ","), "exact,ivf,hnsw") == 0, "names: %s", names);
+    CHECK(idx_kind_count() == 3, "three kinds");
+    for (int i = 0; i < idx_kind_count(); i++) {
+        const idx_kind_ops *k = idx_kind_at(i);
+        CHECK(k && idx_kind_find(k->name) == k, "find %s", k ? k->name : "?");
+    }
+    CHECK(idx_kind_at(3) == NULL && idx_kind_find("sparq") == NULL && idx_kind_find(NULL) == NULL, "unknown kinds");
+    float keys[4 * 8] = { 0 };
+    idx_params p = idx_default_params();
+    p.kind = "nope";
+    idx_index *ix = NULL;
+    char err[256];
+    CHECK(idx_build(&p, keys, 4, 8, &ix, err, sizeof err) == -1 && strstr(err, "unknown index kind 'nope' (exact|ivf|hnsw)"),
+          "unknown kind message: %s", err);
+}
+
 int main(void)
 {
     test_block_kernels();
@@ -805,6 +895,8 @@ int main(void)
     idx_free(ivf);
     test_hnsw(&c);
     test_bad_params();
+    test_search_cost();
+    test_registry();
     free(c.keys);
     free(c.centres);
     return test_summary("test_index");

@@ -195,6 +195,34 @@ static void test_synthetic(int elem)
     expect_reject(c, n, NULL, "bad header", "absurd layer count");
     memcpy(c, b, n); *(uint64_t *)(c + 144) += 4096; reseal(c);
     expect_reject(c, n, NULL, "offsets", "moved section");
+    /* bytes quoted from the file are escaped: an architecture and an index
+     * kind with control bytes, a quote and a byte >= 0x80 */
+    memcpy(c, b, n); memcpy(c + 24, "ev\x1b[31mil\x01'\xff", 12); reseal(c);
+    expect_reject(c, n, &fp, "file: ev\\x1b[31mil\\x01\\x27\\xff, 2 layers", "escaped architecture");
+    {
+        char err2[512];
+        kvf_file *g = NULL;
+        write_file(tmp_path, c, n);
+        CHECK(kvf_open(tmp_path, &fp, KVF_VERIFY_AUTO, &g, err2, sizeof err2) == -1, "escaped arch rejected");
+        int raw = 0;
+        for (const char *q = err2; *q; q++) raw |= (unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f;
+        CHECK(!raw, "no raw control or high bytes in '%s'", err2);
+        kvf_close(g);
+    }
+    {
+        const uint64_t meta_bytes = *(uint64_t *)(b + 136);
+        memcpy(c, b, n);
+        uint8_t *e = NULL; /* the first directory entry of kind exact */
+        for (uint64_t o = 0; o + 64 <= meta_bytes && !e; o += 4)
+            if (memcmp(c + meta_off + o, "exact\0\0\0", 8) == 0) e = c + meta_off + o;
+        CHECK(e != NULL, "exact entry found");
+        if (e) {
+            memcpy(e, "ex\x07\xfe\nct", 8);
+            put_u32(c, 192, kvf_crc32c(0, c + meta_off, (size_t)meta_bytes));
+            reseal(c);
+            expect_reject(c, n, &fp, "('ex\\x07\\xfe\\x0act', layer", "escaped index kind");
+        }
+    }
     uint8_t *longer = calloc(1, n + 4096);
     memcpy(longer, b, n);
     expect_reject(longer, n + 4096, &fp, "unexpected bytes", "trailing garbage");
@@ -340,6 +368,51 @@ static void test_model_roundtrip(const int32_t *story, int n_story)
     unlink(tmp_path);
 }
 
+/* `sparq prefill` checks what would only fail after the long prefill
+ * (duplicate index kinds, an output path it cannot write) before it. */
+static void test_prefill_checks(const char *model_path)
+{
+    const char *b = getenv("SPARQ_BUILD");
+    char bin[1024], cmd[4096], dir[] = "/tmp/test_kvfile_prefill_XXXXXX", errp[300];
+    snprintf(bin, sizeof bin, "%s/sparq", b ? b : "build");
+    if (access(bin, X_OK) != 0) {
+        CHECK(0, "%s not built", bin);
+        return;
+    }
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    snprintf(errp, sizeof errp, "%s/err", dir);
+    struct { const char *save, *index, *want; int ok; } cases[] = {
+        { "x.kv", "exact,exact", "--index: index kind 'exact' given twice", 0 },
+        { "no/such/dir/x.kv", "exact", "--save-kv: kvfile: cannot create", 0 },
+        { "", "exact", "is not a regular file", 0 }, /* the directory itself */
+        { "ok.kv", "exact", NULL, 1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s prefill -m %s -p 'Once upon a time there was a cat' --save-kv %s/%s --index %s "
+                 ">/dev/null 2>%s", bin, model_path, dir, cases[i].save, cases[i].index, errp);
+        const int rc = system(cmd);
+        size_t n = 0;
+        char *e = test_read_file(errp, &n);
+        const char *line = e ? strstr(e, "error: ") : NULL;
+        if (cases[i].ok) {
+            char tmp[300];
+            snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, cases[i].save);
+            CHECK(rc == 0 && !line && access(tmp, F_OK) != 0, "prefill to %s: exit %d, %s", cases[i].save, rc,
+                  e ? e : "");
+        } else {
+            CHECK(rc != 0 && line && strstr(line, cases[i].want) && strchr(line, '\n') == line + strlen(line) - 1,
+                  "prefill case %zu: exit %d, '%s'", i, rc, line ? line : "(no error line)");
+            CHECK(e && !strstr(e, "prefill: "), "case %zu refused before the prefill: %s", i, e ? e : "");
+        }
+        free(e);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 int main(void)
 {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/test_kvfile_%d.kv", (int)getpid());
@@ -352,6 +425,7 @@ int main(void)
         test_skip("stories260K.gguf not found");
         return test_summary("test_kvfile");
     }
+    test_prefill_checks(path);
     CHECK(sparq_model_load(path, &model, err, sizeof err) == 0, "%s", err);
     size_t nb = 0;
     int32_t *story = NULL;

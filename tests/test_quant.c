@@ -151,6 +151,9 @@ static void test_half_conversions(void)
 
 /* ------------------------------------------- naive decoders (from layouts) */
 
+/* The IQ4_NL/IQ4_XS value grid (ggml's kvalues_iq4nl, 16 int8 values). */
+static const int iq4_grid[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
 /* Decodes block `b` of `type` into y[block_size] in double. Written from the
  * documented byte layouts (ggml's block_* structs), independently of
  * quant_ref.c. Returns 0 if the type is not covered. */
@@ -260,6 +263,28 @@ static int naive_decode(int type, const uint8_t *b, double *y)
         }
         return 1;
     }
+    case QT_IQ4_NL: { /* d(2) qs[16]: as Q4_0, but a nibble indexes the IQ4 grid */
+        double d = half_value(rd16(b));
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * iq4_grid[b[2 + j] & 15];
+            y[j + 16] = d * iq4_grid[b[2 + j] >> 4];
+        }
+        return 1;
+    }
+    case QT_IQ4_XS: { /* d(2) scales_h(2) scales_l[4] qs[128]: 8 sub-blocks of 32 */
+        double d = half_value(rd16(b));
+        unsigned sh = rd16(b + 2);
+        for (int ib = 0; ib < 8; ib++) {
+            /* 6-bit scale: low 4 bits in nibble ib%2 of scales_l[ib/2], high 2 bits at bit 2*ib of scales_h */
+            int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+            const uint8_t *qs = b + 8 + 16 * ib; /* like one IQ4_NL block */
+            for (int j = 0; j < 16; j++) {
+                y[32 * ib + j] = d * (ls - 32) * iq4_grid[qs[j] & 15];
+                y[32 * ib + 16 + j] = d * (ls - 32) * iq4_grid[qs[j] >> 4];
+            }
+        }
+        return 1;
+    }
     case QT_Q8_K: { /* d(f32) qs[256] bsums[16] */
         float d;
         memcpy(&d, b, 4);
@@ -274,7 +299,7 @@ static int naive_decode(int type, const uint8_t *b, double *y)
 /* ------------------------------------------------------ random blocks */
 
 static const int weight_types[] = { QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
-                                    QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+                                    QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS };
 #define N_WEIGHT_TYPES ((int)(sizeof weight_types / sizeof *weight_types))
 
 static uint16_t rand_scale16(float lo, float hi) { return fp32_to_fp16(lo + (hi - lo) * (float)rng_unif()); }
@@ -298,7 +323,8 @@ static void random_row(int type, uint8_t *row, int64_t n)
     for (int64_t b = 0; b < n / t->block_size; b++) {
         uint8_t *p = row + b * t->block_bytes;
         switch (type) {
-        case QT_Q8_0: case QT_Q4_0: case QT_Q5_0: wr16(p, rand_scale16(1e-3f, 1e-2f)); break;
+        case QT_Q8_0: case QT_Q4_0: case QT_Q5_0: case QT_IQ4_NL: wr16(p, rand_scale16(1e-3f, 1e-2f)); break;
+        case QT_IQ4_XS: wr16(p, rand_scale16(1e-4f, 1e-3f)); break;
         case QT_Q4_1: case QT_Q5_1: wr16(p, rand_scale16(1e-3f, 1e-2f)); wr16(p + 2, rand_scale16(-0.1f, 0.0f)); break;
         case QT_Q2_K: wr16(p + 80, rand_scale16(1e-3f, 1e-2f)); wr16(p + 82, rand_scale16(1e-3f, 1e-2f)); break;
         case QT_Q3_K: wr16(p + 108, rand_scale16(1e-4f, 1e-3f)); break;
@@ -439,7 +465,8 @@ static void test_simd_vs_ref(void)
 
 static void test_values(void)
 {
-    int types[] = { QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+    int types[] = { QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K,
+                    QT_IQ4_NL, QT_IQ4_XS };
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         int type = types[ti];
         const quant_traits *t = quant_traits_of(type);
@@ -649,7 +676,13 @@ static void golden_model(const char *qname, const gguf_file *ff)
         /* observed (numpy N(0, sigma) weights): Q8_0 .0053, Q6_K .0177, Q5_K .036,
          * Q4_K .071, Q4_0 .086, BF16 .0017, F16 .0002 */
         double bound = t->type == QT_Q8_0 ? 0.007 : t->type == QT_Q6_K ? 0.023 : t->type == QT_Q5_K ? 0.045
-                     : t->type == QT_Q4_K ? 0.09 : t->type == QT_Q4_0 ? 0.11 : t->type == QT_BF16 ? 2.5e-3 : 3e-4;
+                     : t->type == QT_Q4_K ? 0.09 : t->type == QT_Q4_0 ? 0.11 : t->type == QT_BF16 ? 2.5e-3
+                     : t->type == QT_F16 ? 3e-4
+                     /* the F.2 files: bounds from the bit widths (a halving of the step per extra bit,
+                      * the non-linear IQ4 grid no worse than Q4_0, Q2_K/Q3_K's coarse grids) */
+                     : t->type == QT_Q4_1 || t->type == QT_IQ4_NL || t->type == QT_IQ4_XS ? 0.11
+                     : t->type == QT_Q5_0 || t->type == QT_Q5_1 ? 0.055 : t->type == QT_Q3_K ? 0.18
+                     : t->type == QT_Q2_K ? 0.35 : 0.0;
         CHECK(dec_err == 0.0 || dec_err <= 1e-6 * sqrt(x2 / (double)(n * rows)),
               "%s: %s (%s) dequant vs naive decoder %g", qname, name, tr->name, dec_err);
         CHECK(rel <= bound, "%s: %s (%s) rel rms error %.4f > %.3f", qname, name, tr->name, rel, bound);
@@ -682,9 +715,12 @@ static void test_golden(void)
         CHECK(0, "%s", err);
         return;
     }
+    /* IQ4_XS is not in the golden set (README F.2 left it out): no file here */
     const char *models[] = { "rand-llama-q8_0.gguf", "rand-llama-q4_0.gguf", "rand-llama-q4_k_m.gguf",
                              "rand-llama-q5_k_m.gguf", "rand-llama-q6_k.gguf", "rand-llama-f16.gguf",
-                             "rand-llama-bf16.gguf" };
+                             "rand-llama-bf16.gguf", "rand-llama-q4_1.gguf", "rand-llama-q5_0.gguf",
+                             "rand-llama-q5_1.gguf", "rand-llama-q2_k.gguf", "rand-llama-q3_k_s.gguf",
+                             "rand-llama-q4_k_s.gguf", "rand-llama-q5_k_s.gguf", "rand-llama-iq4_nl.gguf" };
     for (size_t k = 0; k < sizeof models / sizeof *models; k++) golden_model(models[k], ff);
     gguf_close(ff);
 }

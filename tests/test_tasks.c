@@ -154,7 +154,7 @@ static void test_squad(void)
     task_params p = task_default_params();
     task_set *s = NULL;
     char err[512];
-    CHECK(task_open(&s, TASK_SQUAD, &p, err, sizeof err) == 0, "open squad: %s", err);
+    CHECK(task_open(&s, &task_def_squad, &p, err, sizeof err) == 0, "open squad: %s", err);
     if (!s) goto out;
     CHECK(task_count(s) == nq, "squad count %lld", (long long)task_count(s));
 
@@ -310,7 +310,7 @@ static void test_triviaqa(void)
     task_set *s;
     char err[512];
     task_params p = task_default_params();
-    CHECK(task_open(&s, TASK_TRIVIAQA, &p, err, sizeof err) == 0, "open triviaqa: %s", err);
+    CHECK(task_open(&s, &task_def_triviaqa, &p, err, sizeof err) == 0, "open triviaqa: %s", err);
     if (!s) return;
     CHECK(task_count(s) == 164, "triviaqa count %lld", (long long)task_count(s));
     task_example ex;
@@ -332,7 +332,7 @@ static void test_cnndm(void)
     task_set *s;
     char err[512];
     task_params p = task_default_params();
-    CHECK(task_open(&s, TASK_CNNDM, &p, err, sizeof err) == 0, "open cnndm: %s", err);
+    CHECK(task_open(&s, &task_def_cnndm, &p, err, sizeof err) == 0, "open cnndm: %s", err);
     if (!s) return;
     CHECK(task_count(s) == 100, "cnndm count %lld", (long long)task_count(s));
     task_example ex;
@@ -352,7 +352,7 @@ static void test_cnndm(void)
     /* the authors' 4000-8000 character filter keeps 31 of the 100 */
     p.cnndm_min_chars = 4000;
     p.cnndm_max_chars = 8000;
-    CHECK(task_open(&s, TASK_CNNDM, &p, err, sizeof err) == 0, "open cnndm filtered: %s", err);
+    CHECK(task_open(&s, &task_def_cnndm, &p, err, sizeof err) == 0, "open cnndm filtered: %s", err);
     if (!s) return;
     CHECK(task_count(s) == 31, "filtered cnndm count %lld", (long long)task_count(s));
     int in_range = 1;
@@ -379,10 +379,10 @@ static void test_wikitext(void)
     task_set *s, *s1;
     char err[512];
     task_params p = task_default_params();
-    CHECK(raw && task_open(&s, TASK_WIKITEXT, &p, err, sizeof err) == 0, "open wikitext: %s", err);
+    CHECK(raw && task_open(&s, &task_def_wikitext, &p, err, sizeof err) == 0, "open wikitext: %s", err);
     if (!raw || !s) { free(raw); return; }
     p.seed = 1;
-    CHECK(task_open(&s1, TASK_WIKITEXT, &p, err, sizeof err) == 0, "open wikitext seed 1: %s", err);
+    CHECK(task_open(&s1, &task_def_wikitext, &p, err, sizeof err) == 0, "open wikitext seed 1: %s", err);
     CHECK(task_count(s) == 170, "wikitext windows %lld", (long long)task_count(s));
     int ok = 1, article_starts = 0;
     for (int64_t i = 0; i < task_count(s); i++) {
@@ -434,7 +434,7 @@ static void test_repetition(void)
     task_set *s;
     char err[512];
     task_params p = task_default_params();
-    CHECK(raw && task_open(&s, TASK_REPETITION, &p, err, sizeof err) == 0, "open repetition: %s", err);
+    CHECK(raw && task_open(&s, &task_def_repetition, &p, err, sizeof err) == 0, "open repetition: %s", err);
     if (!raw || !s) { free(raw); return; }
     /* 2775 = the count of the authors' regexes on this file (checked in Python) */
     CHECK(task_count(s) == 2775, "repetition examples %lld", (long long)task_count(s));
@@ -556,7 +556,7 @@ static void test_niah_dir(const char *essays, size_t n_essays)
         task_set *s;
         char err[512];
         task_params p = task_default_params();
-        CHECK(task_open(&s, TASK_NIAH, &p, err, sizeof err) == 0, "niah from the essays directory: %s", err);
+        CHECK(task_open(&s, &task_def_niah, &p, err, sizeof err) == 0, "niah from the essays directory: %s", err);
         if (s) {
             task_example ex;
             if (task_niah_build(s, 0.3, 30000, &ex, err, sizeof err) == 0) {
@@ -576,6 +576,85 @@ static void test_niah_dir(const char *essays, size_t n_essays)
     rmdir(root);
 }
 
+/* The grid from --niah-lengths text and, without lengths, from the
+ * context (docs/EVALUATION.md: max(160, n/4), n/2, 3n/4, n - 64); each
+ * grid example reports its cell. */
+static void test_niah_grid(void)
+{
+    if (!have("data/text/PaulGrahamEssays_all_sorted.txt")) return;
+    task_set *s;
+    char err[512];
+    task_params p = task_default_params();
+    p.niah_length_list = "300,2000";
+    p.niah_depths = 3;
+    if (task_open(&s, &task_def_niah, &p, err, sizeof err) == 0) {
+        CHECK(task_count(s) == 6, "two lengths x three depths: %lld", (long long)task_count(s));
+        const int64_t want_len[6] = { 300, 300, 300, 2000, 2000, 2000 };
+        const double want_depth[6] = { 0, 0.5, 1, 0, 0.5, 1 };
+        for (int i = 0; i < 6; i++) {
+            task_example ex;
+            if (task_get(s, i, &ex, err, sizeof err)) { CHECK(0, "niah %d: %s", i, err); continue; }
+            CHECK(ex.grid_length == want_len[i] && ex.grid_depth == want_depth[i], "cell %d: %lld x %g", i,
+                  (long long)ex.grid_length, ex.grid_depth);
+            CHECK(ex.n_prompt <= (size_t)want_len[i] + 300, "byte budget %lld: %zu bytes", (long long)want_len[i],
+                  ex.n_prompt);
+            task_example_free(&ex);
+        }
+        task_close(s);
+    } else {
+        CHECK(0, "niah from a length list: %s", err);
+    }
+    p = task_default_params();
+    p.n_ctx = 512;
+    if (task_open(&s, &task_def_niah, &p, err, sizeof err) == 0) {
+        CHECK(task_count(s) == 4 * 11, "default grid at 512: 4 lengths x 11 depths, %lld", (long long)task_count(s));
+        const int64_t want[4] = { 160, 256, 384, 448 };
+        for (int l = 0; l < 4; l++) {
+            task_example ex;
+            if (task_get(s, l * 11, &ex, err, sizeof err) == 0) {
+                CHECK(ex.grid_length == want[l], "default length %d: %lld", l, (long long)ex.grid_length);
+                task_example_free(&ex);
+            }
+        }
+        task_close(s);
+    } else {
+        CHECK(0, "niah default grid: %s", err);
+    }
+    const char *const bad[] = { "0", "7", "300,", "300,x", "" };
+    for (int i = 0; i < 5; i++) {
+        p = task_default_params();
+        p.niah_length_list = bad[i];
+        CHECK(task_open(&s, &task_def_niah, &p, err, sizeof err) == -1 && strstr(err, "--niah-lengths"),
+              "lengths '%s' refused: %s", bad[i], err);
+    }
+}
+
+/* Options: parsed into task_params by the task's own table, below min refused. */
+static void test_options(void)
+{
+    char err[256], names[256];
+    task_params p = task_default_params();
+    const task_option *o = task_option_find(&task_def_squad, "--squad-confusion");
+    CHECK(o && task_option_set(&p, o, "0", err, sizeof err) == 0 && p.squad_confusion == 0, "confusion 0 is none");
+    CHECK(o && task_option_set(&p, o, "-1", err, sizeof err) == -1 && strstr(err, "--squad-confusion"), "%s", err);
+    CHECK(o && task_option_set(&p, o, "3x", err, sizeof err) == -1 && strstr(err, "not an integer"), "%s", err);
+    CHECK(o && task_option_set(&p, o, "99999999999", err, sizeof err) == -1, "int overflow refused");
+    CHECK(task_option_find(&task_def_squad, "--kvret-keys") == NULL, "kvret's option is not squad's");
+    o = task_option_find(&task_def_wikitext, "--context-chars");
+    CHECK(o && task_option_set(&p, o, "0", err, sizeof err) == -1, "context 0 refused");
+    CHECK(o && task_option_set(&p, o, "5000000000", err, sizeof err) == 0 && p.context_chars == 5000000000LL,
+          "context chars are 64-bit");
+    CHECK(task_option_find(&task_def_repetition, "--context-chars") != NULL, "repetition shares --context-chars");
+    o = task_option_find(&task_def_niah, "--niah-lengths");
+    CHECK(o && task_option_set(&p, o, "100,200", err, sizeof err) == 0 && !strcmp(p.niah_length_list, "100,200"),
+          "a list is kept as text");
+    task_names(names, sizeof names, " ");
+    for (int i = 0; i < task_def_count(); i++)
+        CHECK(strstr(names, task_def_at(i)->name) != NULL && task_def_at(i)->metric && task_def_at(i)->summary,
+              "task %d named, with a metric and summary", i);
+    CHECK(!strcmp(names, "squad triviaqa cnndm wikitext repetition niah kvret fidelity"), "names: %s", names);
+}
+
 static void test_niah(void)
 {
     const char *name = "data/text/PaulGrahamEssays_all_sorted.txt";
@@ -591,7 +670,7 @@ static void test_niah(void)
     p.niah_lengths = lengths;
     p.n_niah_lengths = 2;
     p.niah_depths = 5;
-    CHECK(essays && task_open(&s, TASK_NIAH, &p, err, sizeof err) == 0, "open niah: %s", err);
+    CHECK(essays && task_open(&s, &task_def_niah, &p, err, sizeof err) == 0, "open niah: %s", err);
     if (!essays || !s) { free(essays); return; }
     lengths[0] = -1; /* the set keeps its own copy */
     CHECK(task_count(s) == 10, "niah grid 2 x 5");
@@ -615,7 +694,7 @@ static void test_niah(void)
     /* a token budget through a callback (here: words) */
     p.count_tokens = count_words;
     p.n_niah_lengths = 0;
-    CHECK(task_open(&s, TASK_NIAH, &p, err, sizeof err) == 0, "open niah with a tokenizer: %s", err);
+    CHECK(task_open(&s, &task_def_niah, &p, err, sizeof err) == 0, "open niah with a tokenizer: %s", err);
     if (s) {
         task_example ex;
         if (task_niah_build(s, 0.5, 1000, &ex, err, sizeof err) == 0) {
@@ -668,7 +747,7 @@ static void test_kvret(void)
     task_set *s;
     char err[512];
     task_params p = task_default_params();
-    CHECK(task_open(&s, TASK_KVRET, &p, err, sizeof err) == 0, "open kvret: %s", err);
+    CHECK(task_open(&s, &task_def_kvret, &p, err, sizeof err) == 0, "open kvret: %s", err);
     if (!s) return;
     CHECK(task_count(s) == 500, "kvret count %lld", (long long)task_count(s));
     task_example ex;
@@ -684,7 +763,7 @@ static void test_kvret(void)
     const long golds[] = { 0, 37, 74 };
     for (int g = 0; g < 3; g++) {
         p.kvret_gold_index = golds[g];
-        if (task_open(&s, TASK_KVRET, &p, err, sizeof err)) { CHECK(0, "kvret: %s", err); continue; }
+        if (task_open(&s, &task_def_kvret, &p, err, sizeof err)) { CHECK(0, "kvret: %s", err); continue; }
         if (task_get(s, 3, &ex, err, sizeof err) == 0) {
             check_kv(&ex, 75, golds[g]);
             task_example_free(&ex);
@@ -692,14 +771,14 @@ static void test_kvret(void)
         task_close(s);
     }
     p.kvret_gold_index = 75;
-    if (task_open(&s, TASK_KVRET, &p, err, sizeof err) == 0) {
+    if (task_open(&s, &task_def_kvret, &p, err, sizeof err) == 0) {
         CHECK(task_get(s, 0, &ex, err, sizeof err) == -1 && strstr(err, "gold index"), "gold index past the end");
         task_close(s);
     }
     if (!test_quick() && have("data/qa/lost-in-the-middle/kv-retrieval-140_keys.jsonl.gz")) {
         p.kvret_gold_index = -1;
         p.kvret_keys = 140;
-        CHECK(task_open(&s, TASK_KVRET, &p, err, sizeof err) == 0, "open kvret 140: %s", err);
+        CHECK(task_open(&s, &task_def_kvret, &p, err, sizeof err) == 0, "open kvret 140: %s", err);
         if (s) {
             if (task_get(s, 7, &ex, err, sizeof err) == 0) {
                 check_kv(&ex, 140, -1);
@@ -709,7 +788,7 @@ static void test_kvret(void)
         }
     }
     p.kvret_keys = 76;
-    CHECK(task_open(&s, TASK_KVRET, &p, err, sizeof err) == -1, "76 keys is not a data set");
+    CHECK(task_open(&s, &task_def_kvret, &p, err, sizeof err) == -1, "76 keys is not a data set");
 }
 
 /* ---- errors -------------------------------------------------------------- */
@@ -724,10 +803,9 @@ static void write_file(const char *path, const char *text)
 
 static void test_errors(void)
 {
-    task_kind k;
-    for (int i = 0; i < TASK_N_KINDS; i++)
-        CHECK(task_kind_from_name(task_kind_name((task_kind)i), &k) == 0 && k == (task_kind)i, "kind name %d", i);
-    CHECK(task_kind_from_name("nope", &k) == -1, "unknown task name");
+    for (int i = 0; i < task_def_count(); i++)
+        CHECK(task_find(task_def_at(i)->name) == task_def_at(i), "kind name %d", i);
+    CHECK(task_find("nope") == NULL, "unknown task name");
 
     /* missing data: away from ../shared, with no SPARQ_MODEL_PATH */
     char cwd[4096];
@@ -738,12 +816,12 @@ static void test_errors(void)
         task_set *s;
         char err[512];
         task_params p = task_default_params();
-        for (int i = 0; i < TASK_N_KINDS; i++) {
+        for (int i = 0; i < task_def_count(); i++) {
             err[0] = 0;
-            int rc = task_open(&s, (task_kind)i, &p, err, sizeof err);
+            int rc = task_open(&s, task_def_at(i), &p, err, sizeof err);
             CHECK(rc == -1 && s == NULL && strstr(err, "not found in search path") &&
-                      starts_with(err, task_kind_name((task_kind)i)),
-                  "%s without data: %s", task_kind_name((task_kind)i), err);
+                      starts_with(err, task_def_at(i)->name),
+                  "%s without data: %s", task_def_at(i)->name, err);
         }
         if (chdir(cwd) != 0) CHECK(0, "chdir back");
         if (saved_env) setenv("SPARQ_MODEL_PATH", saved_env, 1);
@@ -761,16 +839,16 @@ static void test_errors(void)
     task_params p = task_default_params();
     p.path = tmp;
     write_file(tmp, "{\"data\": [{\"title\": \"T\", \"paragraphs\": [{\"context\": \"c\", \"qas\": [{\"question\"");
-    CHECK(task_open(&s, TASK_SQUAD, &p, err, sizeof err) == -1 && strstr(err, "json: byte"), "truncated: %s", err);
+    CHECK(task_open(&s, &task_def_squad, &p, err, sizeof err) == -1 && strstr(err, "json: byte"), "truncated: %s", err);
     write_file(tmp, "{\"version\": \"1.1\"}");
-    CHECK(task_open(&s, TASK_SQUAD, &p, err, sizeof err) == -1 && strstr(err, "\"data\""), "no data: %s", err);
+    CHECK(task_open(&s, &task_def_squad, &p, err, sizeof err) == -1 && strstr(err, "\"data\""), "no data: %s", err);
     write_file(tmp, "{\"data\": [{\"title\": \"T\", \"paragraphs\": [{\"context\": 5, \"qas\": []}]}]}");
-    CHECK(task_open(&s, TASK_SQUAD, &p, err, sizeof err) == -1 && strstr(err, "context"), "bad context: %s", err);
+    CHECK(task_open(&s, &task_def_squad, &p, err, sizeof err) == -1 && strstr(err, "context"), "bad context: %s", err);
     /* a one-paragraph set: no confusion paragraphs and a fallback shot */
     write_file(tmp, "{\"data\": [{\"title\": \"A_B\", \"paragraphs\": [{\"context\": \"Ctx.\", \"qas\": ["
                     "{\"question\": \"Q1?\", \"id\": \"1\", \"answers\": [{\"text\": \"long one\"}, {\"text\": \"a1\"}]},"
                     "{\"question\": \"Q2?\", \"id\": \"2\", \"answers\": [{\"text\": \"a2\"}]}]}]}]}");
-    if (task_open(&s, TASK_SQUAD, &p, err, sizeof err) == 0) {
+    if (task_open(&s, &task_def_squad, &p, err, sizeof err) == 0) {
         task_example ex;
         int found = 0;
         for (int i = 0; i < 2; i++) {
@@ -789,10 +867,10 @@ static void test_errors(void)
         CHECK(0, "tiny squad: %s", err);
     }
     write_file(tmp, "{\"question\": \"q\"}");
-    CHECK(task_open(&s, TASK_TRIVIAQA, &p, err, sizeof err) == -1 && strstr(err, "not a JSON list"), "%s", err);
+    CHECK(task_open(&s, &task_def_triviaqa, &p, err, sizeof err) == -1 && strstr(err, "not a JSON list"), "%s", err);
     write_file(tmp, "[{\"question\": \"Who?\", \"answer\": {\"value\": \"Me\", \"aliases\": [\"Me\", \"Myself\"]},"
                     " \"context\": \"Doc.\"}]");
-    if (task_open(&s, TASK_TRIVIAQA, &p, err, sizeof err) == 0) {
+    if (task_open(&s, &task_def_triviaqa, &p, err, sizeof err) == 0) {
         task_example ex;
         if (task_get(s, 0, &ex, err, sizeof err) == 0) {
             CHECK(!strcmp(ex.prompt, "Doc.\nQuestion: Who?\nAnswer:") && ex.n_context == 4, "triviaqa with context");
@@ -804,14 +882,14 @@ static void test_errors(void)
     }
     write_file(tmp, "not gzip data at all");
     /* zlib reads non-gzip input as plain bytes: one line that is not JSON */
-    if (task_open(&s, TASK_KVRET, &p, err, sizeof err) == 0) {
+    if (task_open(&s, &task_def_kvret, &p, err, sizeof err) == 0) {
         task_example ex;
         CHECK(task_get(s, 0, &ex, err, sizeof err) == -1 && strstr(err, "json"), "kvret bad line: %s", err);
         task_close(s);
     }
     write_file(tmp, "{\"ordered_kv_records\": [[\"k1\", \"v1\"], [\"k2\", 3]], \"key\": \"k1\", \"value\": \"v1\"}\n"
                     "{\"ordered_kv_records\": [[\"k1\", \"v1\"]], \"key\": \"k9\", \"value\": \"v9\"}\n");
-    if (task_open(&s, TASK_KVRET, &p, err, sizeof err) == 0) {
+    if (task_open(&s, &task_def_kvret, &p, err, sizeof err) == 0) {
         task_example ex;
         CHECK(task_count(s) == 2, "two lines");
         CHECK(task_get(s, 0, &ex, err, sizeof err) == -1 && strstr(err, "pair"), "bad record: %s", err);
@@ -832,6 +910,8 @@ int main(void)
     test_wikitext();
     test_repetition();
     test_niah();
+    test_niah_grid();
+    test_options();
     test_kvret();
     return test_summary("test_tasks");
 }

@@ -2,7 +2,9 @@
  *
  *   1. golden: every case of each .inp in ../shared/golden/llamacpp/tokenizer
  *      must give exactly the ids of the matching .out (add_special = 0), and the
- *      decoded ids must give the text back (SPM: with the leading space)
+ *      decoded ids must give the text back (SPM: with the leading space);
+ *      the qwen2 and llama-bpe pre-tokenizer hybrids (golden README F.5) also
+ *      against their .add_special.out (add_special = 1)
  *   2. stories260K prompts (add_special = 1) == *.tokens.i32
  *   3. pre-tokenizer splits for llama3 / qwen2 / gpt-2 derived by hand from
  *      the published regexes
@@ -94,12 +96,15 @@ static int parse_ids(const char *line, size_t len, int32_t *ids, int max)
 /* ------------------------------------------------------------------ */
 /* 1. golden vectors                                                    */
 
-static void golden_vocab(const char *name, const char *vocab_rel, const char *vec_rel, int is_spm)
+/* add_special: compare with VEC.add_special.out, ids from encoding with the
+ * vocabulary's own BOS/EOS rule (the decode round trip is then skipped:
+ * the added specials are not text). */
+static void golden_vocab_x(const char *name, const char *vocab_rel, const char *vec_rel, int is_spm, int add_special)
 {
     char ipath[4096], opath[4096], rel[512];
     snprintf(rel, sizeof(rel), "%s.inp", vec_rel);
     int have = path_find(rel, ipath, sizeof(ipath)) == 0;
-    snprintf(rel, sizeof(rel), "%s.out", vec_rel);
+    snprintf(rel, sizeof(rel), "%s%s.out", vec_rel, add_special ? ".add_special" : "");
     have = have && path_find(rel, opath, sizeof(opath)) == 0;
     gguf_file *gf = NULL;
     tokenizer *t = have ? load_vocab(vocab_rel, &gf) : NULL;
@@ -128,7 +133,7 @@ static void golden_vocab(const char *name, const char *vocab_rel, const char *ve
         int n_want = parse_ids(line, line_len, want, 4096);
 
         int n;
-        int32_t *got = encode(t, p, (size_t)(q - p), 0, &n);
+        int32_t *got = encode(t, p, (size_t)(q - p), add_special, &n);
         int d = 0;
         while (got && d < n && d < n_want && got[d] == want[d]) d++;
         int same = got && n == n_want && d == n;
@@ -137,7 +142,7 @@ static void golden_vocab(const char *name, const char *vocab_rel, const char *ve
         n_exact += same;
 
         /* decode round trip: the text comes back (SPM adds a leading space) */
-        if (got) {
+        if (got && !add_special) {
             size_t dl;
             char *dec = decode_all(t, got, n, &dl);
             size_t tl = (size_t)(q - p);
@@ -157,12 +162,17 @@ static void golden_vocab(const char *name, const char *vocab_rel, const char *ve
         line = nl ? nl + 1 : out_end;
     }
     CHECK(n_cases == 46, "%s: %d cases, want 46", name, n_cases);
-    fprintf(stderr, "  %-16s %2d/%d cases exact, %2d/%d decode round trips\n", name, n_exact, n_cases,
-            n_round, n_round_tried);
+    fprintf(stderr, "  %-16s%s %2d/%d cases exact, %2d/%d decode round trips\n", name,
+            add_special ? " +special" : "", n_exact, n_cases, n_round, n_round_tried);
     free(inp);
     free(outp);
     tok_free(t);
     gguf_close(gf);
+}
+
+static void golden_vocab(const char *name, const char *vocab_rel, const char *vec_rel, int is_spm)
+{
+    golden_vocab_x(name, vocab_rel, vec_rel, is_spm, 0);
 }
 
 static void test_golden(void)
@@ -177,6 +187,16 @@ static void test_golden(void)
         golden_vocab(vocabs[i].name, v, v, vocabs[i].spm);
     }
     golden_vocab("stories260K", "stories260K.gguf", "golden/llamacpp/tokenizer/stories260K.gguf", 1);
+    /* golden README F.5: the gpt-2 vocabulary under the qwen2 and llama-bpe
+     * (llama3) pre-tokenizers, without and with the vocabulary's specials
+     * (llama-bpe adds BOS 50256, qwen2 nothing) */
+    static const char *const pre[] = { "gpt-2-pre-qwen2", "gpt-2-pre-llama-bpe" };
+    for (size_t i = 0; i < sizeof(pre) / sizeof(pre[0]); i++) {
+        char v[256];
+        snprintf(v, sizeof(v), "golden/llamacpp/tokenizer/ggml-vocab-%s.gguf", pre[i]);
+        golden_vocab_x(pre[i], v, v, 0, 0);
+        golden_vocab_x(pre[i], v, v, 0, 1);
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -877,6 +897,18 @@ static void test_malformed(void)
     kv_f32s(&g, "tokenizer.ggml.token_type", SPM_SCORES, SPM_N);
     CHECK(gb_tokenizer(&g, &t, err, sizeof(err)) == -1 && strstr(err, "token_type"),
           "float token_type rejected: %s", err);
+
+    /* names from the file are quoted with their control bytes escaped */
+    kv_str(&g, "tokenizer.ggml.model", "t5\r\x1b]0;x\x07");
+    kv_strs(&g, "tokenizer.ggml.tokens", SPM_TOKENS, SPM_N);
+    CHECK(gb_tokenizer(&g, &t, err, sizeof(err)) == -1 && strstr(err, "'t5\\x0d\\x1b]0;x\\x07'"),
+          "unknown model quoted escaped: %s", err);
+    kv_str(&g, "tokenizer.ggml.model", "gpt2");
+    kv_str(&g, "tokenizer.ggml.pre", "qwen\n2");
+    kv_strs(&g, "tokenizer.ggml.tokens", SPM_TOKENS, SPM_N);
+    kv_strs(&g, "tokenizer.ggml.merges", SPM_TOKENS, 2);
+    CHECK(gb_tokenizer(&g, &t, err, sizeof(err)) == -1 && strstr(err, "'qwen\\x0a2'") && !strchr(err, '\n'),
+          "unknown pre-tokenizer quoted escaped: %s", err);
     tok_free(NULL);
 }
 

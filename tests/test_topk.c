@@ -453,6 +453,77 @@ static void test_policy(int d, int elem)
     fixture_free(&f);
 }
 
+/* ---- an index that cannot be had is an error, never a silent dense step ------ */
+
+/* One step of topk/kind on f with the source src (may be NULL); returns
+ * attend's result and its message in err. */
+static int step_with(const fixture *f, const char *kind, const attn_index_source *src, char *err,
+                     size_t err_size)
+{
+    polrun r;
+    if (polrun_init(&r, f, kind, 24, 0, 0)) return 99;
+    r.pol->set_prefix(r.state, &r.p, P, src);
+    r.scr.err = err;
+    r.scr.err_size = err_size;
+    err[0] = 0;
+    float out[G * MAXD];
+    attn_counts c = { 0, 0 };
+    int rc = r.pol->attend(r.state, &r.p, 0, 0, &f->kv, f->q, G, out, &r.scr, &c, NULL);
+    /* the next step of the same head fails too, with the same reason */
+    char err2[512] = "";
+    r.scr.err = err2;
+    r.scr.err_size = sizeof err2;
+    int rc2 = r.pol->attend(r.state, &r.p, 0, 0, &f->kv, f->q, G, out, &r.scr, &c, NULL);
+    CHECK(rc2 == rc && strcmp(err, err2) == 0, "%s: second step: %d '%s'", kind, rc2, err2);
+    int32_t ids[G * 24];
+    CHECK(attn_topk_select(r.state, &r.p, 0, 0, &f->kv, f->q, G, ids, &r.scr) == (rc ? -1 : 24),
+          "%s: select agrees with attend", kind);
+    polrun_free(&r);
+    return rc;
+}
+
+static void test_index_failures(void)
+{
+    fixture f;
+    fixture_init(&f, 32, KV_F32);
+    char err[512];
+    /* a corrupt stored image: the reserved header bytes must be zero */
+    polrun r;
+    CHECK(polrun_init(&r, &f, "exact", 24, 0, 0) == 0, "init");
+    void *img = NULL;
+    size_t bytes = 0;
+    CHECK(attn_topk_index_image(&r.p, "exact", &f.kv, P, 1, &img, &bytes, err, sizeof err) == 0, "%s", err);
+    polrun_free(&r);
+    one_image oi = { "exact", img, bytes };
+    attn_index_source src = { one_find, &oi };
+    CHECK(img && step_with(&f, "exact", &src, err, sizeof err) == 0, "the intact image works: %s", err);
+    if (img) ((uint8_t *)img)[100] = 1;
+    CHECK(step_with(&f, "exact", &src, err, sizeof err) == -1, "corrupt exact image: attend fails");
+    CHECK(strstr(err, "layer 0 head 0") && strstr(err, "cannot load the stored exact index") &&
+              strstr(err, "reserved header byte 100"),
+          "corrupt image message: '%s'", err);
+    free(img);
+
+    /* a corrupt sparq image (K^T): bad magic */
+    uint8_t *bad = aligned_alloc(64, 4096);
+    memset(bad, 0, 4096);
+    memcpy(bad, "SPQKTIX0", 8);
+    one_image ob = { "sparq", bad, 4096 };
+    attn_index_source sb = { one_find, &ob };
+    CHECK(step_with(&f, "sparq", &sb, err, sizeof err) == -1 && strstr(err, "sparq index image: bad magic"),
+          "corrupt sparq image: '%s'", err);
+    free(bad);
+
+    /* a prefix whose index cannot be built: a key that is not finite */
+    ((float *)f.K)[(int64_t)(P / 2) * f.d + 3] = NAN;
+    f.kv.K = f.K;
+    CHECK(step_with(&f, "exact", NULL, err, sizeof err) == -1, "NaN key: attend fails");
+    CHECK(strstr(err, "cannot build the exact index of 3000 keys") && strstr(err, "is not finite"),
+          "NaN key message: '%s'", err);
+    CHECK(step_with(&f, "ivf", NULL, err, sizeof err) == -1 && strstr(err, "not finite"), "ivf NaN key: '%s'", err);
+    fixture_free(&f);
+}
+
 /* The public one-step API: topk with k >= S - 1 is dense. */
 static void test_attn_run(void)
 {
@@ -629,10 +700,75 @@ static void test_bench_needles(void)
             double recall = atof(rk + 14);
             CHECK(total == 8 && found == total, "%s: needles %d/%d", kinds[i], found, total);
             CHECK(i == 0 ? recall == 1.0 : recall >= 0.9, "%s: recall@k %.4f", kinds[i], recall);
+            CHECK(strstr(row, "\"elements_nominal\":false") != NULL, "%s: elements counted, not nominal", kinds[i]);
         }
     }
     free(js);
     unlink(out);
+}
+
+/* `bench-topk --reuse` with a kept file of another shape, size or room must
+ * refuse with one line (it wrote out of bounds: the cache was sized from
+ * --shape, the rows came from the file). */
+static void test_bench_reuse_mismatch(void)
+{
+    const char *b = getenv("SPARQ_BUILD");
+    char bin[1024], cmd[4096], dir[] = "/tmp/test_topk_reuse_XXXXXX";
+    snprintf(bin, sizeof bin, "%s/sparq", b ? b : "build");
+    if (access(bin, X_OK) != 0) {
+        CHECK(0, "%s not built", bin);
+        return;
+    }
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    const char *common = "bench-topk --index exact --needles 0 --tokens 1 --warmup 0 --threads 2 --recall-heads 1";
+    snprintf(cmd, sizeof cmd, "%s %s --shape tiny --size 2k --file %s/f --keep >/dev/null 2>%s/err0", bin, common,
+             dir, dir);
+    CHECK(system(cmd) == 0, "bench-topk --keep");
+    struct { const char *args, *want; } cases[] = {
+        { "--shape smollm2-135m --size 2k", "made by another model" },
+        { "--shape tiny --size 1k", "holds 2048 f16 positions" },
+        { "--shape tiny --size 2k --tokens 64", "needs 2048 f16 positions of room 2112" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s %s --reuse --file %s/f >/dev/null 2>%s/err", bin, common, cases[i].args,
+                 dir, dir);
+        const int rc = system(cmd);
+        char path[256];
+        snprintf(path, sizeof path, "%s/err", dir);
+        size_t n = 0;
+        char *e = test_read_file(path, &n);
+        const char *line = e ? strstr(e, "error: ") : NULL;
+        CHECK(rc != 0 && line && strstr(line, cases[i].want) && strchr(line, '\n') == line + strlen(line) - 1,
+              "--reuse %s: exit %d, '%s'", cases[i].args, rc, line ? line : "(no error line)");
+        free(e);
+    }
+#ifdef SPARQ_HAVE_FAISS
+    /* hnsw's index read is nominal, and the output says so */
+    snprintf(cmd, sizeof cmd, "%s %s --shape tiny --size 2k --index hnsw --file %s/h --json >%s/out 2>/dev/null", bin,
+             common, dir, dir);
+    CHECK(system(cmd) == 0, "bench-topk hnsw");
+    char op[256];
+    snprintf(op, sizeof op, "%s/out", dir);
+    size_t on = 0;
+    char *js = test_read_file(op, &on);
+    CHECK(js && strstr(js, "\"index\":\"hnsw\"") && strstr(js, "\"elements_nominal\":true"), "hnsw row nominal: %s",
+          js ? js : "(none)");
+    free(js);
+    snprintf(cmd, sizeof cmd, "%s %s --shape tiny --size 2k --index hnsw --file %s/h >%s/out 2>/dev/null", bin, common,
+             dir, dir);
+    CHECK(system(cmd) == 0, "bench-topk hnsw (table)");
+    js = test_read_file(op, &on);
+    CHECK(js && strstr(js, "hnsw: \"of dense\" uses a nominal index read"), "table says nominal: %s", js ? js : "(none)");
+    free(js);
+#endif
+    /* the same shape still decodes */
+    snprintf(cmd, sizeof cmd, "%s %s --shape tiny --size 2k --reuse --file %s/f >/dev/null 2>/dev/null", bin, common, dir);
+    CHECK(system(cmd) == 0, "--reuse with the same shape");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
 }
 
 int main(void)
@@ -642,7 +778,9 @@ int main(void)
     test_policy(24, KV_F32);
     test_policy(MAXD - 3, KV_F16); /* odd head size */
     test_attn_run();
+    test_index_failures();
     test_model();
     test_bench_needles();
+    test_bench_reuse_mismatch();
     return test_summary("test_topk");
 }

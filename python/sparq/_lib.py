@@ -60,7 +60,7 @@ class sparq_attn_stats(ctypes.Structure):
     _fields_ = [
         ("elements", c_int64), ("dense_elements", c_int64), ("formula_elements", c_int64),
         ("bytes", c_int64), ("steps", c_int64), ("recall_hits", c_int64),
-        ("recall_total", c_int64), ("index_seconds", c_double),
+        ("recall_total", c_int64), ("index_seconds", c_double), ("nominal_elements", c_int64),
     ]
 
 

@@ -24,7 +24,9 @@
  * decides its index at its first decode step: a prebuilt image from the
  * index source when one matches (kind, n = P, d, and the key type / nlist
  * if they were asked for explicitly), else one built here from the cache.
- * If no index can be had (out of memory), that head decodes densely.
+ * If no index can be had (a corrupt stored image, keys the index refuses,
+ * out of memory), that step and every later step of the head fail with the
+ * reason (attend returns attn_fail): never a silent dense step.
  *
  * Index kinds: exact, ivf, hnsw (index.h); and sparq, SparQ's approximate
  * scores as the selector: i1 = the r largest components of sum_h |q_h|
@@ -33,26 +35,31 @@
  * logits, so it cannot change that head's top k and is not applied).
  *
  * Transfer per step, layer and KV head, in elements of the cache's type
- * (index bytes are divided by the element size, rounded up):
+ * (index bytes are divided by the element size, rounded up). The counts
+ * come from the kernels: the index bytes a search read (idx_scratch_cost:
+ * keys it scored, scales, ids, ivf centroids and bonuses), the prefix rows
+ * combine() gathered, the suffix rows scored. The formula
+ * (transfer_formula_state) says what they should be:
  *   index   exact  P * (d * key_bytes + 4 if int8 for the row scale)
  *           ivf    nlist * (4d + 4) (centroids, probe bonuses) + for every
  *                  key of the probed lists d * key_bytes (+4 scale) + 4 (id)
- *           hnsw   g * ef * 2M * (4d + 4): nominal, Faiss reports nothing
+ *           hnsw   g * ef * 2M * (4d + 4): NOMINAL on both sides, Faiss
+ *                  reports no visits (sparq_attn_stats.nominal_elements)
  *           sparq  P * r (K^T rows, cache element type)
  *   gather  k * d per query head (its V rows) when the index's scores are
  *           q . k of the cache's keys (f16 keys of an f16 cache, hnsw's f32
  *           copies); 2 * k * d (K rows rescored, V rows) otherwise
  *   suffix  2 * (S - P) * d read (the current token included), 2 * d
  *           written (this step's k, v)
- * transfer_formula_state is the same expression, so counted == formula,
- * except for ivf, whose count is the keys actually scanned while the
- * formula assumes min(nlist, g * nprobe) lists of P / nlist keys (equal
- * when nprobe >= nlist). The stateless transfer_formula assumes the first
- * decode step (P = S - 1), the uniform budget, default index parameters
- * and an f16 cache.
+ * The ivf formula assumes min(nlist, g * nprobe) lists of P / nlist keys;
+ * the count is the keys of the lists actually probed (equal when nprobe >=
+ * nlist). The stateless transfer_formula assumes the first decode step
+ * (P = S - 1), the uniform budget, default index parameters and an f16
+ * cache.
  */
 #include "attn/attn.h"
 #include "index/index.h"
+#include "util/err.h"
 #include "tensor/quant.h"
 
 #include <math.h>
@@ -71,6 +78,15 @@ static int kind_of(const char *name)
     if (strcmp(name, "hnsw") == 0) return K_HNSW;
     if (strcmp(name, "sparq") == 0) return K_SPARQ;
     return 0;
+}
+
+/* "exact, ivf, hnsw, sparq": the index registry's kinds and this file's. */
+static const char *kind_list(char *buf, size_t size)
+{
+    idx_kind_names(buf, size, ", ");
+    const size_t n = strlen(buf);
+    snprintf(buf + n, size - n, ", sparq");
+    return buf;
 }
 
 static const char *kind_name(int kind)
@@ -110,13 +126,11 @@ static int kt_image_build(const attn_kv_view *kv, int64_t n, void **image, size_
     const int d = kv->d, es = kv->elem == KV_F16 ? 2 : 4;
     size_t total;
     if (kt_image_bytes(d, n, es, &total)) {
-        snprintf(err, err_size, "topk: sparq index of %lld x %d keys is too large", (long long)n, d);
-        return -1;
+        return err_set(err, err_size, "topk: sparq index of %lld x %d keys is too large", (long long)n, d);
     }
     uint8_t *img = aligned_alloc(64, (total + 63) & ~(size_t)63);
     if (!img) {
-        snprintf(err, err_size, "topk: out of memory for a %zu-byte sparq index", total);
-        return -1;
+        return err_set(err, err_size, "topk: out of memory for a %zu-byte sparq index", total);
     }
     const int64_t stride = kt_stride_of(n);
     const uint32_t version = 1, elem = (uint32_t)kv->elem, dd = (uint32_t)d, zero = 0;
@@ -147,12 +161,16 @@ static int kt_image_build(const attn_kv_view *kv, int64_t n, void **image, size_
     return 0;
 }
 
-/* Checks an image against the prefix it must cover; 0 and the rows, or -1. */
+/* Checks an image against the prefix it must cover: 0 and the rows; 1 if
+ * it is sound but covers another prefix (n, d); -1 with a message if it is
+ * not a valid image. */
 static int kt_image_bind(const void *image, size_t bytes, int d, int64_t n, const uint8_t **kt,
-                         int64_t *stride, int *elem)
+                         int64_t *stride, int *elem, char *err, size_t err_size)
 {
     const uint8_t *b = image;
-    if (bytes < KT_HEADER || memcmp(b, KT_MAGIC, 8) != 0 || (uintptr_t)b % 64 != 0) return -1;
+    if (bytes < KT_HEADER || memcmp(b, KT_MAGIC, 8) != 0)
+        return err_set(err, err_size, "sparq index image: bad magic or %zu bytes", bytes);
+    if ((uintptr_t)b % 64 != 0) return err_set(err, err_size, "sparq index image is not 64-byte aligned");
     uint32_t version, el, dd;
     int64_t nn, st;
     memcpy(&version, b + 8, 4);
@@ -160,11 +178,13 @@ static int kt_image_bind(const void *image, size_t bytes, int d, int64_t n, cons
     memcpy(&dd, b + 16, 4);
     memcpy(&nn, b + 24, 8);
     memcpy(&st, b + 32, 8);
-    if (version != 1 || (el != KV_F16 && el != KV_F32) || (int)dd != d || nn != n ||
-        st != kt_stride_of(n))
-        return -1;
+    if (version != 1 || (el != KV_F16 && el != KV_F32))
+        return err_set(err, err_size, "sparq index image: version %u, element type %u", version, el);
+    if ((int64_t)dd != d || nn != n) return 1;
     size_t want;
-    if (kt_image_bytes(d, n, el == KV_F16 ? 2 : 4, &want) || want != bytes) return -1;
+    if (st != kt_stride_of(n) || kt_image_bytes(d, n, el == KV_F16 ? 2 : 4, &want) || want != bytes)
+        return err_set(err, err_size, "sparq index image: stride %lld or size %zu does not match %lld x %d keys",
+                       (long long)st, bytes, (long long)n, d);
     *kt = b + KT_HEADER;
     *stride = st;
     *elem = (int)el;
@@ -176,7 +196,8 @@ static int kt_image_bind(const void *image, size_t bytes, int d, int64_t n, cons
 typedef struct topk_head {
     int64_t        P;         /* prefix indexed; -1 = not decided yet       */
     int            es;        /* cache element bytes (seen at that step)    */
-    int            failed;    /* no index could be had: steps run dense     */
+    int            failed;    /* no index could be had: every step fails    */
+    char           err[320];  /* ... and why                                */
     idx_index     *ix;        /* exact / ivf / hnsw                         */
     idx_scratch   *sc;
     const uint8_t *kt;        /* sparq: K^T [d][kt_stride]                  */
@@ -184,6 +205,7 @@ typedef struct topk_head {
     int            kt_elem;
     void          *owned;     /* a sparq image built here                   */
     int64_t        hits, total; /* recall@k bookkeeping (topk_check)        */
+    int64_t        nominal;   /* elements estimated, not counted (hnsw)     */
     double         seconds;   /* building or binding the index              */
 } topk_head;
 
@@ -212,6 +234,7 @@ static void head_clear(topk_head *hd)
     hd->kt = NULL;
     hd->P = -1;
     hd->failed = 0;
+    hd->err[0] = 0;
 }
 
 int attn_topk_layer_k(const sparq_attn_params *p, int n_layer, int layer)
@@ -250,37 +273,33 @@ static int topk_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
     if (!p->index) p->index = "exact";
     const int kind = kind_of(p->index);
     if (!kind) {
-        snprintf(err, err_size, "topk: unknown index '%s' (exact, ivf, hnsw, sparq)", p->index);
-        return -1;
+    {
+        char names[64];
+        return err_set(err, err_size, "topk: unknown index '%s' (%s)", p->index, kind_list(names, sizeof names));
+    }
     }
 #ifndef SPARQ_HAVE_FAISS
     if (kind == K_HNSW) {
-        snprintf(err, err_size, "topk: hnsw index not available: built without Faiss");
-        return -1;
+        return err_set(err, err_size, "topk: hnsw index not available: built without Faiss");
     }
 #endif
     if (p->k == 0) p->k = 128;
     if (p->r == 0) p->r = d / 4 >= 1 ? d / 4 : 1;
     p->l = 0;
     if (p->k < 1) {
-        snprintf(err, err_size, "topk: k=%d must be >= 1", p->k);
-        return -1;
+        return err_set(err, err_size, "topk: k=%d must be >= 1", p->k);
     }
     if (p->r < 1 || p->r > d) {
-        snprintf(err, err_size, "topk: r=%d must be in [1, head size %d]", p->r, d);
-        return -1;
+        return err_set(err, err_size, "topk: r=%d must be in [1, head size %d]", p->r, d);
     }
     if (p->topk_schedule != SPARQ_TOPK_UNIFORM && p->topk_schedule != SPARQ_TOPK_LINEAR) {
-        snprintf(err, err_size, "topk: unknown schedule %d (0 uniform, 1 linear)", p->topk_schedule);
-        return -1;
+        return err_set(err, err_size, "topk: unknown schedule %d (0 uniform, 1 linear)", p->topk_schedule);
     }
     if (p->index_key_type < SPARQ_KEY_DEFAULT || p->index_key_type > SPARQ_KEY_I8) {
-        snprintf(err, err_size, "topk: unknown index key type %d", p->index_key_type);
-        return -1;
+        return err_set(err, err_size, "topk: unknown index key type %d", p->index_key_type);
     }
     if (p->ivf_nlist < 0 || p->ivf_nprobe < 0 || p->hnsw_ef_search < 0) {
-        snprintf(err, err_size, "topk: ivf nlist/nprobe and hnsw ef must be >= 0");
-        return -1;
+        return err_set(err, err_size, "topk: ivf nlist/nprobe and hnsw ef must be >= 0");
     }
     return 0;
 }
@@ -362,8 +381,7 @@ static int build_idx(const sparq_attn_params *p, const char *kind, const attn_kv
 {
     float *x = keys_f32(kv, n);
     if (!x) {
-        snprintf(err, err_size, "topk: out of memory for %lld keys", (long long)n);
-        return -1;
+        return err_set(err, err_size, "topk: out of memory for %lld keys", (long long)n);
     }
     idx_params ip = build_params(p, kind, n_threads);
     int rc = idx_build(&ip, x, n, kv->d, out, err, err_size);
@@ -379,14 +397,13 @@ int attn_topk_index_image(const sparq_attn_params *p, const char *kind, const at
     *bytes = 0;
     const int k = kind_of(kind);
     if (!k || !kind) {
-        snprintf(err, err_size, "topk: unknown index kind '%s' (exact, ivf, hnsw, sparq)",
+        char names[64];
+        return err_set(err, err_size, "topk: unknown index kind '%s' (%s)", kind_list(names, sizeof names),
                  kind ? kind : "(null)");
-        return -1;
     }
     if (n < 1 || n > kv->S || n > INT32_MAX) {
-        snprintf(err, err_size, "topk: cannot index %lld of %lld positions", (long long)n,
+        return err_set(err, err_size, "topk: cannot index %lld of %lld positions", (long long)n,
                  (long long)kv->S);
-        return -1;
     }
     if (k == K_SPARQ) return kt_image_build(kv, n, image, bytes, err, err_size);
     idx_index *ix = NULL;
@@ -409,72 +426,80 @@ int attn_topk_index_image(const sparq_attn_params *p, const char *kind, const at
     return 0;
 }
 
-/* A stored image fit for this head: the right kind, P keys of size d, and
- * the build parameters the user asked for explicitly. */
+/* A stored image for this head: 0 and bound when it fits (the right kind,
+ * P keys of size d, the build parameters the user asked for explicitly);
+ * 1 when there is none or it was made for another prefix or parameters (an
+ * index is then built here); -1 with a message when the image is corrupt. */
 static int bind_source(topk_state *st, topk_head *hd, const sparq_attn_params *p, int layer,
-                       int kv_head, int d)
+                       int kv_head, int d, char *err, size_t err_size)
 {
-    if (!st->src.find) return -1;
+    if (!st->src.find) return 1;
     size_t bytes = 0;
     const void *img = st->src.find(st->src.user, layer, kv_head, kind_name(st->kind), &bytes);
-    if (!img) return -1;
+    if (!img) return 1;
     if (st->kind == K_SPARQ)
-        return kt_image_bind(img, bytes, d, hd->P, &hd->kt, &hd->kt_stride, &hd->kt_elem);
-    char err[256];
+        return kt_image_bind(img, bytes, d, hd->P, &hd->kt, &hd->kt_stride, &hd->kt_elem, err, err_size);
     idx_index *ix = NULL;
-    if (idx_deserialize(img, bytes, &ix, err, sizeof err)) return -1;
-    const int want = st->kind == K_EXACT ? IDX_EXACT : st->kind == K_IVF ? IDX_IVF : IDX_HNSW;
-    if (idx_kind(ix) != want || idx_count(ix) != hd->P || idx_dim(ix) != d ||
-        (st->kind != K_HNSW && p->index_key_type && ix->key_type != p->index_key_type) ||
+    if (idx_deserialize(img, bytes, &ix, err, err_size)) return -1;
+    if (strcmp(idx_kind_name(ix), kind_name(st->kind)) != 0 || idx_count(ix) != hd->P || idx_dim(ix) != d ||
+        (st->kind != K_HNSW && p->index_key_type && idx_key_type(ix) != p->index_key_type) ||
         (st->kind == K_IVF && p->ivf_nlist && idx_nlist(ix) != p->ivf_nlist)) {
         idx_free(ix);
-        return -1;
+        return 1;
     }
     hd->ix = ix;
     return 0;
 }
 
 static int build_here(topk_state *st, topk_head *hd, const sparq_attn_params *p,
-                      const attn_kv_view *kv)
+                      const attn_kv_view *kv, char *err, size_t err_size)
 {
-    char err[256];
     if (st->kind == K_SPARQ) {
         void *img;
         size_t bytes;
-        if (kt_image_build(kv, hd->P, &img, &bytes, err, sizeof err)) return -1;
+        if (kt_image_build(kv, hd->P, &img, &bytes, err, err_size)) return -1;
         hd->owned = img;
-        return kt_image_bind(img, bytes, kv->d, hd->P, &hd->kt, &hd->kt_stride, &hd->kt_elem);
+        return kt_image_bind(img, bytes, kv->d, hd->P, &hd->kt, &hd->kt_stride, &hd->kt_elem, err,
+                             err_size) ? -1 : 0;
     }
     /* one thread: the model already runs the heads in parallel */
-    return build_idx(p, kind_name(st->kind), kv, hd->P, 1, &hd->ix, err, sizeof err);
+    return build_idx(p, kind_name(st->kind), kv, hd->P, 1, &hd->ix, err, err_size);
 }
 
-/* Decides the head's prefix at its first decode step and gets its index. */
-static void prepare(topk_state *st, topk_head *hd, const sparq_attn_params *p, int layer,
-                    int kv_head, const attn_kv_view *kv)
+/* Decides the head's prefix at its first decode step and gets its index.
+ * Returns -1 (and every later step of the head too) when no index can be
+ * had: a step never falls back to dense silently. */
+static int prepare(topk_state *st, topk_head *hd, const sparq_attn_params *p, int layer,
+                   int kv_head, const attn_kv_view *kv)
 {
-    if (hd->P >= 0) return;
+    if (hd->P >= 0) return hd->failed ? -1 : 0;
     hd->es = kv->elem == KV_F16 ? 2 : 4;
     int64_t P = kv->S - 1;
     if (st->mark >= 0 && st->mark < P) P = st->mark;
     hd->P = P;
-    if (P == 0 || st->k_layer[layer] >= P) return; /* dense: no index needed */
+    if (P == 0 || st->k_layer[layer] >= P) return 0; /* dense: no index needed */
     const double t0 = now_s();
-    if (bind_source(st, hd, p, layer, kv_head, kv->d) && build_here(st, hd, p, kv)) {
-        head_clear(hd);
-        hd->P = P;
-        hd->failed = 1;
-    } else if (hd->ix) {
-        char err[256];
+    char err[192];
+    const char *what = "load the stored";
+    int rc = bind_source(st, hd, p, layer, kv_head, kv->d, err, sizeof err);
+    if (rc > 0) {
+        what = "build the";
+        rc = build_here(st, hd, p, kv, err, sizeof err);
+    }
+    if (rc == 0 && hd->ix) {
+        what = "reserve search memory for the";
         hd->sc = idx_scratch_create();
-        if (!hd->sc || idx_scratch_reserve(hd->sc, hd->ix, st->shape.g, st->k_layer[layer], 1,
-                                           err, sizeof err)) {
-            head_clear(hd);
-            hd->P = P;
-            hd->failed = 1;
-        }
+        if (!hd->sc) rc = err_set(err, sizeof err, "out of memory for index scratch");
+        else rc = idx_scratch_reserve(hd->sc, hd->ix, st->shape.g, st->k_layer[layer], 1, err, sizeof err);
     }
     hd->seconds += now_s() - t0;
+    if (rc == 0) return 0;
+    head_clear(hd);
+    hd->P = P;
+    hd->failed = 1;
+    snprintf(hd->err, sizeof hd->err, "topk: layer %d head %d: cannot %s %s index of %lld keys: %s", layer,
+             kv_head, what, kind_name(st->kind), (long long)P, err);
+    return -1;
 }
 
 /* ---- transfer arithmetic ---------------------------------------------------- */
@@ -525,7 +550,7 @@ static int64_t head_index_formula(const topk_state *st, const topk_head *hd,
     int key_type = p->index_key_type ? p->index_key_type : IDX_F16, nlist = p->ivf_nlist;
     int nprobe = p->ivf_nprobe, ef = p->hnsw_ef_search ? p->hnsw_ef_search : 64, m = 16;
     if (hd && hd->ix) {
-        key_type = hd->ix->key_type;
+        key_type = idx_key_type(hd->ix);
         nlist = idx_nlist(hd->ix);
         if (!nprobe) nprobe = hd->ix->nprobe;
         if (!p->hnsw_ef_search && hd->ix->ef_search) ef = hd->ix->ef_search;
@@ -546,8 +571,8 @@ static int64_t step_formula(const topk_state *st, const topk_head *hd, const spa
                             int k, int64_t S, int d, int g)
 {
     const int64_t P = hd->P;
-    if (P <= 0 || k >= P || hd->failed) return dense_elements(S, d);
-    const int key_type = hd->ix ? hd->ix->key_type : p->index_key_type ? p->index_key_type : IDX_F16;
+    if (P <= 0 || k >= P) return dense_elements(S, d);
+    const int key_type = hd->ix ? idx_key_type(hd->ix) : p->index_key_type ? p->index_key_type : IDX_F16;
     const int rows = scores_exact(st->kind, key_type, hd->es ? hd->es : 2) ? 1 : 2;
     return head_index_formula(st, hd, p, d, g, k) + rows * (int64_t)g * k * d + 2 * (S - P) * d +
            2 * (int64_t)d;
@@ -628,23 +653,11 @@ static size_t topk_scratch_floats(const sparq_attn_params *p, int64_t S, int d, 
     return s.n_f > s.n_i ? s.n_f : s.n_i;
 }
 
-/* ivf: the keys the last search scanned, in bytes. The search leaves the
- * probed lists marked in the scratch (index_ivf.c); tests/test_topk.c
- * recounts them independently. */
-static int64_t ivf_scanned_bytes(const idx_index *ix, const idx_scratch *sc)
-{
-    const int64_t row = (int64_t)ix->d * key_bytes(ix->key_type) + (ix->key_type == IDX_I8 ? 4 : 0) + 4;
-    int64_t keys = 0;
-    for (int l = 0; l < ix->nlist; l++)
-        if (sc->lmark[l]) keys += ix->list_n[l];
-    return (int64_t)ix->nlist * (4 * ix->d + 4) + keys * row;
-}
-
 /* Selection: ids [g][k] (and scores [g][k] in s->sc when *exact); returns
  * the index elements read, or -1. */
 static int64_t select_ids(topk_state *st, topk_head *hd, const sparq_attn_params *p,
                           const attn_kv_view *kv, const float *q, int g, int k, topk_scratch *s,
-                          int *exact)
+                          int *exact, char *err, size_t err_size)
 {
     *exact = 0;
     const int d = kv->d;
@@ -669,21 +682,20 @@ static int64_t select_ids(topk_state *st, topk_head *hd, const sparq_attn_params
         attn_kt_logits(&v, s->qs, s->i1, r, g, P, s->lg);
         for (int h = 0; h < g; h++)
             attn_topk_indices(s->lg + (size_t)h * P, P, k, s->ids + (size_t)h * k, s->work);
-        return P * r * (hd->kt_elem == KV_F16 ? 2 : 4) / hd->es;
+        /* the kernel read r rows of P K^T components */
+        return (int64_t)r * P * (hd->kt_elem == KV_F16 ? 2 : 4) / hd->es;
     }
-    char err[256];
     idx_search_params sp = { p->ivf_nprobe, p->hnsw_ef_search, 1 };
-    if (idx_search(hd->ix, q, g, k, &sp, hd->sc, s->ids, s->sc, err, sizeof err)) return -1;
-    *exact = scores_exact(st->kind, hd->ix->key_type, hd->es);
-    int64_t bytes;
-    if (st->kind == K_IVF) {
-        bytes = ivf_scanned_bytes(hd->ix, hd->sc);
-    } else {
-        int nl = 0, np = 0, ef = p->hnsw_ef_search ? p->hnsw_ef_search : hd->ix->ef_search;
-        bytes = index_bytes_formula(st->kind, hd->ix->key_type, nl, np, ef ? ef : 64,
-                                    hd->ix->hnsw_m ? hd->ix->hnsw_m : 16, P, d, g, k, p->r, hd->es);
-    }
-    return ceil_div(bytes, hd->es);
+    if (idx_search(hd->ix, q, g, k, &sp, hd->sc, s->ids, s->sc, err, err_size)) return -1;
+    *exact = scores_exact(st->kind, idx_key_type(hd->ix), hd->es);
+    /* what the search itself counted it read (hnsw: nominal, Faiss reports
+     * nothing) */
+    uint64_t bytes;
+    int nominal;
+    idx_scratch_cost(hd->sc, &bytes, &nominal);
+    const int64_t elems = ceil_div((int64_t)bytes, hd->es);
+    if (nominal) hd->nominal += elems;
+    return elems;
 }
 
 /* Valid ids of head h (index results put -1 padding last). */
@@ -836,13 +848,14 @@ int attn_topk_select(void *state, const sparq_attn_params *p, int layer, int kv_
 {
     topk_state *st = state;
     topk_head *hd = head_of(st, layer, kv_head);
-    prepare(st, hd, p, layer, kv_head, kv);
+    if (prepare(st, hd, p, layer, kv_head, kv)) return attn_fail(scratch, "%s", hd->err);
     const int k = st->k_layer[layer];
     if (hd->P == 0 || k >= hd->P) return 0;
-    if (hd->failed) return -1;
     topk_scratch s = topk_layout(scratch->f, scratch->i, k_bound(p), kv->S, kv->d, g);
     int exact;
-    if (select_ids(st, hd, p, kv, q, g, k, &s, &exact) < 0) return -1;
+    char err[192];
+    if (select_ids(st, hd, p, kv, q, g, k, &s, &exact, err, sizeof err) < 0)
+        return attn_fail(scratch, "topk: layer %d head %d: %s", layer, kv_head, err);
     memcpy(ids, s.ids, (size_t)g * k * sizeof *ids);
     return k;
 }
@@ -855,15 +868,18 @@ static int topk_attend(void *state, const sparq_attn_params *p, int layer, int k
     topk_head *hd = head_of(st, layer, kv_head);
     const int64_t S = kv->S;
     const int d = kv->d;
-    prepare(st, hd, p, layer, kv_head, kv);
+    if (prepare(st, hd, p, layer, kv_head, kv)) return attn_fail(scratch, "%s", hd->err);
     const int k = st->k_layer[layer];
     attn_counts cnt = { 0, 0 };
     int64_t idx_elems = -1;
     int exact = 0;
     topk_scratch s = topk_layout(scratch->f, scratch->i, k_bound(p), S, d, g);
-    if (hd->P > 0 && k < hd->P && !hd->failed)
-        idx_elems = select_ids(st, hd, p, kv, q, g, k, &s, &exact);
-    if (idx_elems < 0) { /* k >= P, or no index: every position, as dense */
+    if (hd->P > 0 && k < hd->P) {
+        char err[192];
+        idx_elems = select_ids(st, hd, p, kv, q, g, k, &s, &exact, err, sizeof err);
+        if (idx_elems < 0) return attn_fail(scratch, "topk: layer %d head %d: %s", layer, kv_head, err);
+    }
+    if (idx_elems < 0) { /* k >= P: every position, as dense */
         attn_dense_group(kv, q, g, out, s.lg);
         cnt.read = 2 * S * d;
         cnt.written = 2 * (int64_t)d;
@@ -889,6 +905,7 @@ static void topk_stats(const void *state, sparq_attn_stats *out)
         out->recall_hits += st->heads[i].hits;
         out->recall_total += st->heads[i].total;
         out->index_seconds += st->heads[i].seconds;
+        out->nominal_elements += st->heads[i].nominal;
     }
 }
 

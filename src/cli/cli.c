@@ -1,5 +1,6 @@
 /* cli.c - `sparq` entry point, option parsing and shared CLI helpers. */
 #include "cli/cli.h"
+#include "eval/sweep.h"
 #include "util/json.h"
 #include "util/paths.h"
 
@@ -191,26 +192,6 @@ int cli_kv_type(const char *name)
     return -1;
 }
 
-/* SparQ transfers S*r + 2*k*d + 4*d elements against dense's 2*S*d + 2*d.
- * For a target ratio we follow the paper's recipe of spending the budget
- * evenly: r = d*ratio (the S*r term) and k = S*ratio/2 capped at S...
- * concretely: choose r = max(1, round(d * ratio)), then the largest k whose
- * total stays within ratio * dense. */
-static int ratio_params(double ratio, int64_t S, int d, int *r_out, int *k_out)
-{
-    double dense = 2.0 * (double)S * d + 2.0 * d;
-    int r = (int)(d * ratio + 0.5);
-    if (r < 1) r = 1;
-    if (r > d) r = d;
-    double left = ratio * dense - (double)S * r - 4.0 * d;
-    int64_t k = (int64_t)(left / (2.0 * d));
-    if (k < 1) return -1;
-    if (k > S) k = S;
-    *r_out = r;
-    *k_out = (int)(k > 2147483647 ? 2147483647 : k);
-    return 0;
-}
-
 int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params *out,
                     char *err, size_t err_size)
 {
@@ -254,20 +235,8 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
         }
     }
     if (o->ratio) {
-        double num = 1, den = 1;
-        const char *slash = strchr(o->ratio, '/');
-        char *end;
-        if (slash) {
-            num = strtod(o->ratio, &end);
-            if (end != slash) num = -1;
-            den = strtod(slash + 1, &end);
-            if (*end) den = -1;
-        } else {
-            num = strtod(o->ratio, &end);
-            if (*end) num = -1;
-        }
-        double ratio = num / den;
-        if (!(num > 0 && den > 0 && ratio > 0 && ratio <= 1)) {
+        const double ratio = eval_parse_ratio(o->ratio);
+        if (ratio < 0) {
             snprintf(err, err_size, "--sparq-ratio '%s' must be a fraction in (0, 1], e.g. 1/8", o->ratio);
             return -1;
         }
@@ -275,7 +244,7 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
             snprintf(err, err_size, "--sparq-ratio needs --attn sparq");
             return -1;
         }
-        if (ratio_params(ratio, S, d, &out->r, &out->k)) {
+        if (eval_sparq_ratio_params(ratio, S, d, &out->r, &out->k)) {
             snprintf(err, err_size, "--sparq-ratio %s is too small for context %lld and head size %d",
                      o->ratio, (long long)S, d);
             return -1;

@@ -2,9 +2,14 @@
  * and save its KV cache, with prebuilt top-k indexes, to a file that
  * `sparq run --load-kv FILE` maps back (docs/KVFILE.md).
  *
+ * What would only fail after the long prefill (duplicate --index kinds, a
+ * --save-kv path that cannot be written) is checked before it. The writing
+ * itself is the library's (sparq_context_save_kv, io/kvfile.h).
+ *
  * stdout: nothing, or one JSON object with --json; progress on stderr.
  */
 #include "cli/cli.h"
+#include "io/kvfile.h"
 #include "util/textbuf.h"
 
 #include <signal.h>
@@ -28,8 +33,6 @@ static const cli_opt prefill_table[] = {
 
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
-
-
 
 int cli_prefill(int argc, char **argv)
 {
@@ -66,6 +69,16 @@ int cli_prefill(int argc, char **argv)
     const char *indexes = ao.index ? ao.index : "ivf";
     if (strcmp(indexes, "none") == 0) indexes = "";
     ao.index = NULL;
+    /* what would only fail after the long prefill is checked before it */
+    const char *kinds[KVF_MAX_KINDS];
+    if (kvf_parse_kinds(indexes, kinds, err, sizeof err) < 0) {
+        fprintf(stderr, "error: --index: %s\n", err);
+        return 2;
+    }
+    if (kvf_check_writable(po.save, err, sizeof err)) {
+        fprintf(stderr, "error: --save-kv: %s\n", err);
+        return 2;
+    }
 
     int rc = 1;
     sparq_model *m = NULL;

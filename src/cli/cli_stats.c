@@ -13,6 +13,7 @@
 #include "eval/eval.h"
 #include "util/paths.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,7 +156,8 @@ int cli_stats(int argc, char **argv)
     cli_model_opts mo = { 0 };
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    stats_opts so = { 0 };
+    /* INT_MIN: not given (the parser refuses it as a value) */
+    stats_opts so = { .n_query = INT_MIN, .k = INT_MIN, .alpha_r = INT_MIN };
     cli_group groups[] = {
         { "statistics", stats_table, &so },
         { "model", cli_model_table, &mo },
@@ -168,9 +170,17 @@ int cli_stats(int argc, char **argv)
                                          NULL, 0, NULL);
     if (parsed >= 0) return parsed;
     eval_stats_params sp = eval_stats_default_params();
-    if (so.n_query) sp.n_query = so.n_query;
-    if (so.k) sp.k = so.k;
-    sp.alpha_r = so.alpha_r;
+    const struct { const char *name; int v; int *dst; } counts[] = {
+        { "--n-query", so.n_query, &sp.n_query }, { "--stats-k", so.k, &sp.k }, { "--alpha-r", so.alpha_r, &sp.alpha_r },
+    };
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        if (counts[i].v == INT_MIN) continue;
+        if (counts[i].v < 1) {
+            fprintf(stderr, "error: %s must be >= 1, not %d\n", counts[i].name, counts[i].v);
+            return 2;
+        }
+        *counts[i].dst = counts[i].v;
+    }
     if (so.r_list && parse_r_list(so.r_list, &sp)) {
         fprintf(stderr, "error: --r '%s' must be up to %d positive integers, e.g. 1,2,4\n", so.r_list,
                 EVAL_STATS_MAX_R);

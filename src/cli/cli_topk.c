@@ -7,7 +7,11 @@
  * decode's alone): attention only, no weights. Reports seconds per token
  * (all layers' attention, the new token's K/V append included), peak RSS,
  * recall@k of the index against exact top-k on sampled (layer, head) pairs,
- * and whether every planted needle was retrieved.
+ * and whether every planted needle was retrieved. The file is written by
+ * the library (kvf_write_heads: K, V and the index images of each head);
+ * --reuse decodes a kept file only if its header matches --shape, --size
+ * and the steps asked for. Where the index read is nominal (hnsw: Faiss
+ * reports no visits) the output says so.
  *
  * Synthetic data, per (layer, KV head), all from --seed:
  *   scales    s_j = exp(aniso z_j), z ~ N(0, 1), mean square 1: a few
@@ -110,6 +114,8 @@ typedef struct topk_result {
     int64_t recall_hits, recall_total;
     int     needles_found, needles_total;
     int64_t elements, dense_elements; /* per token, all layers and heads */
+    int     nominal;                  /* elements include a nominal index
+                                         figure (hnsw: Faiss counts nothing) */
     double  index_seconds;            /* binding the file's indexes        */
     int64_t rss_anon, rss_file;       /* at the end: private memory, mapped file pages */
     int64_t majflt, read_bytes;       /* over the timed steps: major faults, bytes from disk */
@@ -299,75 +305,53 @@ static sparq_attn_params topk_params(const topk_opts *o, const char *kind)
     return p;
 }
 
+/* kvf_write_heads' rows: head (l, h) generated from the seed (f16 K and V
+ * in one owned buffer). */
+static int synth_rows(void *user, int l, int h, kvf_head_rows *out, char *err, size_t err_size)
+{
+    const synth *s = user;
+    const int d = s->sh->d;
+    float *cen = malloc((size_t)(s->C + 1) * d * sizeof *cen);
+    float *kf = malloc((size_t)s->P * d * sizeof *kf);
+    uint16_t *k16 = malloc((size_t)s->P * d * 2 * 2), *v16 = k16 ? k16 + (size_t)s->P * d : NULL;
+    if (!cen || !kf || !k16) {
+        free(cen);
+        free(kf);
+        free(k16);
+        snprintf(err, err_size, "out of memory generating %lld keys", (long long)s->P);
+        return -1;
+    }
+    centres(s, l, h, cen);
+    gen_keys(s, l, h, cen, 0, s->P, kf);
+    fp32_to_fp16_row(kf, k16, s->P * d);
+    bench_rng r;
+    bench_rng_seed(&r, head_seed(s, l, h, 5));
+    for (int64_t i = 0; i < s->P * d; i += 4096) { /* values: reuse kf as scratch */
+        const int64_t m = s->P * d - i < 4096 ? s->P * d - i : 4096;
+        fast_noise(&r, kf, (size_t)m, 1.0f);
+        fp32_to_fp16_row(kf, v16 + i, m);
+    }
+    free(cen);
+    free(kf);
+    attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL };
+    out->view = view;
+    out->owned = k16;
+    return 0;
+}
+
 /* Writes the prefix and `kind`'s indexes; *build_s: index build seconds
  * summed over heads. */
 static int write_file(const synth *s, const topk_opts *o, const char *kind, const char *path,
                       double *build_s, char *err, size_t err_size)
 {
     const topk_shape *sh = s->sh;
-    const int d = sh->d, H = sh->n_kv_head, pairs = sh->n_layer * H;
     kvf_fingerprint fp;
-    kvf_synthetic_fingerprint(&fp, sh->n_layer, sh->n_head, H, d);
+    kvf_synthetic_fingerprint(&fp, sh->n_layer, sh->n_head, sh->n_kv_head, sh->d);
     const int64_t cap = s->P + o->warmup + o->tokens + 16;
     kvf_writer *w;
     if (kvf_writer_create(path, &fp, KV_F16, s->P, cap, 0, 0, kind, &w, err, err_size)) return -1;
     sparq_attn_params p = topk_params(o, kind);
-    int failed = 0;
-    double bsum = 0;
-#pragma omp parallel for num_threads(o->threads) schedule(dynamic, 1) reduction(+ : bsum)
-    for (int hh = 0; hh < pairs; hh++) {
-        if (failed) continue;
-        const int l = hh / H, h = hh % H;
-        char e[256] = "";
-        float *cen = malloc((size_t)(s->C + 1) * d * sizeof *cen);
-        float *kf = malloc((size_t)s->P * d * sizeof *kf);
-        uint16_t *k16 = malloc((size_t)s->P * d * 2), *v16 = malloc((size_t)s->P * d * 2);
-        int rc = -1;
-        if (cen && kf && k16 && v16) {
-            centres(s, l, h, cen);
-            gen_keys(s, l, h, cen, 0, s->P, kf);
-            fp32_to_fp16_row(kf, k16, s->P * d);
-            bench_rng r;
-            bench_rng_seed(&r, head_seed(s, l, h, 5));
-            for (int64_t i = 0; i < s->P * d; i += 4096) { /* values: reuse kf as scratch */
-                const int64_t m = s->P * d - i < 4096 ? s->P * d - i : 4096;
-                fast_noise(&r, kf, (size_t)m, 1.0f);
-                fp32_to_fp16_row(kf, v16 + i, m);
-            }
-            free(kf);
-            kf = NULL;
-            rc = kvf_writer_head(w, l, h, k16, v16, NULL, e, sizeof e);
-            if (!rc) {
-                attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL };
-                void *img = NULL;
-                size_t bytes = 0;
-                const double t0 = cli_now();
-                rc = attn_topk_index_image(&p, kind, &view, s->P, 1, &img, &bytes, e, sizeof e);
-                bsum += cli_now() - t0;
-                if (!rc) rc = kvf_writer_index(w, l, h, kind, img, bytes, s->P, e, sizeof e);
-                free(img);
-            }
-        } else {
-            snprintf(e, sizeof e, "out of memory generating %lld keys", (long long)s->P);
-        }
-        free(cen);
-        free(kf);
-        free(k16);
-        free(v16);
-        if (rc) {
-#pragma omp critical(topk_write)
-            if (!failed) {
-                failed = 1;
-                snprintf(err, err_size, "%s", e);
-            }
-        }
-    }
-    *build_s = bsum;
-    if (failed) {
-        kvf_writer_abort(w);
-        return -1;
-    }
-    return kvf_writer_finish(w, err, err_size);
+    return kvf_write_heads(w, o->threads, &p, synth_rows, (void *)s, build_s, err, err_size);
 }
 
 /* ---- decoding (the child) ---------------------------------------------------- */
@@ -429,8 +413,22 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     char err[256];
     double t0 = cli_now();
     kvf_file *f = NULL;
-    if (kvf_open(path, NULL, KVF_VERIFY_AUTO, &f, err, sizeof err)) {
+    /* a file kept by an earlier run (--reuse) must be of this shape, size
+     * and room for the steps: the cache below is sized from the shape */
+    kvf_fingerprint fp;
+    kvf_synthetic_fingerprint(&fp, L, sh->n_head, H, d);
+    if (kvf_open(path, &fp, KVF_VERIFY_AUTO, &f, err, sizeof err)) {
         snprintf(res->err, sizeof res->err, "%s", err);
+        return -1;
+    }
+    const int64_t need = s->P + o->warmup + o->tokens;
+    if (f->n != s->P || f->cap < need || f->elem != KV_F16) {
+        snprintf(res->err, sizeof res->err,
+                 "kvfile '%s' holds %lld f%d positions of room %lld; --size %lld with %lld steps needs %lld "
+                 "f16 positions of room %lld",
+                 path, (long long)f->n, f->elem == KV_F16 ? 16 : 32, (long long)f->cap, (long long)s->P,
+                 (long long)(o->warmup + o->tokens), (long long)s->P, (long long)need);
+        kvf_close(f);
         return -1;
     }
     res->verified = f->verified;
@@ -575,6 +573,7 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     memset(&st, 0, sizeof st);
     pol->stats(state, &st);
     res->index_seconds = st.index_seconds;
+    res->nominal = st.nominal_elements > 0;
     read_rss(&res->rss_anon, &res->rss_file);
     res->ok = 1;
     rc = 0;
@@ -706,7 +705,7 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                        "\"peak_rss_bytes\":%lld,\"recall_at_k\":%s,\"recall_hits\":%lld,"
                        "\"recall_total\":%lld,\"needles_found\":%d,\"needles_total\":%d,"
                        "\"index_build_s\":%s,\"file_write_s\":%s,\"file_bytes\":%lld,"
-                       "\"elements_per_token\":%lld,\"dense_elements_per_token\":%lld,"
+                       "\"elements_per_token\":%lld,\"elements_nominal\":%s,\"dense_elements_per_token\":%lld,"
                        "\"data_verified\":%d,\"threads\":%d,\"rss_anon_end_bytes\":%lld,"
                        "\"rss_file_end_bytes\":%lld,\"spread\":%.3f,\"aniso\":%.3f,\"clusters\":%d,"
                        "\"ivf_nprobe\":%d,\"query_seed\":%llu,\"major_faults_per_token\":%.1f,\"disk_read_bytes_per_token\":%.0f}",
@@ -716,7 +715,8 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                     jnum(nb[2], r->r.recall, "%.6f"),
                     (long long)r->r.recall_hits, (long long)r->r.recall_total, r->r.needles_found,
                     r->r.needles_total, jnum(nb[3], r->build_s, "%.3f"), jnum(nb[4], r->write_s, "%.3f"),
-                    (long long)r->file_bytes, (long long)r->r.elements, (long long)r->r.dense_elements,
+                    (long long)r->file_bytes, (long long)r->r.elements, r->r.nominal ? "true" : "false",
+                    (long long)r->r.dense_elements,
                     r->r.verified, o->threads, (long long)r->r.rss_anon, (long long)r->r.rss_file, o->spread,
                     o->aniso, o->clusters, o->nprobe, (unsigned long long)o->qseed, (double)r->r.majflt / o->tokens,
                     (double)r->r.read_bytes / o->tokens);
@@ -736,6 +736,10 @@ static void print_rows(FILE *f, const topk_row *rows, int n, const topk_opts *o,
                 r->r.dense_elements ? (double)r->r.elements / (double)r->r.dense_elements : NAN,
                 r->r.read_bytes / 1e6 / o->tokens);
     }
+    for (int i = 0; i < n; i++)
+        if (rows[i].r.nominal)
+            fprintf(f, "%s: \"of dense\" uses a nominal index read (g * ef * 2M * (4d + 4) bytes per head): "
+                       "Faiss does not report what a search visits\n", rows[i].index);
 }
 
 int cli_topk(int argc, char **argv)

@@ -60,6 +60,7 @@ static const abi_entry abi_table[] = {
     ABI_OFF(sparq_attn_stats, recall_hits),
     ABI_OFF(sparq_attn_stats, recall_total),
     ABI_OFF(sparq_attn_stats, index_seconds),
+    ABI_OFF(sparq_attn_stats, nominal_elements),
 
     ABI_SIZE(sparq_sampler_params),
     ABI_OFF(sparq_sampler_params, temp),
@@ -90,7 +91,7 @@ ABI_LAST(sparq_attn_params, topk_check);
 ABI_LAST(sparq_model_params, use_mmap);
 ABI_LAST(sparq_chat_msg, content);
 ABI_LAST(sparq_context_params, abort_flag);
-ABI_LAST(sparq_attn_stats, index_seconds);
+ABI_LAST(sparq_attn_stats, nominal_elements);
 ABI_LAST(sparq_sampler_params, seed);
 
 const char *sparq_abi_field(const char *type, int i)

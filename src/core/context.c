@@ -310,6 +310,16 @@ void model_fingerprint(const sparq_model *m, kvf_fingerprint *out)
 
 /* ---- saving to a KV file --------------------------------------------------- */
 
+/* kvf_write_heads' rows: the cache's own, and its running v_sum as it is. */
+static int save_rows(void *user, int layer, int head, kvf_head_rows *out, char *err, size_t err_size)
+{
+    (void)err; (void)err_size;
+    const kv_cache *kv = user;
+    kv_view(kv, layer, head, kv->n, &out->view);
+    out->v_sum = out->view.v_sum;
+    return 0;
+}
+
 int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
                           const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size)
 {
@@ -327,38 +337,5 @@ int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexe
                           indexes, &w, err, err_size))
         return -1;
     if (tokens) kvf_writer_tokens(w, tokens);
-    const int n_kv = kv->n_kv_head, heads = kv->n_layer * n_kv;
-    const char *kinds[KVF_MAX_KINDS];
-    const int nk = kvf_parse_kinds(indexes, kinds, err, err_size);
-    int failed = 0;
-#pragma omp parallel for num_threads(c->n_threads) schedule(dynamic, 1)
-    for (int hh = 0; hh < heads; hh++) {
-        char e[256];
-        const int l = hh / n_kv, h = hh % n_kv;
-        const float *vs = kv->v_sum ? kv->v_sum + (size_t)hh * kv->d : NULL;
-        int rc = kvf_writer_head(w, l, h, kv_k(kv, l, h), kv_v(kv, l, h), vs, e, sizeof e);
-        attn_kv_view view;
-        kv_view(kv, l, h, kv->n, &view);
-        for (int i = 0; i < nk && !rc; i++) {
-            void *img = NULL;
-            size_t bytes = 0;
-            /* one thread per build: the heads already run in parallel */
-            rc = attn_topk_index_image(&c->params.attn, kinds[i], &view, kv->n, 1, &img, &bytes, e,
-                                       sizeof e);
-            if (!rc) rc = kvf_writer_index(w, l, h, kinds[i], img, bytes, kv->n, e, sizeof e);
-            free(img);
-        }
-        if (rc) {
-#pragma omp critical(kvf_save)
-            if (!failed) {
-                failed = 1;
-                snprintf(err, err_size, "%s", e);
-            }
-        }
-    }
-    if (failed) {
-        kvf_writer_abort(w);
-        return -1;
-    }
-    return kvf_writer_finish(w, err, err_size);
+    return kvf_write_heads(w, c->n_threads, &c->params.attn, save_rows, (void *)kv, NULL, err, err_size);
 }

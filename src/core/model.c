@@ -8,6 +8,7 @@
  *   bind_layer, row_view       one block's tensors; fused ones as row views
  *   bind_rope_factors          rope_freqs, or the longrope tables
  *   model_rope_factors         which table a context uses
+ *   check_all_used             no tensor of the file left unbound
  *   sparq_model_load           the whole load, one cleanup path
  */
 #include "core/chat.h"
@@ -55,7 +56,16 @@ typedef struct loader {
     const char *arch;
     char *err;
     size_t err_size;
+    uint8_t *used;           /* [f->n_tensors]: bound by some weight view  */
 } loader;
+
+/* A tensor by name, marked as used by the model (check_all_used). */
+static const gguf_tensor *find_tensor(loader *L, const char *name)
+{
+    const gguf_tensor *t = gguf_find_tensor(L->f, name);
+    if (t && L->used) L->used[t - L->f->tensors] = 1;
+    return t;
+}
 
 /* Reads integer key "<arch>.<suffix>" into *out within [lo, hi]; absent
  * keys take `def` (def < 0 means required). */
@@ -154,8 +164,9 @@ static int read_hparams(loader *L, const arch_desc *arch, model_hparams *hp)
     if (has_type && (gguf_str_eq(st, "linear") || longrope)) {
         hp->rope_freq_scale = 1.0f / factor;
     } else if (has_type && !gguf_str_eq(st, "none") && !gguf_str_eq(st, "llama3")) {
-        snprintf(L->err, L->err_size, "model: unsupported %s '%.*s' (linear, llama3 and none are%s)",
-                 key, (int)(st.len > 32 ? 32 : st.len), st.data,
+        char shown[64];
+        snprintf(L->err, L->err_size, "model: unsupported %s '%s' (linear, llama3 and none are%s)",
+                 key, gguf_str_show(st, shown, sizeof shown),
                  arch->rope_factors == ROPE_FACTORS_LONGROPE ? ", and longrope" : "");
         return -1;
     }
@@ -166,7 +177,7 @@ static int read_hparams(loader *L, const arch_desc *arch, model_hparams *hp)
 
 static const gguf_tensor *need_tensor(loader *L, const char *name)
 {
-    const gguf_tensor *t = gguf_find_tensor(L->f, name);
+    const gguf_tensor *t = find_tensor(L, name);
     if (!t) snprintf(L->err, L->err_size, "model: required tensor '%s' is missing", name);
     return t;
 }
@@ -174,7 +185,7 @@ static const gguf_tensor *need_tensor(loader *L, const char *name)
 static int bind_matrix(loader *L, const char *name, int64_t n_in, int64_t n_out, weight *w,
                        int required)
 {
-    const gguf_tensor *t = gguf_find_tensor(L->f, name);
+    const gguf_tensor *t = find_tensor(L, name);
     memset(w, 0, sizeof *w);
     if (!t) {
         if (!required) return 0;
@@ -203,7 +214,7 @@ static int bind_matrix(loader *L, const char *name, int64_t n_in, int64_t n_out,
 
 static int bind_vector(loader *L, const char *name, int64_t n, const float **out, int required)
 {
-    const gguf_tensor *t = gguf_find_tensor(L->f, name);
+    const gguf_tensor *t = find_tensor(L, name);
     *out = NULL;
     if (!t) {
         if (!required) return 0;
@@ -336,6 +347,33 @@ const float *model_rope_factors(const sparq_model *m, int64_t n_ctx)
     return padded > m->hp.n_ctx_orig ? m->rope_long : m->rope_short;
 }
 
+/* Every tensor of the file must have been bound: one the forward pass does
+ * not use would be silently ignored (a block past block_count, an
+ * attn_output.bias, MoE experts in a "llama" file), and the output would be
+ * that of another model. llama.cpp refuses such files too ("wrong number of
+ * tensors"). */
+static int check_all_used(loader *L, const sparq_model *m)
+{
+    for (uint64_t i = 0; i < L->f->n_tensors; i++) {
+        if (L->used[i]) continue;
+        const gguf_str nm = L->f->tensors[i].name;
+        char shown[96];
+        gguf_str_show(nm, shown, sizeof shown);
+        unsigned long blk = 0;
+        char name[80], tail;
+        snprintf(name, sizeof name, "%.*s", (int)(nm.len < 79 ? nm.len : 79), nm.data);
+        if (sscanf(name, "blk.%lu.%c", &blk, &tail) == 2 && blk >= (unsigned long)m->hp.n_layer) {
+            snprintf(L->err, L->err_size, "model: tensor '%s' is in block %lu but %s.block_count is %d",
+                     shown, blk, m->arch->name, m->hp.n_layer);
+        } else {
+            snprintf(L->err, L->err_size, "model: tensor '%s' is not used by the %s architecture "
+                     "(an unsupported variant?)", shown, m->arch->name);
+        }
+        return -1;
+    }
+    return 0;
+}
+
 sparq_model_params sparq_model_default_params(void)
 {
     sparq_model_params p = { 0 };
@@ -352,13 +390,14 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
                             char *err, size_t err_size)
 {
     *out = NULL;
+    loader L = { NULL, NULL, err, err_size, NULL };
     sparq_model *m = calloc(1, sizeof *m);
     if (!m) {
         snprintf(err, err_size, "model: out of memory");
         return -1;
     }
     if (gguf_open_mode(path, p->use_mmap ? GGUF_OPEN_MMAP : GGUF_OPEN_AUTO, &m->file, err, err_size)) goto fail;
-    loader L = { m->file, NULL, err, err_size };
+    L.f = m->file;
 
     gguf_str arch;
     if (gguf_get_str(m->file, "general.architecture", &arch) != 1) {
@@ -367,11 +406,12 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
     }
     char arch_name[64];
     snprintf(arch_name, sizeof arch_name, "%.*s", (int)(arch.len < 63 ? arch.len : 63), arch.data);
-    m->arch = arch_find(arch_name);
-    if (!m->arch || arch.len >= 63) {
-        char names[128];
+    m->arch = arch.len < 63 && strlen(arch_name) == arch.len ? arch_find(arch_name) : NULL;
+    if (!m->arch) {
+        char names[128], shown[96];
         arch_names(names, sizeof names);
-        snprintf(err, err_size, "model: unknown architecture '%s' (supported: %s)", arch_name, names);
+        snprintf(err, err_size, "model: unknown architecture '%s' (supported: %s)",
+                 gguf_str_show(arch, shown, sizeof shown), names);
         goto fail;
     }
     L.arch = m->arch->name;
@@ -379,13 +419,26 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
 
     if (tok_create_from_gguf(m->file, &m->tok, err, err_size)) goto fail;
 
+    L.used = calloc(m->file->n_tensors ? (size_t)m->file->n_tensors : 1, 1);
+    if (!L.used) {
+        snprintf(err, err_size, "model: out of memory");
+        goto fail;
+    }
     const gguf_tensor *te = need_tensor(&L, "token_embd.weight");
     if (!te) goto fail;
-    m->hp.n_vocab = (int)(te->ne[1] > 0 && te->ne[1] < (1 << 24) ? te->ne[1] : 0);
-    if (m->hp.n_vocab == 0 || bind_matrix(&L, "token_embd.weight", m->hp.n_embd, te->ne[1], &m->tok_embd, 1))
+    if (te->n_dims > 2 || te->ne[0] < 1 || te->ne[1] < 1 || te->ne[1] >= (1 << 24)) {
+        snprintf(err, err_size, "model: tensor 'token_embd.weight' has shape [%lld, %lld], expected "
+                 "[%d, n_vocab] with n_vocab in 1..%d", (long long)te->ne[0], (long long)te->ne[1],
+                 m->hp.n_embd, (1 << 24) - 1);
         goto fail;
-    if (tok_n_vocab(m->tok) > m->hp.n_vocab) {
-        snprintf(err, err_size, "model: tokenizer has %d tokens but token_embd only %d rows",
+    }
+    m->hp.n_vocab = (int)te->ne[1];
+    if (bind_matrix(&L, "token_embd.weight", m->hp.n_embd, te->ne[1], &m->tok_embd, 1)) goto fail;
+    /* one embedding row per token, as llama.cpp requires: a row without a
+     * token would be an id that prints nothing, a token without a row an
+     * id that cannot be embedded */
+    if (tok_n_vocab(m->tok) != m->hp.n_vocab) {
+        snprintf(err, err_size, "model: the tokenizer has %d tokens but token_embd.weight has %d rows",
                  tok_n_vocab(m->tok), m->hp.n_vocab);
         goto fail;
     }
@@ -401,9 +454,12 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
     }
     for (int il = 0; il < m->hp.n_layer; il++)
         if (bind_layer(&L, m, il, &m->layers[il])) goto fail;
+    if (check_all_used(&L, m)) goto fail;
+    free(L.used);
     *out = m;
     return 0;
 fail:
+    free(L.used);
     sparq_model_free(m);
     return -1;
 }

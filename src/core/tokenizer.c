@@ -619,16 +619,18 @@ int tok_create_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t 
         if (r < 0) { err_set(err, err_size, "tokenizer: tokenizer.ggml.pre is not a string"); goto fail; }
         t->pre = pt_find(pre.data, (size_t)pre.len);
         if (!t->pre) {
-            err_set(err, err_size, "tokenizer: unsupported pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
-                 (int)(pre.len > 64 ? 64 : pre.len), pre.data);
+            char shown[80];
+            err_set(err, err_size, "tokenizer: unsupported pre-tokenizer '%s' (tokenizer.ggml.pre)",
+                    gguf_str_show(pre, shown, sizeof shown));
             goto fail;
         }
         t->ignore_merges = pt_ignore_merges(t->pre);
         t->add_bos = pt_default_add_bos(t->pre);
         if (pt_drops_bos(t->pre)) t->bos = -1;
     } else {
-        err_set(err, err_size, "tokenizer: unsupported tokenizer.ggml.model '%.*s' (want llama or gpt2)",
-             (int)(model.len > 64 ? 64 : model.len), model.data);
+        char shown[80];
+        err_set(err, err_size, "tokenizer: unsupported tokenizer.ggml.model '%s' (want llama or gpt2)",
+                gguf_str_show(model, shown, sizeof shown));
         goto fail;
     }
     t->eot = t->eom = -1;

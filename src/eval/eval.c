@@ -23,12 +23,14 @@
 #include "eval/metrics.h"
 #include "core/model.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void attn_stats_add(sparq_attn_stats *acc, const sparq_attn_stats *x)
 {
@@ -74,36 +76,14 @@ int eval_read_file(const char *path, char **text, size_t *n, char *err, size_t e
 {
     *text = NULL;
     *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(err, err_size, "cannot open '%s'", path);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len - 1, f);
-        if (len < cap - 1) break;
-        if (cap > ((size_t)1 << 40)) { /* refuse absurd inputs rather than overflow */
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    const int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        return err_set(err, err_size, "cannot read '%s' (%s)", path, bad ? "read error" : "out of memory");
-    }
-    buf[len] = 0;
-    *text = buf;
-    *n = len;
+    /* a FIFO or device would block or never end: only regular files */
+    struct stat st;
+    if (stat(path, &st) != 0) return err_set(err, err_size, "cannot open '%s' (%s)", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return err_set(err, err_size, "'%s' is not a regular file", path);
+    if ((uint64_t)st.st_size > EVAL_MAX_FILE_BYTES)
+        return err_set(err, err_size, "'%s' is larger than %llu bytes", path, (unsigned long long)EVAL_MAX_FILE_BYTES);
+    if (!(*text = text_read_file(path, n)))
+        return err_set(err, err_size, "cannot read '%s' (%s)", path, errno ? strerror(errno) : "read error");
     return 0;
 }
 
@@ -289,11 +269,11 @@ void eval_prepared_free(eval_prepared *pr)
 static int prepare_forced(const sparq_model *m, int64_t n_ctx, const task_example *ex,
                           const eval_task_params *p, eval_prepared *out, char *err, size_t err_size)
 {
-    const char *ref = ex->answers[0];
+    const char *ref = ex->answers[0], *name = out->task->name;
     const size_t n_ref = strlen(ref);
     int32_t *pids = NULL, *full = NULL;
     char *joined = malloc(ex->n_prompt + n_ref + 1);
-    if (!joined) return err_set(err, err_size, "%s: out of memory", task_kind_name(out->kind));
+    if (!joined) return err_set(err, err_size, "%s: out of memory", name);
     memcpy(joined, ex->prompt, ex->n_prompt);
     memcpy(joined + ex->n_prompt, ref, n_ref + 1);
     int rc = -1;
@@ -302,25 +282,25 @@ static int prepare_forced(const sparq_model *m, int64_t n_ctx, const task_exampl
     if (nf < 0) goto done;
     const int64_t cp = metrics_common_prefix(pids, np, full, nf);
     if (cp < 1) {
-        err_set(err, err_size, "%s: prompt and reference tokenize with no common prefix", task_kind_name(out->kind));
+        err_set(err, err_size, "%s: prompt and reference tokenize with no common prefix", name);
         goto done;
     }
     int64_t n_target = nf - cp;
     if (n_target > p->bpc_max_tokens) n_target = p->bpc_max_tokens;
     if (n_target > n_ctx / 2) n_target = n_ctx / 2; /* keep half the context for the prefill */
     if (n_target < 1) {
-        err_set(err, err_size, "%s: the reference adds no tokens", task_kind_name(out->kind));
+        err_set(err, err_size, "%s: the reference adds no tokens", name);
         goto done;
     }
     const int64_t max_prompt = n_ctx - n_target + 1;
     if (max_prompt < 2) {
         err_set(err, err_size, "%s: context %lld too small for %lld teacher-forced tokens",
-                task_kind_name(out->kind), (long long)n_ctx, (long long)n_target);
+                name, (long long)n_ctx, (long long)n_target);
         goto done;
     }
     out->target = malloc((size_t)n_target * sizeof *out->target);
     if (!out->target) {
-        err_set(err, err_size, "%s: out of memory", task_kind_name(out->kind));
+        err_set(err, err_size, "%s: out of memory", name);
         goto done;
     }
     memcpy(out->target, full + cp, (size_t)n_target * sizeof *full);
@@ -340,46 +320,33 @@ done:
     return rc;
 }
 
-int eval_prepare(const sparq_model *m, int64_t n_ctx, task_kind kind, const task_example *ex,
+int eval_prepare(const sparq_model *m, int64_t n_ctx, const task_def *task, const task_example *ex,
                  const eval_task_params *p, eval_prepared *out, char *err, size_t err_size)
 {
     memset(out, 0, sizeof *out);
-    out->kind = kind;
+    out->task = task;
     out->ex = ex;
     out->stop_at_eog = p->stop_at_eog;
-    const char *name = task_kind_name(kind);
+    const char *name = task->name;
     if (ex->n_answers < 1 || !ex->answers || !ex->answers[0])
         return err_set(err, err_size, "%s: example %s has no answer/reference", name, ex->id ? ex->id : "?");
     if (n_ctx > INT_MAX) n_ctx = INT_MAX;
-    if (kind == TASK_WIKITEXT) {
+    if (task->run == TASK_RUN_FORCED) {
         if (prepare_forced(m, n_ctx, ex, p, out, err, err_size)) {
             eval_prepared_free(out);
             return -1;
         }
         return 0;
     }
-    int64_t n_gen = 0, longest = 0;
+    if (task->run != TASK_RUN_GENERATE || !task->gen_tokens || !task->score)
+        return err_set(err, err_size, "%s: not a task of single examples", name);
+    int64_t longest = 0;
     for (int i = 0; i < ex->n_answers; i++) {
         int64_t t = count_tokens(m, ex->answers[i]);
         if (t < 0) return err_set(err, err_size, "%s: cannot tokenize an answer", name);
         if (t > longest) longest = t;
     }
-    switch (kind) {
-    case TASK_SQUAD:
-    case TASK_TRIVIAQA:
-        n_gen = p->qa_spare_tokens + longest;
-        if (n_gen > p->qa_max_tokens) n_gen = p->qa_max_tokens;
-        break;
-    case TASK_CNNDM:
-        n_gen = longest < p->summary_max_tokens ? longest : p->summary_max_tokens;
-        break;
-    case TASK_REPETITION:
-        n_gen = longest < p->repetition_max_tokens ? longest : p->repetition_max_tokens;
-        break;
-    case TASK_NIAH: n_gen = p->niah_spare_tokens + longest; break;
-    case TASK_KVRET: n_gen = p->kvret_spare_tokens + longest; break;
-    default: return err_set(err, err_size, "eval: unsupported task %d", (int)kind);
-    }
+    int64_t n_gen = task->gen_tokens(p, longest);
     if (n_gen < 1) n_gen = 1;
     const int64_t max_prompt = n_ctx - n_gen + 1; /* n_gen tokens need n_gen - 1 more positions */
     if (max_prompt < 2)
@@ -403,7 +370,7 @@ int eval_prepare(const sparq_model *m, int64_t n_ctx, task_kind kind, const task
 int64_t eval_prepared_mean_len(const eval_prepared *pr)
 {
     /* decode steps see S = n_prompt + 1 .. n_prompt + steps */
-    const int64_t steps = pr->kind == TASK_WIKITEXT ? pr->n_target - 1 : pr->n_gen - 1;
+    const int64_t steps = pr->task->run == TASK_RUN_FORCED ? pr->n_target - 1 : pr->n_gen - 1;
     if (steps <= 0) return pr->n_prompt;
     return pr->n_prompt + (steps + 1) / 2;
 }
@@ -415,20 +382,12 @@ void eval_result_free(eval_result *r)
     memset(r, 0, sizeof *r);
 }
 
-/* 1 if out, after leading whitespace, starts with answer (the authors'
- * needle rule: re.match(r"^\s*" + answer)). */
-static int starts_after_space(const char *out, const char *answer)
-{
-    while (*out == ' ' || (*out >= '\t' && *out <= '\r')) out++;
-    return strncmp(out, answer, strlen(answer)) == 0;
-}
-
 int eval_run(sparq_context *c, const eval_prepared *pr, eval_result *out, char *err, size_t err_size)
 {
     memset(out, 0, sizeof *out);
     const task_example *ex = pr->ex;
-    const char *name = task_kind_name(pr->kind);
-    if (pr->kind == TASK_WIKITEXT) {
+    const char *name = pr->task->name;
+    if (pr->task->run == TASK_RUN_FORCED) {
         double *nll = malloc((size_t)pr->n_target * sizeof *nll);
         if (!nll) return err_set(err, err_size, "%s: out of memory", name);
         int rc = eval_forced_nll(c, pr->prompt, pr->n_prompt, pr->target, pr->n_target, nll, &out->attn,
@@ -444,29 +403,7 @@ int eval_run(sparq_context *c, const eval_prepared *pr, eval_result *out, char *
     eval_gen_params gp = { pr->n_gen, pr->stop_at_eog, NULL };
     eval_generation g;
     if (eval_generate(c, pr->prompt, pr->n_prompt, &gp, &g, err, err_size)) return -1;
-    const char *ref = ex->answers[0];
-    int rc = 0;
-    switch (pr->kind) {
-    case TASK_SQUAD:
-    case TASK_TRIVIAQA: {
-        int hit = metrics_qa_match(g.text, (const char *const *)ex->answers, ex->n_answers);
-        if (hit < 0) rc = err_set(err, err_size, "%s: out of memory scoring", name);
-        out->value = hit > 0;
-        break;
-    }
-    case TASK_CNNDM: {
-        metrics_rouge r;
-        if (metrics_rouge_l(ref, g.text, 1, &r)) rc = err_set(err, err_size, "%s: out of memory scoring", name);
-        out->value = r.f1;
-        break;
-    }
-    case TASK_REPETITION:
-        out->value = (double)metrics_match_length(g.text, g.n_text, ref, strlen(ref));
-        break;
-    case TASK_NIAH: out->value = starts_after_space(g.text, ref); break;
-    case TASK_KVRET: out->value = metrics_contains_ci(g.text, ref); break;
-    default: rc = err_set(err, err_size, "eval: unsupported task %d", (int)pr->kind);
-    }
+    const int rc = pr->task->score(ex, g.text, g.n_text, &out->value, err, err_size);
     out->n_generated = g.n_tokens;
     out->stop = g.stop;
     out->attn = g.attn;

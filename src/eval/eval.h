@@ -4,8 +4,8 @@
  * Everything here is greedy and deterministic. Each run starts by resetting
  * the context (sparq_context_reset), so its KV cache, policy state and
  * transfer counters describe that run alone; the counters are copied into
- * the result. The library never prints: the CLI (`sparq eval`, `sparq
- * stats`) aggregates, sweeps and formats.
+ * the result. The library never prints: sweep.h runs a task under many
+ * settings and aggregates; the CLI (`sparq eval`, `sparq stats`) formats.
  *
  * Pieces (SPEC.md "Evaluation tasks"; the SparQ authors' harness fixes the
  * lengths the paper leaves open):
@@ -55,8 +55,10 @@ int64_t eval_truncate_left(int32_t *ids, int64_t n, int64_t max_n, int keep_firs
 int64_t eval_tokenize(const sparq_model *m, const char *text, size_t n, int add_special,
                       int32_t **ids, char *err, size_t err_size);
 
-/* Reads a whole file into a malloc'd NUL-terminated buffer (*text, caller
- * frees; *n bytes). Returns 0, or -1 with a message. */
+/* Reads a whole regular file of at most EVAL_MAX_FILE_BYTES into a malloc'd
+ * NUL-terminated buffer (*text, caller frees; *n bytes). Returns 0, or -1
+ * with a message (a FIFO or device is refused, not waited on). */
+#define EVAL_MAX_FILE_BYTES ((uint64_t)1 << 31)
 int eval_read_file(const char *path, char **text, size_t *n, char *err, size_t err_size);
 
 /* Code points of the text the tokens ids[0..n) print as (their pieces
@@ -109,24 +111,12 @@ int eval_forced_nll(sparq_context *c, const int32_t *prompt, int n_prompt, const
 
 /* ---- task examples ------------------------------------------------------------ */
 
-/* Generation budgets, as the SparQ authors' harness set them. */
-typedef struct eval_task_params {
-    int qa_max_tokens;        /* squad, triviaqa: min(this, spare + answer) (30) */
-    int qa_spare_tokens;      /* (5)                                           */
-    int summary_max_tokens;   /* cnndm: min(this, reference tokens) (128)      */
-    int repetition_max_tokens;/* repetition: min(this, reference tokens) (128) */
-    int bpc_max_tokens;       /* wikitext: teacher-forced tokens (256; at most
-                                 half the context)                             */
-    int niah_spare_tokens;    /* niah: answer tokens + this (5)                */
-    int kvret_spare_tokens;   /* kvret: answer tokens + this (10)              */
-    int stop_at_eog;          /* generation stops at end-of-generation (1)     */
-} eval_task_params;
-
+/* eval_task_params (tasks.h): the generation budgets. */
 eval_task_params eval_task_default_params(void);
 
 /* An example ready to run: its prompt fitted to the context. */
 typedef struct eval_prepared {
-    task_kind kind;
+    const task_def *task;
     const task_example *ex;   /* borrowed: must outlive the prepared example  */
     int32_t *prompt;          /* [n_prompt] BOS + the prompt's last tokens     */
     int      n_prompt;
@@ -139,9 +129,9 @@ typedef struct eval_prepared {
 } eval_prepared;
 
 /* Tokenizes ex for a context of n_ctx tokens: picks the generation length
- * (or the teacher-forced target), then truncates the prompt from the left
- * so prompt + generation fits. */
-int eval_prepare(const sparq_model *m, int64_t n_ctx, task_kind kind, const task_example *ex,
+ * (task->gen_tokens) or the teacher-forced target (TASK_RUN_FORCED), then
+ * truncates the prompt from the left so prompt + generation fits. */
+int eval_prepare(const sparq_model *m, int64_t n_ctx, const task_def *task, const task_example *ex,
                  const eval_task_params *p, eval_prepared *out, char *err, size_t err_size);
 void eval_prepared_free(eval_prepared *pr);
 
@@ -163,7 +153,8 @@ typedef struct eval_result {
     sparq_attn_stats attn;    /* transfer counters of the run                 */
 } eval_result;
 
-/* Runs a prepared example through c (whose policy is the one measured). */
+/* Runs a prepared example through c (whose policy is the one measured) and
+ * scores it with the task's score method (or BPC when teacher-forced). */
 int eval_run(sparq_context *c, const eval_prepared *pr, eval_result *out, char *err, size_t err_size);
 void eval_result_free(eval_result *r);
 

@@ -85,6 +85,14 @@
  *               value (score with metrics_contains_ci), gold_index = the
  *               gold key's position.
  *
+ *   fidelity    any text (data/text/tinyshakespeare_input.txt by default):
+ *               one example whose prompt is the whole text; the harness
+ *               (sweep.h) cuts its tokens into windows and compares each
+ *               policy with dense attention on them.
+ *
+ * Each task is a task_def (below) in its own file, task_NAME.c, listed in
+ * tasks.c's registry; tasks.c holds the shared pieces (task_impl.h).
+ *
  * Characters are Unicode code points. Functions returning int return 0 on
  * success and -1 with a one-line message in err[err_size]; a missing data
  * file is reported as "<task>: <file> not found in search path (...)".
@@ -96,23 +104,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum {
-    TASK_SQUAD,
-    TASK_TRIVIAQA,
-    TASK_CNNDM,
-    TASK_WIKITEXT,
-    TASK_REPETITION,
-    TASK_NIAH,
-    TASK_KVRET,
-    TASK_N_KINDS,
-} task_kind;
-
-/* "squad", "triviaqa", "cnndm", "wikitext", "repetition", "niah", "kvret". */
-const char *task_kind_name(task_kind kind);
-
-/* Parses a name above into *out; returns 0, or -1 if unknown. */
-int task_kind_from_name(const char *name, task_kind *out);
 
 /* Counts the tokens of text[0..n) (used by niah to fit a token budget). */
 typedef int64_t (*task_count_tokens_fn)(void *ctx, const char *text, size_t n);
@@ -130,7 +121,14 @@ typedef struct {
     int64_t cnndm_max_chars;    /* ... and at most this many (0: no bound)    */
     const int64_t *niah_lengths; /* haystack budgets: tokens if count_tokens  */
     int n_niah_lengths;          /* is set, else bytes (copied by task_open)  */
+    const char *niah_length_list; /* or "A,B,.." token budgets (>= 8 each),   */
+                                 /* parsed by task_open when niah_lengths is NULL */
+    int64_t n_ctx;              /* context the prompts are for: niah's default
+                                   grid when neither of the above is given    */
     int niah_depths;            /* depths 0, 1/(n-1), ..., 1 (11)             */
+    int fid_prompt;             /* fidelity: prompt tokens per window (0: n_ctx - forced) */
+    int fid_tokens;             /* fidelity: forced tokens (0: min(256, n_ctx/2)) */
+    int fid_gen;                /* fidelity: greedy tokens (0: min(128, room)) */
     task_count_tokens_fn count_tokens; /* borrowed: count_ctx must outlive the set */
     void *count_ctx;
 } task_params;
@@ -149,18 +147,91 @@ typedef struct {
     int n_answers;
     double depth;               /* niah: needle offset / haystack bytes; else -1 */
     int64_t gold_index;         /* kvret: gold record position; else -1 */
+    int64_t grid_length;        /* niah: the grid cell's budget; else 0   */
+    double grid_depth;          /* niah: the grid cell's depth; else 0    */
 } task_example;
+
+/* Generation budgets, as the SparQ authors' harness set them (used by the
+ * tasks' gen_tokens methods; eval_prepare passes them through). */
+typedef struct eval_task_params {
+    int qa_max_tokens;        /* squad, triviaqa: min(this, spare + answer) (30) */
+    int qa_spare_tokens;      /* (5)                                           */
+    int summary_max_tokens;   /* cnndm: min(this, reference tokens) (128)      */
+    int repetition_max_tokens;/* repetition: min(this, reference tokens) (128) */
+    int bpc_max_tokens;       /* wikitext: teacher-forced tokens (256; at most
+                                 half the context)                             */
+    int niah_spare_tokens;    /* niah: answer tokens + this (5)                */
+    int kvret_spare_tokens;   /* kvret: answer tokens + this (10)              */
+    int stop_at_eog;          /* generation stops at end-of-generation (1)     */
+} eval_task_params;
 
 typedef struct task_set task_set;
 
+/* An option a task accepts (`sparq eval TASK --help` prints its table):
+ * the value goes into task_params at `offset`. */
+typedef enum { TASK_OPT_INT, TASK_OPT_I64, TASK_OPT_LIST } task_opt_type;
+typedef struct task_option {
+    const char   *name;       /* "--squad-confusion"                        */
+    task_opt_type type;       /* INT: int, I64: int64_t, LIST: const char * */
+    size_t        offset;     /* into task_params                           */
+    int64_t       min;        /* smallest value accepted (INT, I64)         */
+    const char   *metavar;
+    const char   *help;       /* says the default                           */
+} task_option;
+
+/* How a task is run (eval.h / sweep.h): generated answers scored, the
+ * reference teacher-forced, or any text compared with dense attention. */
+typedef enum { TASK_RUN_GENERATE, TASK_RUN_FORCED, TASK_RUN_FIDELITY } task_run;
+
+/* A task: one file task_NAME.c defines `const task_def task_def_NAME`, one
+ * line in tasks.c's registry lists it. */
+typedef struct task_def {
+    const char *name;
+    const char *summary;      /* one line for help                           */
+    const char *metric;       /* name of an example's value ("accuracy", ..) */
+    task_run    run;
+    int         grid;         /* examples are a length x depth grid (niah)   */
+    uint64_t    stream;       /* tag of its random streams (kept per task so
+                                 a seed always gives the same examples)      */
+    const task_option *options; /* terminated by a zero entry; NULL: none   */
+    /* Loads the data into s (s->p holds the parameters) and sets
+     * s->n_examples; on failure the set is closed by the caller. */
+    int  (*open)(task_set *s, char *err, size_t err_size);
+    /* Builds example i (0 <= i < n_examples) into *ex (initialised). */
+    int  (*get)(const task_set *s, int64_t i, task_example *ex, char *err, size_t err_size);
+    /* Frees s->priv (NULL when the task keeps nothing there). */
+    void (*free_priv)(void *priv);
+    /* TASK_RUN_GENERATE: tokens to generate for an example whose longest
+     * answer has `longest` tokens. */
+    int64_t (*gen_tokens)(const eval_task_params *p, int64_t longest);
+    /* TASK_RUN_GENERATE: the example's value for the generated text; 0, or
+     * -1 with a message (out of memory). */
+    int  (*score)(const task_example *ex, const char *out, size_t n_out, double *value, char *err,
+                  size_t err_size);
+} task_def;
+
+/* The registry: lookup by name (NULL if unknown), the tasks in order, and
+ * their names joined by sep into buf (truncated to size; returns buf). */
+const task_def *task_find(const char *name);
+int task_def_count(void);
+const task_def *task_def_at(int i);
+const char *task_names(char *buf, size_t size, const char *sep);
+
+/* Sets the option `o` (of some task's table) in p from the text `value`:
+ * an integer >= o->min, or a list. Returns 0, or -1 with a one-line message
+ * naming the option. */
+int task_option_set(task_params *p, const task_option *o, const char *value, char *err, size_t err_size);
+/* The option called `name` in t's table, or NULL. */
+const task_option *task_option_find(const task_def *t, const char *name);
+
 /* Loads the data of one task. Returns 0 and *out, or -1 (missing or
  * malformed data, bad parameters, out of memory). */
-int task_open(task_set **out, task_kind kind, const task_params *params, char *err, size_t err_size);
+int task_open(task_set **out, const task_def *task, const task_params *params, char *err, size_t err_size);
 
 /* task_close(NULL) is a no-op. */
 void task_close(task_set *s);
 
-task_kind task_set_kind(const task_set *s);
+const task_def *task_set_def(const task_set *s);
 
 /* Number of examples (niah: lengths x depths). */
 int64_t task_count(const task_set *s);
@@ -174,7 +245,25 @@ int task_get(const task_set *s, int64_t i, task_example *ex, char *err, size_t e
 int task_niah_build(const task_set *s, double depth, int64_t budget, task_example *ex, char *err,
                     size_t err_size);
 
+/* fidelity's windows over a text of n_ids tokens for a context of n_ctx
+ * (docs/EVALUATION.md): each window is `lead` BOS tokens (0 or 1) and
+ * stride text tokens, of which the first prompt - lead are the prompt and
+ * the next `forced` are teacher-forced; `gen` greedy tokens are compared
+ * from the prompt. Defaults from p->fid_*. Returns 0, or -1 when a window
+ * does not fit the context or the text. */
+typedef struct task_fid_layout {
+    int     prompt, forced, gen;
+    int64_t stride, n_windows;
+    double  mean_len;          /* mean cache length over a window's decode steps */
+} task_fid_layout;
+int task_fidelity_layout(const task_params *p, int64_t n_ctx, int64_t n_ids, int lead, task_fid_layout *out,
+                         char *err, size_t err_size);
+
 /* Frees what *ex owns and zeroes it; NULL is a no-op. */
 void task_example_free(task_example *ex);
+
+/* The tasks the registry knows (one file each). */
+extern const task_def task_def_squad, task_def_triviaqa, task_def_cnndm, task_def_wikitext,
+    task_def_repetition, task_def_niah, task_def_kvret, task_def_fidelity;
 
 #endif

@@ -7,6 +7,12 @@
  * keys serves the whole group, so a key's bytes are read once per group and
  * not once per query head.
  *
+ * Files: index.c (the kinds' registry, the entry points below, the image
+ * framing, scratch), index_scan.c (block kernels, top-k buffers and packing
+ * shared by the blocked kinds), one file per kind implementing the methods
+ * table idx_kind_ops: index_exact.c, index_ivf.c, index_hnsw.c (+ the Faiss
+ * shim index_hnsw_faiss.cc). Kind files never call each other.
+ *
  * Kinds:
  *   exact  every key is scored. Keys are stored as f16, bf16 or int8 with a
  *          per-row f32 scale (score = scale_i * sum_j q_j * k_ij); the scan is
@@ -124,6 +130,8 @@ int     idx_kind(const idx_index *ix);      /* IDX_EXACT / IDX_IVF / IDX_HNSW */
 int64_t idx_count(const idx_index *ix);     /* N */
 int     idx_dim(const idx_index *ix);       /* d */
 int     idx_nlist(const idx_index *ix);     /* ivf lists, else 0 */
+int     idx_key_type(const idx_index *ix);  /* IDX_F16 / IDX_BF16 / IDX_I8 (hnsw: IDX_F32) */
+const char *idx_kind_name(const idx_index *ix); /* "exact", "ivf", "hnsw" */
 
 /* Scratch memory for searches: per-thread candidate buffers and ivf/hnsw
  * work arrays. idx_scratch_reserve grows it for (ix, g, k, n_threads) so
@@ -142,6 +150,13 @@ void idx_scratch_free(idx_scratch *s);
 int idx_search(const idx_index *ix, const float *q, int g, int k,
                const idx_search_params *sp, idx_scratch *s,
                int32_t *ids, float *scores, char *err, size_t err_size);
+
+/* The index bytes the last search through s read (keys, i8 scales, ids,
+ * ivf centroids and probe bonuses), counted by the scan itself: the keys
+ * it scored, not the padding rows of a list's last block. *nominal is 1
+ * when the count is an estimate instead (hnsw: Faiss reports nothing;
+ * g * max(ef, k) * 2M * (4d + 4)). 0 before any search. */
+void idx_scratch_cost(const idx_scratch *s, uint64_t *bytes, int *nominal);
 
 /* Bytes idx_serialize writes (0 only if ix is NULL). */
 size_t idx_serialized_size(const idx_index *ix);
@@ -205,8 +220,12 @@ void idx_topk_finish(idx_topk *t, int k_out, int32_t *ids, float *scores);
 /* Reorders s/id [n] so that the best m (m <= n) come first, in any order. */
 void idx_select(float *s, int32_t *id, int64_t n, int64_t m);
 
+typedef struct idx_kind_ops idx_kind_ops;
+typedef struct idx_header idx_header;
+
 struct idx_index {
-    int      kind, key_type, d;
+    const idx_kind_ops *ops;    /* the kind's methods                         */
+    int      kind, key_type, d; /* kind: ops->id                              */
     int64_t  n;
     int64_t  n_blocks;          /* exact/ivf key blocks of 16                 */
     const void   *keys;         /* [n_blocks][d][16] key_type                 */
@@ -221,7 +240,7 @@ struct idx_index {
     /* hnsw */
     void    *faiss;             /* opaque Faiss index (index_hnsw_faiss.cc)   */
     int      hnsw_m, ef_search, ef_construction;
-    /* exact/ivf: the serialized image the pointers above point into */
+    /* in-place kinds: the serialized image the pointers above point into */
     const uint8_t *image;
     size_t   image_bytes;
     void    *owned;             /* freed by idx_free (image or NULL)          */
@@ -242,70 +261,117 @@ struct idx_scratch {
     int64_t  hk;                /* reserved hnsw g*k                          */
     float   *hd;                /* [hk]                                       */
     int64_t *hl;                /* [hk]                                       */
+    uint64_t cost_bytes;        /* the last search's index bytes read         */
+    int      cost_nominal;      /* ... estimated, not counted (hnsw)          */
 };
 
-/* Resolves n_threads (0 -> omp max). */
-int idx_threads(int n_threads);
-/* Makes sure s has room for the given sizes (hnsw_gk: g*k for hnsw, else 0). */
-int idx_scratch_grow(idx_scratch *s, int n_thr, int g, int cap, int64_t nl,
-                     int64_t hnsw_gk, char *err, size_t err_size);
-int idx_topk_cap(int64_t k, int64_t n);
+/* ---- the kinds' methods table and registry (index.c) ------------------------
+ * Adding a kind = one file index_NAME.c defining `const idx_kind_ops
+ * idx_kind_NAME` and one line in index.c's registry. index.c checks the
+ * generic arguments (key count and dimension, finite keys, thread count,
+ * g, k, the image header) before calling a method. */
+struct idx_kind_ops {
+    const char *name;      /* idx_params.kind                                 */
+    uint32_t    id;        /* the image header's kind field (IDX_EXACT, ...)  */
+    int         in_place;  /* images are bound in place (64-byte aligned), so
+                              ix->image is the serialized form              */
+    /* Kind-specific build parameters for N keys. */
+    int  (*check)(const idx_params *p, int64_t N, char *err, size_t err_size);
+    /* Fills ix (kind, ops already set) from keys [N][d]. */
+    int  (*build)(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
+                  char *err, size_t err_size);
+    /* Binds (in_place) or copies an image of n bytes whose header h was
+     * read and checked for magic, version, kind, d, n and size. */
+    int  (*load)(idx_index *ix, const idx_header *h, const uint8_t *img, size_t n, char *err,
+                 size_t err_size);
+    /* Image size and writer; NULL for in_place kinds (the image is copied). */
+    size_t (*serialized_size)(const idx_index *ix);
+    int  (*serialize)(const idx_index *ix, uint8_t *dst, size_t n, char *err, size_t err_size);
+    /* Grows s for g queries, k results and n_thr (resolved) threads. */
+    int  (*reserve)(idx_scratch *s, const idx_index *ix, int g, int k, int n_thr, char *err,
+                    size_t err_size);
+    /* One search (arguments checked, s reserved, s's cost zeroed): results as
+     * described at the top, and s->cost_bytes / cost_nominal set. */
+    int  (*search)(const idx_index *ix, const float *q, int g, int k, const idx_search_params *sp,
+                   int n_thr, idx_scratch *s, int32_t *ids, float *scores, char *err,
+                   size_t err_size);
+    /* Frees what the kind owns beyond ix->owned; NULL if nothing. */
+    void (*release)(idx_index *ix);
+};
 
-/* Header helpers shared with the ivf / hnsw code. */
+extern const idx_kind_ops idx_kind_exact, idx_kind_ivf, idx_kind_hnsw;
+
+/* Registry: lookup by name (NULL if unknown), the kinds in order, and
+ * their names joined by sep (help texts, error messages). */
+const idx_kind_ops *idx_kind_find(const char *name);
+int idx_kind_count(void);
+const idx_kind_ops *idx_kind_at(int i);
+const char *idx_kind_names(char *buf, size_t size, const char *sep);
+
+/* ---- the image framing and scratch (index.c) ------------------------------- */
+
 #define IDX_HEADER_BYTES 128
-typedef struct idx_header {
+struct idx_header {
     uint32_t kind, key_type, d;
     int64_t  n;
     uint64_t total_bytes;
     int64_t  n_blocks;
     int32_t  nlist, nprobe, hnsw_m, ef_search, ef_construction, max_level,
              entry_point;
-} idx_header;
+};
 void idx_header_write(const idx_header *h, uint8_t *dst);
-/* Section offsets for exact/ivf images; -1 on overflow. off[]: keys, scales,
- * centroids, list_off, list_n, ids, list_bonus; *total: image bytes. */
-#define IDX_N_SECTIONS 7
-int idx_layout(const idx_header *h, size_t off[IDX_N_SECTIONS], size_t *total);
+/* Appends a section of count x elt bytes at the next 64-byte boundary after
+ * *end: *off its offset, *end moved past it; -1 on overflow. */
+int idx_section(size_t *end, int64_t count, size_t elt, size_t *off);
+/* The image size for sections ending at end (64-byte aligned); -1 on overflow. */
+int idx_image_end(size_t end, size_t *total);
+/* Allocates a zeroed 64-aligned image of total bytes, sets h->total_bytes
+ * and writes the header; NULL with a message on failure. */
+uint8_t *idx_image_alloc(idx_header *h, size_t total, char *err, size_t err_size);
+/* Resolves n_threads (0 -> omp max). */
+int idx_threads(int n_threads);
+/* Makes sure s has room for the given sizes (hnsw_gk: g*k for hnsw, else 0). */
+int idx_scratch_grow(idx_scratch *s, int n_thr, int g, int cap, int64_t nl,
+                     int64_t hnsw_gk, char *err, size_t err_size);
+
+/* ---- blocked keys, shared by exact and ivf (index_scan.c) ------------------ */
+
+int idx_topk_cap(int64_t k, int64_t n);
 size_t idx_elt_bytes(int key_type);
+/* Bytes of one key row as a scan reads it: d keys, the i8 scale, the id. */
+uint64_t idx_row_bytes(const idx_index *ix);
+/* Scores blocks [b0, b1) against g queries and pushes them into tk [g]; only
+ * the first n_rows rows of the range are keys. blk: [g][16] work space.
+ * Returns the bytes of the keys it scored (rows x idx_row_bytes). */
+uint64_t idx_scan_blocks(const idx_index *ix, int64_t b0, int64_t b1, int64_t n_rows,
+                         const float *q, int g, idx_topk *tk, float *blk);
+/* One search over n_ranges ranges of blocks, split over n_thr threads:
+ * range(ix, ctx, i, ...) gives range i's blocks [b0, b1) and how many of
+ * their rows are keys. Writes ids / scores [g][k] and adds the bytes read
+ * to s->cost_bytes. */
+void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, int64_t n_ranges,
+                     void (*range)(const idx_index *ix, const void *ctx, int64_t i, int64_t *b0,
+                                   int64_t *b1, int64_t *n_rows),
+                     const void *ctx, int n_thr, idx_scratch *s, int32_t *ids, float *scores);
+/* The reserve method of blocked kinds (candidate buffers, nlist lists). */
+int idx_blocked_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n_thr, char *err,
+                        size_t err_size);
 /* Blocks v [n][d] of f32 into dst [ceil(n/16)][d][16] of key_type (i8:
  * per-row scales into scales [..*16]); padding rows are zero. */
 void idx_pack_rows(int key_type, const float *v, int64_t n, int d, void *dst,
                    float *scales);
 void idx_pack_rows_ref(int key_type, const float *v, int64_t n, int d, void *dst,
                        float *scales);
-/* Allocates a zeroed 64-aligned image for h, sets h->total_bytes, writes
- * the header and the section offsets; NULL with a message on failure. */
-uint8_t *idx_image_alloc(idx_header *h, size_t off[IDX_N_SECTIONS], char *err, size_t err_size);
-/* Binds an exact/ivf image (validated) into ix. */
-int idx_bind_image(idx_index *ix, const uint8_t *img, size_t n, char *err,
-                   size_t err_size);
-
-/* ivf (index_ivf.c) */
-int idx_ivf_build(const idx_params *p, const float *keys, int64_t N, int d,
-                  idx_index *ix, char *err, size_t err_size);
-/* Checks a bound ivf image: lists tile the blocks, counts fit, the ids are
- * a permutation of 0..n-1 with -1 padding, probe bonuses finite >= 0. */
-int idx_ivf_check(const idx_index *ix, char *err, size_t err_size);
-int idx_ivf_search(const idx_index *ix, const float *q, int g, int k,
-                   int nprobe, int n_thr, idx_scratch *s, int32_t *ids,
-                   float *scores);
-/* Scores blocks [b0, b1) against g queries and pushes them into tk [g]; only
- * the first n_rows rows of the range are keys (index_exact.c; ivf calls it
- * per list). blk: [g][16] work space. */
-void idx_scan_blocks(const idx_index *ix, int64_t b0, int64_t b1, int64_t n_rows,
-                     const float *q, int g, idx_topk *tk, float *blk);
-
-/* hnsw (index_hnsw.c) */
-int  idx_hnsw_build(const idx_params *p, const float *keys, int64_t N, int d,
-                    idx_index *ix, char *err, size_t err_size);
-int  idx_hnsw_search(const idx_index *ix, const float *q, int g, int k,
-                     int ef_search, int n_thr, idx_scratch *s, int32_t *ids,
-                     float *scores, char *err, size_t err_size);
-size_t idx_hnsw_serialized_size(const idx_index *ix);
-int  idx_hnsw_serialize(const idx_index *ix, uint8_t *dst);
-int  idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src,
-                   size_t n, char *err, size_t err_size);
-void idx_hnsw_free(idx_index *ix);
+/* The key sections (keys, then i8 scales) of h's n_blocks, appended after
+ * *end; -1 on overflow or a bad key type. */
+int idx_keys_layout(const idx_header *h, size_t *end, size_t *off_keys, size_t *off_scales);
+/* A loaded header's key type is f16, bf16 or i8 and no hnsw field is set. */
+int idx_keys_check(const idx_header *h, char *err, size_t err_size);
+/* idx_params.key_type is f16, bf16 or i8. */
+int idx_keys_param_check(const idx_params *p, char *err, size_t err_size);
+/* Points ix's key fields into img. */
+void idx_keys_bind(idx_index *ix, const idx_header *h, const uint8_t *img, size_t off_keys,
+                   size_t off_scales);
 
 /* The Faiss shim (index_hnsw_faiss.cc, compiled only with Faiss). Arrays in
  * idx_hnsw_parts may be unaligned: they are only ever memcpy'd. */

@@ -5,6 +5,11 @@
  * "hnsw index not built: Faiss not available". This file owns the serialized
  * form (our header + raw graph arrays, see index.h) so that loading checks
  * every size against the buffer before Faiss allocates anything.
+ * Only implements the methods of idx_kind_hnsw.
+ *
+ * Cost: Faiss does not say how many nodes a search visited, so the bytes a
+ * search reports are nominal (g * max(ef, k) * 2M * (4d + 4)) and flagged
+ * so (idx_scratch_cost).
  */
 #include "util/err.h"
 #include "index/index.h"
@@ -17,26 +22,19 @@
 /* Section offsets: keys, levels, offsets, neighbours; -1 on overflow. */
 static int hnsw_layout(int64_t n, int d, int64_t n_nb, size_t off[4], size_t *total)
 {
-    const size_t elt[4] = { (size_t)d * 4, 4, 8, 4 };
-    const int64_t cnt[4] = { n, n, n + 1, n_nb };
     size_t end = IDX_HEADER_BYTES;
-    for (int i = 0; i < 4; i++) {
-        size_t bytes, o = (end + 63) & ~(size_t)63;
-        if (cnt[i] < 0 || __builtin_mul_overflow((size_t)cnt[i], elt[i], &bytes) ||
-            __builtin_add_overflow(o, bytes, &end))
-            return -1;
-        off[i] = o;
-    }
-    *total = (end + 63) & ~(size_t)63;
-    return *total < end ? -1 : 0;
+    if (idx_section(&end, n, (size_t)d * 4, &off[0]) || idx_section(&end, n, 4, &off[1]) ||
+        idx_section(&end, n + 1, 8, &off[2]) || idx_section(&end, n_nb, 4, &off[3]))
+        return -1;
+    return idx_image_end(end, total);
 }
 
 #ifdef SPARQ_HAVE_FAISS
 
-int idx_hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
+
+static int hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
                    char *err, size_t err_size)
 {
-    ix->kind = IDX_HNSW;
     ix->key_type = IDX_F32;
     ix->d = d;
     ix->n = N;
@@ -47,12 +45,17 @@ int idx_hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx
                                 &ix->faiss, err, err_size);
 }
 
-int idx_hnsw_search(const idx_index *ix, const float *q, int g, int k, int ef_search, int n_thr,
-                    idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
+static int hnsw_search(const idx_index *ix, const float *q, int g, int k, const idx_search_params *sp,
+                       int n_thr, idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
 {
-    if (idx_faiss_hnsw_search(ix->faiss, q, g, k, ef_search < k ? k : ef_search, n_thr, s->hd, s->hl,
-                              err, err_size))
+    int ef = sp->ef_search ? sp->ef_search : ix->ef_search;
+    if (ef < k) ef = k;
+    if (idx_faiss_hnsw_search(ix->faiss, q, g, k, ef, n_thr, s->hd, s->hl, err, err_size))
         return -1;
+    /* nominal: each query visits about ef nodes and reads 2M links and their
+     * f32 keys at level 0 */
+    s->cost_bytes = (uint64_t)g * (uint64_t)ef * 2 * (uint64_t)ix->hnsw_m * (4 * (uint64_t)ix->d + 4);
+    s->cost_nominal = 1;
     for (int64_t i = 0; i < (int64_t)g * k; i++) {
         int ok = s->hl[i] >= 0 && s->hl[i] < ix->n;
         ids[i] = ok ? (int32_t)s->hl[i] : -1;
@@ -61,7 +64,7 @@ int idx_hnsw_search(const idx_index *ix, const float *q, int g, int k, int ef_se
     return 0;
 }
 
-size_t idx_hnsw_serialized_size(const idx_index *ix)
+static size_t hnsw_serialized_size(const idx_index *ix)
 {
     idx_hnsw_parts p;
     size_t off[4], total;
@@ -69,12 +72,14 @@ size_t idx_hnsw_serialized_size(const idx_index *ix)
     return hnsw_layout(ix->n, ix->d, p.n_neighbors, off, &total) ? 0 : total;
 }
 
-int idx_hnsw_serialize(const idx_index *ix, uint8_t *dst)
+static int hnsw_serialize(const idx_index *ix, uint8_t *dst, size_t n, char *err, size_t err_size)
 {
+    (void)n;
     idx_hnsw_parts p;
     size_t off[4], total;
     idx_faiss_hnsw_parts(ix->faiss, &p);
-    if (hnsw_layout(ix->n, ix->d, p.n_neighbors, off, &total)) return -1;
+    if (hnsw_layout(ix->n, ix->d, p.n_neighbors, off, &total))
+        return err_set(err, err_size, "idx_serialize: hnsw graph cannot be written");
     memset(dst, 0, total);
     idx_header h = { .kind = IDX_HNSW, .key_type = IDX_F32, .d = (uint32_t)ix->d, .n = ix->n,
                      .total_bytes = total, .n_blocks = p.n_neighbors, .hnsw_m = ix->hnsw_m,
@@ -88,7 +93,7 @@ int idx_hnsw_serialize(const idx_index *ix, uint8_t *dst)
     return 0;
 }
 
-int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t n, char *err,
+static int hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t n, char *err,
                   size_t err_size)
 {
     size_t off[4], total;
@@ -114,7 +119,6 @@ int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t
     idx_hnsw_parts p = { .keys = src + off[0], .levels = src + off[1], .offsets = src + off[2],
                          .neighbors = src + off[3], .n_neighbors = h->n_blocks,
                          .max_level = h->max_level, .entry_point = h->entry_point };
-    ix->kind = IDX_HNSW;
     ix->key_type = IDX_F32;
     ix->d = (int)h->d;
     ix->n = h->n;
@@ -125,7 +129,7 @@ int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t
                                      err, err_size);
 }
 
-void idx_hnsw_free(idx_index *ix)
+static void hnsw_release(idx_index *ix)
 {
     if (ix->faiss) idx_faiss_hnsw_free(ix->faiss);
     ix->faiss = NULL;
@@ -135,45 +139,75 @@ void idx_hnsw_free(idx_index *ix)
 
 #define NO_FAISS "hnsw index not built: Faiss not available"
 
-int idx_hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
-                   char *err, size_t err_size)
+static int hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
+                      char *err, size_t err_size)
 {
     (void)p; (void)keys; (void)N; (void)d; (void)ix;
     return err_set(err, err_size, NO_FAISS);
 }
 
-int idx_hnsw_search(const idx_index *ix, const float *q, int g, int k, int ef_search, int n_thr,
-                    idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
+static int hnsw_search(const idx_index *ix, const float *q, int g, int k, const idx_search_params *sp,
+                       int n_thr, idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
 {
-    (void)ix; (void)q; (void)g; (void)k; (void)ef_search; (void)n_thr; (void)s; (void)ids; (void)scores;
+    (void)ix; (void)q; (void)g; (void)k; (void)sp; (void)n_thr; (void)s; (void)ids; (void)scores;
     return err_set(err, err_size, NO_FAISS);
 }
 
-size_t idx_hnsw_serialized_size(const idx_index *ix)
+static size_t hnsw_serialized_size(const idx_index *ix)
 {
     (void)ix;
     return 0;
 }
 
-int idx_hnsw_serialize(const idx_index *ix, uint8_t *dst)
+static int hnsw_serialize(const idx_index *ix, uint8_t *dst, size_t n, char *err, size_t err_size)
 {
-    (void)ix; (void)dst;
-    return -1;
-}
-
-int idx_hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t n, char *err,
-                  size_t err_size)
-{
-    size_t off[4], total;
-    (void)ix; (void)src;
-    (void)hnsw_layout(h->n, (int)h->d, h->n_blocks, off, &total);
-    (void)n;
+    (void)ix; (void)dst; (void)n;
     return err_set(err, err_size, NO_FAISS);
 }
 
-void idx_hnsw_free(idx_index *ix)
+static int hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t n, char *err,
+                     size_t err_size)
+{
+    (void)ix; (void)h; (void)src; (void)n; (void)hnsw_layout;
+    return err_set(err, err_size, NO_FAISS);
+}
+
+static void hnsw_release(idx_index *ix)
 {
     (void)ix;
 }
 
 #endif
+
+static int hnsw_check(const idx_params *p, int64_t N, char *err, size_t err_size)
+{
+    (void)N;
+    if (p->hnsw_m < 2 || p->hnsw_m > 256)
+        return err_set(err, err_size, "idx_build: hnsw_m %d outside [2, 256]", p->hnsw_m);
+    if (p->ef_construction < 1 || p->ef_construction > 100000)
+        return err_set(err, err_size, "idx_build: ef_construction %d outside [1, 100000]", p->ef_construction);
+    if (p->ef_search < 1 || p->ef_search > 100000)
+        return err_set(err, err_size, "idx_build: ef_search %d outside [1, 100000]", p->ef_search);
+    return 0;
+}
+
+static int hnsw_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n_thr, char *err,
+                        size_t err_size)
+{
+    (void)ix; (void)n_thr;
+    return idx_scratch_grow(s, 0, 0, 0, 0, (int64_t)g * k, err, err_size);
+}
+
+const idx_kind_ops idx_kind_hnsw = {
+    .name = "hnsw",
+    .id = IDX_HNSW,
+    .in_place = 0, /* always copied into Faiss */
+    .check = hnsw_check,
+    .build = hnsw_build,
+    .load = hnsw_load,
+    .serialized_size = hnsw_serialized_size,
+    .serialize = hnsw_serialize,
+    .reserve = hnsw_reserve,
+    .search = hnsw_search,
+    .release = hnsw_release,
+};

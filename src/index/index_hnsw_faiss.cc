@@ -6,13 +6,15 @@
 // omp_set_num_threads around the Faiss call and restored afterwards: Faiss
 // parallelises add() and multi-query search() with OpenMP on its own.
 #include "index/index.h"
+extern "C" {
+#include "util/err.h" /* a C header without its own extern "C" */
+}
 
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexHNSW.h>
 #include <faiss/impl/HNSW.h>
 #include <omp.h>
 
-#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -23,17 +25,6 @@ static_assert(sizeof(size_t) == 8, "Faiss HNSW offsets must be 64-bit");
 static_assert(sizeof(faiss::HNSW::storage_idx_t) == 4, "Faiss HNSW links must be 32-bit");
 
 namespace {
-
-int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 // Sets the OpenMP thread count for this scope.
 struct ThreadScope {
@@ -50,21 +41,21 @@ int check_graph(const faiss::HNSW &hn, int64_t n, char *err, size_t err_size)
     for (int64_t i = 0; i < n; i++) {
         int l = hn.levels[i];
         if (l < 1 || l > n_lev)
-            return fail(err, err_size, "idx_deserialize: hnsw node %lld has %d levels, Faiss allows 1..%d",
+            return err_set(err, err_size, "idx_deserialize: hnsw node %lld has %d levels, Faiss allows 1..%d",
                         (long long)i, l, n_lev);
         if (l > top) top = l;
         size_t want = hn.offsets[i] + (size_t)hn.cum_nb_neighbors(l);
         if (hn.offsets[i] > hn.neighbors.size() || hn.offsets[i + 1] != want)
-            return fail(err, err_size, "idx_deserialize: hnsw node %lld links at [%zu, %zu), expected end %zu",
+            return err_set(err, err_size, "idx_deserialize: hnsw node %lld links at [%zu, %zu), expected end %zu",
                         (long long)i, hn.offsets[i], hn.offsets[i + 1], want);
     }
     if (hn.offsets[0] != 0 || hn.offsets[n] != hn.neighbors.size())
-        return fail(err, err_size, "idx_deserialize: hnsw offsets span [%zu, %zu), %zu links stored",
+        return err_set(err, err_size, "idx_deserialize: hnsw offsets span [%zu, %zu), %zu links stored",
                     hn.offsets[0], hn.offsets[n], hn.neighbors.size());
     if (hn.max_level != top - 1)
-        return fail(err, err_size, "idx_deserialize: hnsw max level %d, nodes reach %d", hn.max_level, top - 1);
+        return err_set(err, err_size, "idx_deserialize: hnsw max level %d, nodes reach %d", hn.max_level, top - 1);
     if (hn.entry_point < 0 || hn.entry_point >= n || hn.levels[hn.entry_point] != top)
-        return fail(err, err_size, "idx_deserialize: hnsw entry point %d is not a top-level node", hn.entry_point);
+        return err_set(err, err_size, "idx_deserialize: hnsw entry point %d is not a top-level node", hn.entry_point);
     // a link on level l must reach a node that exists on level l: Faiss reads
     // the target's level-l range without checking
     for (int64_t i = 0; i < n; i++)
@@ -75,7 +66,7 @@ int check_graph(const faiss::HNSW &hn, int64_t n, char *err, size_t err_size)
                 int v = hn.neighbors[j];
                 if (v == -1) continue;
                 if (v < 0 || v >= n || hn.levels[v] <= l)
-                    return fail(err, err_size, "idx_deserialize: hnsw node %lld level %d links to bad node %d",
+                    return err_set(err, err_size, "idx_deserialize: hnsw node %lld level %d links to bad node %d",
                                 (long long)i, l, v);
             }
         }
@@ -98,10 +89,10 @@ extern "C" int idx_faiss_hnsw_build(const float *keys, int64_t n, int d, int m, 
         return 0;
     } catch (const std::exception &e) {
         delete ix;
-        return fail(err, err_size, "idx_build: Faiss HNSW build failed: %s", e.what());
+        return err_set(err, err_size, "idx_build: Faiss HNSW build failed: %s", e.what());
     } catch (...) {
         delete ix;
-        return fail(err, err_size, "idx_build: Faiss HNSW build failed");
+        return err_set(err, err_size, "idx_build: Faiss HNSW build failed");
     }
 }
 
@@ -117,9 +108,9 @@ extern "C" int idx_faiss_hnsw_search(const void *h, const float *q, int g, int k
         ix->search(g, q, k, dist, reinterpret_cast<faiss::Index::idx_t *>(lab), &sp);
         return 0;
     } catch (const std::exception &e) {
-        return fail(err, err_size, "idx_search: Faiss HNSW search failed: %s", e.what());
+        return err_set(err, err_size, "idx_search: Faiss HNSW search failed: %s", e.what());
     } catch (...) {
-        return fail(err, err_size, "idx_search: Faiss HNSW search failed");
+        return err_set(err, err_size, "idx_search: Faiss HNSW search failed");
     }
 }
 
@@ -163,10 +154,10 @@ extern "C" int idx_faiss_hnsw_from_parts(const idx_hnsw_parts *p, int64_t n, int
         return 0;
     } catch (const std::exception &e) {
         delete ix;
-        return fail(err, err_size, "idx_deserialize: Faiss HNSW load failed: %s", e.what());
+        return err_set(err, err_size, "idx_deserialize: Faiss HNSW load failed: %s", e.what());
     } catch (...) {
         delete ix;
-        return fail(err, err_size, "idx_deserialize: Faiss HNSW load failed");
+        return err_set(err, err_size, "idx_deserialize: Faiss HNSW load failed");
     }
 }
 

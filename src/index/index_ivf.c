@@ -8,6 +8,12 @@
  *   build            assign every key, lay the lists out block by block
  *   check            validation of a loaded image (lists, ids)
  *   search           rank lists by q . centroid, scan the union of probes
+ *                    (counting the bytes read: centroids, bonuses, keys)
+ *
+ * Image: header, centroids f32 [ceil(nlist/16)][d][16], list_off i64
+ * [nlist+1], list_n i64 [nlist], list_bonus f32 [nlist], ids i32
+ * [n_blocks*16], then the key sections index_scan.c lays out (index.h).
+ * Only implements the methods of idx_kind_ivf.
  *
  * Why L2 clustering for an inner-product search: max-inner-product
  * assignment collapses keys onto the few centroids of largest norm; L2
@@ -345,6 +351,29 @@ static int kmeans_train(kmeans *km, const float *keys, int64_t N, int d, int nc,
     return 0;
 }
 
+/* ---- the image ----------------------------------------------------------------------- */
+
+/* Section offsets: centroids, list_off, list_n, ids, list_bonus, keys,
+ * scales (the order of the bytes: centroids, offsets, counts, bonuses,
+ * ids, keys, scales); -1 on overflow. */
+enum { S_CENT, S_LOFF, S_LN, S_IDS, S_BONUS, S_KEYS, S_SCALES, N_SECT };
+
+static int ivf_layout(const idx_header *h, size_t off[N_SECT], size_t *total)
+{
+    size_t end = IDX_HEADER_BYTES;
+    memset(off, 0, N_SECT * sizeof off[0]);
+    if (h->nlist < 1 || h->d < 1 || h->d > IDX_MAX_D) return -1;
+    const int64_t ncb = ((int64_t)h->nlist + 15) / 16;
+    if (idx_section(&end, ncb, (size_t)h->d * IDX_BLOCK * 4, &off[S_CENT]) ||
+        idx_section(&end, (int64_t)h->nlist + 1, 8, &off[S_LOFF]) ||
+        idx_section(&end, h->nlist, 8, &off[S_LN]) ||
+        idx_section(&end, h->nlist, 4, &off[S_BONUS]) ||
+        idx_section(&end, h->n_blocks, IDX_BLOCK * 4, &off[S_IDS]) ||
+        idx_keys_layout(h, &end, &off[S_KEYS], &off[S_SCALES]))
+        return -1;
+    return idx_image_end(end, total);
+}
+
 /* ---- build ------------------------------------------------------------------------------ */
 
 /* bonus[l] = sigma_l * sqrt(2 ln(n_l + 1)): sigma_l^2 is the mean squared
@@ -370,7 +399,10 @@ static int list_spread(const float *keys, int64_t N, int d, const int32_t *lab, 
     return 0;
 }
 
-int idx_ivf_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
+static int ivf_load(idx_index *ix, const idx_header *h, const uint8_t *img, size_t n, char *err,
+                    size_t err_size);
+
+static int ivf_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
                   char *err, size_t err_size)
 {
     int nlist = p->nlist > 0 ? p->nlist : (int)llround(sqrt((double)N));
@@ -403,12 +435,16 @@ int idx_ivf_build(const idx_params *p, const float *keys, int64_t N, int d, idx_
     for (int l = 0; l < nlist; l++) n_blocks += (fill[l] + IDX_BLOCK - 1) / IDX_BLOCK;
     idx_header h = { .kind = IDX_IVF, .key_type = (uint32_t)p->key_type, .d = (uint32_t)d, .n = N,
                      .n_blocks = n_blocks, .nlist = nlist, .nprobe = nprobe };
-    size_t off[IDX_N_SECTIONS];
-    img = idx_image_alloc(&h, off, err, err_size);
+    size_t off[N_SECT], total;
+    if (ivf_layout(&h, off, &total)) {
+        err_set(err, err_size, "idx_build: index of %lld keys x %d does not fit in memory", (long long)N, d);
+        goto done;
+    }
+    img = idx_image_alloc(&h, total, err, err_size);
     if (!img) goto done;
-    int64_t *list_off = (int64_t *)(img + off[3]), *list_n = (int64_t *)(img + off[4]);
-    int32_t *ids = (int32_t *)(img + off[5]);
-    float *bonus = (float *)(img + off[6]);
+    int64_t *list_off = (int64_t *)(img + off[S_LOFF]), *list_n = (int64_t *)(img + off[S_LN]);
+    int32_t *ids = (int32_t *)(img + off[S_IDS]);
+    float *bonus = (float *)(img + off[S_BONUS]);
     if (list_spread(keys, N, d, lab, best, fill, nlist, bonus)) {
         err_set(err, err_size, "idx_build: out of memory for %d list statistics", nlist);
         goto done;
@@ -424,22 +460,24 @@ int idx_ivf_build(const idx_params *p, const float *keys, int64_t N, int d, idx_
         int32_t l = lab[i];
         ids[list_off[l] * IDX_BLOCK + fill[l]++] = (int32_t)i;
     }
-    idx_pack_rows(IDX_F32, km.c, nlist, d, img + off[2], NULL);
+    idx_pack_rows(IDX_F32, km.c, nlist, d, img + off[S_CENT], NULL);
 
     /* keys: gather each block's rows, then pack them in place */
     size_t bb = (size_t)d * IDX_BLOCK * idx_elt_bytes(p->key_type);
-    float *scales = p->key_type == IDX_I8 ? (float *)(img + off[1]) : NULL;
+    float *scales = p->key_type == IDX_I8 ? (float *)(img + off[S_SCALES]) : NULL;
 #pragma omp parallel for num_threads(nt_thr) schedule(static) if (nt_thr > 1)
     for (int64_t b = 0; b < n_blocks; b++) {
         float *t = tmp + (size_t)omp_get_thread_num() * IDX_BLOCK * d;
         int r = 0;
         for (; r < IDX_BLOCK && ids[b * IDX_BLOCK + r] >= 0; r++)
             memcpy(t + (size_t)r * d, keys + (int64_t)ids[b * IDX_BLOCK + r] * d, (size_t)d * sizeof(float));
-        idx_pack_rows(p->key_type, t, r, d, img + off[0] + (size_t)b * bb, scales ? scales + b * IDX_BLOCK : NULL);
+        idx_pack_rows(p->key_type, t, r, d, img + off[S_KEYS] + (size_t)b * bb, scales ? scales + b * IDX_BLOCK : NULL);
     }
     ix->owned = img;
+    ix->image = img;
+    ix->image_bytes = total;
     img = NULL;
-    rc = idx_bind_image(ix, ix->owned, h.total_bytes, err, err_size);
+    rc = ivf_load(ix, &h, ix->owned, total, err, err_size);
 done:
     kmeans_free(&km);
     free(lab);
@@ -452,7 +490,7 @@ done:
 
 /* ---- validation of a loaded image --------------------------------------------------------- */
 
-int idx_ivf_check(const idx_index *ix, char *err, size_t err_size)
+static int ivf_check_lists(const idx_index *ix, char *err, size_t err_size)
 {
     const int64_t *lo = ix->list_off, *ln = ix->list_n;
     if (lo[0] != 0) return err_set(err, err_size, "idx_deserialize: ivf list 0 starts at block %lld", (long long)lo[0]);
@@ -495,18 +533,77 @@ int idx_ivf_check(const idx_index *ix, char *err, size_t err_size)
     return rc;
 }
 
+static int ivf_load(idx_index *ix, const idx_header *h, const uint8_t *img, size_t n, char *err,
+                    size_t err_size)
+{
+    size_t off[N_SECT], total = 0;
+    if (idx_keys_check(h, err, err_size)) return -1;
+    const int64_t min_blocks = (h->n + IDX_BLOCK - 1) / IDX_BLOCK;
+    if (h->nlist < 1 || h->nlist > h->n)
+        return err_set(err, err_size, "idx_deserialize: nlist %d outside [1, %lld]", h->nlist, (long long)h->n);
+    if (h->nprobe < 1 || h->nprobe > h->nlist)
+        return err_set(err, err_size, "idx_deserialize: nprobe %d outside [1, %d]", h->nprobe, h->nlist);
+    if (h->n_blocks < min_blocks || h->n_blocks > min_blocks + h->nlist)
+        return err_set(err, err_size, "idx_deserialize: %lld blocks for %lld keys in %d lists",
+                       (long long)h->n_blocks, (long long)h->n, h->nlist);
+    if (ivf_layout(h, off, &total) != 0 || total != n)
+        return err_set(err, err_size, "idx_deserialize: sections need %zu bytes, buffer has %zu", total, n);
+    idx_keys_bind(ix, h, img, off[S_KEYS], off[S_SCALES]);
+    ix->nlist = h->nlist;
+    ix->nprobe = h->nprobe;
+    ix->centroids = (const float *)(img + off[S_CENT]);
+    ix->list_off = (const int64_t *)(img + off[S_LOFF]);
+    ix->list_n = (const int64_t *)(img + off[S_LN]);
+    ix->ids = (const int32_t *)(img + off[S_IDS]);
+    ix->list_bonus = (const float *)(img + off[S_BONUS]);
+    return ivf_check_lists(ix, err, err_size);
+}
+
+static int ivf_check(const idx_params *p, int64_t N, char *err, size_t err_size)
+{
+    if (idx_keys_param_check(p, err, err_size)) return -1;
+    if (p->nlist < 0 || p->nlist > N)
+        return err_set(err, err_size, "idx_build: nlist %d outside [0, %lld]", p->nlist, (long long)N);
+    if (p->nprobe < 0) return err_set(err, err_size, "idx_build: nprobe %d is negative", p->nprobe);
+    if (p->n_iter < 0 || p->n_iter > 1000)
+        return err_set(err, err_size, "idx_build: n_iter %d outside [0, 1000]", p->n_iter);
+    if (p->n_train < 0 || p->n_train > N)
+        return err_set(err, err_size, "idx_build: n_train %lld outside [0, %lld]",
+                       (long long)p->n_train, (long long)N);
+    if (p->n_train > 0 && p->n_train < p->nlist)
+        return err_set(err, err_size, "idx_build: n_train %lld is below nlist %d",
+                       (long long)p->n_train, p->nlist);
+    return 0;
+}
+
 /* ---- search ------------------------------------------------------------------------------- */
 
-int idx_ivf_search(const idx_index *ix, const float *q, int g, int k, int nprobe, int n_thr,
-                   idx_scratch *s, int32_t *ids, float *scores)
+/* Range u of a search: the u-th list of the probed union (ctx: list ids). */
+static void ivf_range(const idx_index *ix, const void *ctx, int64_t u, int64_t *b0, int64_t *b1,
+                      int64_t *n_rows)
 {
+    const int l = ((const int32_t *)ctx)[u];
+    *b0 = ix->list_off[l];
+    *b1 = ix->list_off[l + 1];
+    *n_rows = ix->list_n[l];
+}
+
+static int ivf_search(const idx_index *ix, const float *q, int g, int k, const idx_search_params *sp,
+                      int n_thr, idx_scratch *s, int32_t *ids, float *scores, char *err, size_t err_size)
+{
+    (void)err; (void)err_size;
     int d = ix->d, nlist = ix->nlist;
+    int nprobe = sp->nprobe ? sp->nprobe : ix->nprobe;
+    if (nprobe > nlist) nprobe = nlist;
     int64_t ncb = (nlist + IDX_BLOCK - 1) / IDX_BLOCK, nl = ncb * IDX_BLOCK;
     for (int64_t b = 0; b < ncb; b++) {
         idx_block_scores(IDX_F32, ix->centroids + (size_t)b * d * IDX_BLOCK, NULL, d, q, g, s->blk);
         for (int h = 0; h < g; h++)
             memcpy(s->cs + h * nl + b * IDX_BLOCK, s->blk + h * IDX_BLOCK, IDX_BLOCK * sizeof(float));
     }
+    /* read: each centroid once for the group (padding slots excluded, as
+     * for keys), each list's bonus once */
+    uint64_t bytes = (uint64_t)nlist * (4 * (uint64_t)d + 4);
     /* each query's best nprobe lists; the group scans their union once */
     memset(s->lmark, 0, (size_t)nlist);
     for (int h = 0; h < g; h++) {
@@ -523,22 +620,21 @@ int idx_ivf_search(const idx_index *ix, const float *q, int g, int k, int nprobe
     int nu = 0;
     for (int l = 0; l < nlist; l++)
         if (s->lmark[l]) s->li[nu++] = l;
-    if (n_thr > nu) n_thr = nu;
-    const int32_t *ul = s->li;
-#pragma omp parallel num_threads(n_thr) if (n_thr > 1)
-    {
-        int t = omp_get_thread_num();
-        idx_topk *tk = s->tk + (size_t)t * g;
-        float *blk = s->blk + (size_t)t * g * IDX_BLOCK;
-#pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < nu; u++) {
-            int l = ul[u];
-            idx_scan_blocks(ix, ix->list_off[l], ix->list_off[l + 1], ix->list_n[l], q, g, tk, blk);
-        }
-    }
-    for (int h = 0; h < g; h++) {
-        for (int t = 1; t < n_thr; t++) idx_topk_merge(&s->tk[h], &s->tk[(size_t)t * g + h]);
-        idx_topk_finish(&s->tk[h], k, ids + (size_t)h * k, scores + (size_t)h * k);
-    }
+    s->cost_bytes = bytes;
+    idx_scan_ranges(ix, q, g, k, nu, ivf_range, s->li, n_thr, s, ids, scores);
     return 0;
 }
+
+const idx_kind_ops idx_kind_ivf = {
+    .name = "ivf",
+    .id = IDX_IVF,
+    .in_place = 1,
+    .check = ivf_check,
+    .build = ivf_build,
+    .load = ivf_load,
+    .serialized_size = NULL, /* the image itself */
+    .serialize = NULL,
+    .reserve = idx_blocked_reserve,
+    .search = ivf_search,
+    .release = NULL,
+};

@@ -5,7 +5,10 @@
  *   fingerprints        kvf_model_fingerprint, kvf_synthetic_fingerprint
  *   layout              layout_of: every offset from the shape, for both sides
  *   header              header_put / header_get (fixed offsets, no struct I/O)
- *   writer              kvf_writer_*: sparse file under path.tmp, then rename
+ *   quoting             printable: file bytes in messages, non-printables escaped
+ *   writer              kvf_writer_*: sparse file under path.tmp, then rename;
+ *                       kvf_write_heads: every head and its index images;
+ *                       kvf_check_writable: before a long job fills a writer
  *   reader              kvf_open: checks, private mapping, optional data CRCs
  *   context             sparq_context_save_kv (sparq.h)
  */
@@ -23,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__SSE4_2__)
@@ -77,11 +81,35 @@ void kvf_synthetic_fingerprint(kvf_fingerprint *out, int n_layer, int n_head, in
     out->head_dim = head_dim;
 }
 
+/* The first n bytes of src (up to a NUL) as text for a message: printable
+ * ASCII as it is, anything else (control bytes, bytes >= 0x7f, a quote or
+ * backslash) as \xHH, so bytes read from a file cannot garble the terminal
+ * or the one-line message. dst must hold 4 * n + 1 bytes. */
+static const char *printable(const char *src, size_t n, char *dst)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < n && src[i]; i++) {
+        const unsigned char c = (unsigned char)src[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+            dst[o++] = (char)c;
+        } else {
+            dst[o++] = '\\';
+            dst[o++] = 'x';
+            dst[o++] = hex[c >> 4];
+            dst[o++] = hex[c & 15];
+        }
+    }
+    dst[o] = 0;
+    return dst;
+}
+
 static void describe(const kvf_fingerprint *f, char *buf, size_t size)
 {
+    char arch[4 * sizeof f->arch + 1];
     snprintf(buf, size, "%s, %d layers, %d/%d heads, d %d, embd %d, vocab %d, hash %016llx",
-             f->arch, f->n_layer, f->n_head, f->n_kv_head, f->head_dim, f->n_embd, f->n_vocab,
-             (unsigned long long)f->model_hash);
+             printable(f->arch, sizeof f->arch, arch), f->n_layer, f->n_head, f->n_kv_head, f->head_dim,
+             f->n_embd, f->n_vocab, (unsigned long long)f->model_hash);
 }
 
 /* ---- layout ---------------------------------------------------------------------- */
@@ -445,6 +473,94 @@ int kvf_writer_index(kvf_writer *w, int layer, int head, const char *kind, const
     return 0;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One head from view (its first n rows) and an image of every index kind
+ * the writer announced, built by the topk policy with p. */
+static int writer_head_indexed(kvf_writer *w, int layer, int head, const attn_kv_view *view,
+                               const float *v_sum, const sparq_attn_params *p, double *build_s,
+                               char *err, size_t err_size)
+{
+    if (view->S < w->n || view->d != w->fp.head_dim || view->elem != w->elem)
+        return err_set(err, err_size, "kvfile: head view of %lld x %d (elem %d) for a file of %lld x %d (elem %d)",
+                       (long long)view->S, view->d, view->elem, (long long)w->n, w->fp.head_dim, w->elem);
+    int rc = kvf_writer_head(w, layer, head, view->K, view->V, v_sum, err, err_size);
+    for (int i = 0; i < w->n_kinds && !rc; i++) {
+        void *img = NULL;
+        size_t bytes = 0;
+        const double t0 = now_s();
+        /* one thread per build: callers run the heads in parallel */
+        rc = attn_topk_index_image(p, w->kinds[i], view, w->n, 1, &img, &bytes, err, err_size);
+        if (build_s) *build_s += now_s() - t0;
+        if (!rc) rc = kvf_writer_index(w, layer, head, w->kinds[i], img, bytes, w->n, err, err_size);
+        free(img);
+    }
+    return rc;
+}
+
+int kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
+                    int (*rows)(void *user, int layer, int head, kvf_head_rows *out, char *err,
+                                size_t err_size),
+                    void *user, double *build_s, char *err, size_t err_size)
+{
+    const int n_kv = w->fp.n_kv_head, heads = w->fp.n_layer * n_kv;
+    int failed = 0;
+    double bsum = 0;
+#pragma omp parallel for num_threads(n_threads > 0 ? n_threads : omp_get_num_procs()) \
+    schedule(dynamic, 1) reduction(+ : bsum)
+    for (int hh = 0; hh < heads; hh++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop) continue;
+        char e[256] = "";
+        const int l = hh / n_kv, h = hh % n_kv;
+        kvf_head_rows r;
+        memset(&r, 0, sizeof r);
+        double b = 0;
+        int rc = rows(user, l, h, &r, e, sizeof e);
+        if (!rc) rc = writer_head_indexed(w, l, h, &r.view, r.v_sum, p, &b, e, sizeof e);
+        free(r.owned);
+        bsum += b;
+        if (rc) {
+#pragma omp critical(kvf_write_heads)
+            if (!failed) {
+                snprintf(err, err_size, "%s", e[0] ? e : "kvfile: a head could not be written");
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+    }
+    if (build_s) *build_s = bsum;
+    if (failed) {
+        kvf_writer_abort(w);
+        return -1;
+    }
+    return kvf_writer_finish(w, err, err_size);
+}
+
+int kvf_check_writable(const char *path, char *err, size_t err_size)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return err_set(err, err_size, "kvfile '%s': exists and is not a regular file", path);
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+        return err_set(err, err_size, "kvfile: path of %zu bytes is too long", strlen(path));
+    /* the writer creates path.tmp and renames it: try exactly that */
+    const int existed = access(tmp, F_OK) == 0;
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return err_set(err, err_size, "kvfile: cannot create '%s': %s", tmp, strerror(errno));
+    close(fd);
+    if (!existed) unlink(tmp);
+    return 0;
+}
+
 int kvf_writer_finish(kvf_writer *w, char *err, size_t err_size)
 {
     const int64_t heads = (int64_t)w->fp.n_layer * w->fp.n_kv_head;
@@ -591,12 +707,13 @@ static int read_dir(kvf_file *f, const kvf_header *h, const uint8_t *dir, char *
         x->n = (int64_t)get64(e, 32);
         x->crc = get32(e, 40);
         size_t kl = strnlen(x->kind, 8);
+        char kind[4 * 8 + 1];
         if (known_kind(x->kind, kl) < 0 || x->layer < 0 || x->layer >= h->fp.n_layer ||
             x->head < 0 || x->head >= h->fp.n_kv_head || x->offset % KVF_PAGE || x->bytes == 0 ||
             x->offset < lo || x->offset > hi || x->bytes > hi - x->offset || x->n != h->n) {
             free(sorted);
-            return err_set(err, err_size, "index entry %d (%.8s, layer %d, head %d) is invalid", i,
-                        x->kind, x->layer, x->head);
+            return err_set(err, err_size, "index entry %d ('%s', layer %d, head %d) is invalid", i,
+                           printable(x->kind, 8, kind), x->layer, x->head);
         }
         for (int j = 0; j < i; j++)
             if (f->entries[j].layer == x->layer && f->entries[j].head == x->head &&
@@ -676,7 +793,7 @@ static int fingerprint_check(const kvf_fingerprint *file, const kvf_fingerprint 
         file->head_dim == want->head_dim && file->n_embd == want->n_embd &&
         file->n_vocab == want->n_vocab && file->model_hash == want->model_hash)
         return 0;
-    char a[160], b[160];
+    char a[320], b[320];
     describe(file, a, sizeof a);
     describe(want, b, sizeof b);
     return err_set(err, err_size, "made by another model (file: %s; this model: %s)", a, b);

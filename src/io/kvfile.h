@@ -156,6 +156,27 @@ int  kvf_writer_head(kvf_writer *w, int layer, int head, const void *k, const vo
  * kvf_writer_create announced. Safe from several threads. */
 int  kvf_writer_index(kvf_writer *w, int layer, int head, const char *kind, const void *image,
                       size_t bytes, int64_t n, char *err, size_t err_size);
+/* The rows of one head, as a kvf_write_heads callback supplies them. */
+typedef struct kvf_head_rows {
+    attn_kv_view view;     /* K and V of the head, at least n positions      */
+    const float *v_sum;    /* as for kvf_writer_head (NULL: summed here)     */
+    void        *owned;    /* freed with free() once the head is written     */
+} kvf_head_rows;
+/* Writes every (layer, head) the writer holds with n_threads threads (0 =
+ * all cores): rows(user, layer, head, ...) supplies a head's rows (safe to
+ * call from several threads), which are written with an image of every
+ * index kind the writer announced, built by the topk policy with p
+ * (attn_topk_index_image, one thread per head). Then finishes the writer,
+ * or aborts it at the first failure (its message in err). Frees w either
+ * way. build_s (may be NULL): index build seconds summed over heads. */
+int  kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
+                     int (*rows)(void *user, int layer, int head, kvf_head_rows *out, char *err,
+                                 size_t err_size),
+                     void *user, double *build_s, char *err, size_t err_size);
+/* Whether a writer for path could start: path is not a directory or other
+ * non-file, and path.tmp can be created (it is removed again unless it was
+ * there). For commands that check before a long computation. */
+int  kvf_check_writable(const char *path, char *err, size_t err_size);
 /* Checks every head and slot was written, writes metadata and header,
  * syncs and renames. Frees w whatever the outcome (the temp file is
  * removed on failure). */

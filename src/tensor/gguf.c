@@ -59,23 +59,34 @@ const char *gguf_type_name(uint32_t type)
 
 /* A printable rendering of an untrusted name for error messages: control and
  * non-ASCII bytes are escaped, long names cut, so one line stays one line. */
+const char *gguf_str_show(gguf_str str, char *buf, size_t size)
+{
+    size_t o = 0;
+    if (size == 0) return buf;
+    for (uint64_t i = 0; i < str.len; i++) {
+        unsigned char ch = (unsigned char)str.data[i];
+        if (o + 8 >= size) {
+            if (size >= 4) memcpy(buf + (o <= size - 4 ? o : size - 4), "...", 4);
+            else buf[0] = 0;
+            return buf;
+        }
+        if (ch >= 0x20 && ch < 0x7f && ch != '\'' && ch != '\\') {
+            buf[o++] = (char)ch;
+        } else {
+            snprintf(buf + o, size - o, "\\x%02x", ch);
+            o += 4;
+        }
+    }
+    buf[o] = 0;
+    return buf;
+}
+
 typedef struct { char s[96]; } name_buf;
 
 static name_buf show(gguf_str str)
 {
     name_buf b;
-    size_t o = 0;
-    for (uint64_t i = 0; i < str.len; i++) {
-        unsigned char ch = (unsigned char)str.data[i];
-        if (o + 8 >= sizeof b.s) { memcpy(b.s + o, "...", 4); return b; }
-        if (ch >= 0x20 && ch < 0x7f && ch != '\'') {
-            b.s[o++] = (char)ch;
-        } else {
-            snprintf(b.s + o, sizeof b.s - o, "\\x%02x", ch);
-            o += 4;
-        }
-    }
-    b.s[o] = 0;
+    gguf_str_show(str, b.s, sizeof b.s);
     return b;
 }
 

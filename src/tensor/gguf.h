@@ -120,6 +120,11 @@ int gguf_str_eq(gguf_str s, const char *c);
  * truncates floats toward zero, saturating (NaN -> 0; u64 > INT64_MAX ->
  * INT64_MAX). gguf_get_int returns -1 for a u64 above INT64_MAX. */
 
+/* A string from a file made safe to quote in a one-line message: bytes
+ * outside printable ASCII, quotes and backslashes become \xNN, a string too
+ * long for buf ends in "...". Writes buf (size >= 1), returns it. */
+const char *gguf_str_show(gguf_str s, char *buf, size_t size);
+
 /* "u32", "str", ... for messages; "unknown" for ids >= GGUF_TYPE_COUNT. */
 const char *gguf_type_name(uint32_t type);
 

@@ -9,11 +9,14 @@
  *   Q5_1  { f16 d, m; uint8 qh[4]; uint8 qs[16]; }         24 B / 32
  *   Q8_1  { f16 d, s; int8 qs[32]; }                       36 B / 32
  *   Q2_K .. Q6_K, Q8_K: super-blocks of 256 (see quant_impl.h)
+ *   IQ4_NL { f16 d; uint8 qs[16]; }  nibbles index a 16-value grid  18 B / 32
+ *   IQ4_XS { f16 d; u16 scales_h; uint8 scales_l[4]; uint8 qs[128]; }
+ *          8 x 32 with 6-bit scales, the IQ4_NL grid               136 B / 256
  *
  * Matrix-vector products follow ggml's numerics: the activation row is first
- * converted to the weight type's `vec_dot_type` (Q8_0 for Q4_0/Q5_0/Q8_0,
- * Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16, BF16 for BF16, F32
- * for F32) and the dot product is then taken block by block. Reproducing that
+ * converted to the weight type's `vec_dot_type` (Q8_0 for Q4_0/Q5_0/Q8_0/
+ * IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants and IQ4_XS, F16 for F16,
+ * BF16 for BF16, F32 for F32) and the dot product is then taken block by block. Reproducing that
  * is what makes our logits match llama.cpp's to ~1e-5 instead of ~0.3.
  *
  * Exactness: activation quantisation and every dot product reproduce
@@ -98,7 +101,7 @@ float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n);
 /* The same for nr weight rows (row stride w_stride bytes) against one x:
  * out[i] = dot(w + i*w_stride, x), each bit-identical to quant_dot. The
  * prefill loop, where a chunk of rows stays in cache while many tokens'
- * x pass over it: the AVX-512 set runs Q8_0 and Q4_0 four rows at a time
+ * x pass over it: the AVX-512 set runs Q8_0, Q4_0 and IQ4_NL four rows at a time
  * sharing each load of x (their per-block work is small); the K-quants and
  * float types go row by row. Rows streamed from DRAM once (decode) are
  * faster through quant_dot one by one (see model_matmul_group).

@@ -278,6 +278,34 @@ static float dot_q4_0(const blk_q4_0 *w, const blk_q8_0 *x, int64_t nb)
     return acc;
 }
 
+/* IQ4_NL / IQ4_XS: vpshufb looks the nibbles up in the 16-value grid. */
+static inline __m256i iq4_lanes(const uint8_t *qs, const int8_t *x)
+{
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4nl_values));
+    return dot4_i8(_mm256_shuffle_epi8(table, nibbles32(qs)), load32(x));
+}
+
+static float dot_iq4_nl(const blk_iq4_nl *w, const blk_q8_0 *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++)
+        acc = fmaf((float)hsum8_epi32(iq4_lanes(w[i].qs, x[i].qs)), h2f(w[i].d) * h2f(x[i].d), acc);
+    return acc;
+}
+
+static float dot_iq4_xs(const blk_iq4_xs *w, const blk_q8_K *x, int64_t nb)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i lanes = _mm256_setzero_si256();
+        for (int ib = 0; ib < QKK / 32; ib++)
+            lanes = _mm256_add_epi32(lanes, _mm256_mullo_epi32(iq4_lanes(w[i].qs + 16 * ib, x[i].qs + 32 * ib),
+                                                               _mm256_set1_epi32(quant_iq4xs_scale(&w[i], ib))));
+        acc = lanes_fma(h2f(w[i].d) * x[i].d, lanes, acc);
+    }
+    return hsum8_ps(acc);
+}
+
 static void quant_q8_0(const float *x, blk_q8_0 *y, int64_t nb, blk_q8_1 *y1)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -503,6 +531,8 @@ float quant_dot_avx2(uint32_t type, const void *w, const void *x, int64_t n)
     case QT_Q4_K: return dot_q4_K(w, x, n / QKK);
     case QT_Q5_K: return dot_q5_K(w, x, n / QKK);
     case QT_Q6_K: return dot_q6_K(w, x, n / QKK);
+    case QT_IQ4_NL: return dot_iq4_nl(w, x, n / QK);
+    case QT_IQ4_XS: return dot_iq4_xs(w, x, n / QKK);
     default:      return quant_dot_ref(type, w, x, n);
     }
 }

@@ -8,8 +8,8 @@
  *
  * Map: helpers | f16/f32 rows and helpers | float dots | Q8_0 | 32-element
  * quants (+ Q8_1 quantiser) | K-quants | dequantise | Q8_K quantiser |
- * entry points. quant_dot_rows runs four rows at a time for Q8_0 and Q4_0
- * (whose per-block work is small); the K-quants go row by row.
+ * entry points. quant_dot_rows runs four rows at a time for Q8_0, Q4_0 and
+ * IQ4_NL (whose per-block work is small); the K-quants go row by row.
  */
 #include "tensor/quant_impl.h"
 
@@ -402,6 +402,83 @@ static void dot_q4_0_x4(const blk_q4_0 *w0, size_t stride, const blk_q8_0 *x, in
         for (int r = 0; r < 4; r++) acc[r] = fmaf(f[r], dd[r], acc[r]);
     }
     for (int r = 0; r < 4; r++) out[r] = acc[r];
+}
+
+/* IQ4_NL / IQ4_XS: a nibble indexes the 16-value grid; vpshufb looks up
+ * 32 at once from the table copied into both 128-bit halves. */
+static inline __m256i iq4_table(void)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4nl_values));
+}
+
+static inline __m256i iq4_lanes(const uint8_t *qs, const int8_t *x, __m256i table)
+{
+    return dot32_i8(_mm256_shuffle_epi8(table, nibbles32(qs)), load32(x));
+}
+
+/* IQ4_NL (ROW1, as dot_q4_0): whole-block sums, four reduced together. */
+static float dot_iq4_nl(const blk_iq4_nl *w, const blk_q8_0 *x, int64_t nb)
+{
+    const __m256i table = iq4_table();
+    float acc = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        __m256i s01 = _mm256_hadd_epi32(iq4_lanes(w[i].qs, x[i].qs, table), iq4_lanes(w[i + 1].qs, x[i + 1].qs, table));
+        __m256i s23 = _mm256_hadd_epi32(iq4_lanes(w[i + 2].qs, x[i + 2].qs, table), iq4_lanes(w[i + 3].qs, x[i + 3].qs, table));
+        __m256i s = _mm256_hadd_epi32(s01, s23);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        float f[4];
+        _mm_storeu_ps(f, _mm_cvtepi32_ps(t));
+        for (int k = 0; k < 4; k++) acc = fmaf(f[k], h2f(w[i + k].d) * h2f(x[i + k].d), acc);
+    }
+    for (; i < nb; i++) {
+        __m256i s = iq4_lanes(w[i].qs, x[i].qs, table);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+        acc = fmaf((float)_mm_cvtsi128_si32(t), h2f(w[i].d) * h2f(x[i].d), acc);
+    }
+    return acc;
+}
+
+/* Four rows, as dot_q4_0_x4: one reduction gives the four block sums. */
+static void dot_iq4_nl_x4(const blk_iq4_nl *w0, size_t stride, const blk_q8_0 *x, int64_t nb, float *out)
+{
+    const __m256i table = iq4_table();
+    const blk_iq4_nl *w[4];
+    for (int r = 0; r < 4; r++) w[r] = (const blk_iq4_nl *)((const char *)w0 + r * stride);
+    float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int64_t i = 0; i < nb; i++) {
+        for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(w[r] + i) + 256, _MM_HINT_T0);
+        __m256i s01 = _mm256_hadd_epi32(iq4_lanes(w[0][i].qs, x[i].qs, table), iq4_lanes(w[1][i].qs, x[i].qs, table));
+        __m256i s23 = _mm256_hadd_epi32(iq4_lanes(w[2][i].qs, x[i].qs, table), iq4_lanes(w[3][i].qs, x[i].qs, table));
+        __m256i s = _mm256_hadd_epi32(s01, s23);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        __m128i dw = _mm_setr_epi16((short)w[0][i].d, (short)w[1][i].d, (short)w[2][i].d, (short)w[3][i].d, 0, 0, 0, 0);
+        __m128 d = _mm_mul_ps(_mm_cvtph_ps(dw), _mm_set1_ps(h2f(x[i].d)));
+        float f[4], dd[4];
+        _mm_storeu_ps(f, _mm_cvtepi32_ps(t));
+        _mm_storeu_ps(dd, d);
+        for (int r = 0; r < 4; r++) acc[r] = fmaf(f[r], dd[r], acc[r]);
+    }
+    for (int r = 0; r < 4; r++) out[r] = acc[r];
+}
+
+/* IQ4_XS (LANES8): each sub-block's lanes times its signed scale, summed
+ * over the super-block in integers (exact), then one fma per block. */
+static float dot_iq4_xs(const blk_iq4_xs *w, const blk_q8_K *x, int64_t nb)
+{
+    const __m256i table = iq4_table();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i lanes = _mm256_setzero_si256();
+        for (int ib = 0; ib < QKK / 32; ib++) {
+            __m256i p = iq4_lanes(w[i].qs + 16 * ib, x[i].qs + 32 * ib, table);
+            lanes = _mm256_add_epi32(lanes, _mm256_mullo_epi32(p, _mm256_set1_epi32(quant_iq4xs_scale(&w[i], ib))));
+        }
+        acc = lanes_fma(h2f(w[i].d) * x[i].d, lanes, acc);
+    }
+    return hsum8_ps(acc);
 }
 
 static void quant_q8_1(const float *x, blk_q8_1 *y, int64_t nb)
@@ -868,6 +945,8 @@ float quant_dot_avx512(uint32_t type, const void *w, const void *x, int64_t n)
     case QT_Q4_K: return dot_q4_K(w, x, n / QKK);
     case QT_Q5_K: return dot_q5_K(w, x, n / QKK);
     case QT_Q6_K: return dot_q6_K(w, x, n / QKK);
+    case QT_IQ4_NL: return dot_iq4_nl(w, x, n / QK);
+    case QT_IQ4_XS: return dot_iq4_xs(w, x, n / QKK);
     default:      return quant_dot_ref(type, w, x, n);
     }
 }
@@ -881,6 +960,8 @@ void quant_dot_rows_avx512(uint32_t type, const void *w, size_t w_stride, int nr
         for (; r + 4 <= nr; r += 4) dot_q8_0_x4((const blk_q8_0 *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
     if (type == QT_Q4_0)
         for (; r + 4 <= nr; r += 4) dot_q4_0_x4((const blk_q4_0 *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
+    if (type == QT_IQ4_NL)
+        for (; r + 4 <= nr; r += 4) dot_iq4_nl_x4((const blk_iq4_nl *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
     for (; r < nr; r++) out[r] = quant_dot_avx512(type, wp + (size_t)r * w_stride, x, n);
 }
 

@@ -15,11 +15,12 @@
  *           elements with (e % 32) / 4 == k (times per-group scales for the
  *           K-quants); acc[k] = fma(d_block, (float)lane_k, acc[k]); the
  *           result is hsum8(acc) (+ a scalar fma-accumulated min term for
- *           Q4_1, Q5_1, Q5_K).           Q8_0, Q5_0, Q4_1, Q5_1, Q3_K, Q5_K, Q6_K
+ *           Q4_1, Q5_1, Q5_K).           Q8_0, Q5_0, Q4_1, Q5_1, Q3_K, Q5_K, Q6_K,
+ *                                        IQ4_XS (per-sub-block scale - 32)
  *   ROW1    one float accumulator per row (llama.cpp repacks these types
  *           into 8-row interleaved blocks): acc = fma((float)isum_block,
  *           d_w * d_x, acc), mins in a second accumulator subtracted at the
- *           end.                         Q4_0, Q4_K, Q2_K
+ *           end.                         Q4_0, Q4_K, Q2_K, IQ4_NL
  *   F32x64  4 accumulators x 16 lanes over steps of 64 elements,
  *           (a0+a2)+(a1+a3), then a halving 16-lane reduction; leftovers
  *           are added one by one.        F32, F16 (products exact), BF16
@@ -65,6 +66,15 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QKK / 8]; uint
 /* Q6_K: 16 groups of 16 with int8 scales; 4 low bits in ql, 2 high bits in
  * qh, value offset 32 (see quant_ref.c for the element map). */
 typedef struct { uint8_t ql[QKK / 2]; uint8_t qh[QKK / 4]; int8_t scales[QKK / 16]; uint16_t d; } blk_q6_K;
+/* IQ4_NL: like Q4_0 (element j in the low nibble of qs[j], j+16 in the
+ * high one) but a nibble indexes the 16-entry table quant_iq4nl_values
+ * instead of meaning nibble - 8. */
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } blk_iq4_nl;
+/* IQ4_XS: 8 sub-blocks of 32 with a 6-bit scale each (low 4 bits: nibble
+ * ib%2 of scales_l[ib/2]; high 2 bits: bits 2ib..2ib+1 of scales_h),
+ * value d * (scale - 32) * table[nibble]; sub-block ib packs its nibbles
+ * in qs[16ib..16ib+15] as IQ4_NL does. */
+typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[QKK / 64]; uint8_t qs[QKK / 2]; } blk_iq4_xs;
 /* Q8_K: activation type of the K-quants: f32 scale, bsums[g] = sum of the
  * 16 quants of group g. */
 typedef struct { float d; int8_t qs[QKK]; int16_t bsums[QKK / 16]; } blk_q8_K;
@@ -81,6 +91,21 @@ _Static_assert(sizeof(blk_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(blk_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(blk_q6_K) == 210, "q6_K layout");
 _Static_assert(sizeof(blk_q8_K) == 292, "q8_K layout");
+_Static_assert(sizeof(blk_iq4_nl) == 18, "iq4_nl layout");
+_Static_assert(sizeof(blk_iq4_xs) == 136, "iq4_xs layout");
+
+/* The non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl):
+ * denser near zero, where trained weights cluster. */
+static const int8_t quant_iq4nl_values[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+                                               1, 13, 25, 38, 53, 69, 89, 113 };
+
+/* Signed scale (-32..31) of sub-block ib (0..7) of an IQ4_XS block. */
+static inline int quant_iq4xs_scale(const blk_iq4_xs *b, int ib)
+{
+    int lo = (b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
+    int hi = (b->scales_h >> (2 * ib)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
 
 /* 6-bit scale and min of group j (0..7) of a Q4_K/Q5_K block. */
 static inline void quant_k4_scale_min(const uint8_t *s, int j, int *sc, int *m)

@@ -188,6 +188,37 @@ static void deq_q6_K(const blk_q6_K *b, float *y, int64_t nb)
     }
 }
 
+static void deq_iq4_nl(const blk_iq4_nl *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK) {
+        float d = h2f(b[i].d);
+        for (int j = 0; j < QK / 2; j++) {
+            y[j] = d * quant_iq4nl_values[b[i].qs[j] & 0xF];
+            y[j + QK / 2] = d * quant_iq4nl_values[b[i].qs[j] >> 4];
+        }
+    }
+}
+
+/* IQ4_XS element e: sub-block ib = e/32, nibble of qs[16ib + e%16], low
+ * for e%32 < 16; the sub-block's float scale is rounded once, then times
+ * the table value (ggml's order, so get_rows rows match bit for bit). */
+static inline int iq4xs_q(const blk_iq4_xs *b, int e)
+{
+    uint8_t v = b->qs[16 * (e / 32) + e % 16];
+    return quant_iq4nl_values[(e % 32) < 16 ? (v & 0xF) : (v >> 4)];
+}
+
+static void deq_iq4_xs(const blk_iq4_xs *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QKK) {
+        float d = h2f(b[i].d);
+        for (int ib = 0; ib < QKK / 32; ib++) {
+            float dl = d * (float)quant_iq4xs_scale(&b[i], ib);
+            for (int e = 32 * ib; e < 32 * ib + 32; e++) y[e] = dl * (float)iq4xs_q(&b[i], e);
+        }
+    }
+}
+
 static void deq_q8_K(const blk_q8_K *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++)
@@ -533,6 +564,22 @@ static float dot_q4_0(const blk_q4_0 *w, const blk_q8_0 *x, int64_t nb)
     return acc;
 }
 
+/* IQ4_NL: ROW1 like Q4_0 (llama.cpp repacks it into the same 8-row
+ * kernels on AVX2/AVX-512). */
+static float dot_iq4_nl(const blk_iq4_nl *w, const blk_q8_0 *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0;
+        for (int j = 0; j < QK / 2; j++) {
+            isum += quant_iq4nl_values[w[i].qs[j] & 0xF] * x[i].qs[j];
+            isum += quant_iq4nl_values[w[i].qs[j] >> 4] * x[i].qs[j + 16];
+        }
+        acc = fmaf((float)isum, h2f(w[i].d) * h2f(x[i].d), acc);
+    }
+    return acc;
+}
+
 static float dot_q4_K(const blk_q4_K *w, const blk_q8_K *x, int64_t nb)
 {
     float acc = 0.0f, accm = 0.0f;
@@ -611,6 +658,21 @@ static float dot_q6_K(const blk_q6_K *w, const blk_q8_K *x, int64_t nb)
         for (int k = 0; k < 8; k++)
             lane[k] -= 32 * (x[i].bsums[2 * k] * w[i].scales[2 * k] + x[i].bsums[2 * k + 1] * w[i].scales[2 * k + 1]);
         float d = x[i].d * h2f(w[i].d);
+        for (int k = 0; k < 8; k++) acc[k] = fmaf(d, (float)lane[k], acc[k]);
+    }
+    return quant_hsum8(acc);
+}
+
+/* IQ4_XS: LANES8 over the super-block (llama.cpp does not repack it):
+ * lane (e % 32) / 4 sums scale(e/32) * value * x over all sub-blocks. */
+static float dot_iq4_xs(const blk_iq4_xs *w, const blk_q8_K *x, int64_t nb)
+{
+    float acc[8] = { 0 };
+    for (int64_t i = 0; i < nb; i++) {
+        int lane[8] = { 0 };
+        for (int e = 0; e < QKK; e++)
+            lane[(e % 32) / 4] += quant_iq4xs_scale(&w[i], e / 32) * iq4xs_q(&w[i], e) * x[i].qs[e];
+        float d = h2f(w[i].d) * x[i].d;
         for (int k = 0; k < 8; k++) acc[k] = fmaf(d, (float)lane[k], acc[k]);
     }
     return quant_hsum8(acc);
@@ -709,6 +771,8 @@ void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n)
     case QT_Q5_K: deq_q5_K(src, dst, nb); break;
     case QT_Q6_K: deq_q6_K(src, dst, nb); break;
     case QT_Q8_K: deq_q8_K(src, dst, nb); break;
+    case QT_IQ4_NL: deq_iq4_nl(src, dst, nb); break;
+    case QT_IQ4_XS: deq_iq4_xs(src, dst, nb); break;
     default: assert(!"quant_to_float: type without kernels"); break;
     }
 }
@@ -751,6 +815,8 @@ float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n)
     case QT_Q4_K: return dot_q4_K(w, x, nb);
     case QT_Q5_K: return dot_q5_K(w, x, nb);
     case QT_Q6_K: return dot_q6_K(w, x, nb);
+    case QT_IQ4_NL: return dot_iq4_nl(w, x, nb);
+    case QT_IQ4_XS: return dot_iq4_xs(w, x, nb);
     default: assert(!"quant_dot: type without kernels"); return 0.0f;
     }
 }
