@@ -26,6 +26,27 @@ def _check_num(v, name, lo=None, hi=None):
     return v
 
 
+# Sampling options of llama-cpp-python that sparq does not implement, with
+# the value that means "off". Any other value is refused, not ignored.
+_NEUTRAL = {"min_p": (None, 0, 0.0), "typical_p": (None, 1, 1.0), "frequency_penalty": (None, 0, 0.0),
+            "presence_penalty": (None, 0, 0.0), "repeat_penalty": (None, 1, 1.0), "mirostat_mode": (None, 0),
+            "tfs_z": (None, 1, 1.0), "suffix": (None, ""), "logit_bias": (None, {}), "grammar": (None,),
+            "logits_processor": (None,), "stopping_criteria": (None,), "logprobs": (None, False, 0),
+            "top_logprobs": (None, 0)}
+
+
+def _refuse_unsupported(opts):
+    bad = []
+    for k, v in opts.items():
+        if k in _NEUTRAL:
+            if not any(v == n and type(v) is type(n) or v is n for n in _NEUTRAL[k]):
+                bad.append(k)
+        elif v is not None:
+            bad.append(k)
+    if bad:
+        raise ValueError("not supported by sparq: %s" % ", ".join(sorted(bad)))
+
+
 class Llama:
     def __init__(self, model_path, n_ctx=512, n_threads=None, n_batch=512, seed=None, attn="dense",
                  sparq_ratio=None, attn_params=None, kv_type="f16", use_mmap=False, chat_format=None,
@@ -254,12 +275,13 @@ class Llama:
             raise TypeError("stop must be a str or a list of str")
         return [s for s in stop if s]
 
-    def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95,
-                          min_p=None, typical_p=None, logprobs=None, echo=False, stop=None,
-                          frequency_penalty=0.0, presence_penalty=0.0, repeat_penalty=1.0, top_k=40,
-                          stream=False, seed=None, ignore_eos=False, **unsupported):
+    def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95, echo=False, stop=None,
+                          top_k=40, stream=False, seed=None, ignore_eos=False, **other):
         """An OpenAI-shaped text completion ("text_completion"), or a generator
-        of chunks when stream=True. prompt: str or a list of token ids."""
+        of chunks when stream=True. prompt: str or a list of token ids.
+        llama-cpp-python options sparq lacks (penalties, min_p, grammar, ...)
+        are accepted at their "off" value and refused otherwise."""
+        _refuse_unsupported(dict(other, suffix=suffix))
         if isinstance(prompt, (list, tuple)):
             prompt_ids = list(prompt)
             prompt_text = self._model.detokenize(prompt_ids).decode("utf-8", "replace")
@@ -268,8 +290,6 @@ class Llama:
             prompt_text = prompt.decode("utf-8", "replace") if isinstance(prompt, bytes) else prompt
         else:
             raise TypeError("prompt must be a str or a list of token ids, not %s" % type(prompt).__name__)
-        if logprobs:
-            raise ValueError("logprobs are not supported")
         stop = self._normalize(max_tokens, temperature, top_p, top_k, stop)
         cid = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
@@ -298,13 +318,12 @@ class Llama:
 
     __call__ = create_completion
 
-    def create_chat_completion(self, messages, temperature=0.2, top_p=0.95, top_k=40, min_p=None,
-                               typical_p=None, stream=False, stop=None, seed=None, max_tokens=None,
-                               presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0,
-                               ignore_eos=False, **unsupported):
+    def create_chat_completion(self, messages, temperature=0.2, top_p=0.95, top_k=40, stream=False, stop=None,
+                               seed=None, max_tokens=None, ignore_eos=False, **other):
         """An OpenAI-shaped chat completion ("chat.completion"), or a generator
         of "chat.completion.chunk" dicts when stream=True. The template is
         chat_format (llama3, chatml, phi3, mistral, gemma) or the model's own."""
+        _refuse_unsupported(other)
         prompt_ids = self._model.chat_tokenize(messages, template=self.chat_format, add_assistant=True)
         stop = self._normalize(max_tokens, temperature, top_p, top_k, stop)
         cid = "chatcmpl-" + uuid.uuid4().hex

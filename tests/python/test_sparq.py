@@ -453,6 +453,16 @@ def test_bad_sampling_options(model_path):
                 llm(PROMPT, max_tokens=2, **kw)
         with pytest.raises(TypeError):
             llm(12345)
+        # llama-cpp-python options sparq lacks: "off" is accepted, anything else refused
+        out = llm(PROMPT, max_tokens=3, temperature=0, repeat_penalty=1.0, min_p=None, logprobs=None,
+                  frequency_penalty=0.0, grammar=None)
+        assert out["usage"]["completion_tokens"] == 3
+        for kw in (dict(repeat_penalty=1.1), dict(min_p=0.05), dict(logprobs=5), dict(grammar="root ::= x"),
+                   dict(no_such_option=1)):
+            with pytest.raises(ValueError, match="not supported by sparq: " + list(kw)[0]):
+                llm(PROMPT, max_tokens=2, **kw)
+            with pytest.raises(ValueError, match="not supported"):
+                llm.create_chat_completion([{"role": "user", "content": "x"}], **kw)
         with pytest.raises(ValueError):
             sparq.Llama(model_path, attn="dense", sparq_ratio="1/8", n_threads=1)
         with pytest.raises(ValueError):
