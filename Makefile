@@ -1,5 +1,8 @@
-# sparq: the entry point. `make` builds build/sparq and build/libsparq.a;
-# `make run` runs the main job on the default model; `make test` runs every test.
+# sparq: the entry point. `make` builds build/sparq, build/libsparq.a and
+# build/libsparq.so; `make run` runs the main job on the default model;
+# `make test` runs every test (C programs and the Python package's pytest);
+# `make install PREFIX=/usr/local DESTDIR=` installs the command, both
+# libraries, the public headers and sparq.pc; `make uninstall` removes them.
 #
 # Every src/LAYER/*.c goes into the library (except src/cli/, the command, and
 # *.cc shims), every tests/test_*.c becomes one test program linked against it,
@@ -16,13 +19,34 @@ CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -Wall -Wextra -Wno-un
 LDLIBS  += $(SAN) -lz -lm -fopenmp
 BUILD   ?= build
 
-LIB_SRC  := $(filter-out src/cli/%,$(wildcard src/*/*.c))
+# The shared library: soname libsparq.so.$(SO_MAJOR); only the functions
+# include/*.h mark SPARQ_API are exported (-fvisibility=hidden). Its objects
+# are compiled a second time with -fPIC in $(BUILD)/pic, so the command and
+# the tests keep the non-PIC objects of the static library.
+VERSION  := 0.1.0
+SO_MAJOR := 0
+SONAME   := libsparq.so.$(SO_MAJOR)
+SO_REAL  := libsparq.so.$(VERSION)
+PIC_FLAGS := -fPIC -fvisibility=hidden
+CFLAGS  += -DSPARQ_VERSION='"$(VERSION)"'
+
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+
+LIB_SRC  := $(filter-out src/cli/% src/server/%,$(wildcard src/*/*.c))
 CLI_SRC  := $(wildcard src/cli/*.c)
+SRV_SRC  := $(wildcard src/server/*.c)
 HDRS     := $(wildcard src/*/*.h) $(wildcard include/*.h)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:src/%.c=$(BUILD)/obj/%.o)
+SRV_OBJ  := $(SRV_SRC:src/%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+PUB_HDRS := $(wildcard include/*.h)
 
 # Optional C++ shim around Faiss (HNSW index); built only when Faiss is installed.
 FAISS_HDR := $(wildcard /usr/include/faiss/IndexHNSW.h)
@@ -33,12 +57,14 @@ ifneq ($(FAISS_HDR),)
     LDLIBS   += -lfaiss -lopenblas -lstdc++
   endif
 endif
+PIC_OBJ := $(LIB_OBJ:$(BUILD)/obj/%=$(BUILD)/pic/%)
 
-# sparq serve: libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
-LDLIBS  += -lmicrohttpd -lpthread
+# sparq serve (src/server/, a client of the library like src/cli/, kept out of
+# libsparq): libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
+SRV_LIBS := -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan fuzz setup clean bench
-all: $(BUILD)/sparq
+.PHONY: all run test test-asan fuzz setup clean bench install uninstall FORCE
+all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -48,16 +74,77 @@ $(BUILD)/obj/%.o: src/%.cc $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc -c $< -o $@
 
+$(BUILD)/pic/%.o: src/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PIC_FLAGS) -c $< -o $@
+
+$(BUILD)/pic/%.o: src/%.cc $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(PIC_FLAGS) -c $< -o $@
+
 $(BUILD)/libsparq.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq.a
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libsparq.a $(LDLIBS)
+# --no-undefined: a library missing from LDLIBS fails here, not at dlopen.
+# The version script keeps what static archives bring in (Faiss is a .a on
+# Debian, built with default visibility) out of the dynamic symbol table.
+$(BUILD)/$(SO_REAL): $(PIC_OBJ) $(BUILD)/libsparq.map
+	$(CC) $(SAN) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined \
+	    -Wl,--version-script,$(BUILD)/libsparq.map -o $@ $(PIC_OBJ) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h $(HDRS) $(BUILD)/libsparq.a
+$(BUILD)/libsparq.map:
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq.a $(LDLIBS)
+	printf '{ global: sparq_*; local: *; };\n' > $@
+
+$(BUILD)/libsparq.so: $(BUILD)/$(SO_REAL)
+	ln -sf $(SO_REAL) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
+
+# pkg-config file; the private libraries are what a static link needs.
+# Rewritten only when its text changes, so `make install PREFIX=...` after a
+# plain `make` gets the right prefix without relinking anything.
+$(BUILD)/sparq.pc: FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	  'Name: sparq' \
+	  'Description: CPU inference for GGUF language models with sparse (SparQ, top-k) attention' \
+	  'Version: $(VERSION)' \
+	  'Libs: -L$${libdir} -lsparq' \
+	  'Libs.private: $(filter-out -fsanitize% -fno-%,$(LDLIBS))' \
+	  'Cflags: -I$${includedir}' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+FORCE:
+
+$(BUILD)/libsparq-server.a: $(SRV_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a $(LDLIBS) $(SRV_LIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(HDRS) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a $(LDLIBS) $(SRV_LIBS)
+
+# DESTDIR stages the tree (packaging, tests/test_install.c); a real install
+# into the system refreshes the loader cache so ctypes finds libsparq.so.0.
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR)
+	install -m 755 $(BUILD)/sparq $(DESTDIR)$(BINDIR)/sparq
+	install -m 644 $(BUILD)/libsparq.a $(DESTDIR)$(LIBDIR)/libsparq.a
+	install -m 755 $(BUILD)/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SO_REAL)
+	ln -sf $(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libsparq.so
+	install -m 644 $(PUB_HDRS) $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(BUILD)/sparq.pc $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/sparq $(DESTDIR)$(LIBDIR)/libsparq.a \
+	      $(DESTDIR)$(LIBDIR)/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libsparq.so \
+	      $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUB_HDRS))) $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 # Installs what the project needs from Debian (idempotent; skipped when present).
 setup:

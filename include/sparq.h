@@ -26,6 +26,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Every public function carries SPARQ_API: the library is compiled with
+ * -fvisibility=hidden, so libsparq.so exports these and nothing else
+ * (a declaration without it links statically but is missing from the .so;
+ * tests/test_install.c checks every declared sparq_ function is exported). */
+#ifndef SPARQ_API
+#if defined(__GNUC__) || defined(__clang__)
+#define SPARQ_API __attribute__((visibility("default")))
+#else
+#define SPARQ_API
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -64,12 +76,12 @@ typedef struct sparq_attn_params {
 enum { SPARQ_TOPK_UNIFORM = 0, SPARQ_TOPK_LINEAR = 1 };
 enum { SPARQ_KEY_DEFAULT = 0, SPARQ_KEY_F16 = 1, SPARQ_KEY_BF16 = 2, SPARQ_KEY_I8 = 3 };
 
-sparq_attn_params sparq_attn_default_params(void);
+SPARQ_API sparq_attn_params sparq_attn_default_params(void);
 /* The registered policies, in registry order: name i (NULL past the end)
  * and its one-line summary, for help text, validation and metrics. */
-int         sparq_attn_policy_count(void);
-const char *sparq_attn_policy_name(int i);
-const char *sparq_attn_policy_summary(int i);
+SPARQ_API int         sparq_attn_policy_count(void);
+SPARQ_API const char *sparq_attn_policy_name(int i);
+SPARQ_API const char *sparq_attn_policy_summary(int i);
 
 /* ---- model ----------------------------------------------------------- */
 
@@ -77,35 +89,35 @@ const char *sparq_attn_policy_summary(int i);
  * The file is read into anonymous memory backed by huge pages when it
  * takes at most half of the machine's RAM (decode reads every weight once
  * per token and runs faster from huge pages), else memory-mapped. */
-int  sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_size);
+SPARQ_API int  sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_size);
 
 typedef struct sparq_model_params {
     int use_mmap; /* 1: always map the file (less memory, slower decode);
                      0: the default rule of sparq_model_load */
 } sparq_model_params;
-sparq_model_params sparq_model_default_params(void);
-int  sparq_model_load_params(const char *path, const sparq_model_params *p, sparq_model **out,
+SPARQ_API sparq_model_params sparq_model_default_params(void);
+SPARQ_API int  sparq_model_load_params(const char *path, const sparq_model_params *p, sparq_model **out,
                              char *err, size_t err_size);
-void sparq_model_free(sparq_model *m);
+SPARQ_API void sparq_model_free(sparq_model *m);
 
-int     sparq_model_n_vocab(const sparq_model *m);
-int     sparq_model_n_layer(const sparq_model *m);
-int     sparq_model_n_head(const sparq_model *m);
-int     sparq_model_n_kv_head(const sparq_model *m);
-int     sparq_model_head_dim(const sparq_model *m);
-int64_t sparq_model_n_ctx_train(const sparq_model *m);
-const char *sparq_model_arch(const sparq_model *m);
+SPARQ_API int     sparq_model_n_vocab(const sparq_model *m);
+SPARQ_API int     sparq_model_n_layer(const sparq_model *m);
+SPARQ_API int     sparq_model_n_head(const sparq_model *m);
+SPARQ_API int     sparq_model_n_kv_head(const sparq_model *m);
+SPARQ_API int     sparq_model_head_dim(const sparq_model *m);
+SPARQ_API int64_t sparq_model_n_ctx_train(const sparq_model *m);
+SPARQ_API const char *sparq_model_arch(const sparq_model *m);
 
 /* Tokenizes text (len < 0: NUL-terminated). add_special: BOS/EOS as the
  * vocabulary asks. Returns the number of ids of the full encoding (which
  * may exceed max_ids; only max_ids are written), or -1. */
-int sparq_tokenize(const sparq_model *m, const char *text, int len, int add_special,
+SPARQ_API int sparq_tokenize(const sparq_model *m, const char *text, int len, int add_special,
                    int32_t *ids, int max_ids);
 /* Bytes of one token as printed (no NUL); returns full length or -1. */
-int sparq_token_to_piece(const sparq_model *m, int32_t id, char *buf, int buf_size);
-int sparq_token_bos(const sparq_model *m);
-int sparq_token_eos(const sparq_model *m);
-int sparq_token_is_eog(const sparq_model *m, int32_t id);
+SPARQ_API int sparq_token_to_piece(const sparq_model *m, int32_t id, char *buf, int buf_size);
+SPARQ_API int sparq_token_bos(const sparq_model *m);
+SPARQ_API int sparq_token_eos(const sparq_model *m);
+SPARQ_API int sparq_token_is_eog(const sparq_model *m, int32_t id);
 
 /* Chat prompts. tmpl: "llama3", "chatml", "mistral", "gemma", or NULL to
  * detect it from the model's tokenizer.chat_template. Renders the messages
@@ -113,7 +125,7 @@ int sparq_token_is_eog(const sparq_model *m, int32_t id);
  * tokenizes them with the template's special tokens. Returns the id count
  * (may exceed max_ids), or -1 with a message (unknown template). */
 typedef struct sparq_chat_msg { const char *role, *content; } sparq_chat_msg;
-int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat_msg *msgs,
+SPARQ_API int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat_msg *msgs,
                         int n_msgs, int add_assistant, int32_t *ids, int max_ids,
                         char *err, size_t err_size);
 
@@ -139,19 +151,19 @@ typedef struct sparq_context_params {
     volatile sig_atomic_t *abort_flag;
 } sparq_context_params;
 
-sparq_context_params sparq_context_default_params(void);
+SPARQ_API sparq_context_params sparq_context_default_params(void);
 
-int  sparq_context_create(sparq_model *m, const sparq_context_params *p,
+SPARQ_API int  sparq_context_create(sparq_model *m, const sparq_context_params *p,
                           sparq_context **out, char *err, size_t err_size);
-void sparq_context_free(sparq_context *c);
+SPARQ_API void sparq_context_free(sparq_context *c);
 
 /* Appends n tokens at the current position and runs the model. n > 1 is a
  * prefill (exact dense attention, batched); n == 1 is a decode step through
  * the attention policy. logits: [n_vocab] for the last token, or NULL.
  * Returns 0, or -1 (context full, bad token id, aborted). */
-int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits);
+SPARQ_API int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits);
 /* The same, writing logits for every token: logits_all[n][n_vocab]. */
-int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
+SPARQ_API int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
 
 /* ---- batched decoding (server) ------------------------------------------
  * A server runs many sequences, one context each, over one model.
@@ -176,9 +188,9 @@ int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits
  * with the message in every context's sparq_context_error (a full context
  * or bad id changes nothing; an attention failure leaves the step undone
  * in every context, as sparq_eval does). */
-int sparq_eval_prefill(sparq_context *c, const int32_t *tokens, int n, float *logits);
-int sparq_eval_prefill_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
-int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits);
+SPARQ_API int sparq_eval_prefill(sparq_context *c, const int32_t *tokens, int n, float *logits);
+SPARQ_API int sparq_eval_prefill_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
+SPARQ_API int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits);
 
 /* Copies the first n cached positions of src into the empty context dst
  * (same model and KV type; dst's capacity >= n), as if dst had prefilled
@@ -187,22 +199,22 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
  * of n_batch, followed by the rest of the prompt in n_batch chunks, gives
  * bit-identical logits to prefilling the whole prompt. Refused (-1) when
  * dst's policy observes the prefill (h2o). */
-int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int64_t n, char *err,
+SPARQ_API int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int64_t n, char *err,
                               size_t err_size);
 
-int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
-int64_t sparq_context_n_ctx(const sparq_context *c);
-int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> cores */
-int     sparq_context_n_batch(const sparq_context *c);   /* resolved: 0 -> 512  */
-const char *sparq_context_error(const sparq_context *c); /* last error    */
+SPARQ_API int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
+SPARQ_API int64_t sparq_context_n_ctx(const sparq_context *c);
+SPARQ_API int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> cores */
+SPARQ_API int     sparq_context_n_batch(const sparq_context *c);   /* resolved: 0 -> 512  */
+SPARQ_API const char *sparq_context_error(const sparq_context *c); /* last error    */
 /* Timing only: appends n positions of random keys and values (about
  * N(0,1), seeded) to every layer's cache without running the model, so a
  * benchmark can decode at depth 1M without a 1M-token prefill. The model's
  * outputs after this are meaningless. Returns 0 or -1 (context full). */
-int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed);
+SPARQ_API int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed);
 
 /* Drops every cached token (the sequence starts again at position 0). */
-void sparq_context_reset(sparq_context *c);
+SPARQ_API void sparq_context_reset(sparq_context *c);
 
 /* Context shift (llama.cpp's): drops cached positions [n_keep, n_keep +
  * n_discard) and moves the later ones down by n_discard, re-rotating
@@ -211,14 +223,14 @@ void sparq_context_reset(sparq_context *c);
  * (to f16 rounding). Every policy's state follows (SparQ's K^T and V sums,
  * H2O's scores, top-k indexes: the prefix becomes dense until marked
  * again). Returns 0, or -1 with the message in sparq_context_error. */
-int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard);
+SPARQ_API int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard);
 
 /* ---- KV cache files (docs/KVFILE.md) ----------------------------------- */
 
 /* Makes the tokens cached so far the prefix: policies that index a prefix
  * ("topk") index positions [0, pos) and attend densely to what follows.
  * Without a call, the prefix is everything before the first decode step. */
-void sparq_context_mark_prefix(sparq_context *c);
+SPARQ_API void sparq_context_mark_prefix(sparq_context *c);
 
 /* Writes the cache (every position so far: the prefix) to path, with its
  * capacity, the model's fingerprint, the prefix's token ids if given
@@ -227,7 +239,7 @@ void sparq_context_mark_prefix(sparq_context *c);
  * "" = none), one prebuilt index per layer and KV head, built with the
  * context's attn parameters (index_key_type, ivf_nlist). Written to
  * path.tmp, then renamed. */
-int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
+SPARQ_API int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
                           const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size);
 
 enum { SPARQ_VERIFY_AUTO = 0, SPARQ_VERIFY_ALWAYS = 1 };
@@ -239,7 +251,7 @@ enum { SPARQ_VERIFY_AUTO = 0, SPARQ_VERIFY_ALWAYS = 1 };
  * are always verified; the data checksums too unless verify is AUTO and
  * the data exceeds 1 GiB. A file of another model, another format version,
  * truncated or corrupt is an error. */
-int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const char *path,
+SPARQ_API int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const char *path,
                           int verify, sparq_context **out, char *err, size_t err_size);
 
 /* Attention transfer accounting, summed over all decode steps so far:
@@ -257,7 +269,7 @@ typedef struct sparq_attn_stats {
     int64_t nominal_elements;/* part of elements estimated, not counted
                               * (topk hnsw: Faiss reports no visits)       */
 } sparq_attn_stats;
-void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out);
+SPARQ_API void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats *out);
 
 /* ---- sampling --------------------------------------------------------- */
 
@@ -282,18 +294,18 @@ typedef struct sparq_sampler_params {
 } sparq_sampler_params;
 
 typedef struct sparq_sampler sparq_sampler;
-sparq_sampler_params sparq_sampler_default_params(void);
+SPARQ_API sparq_sampler_params sparq_sampler_default_params(void);
 /* NULL if a parameter is out of range (NaN or negative temp, top_k < 0,
  * top_p/min_p outside [0, 1], NaN or negative penalties, last_n < -1),
  * n_vocab <= 0 or out of memory; sparq_sampler_check says which. */
-sparq_sampler *sparq_sampler_create(const sparq_sampler_params *p, int n_vocab);
-int     sparq_sampler_check(const sparq_sampler_params *p, char *err, size_t err_size);
-void    sparq_sampler_free(sparq_sampler *s);
+SPARQ_API sparq_sampler *sparq_sampler_create(const sparq_sampler_params *p, int n_vocab);
+SPARQ_API int     sparq_sampler_check(const sparq_sampler_params *p, char *err, size_t err_size);
+SPARQ_API void    sparq_sampler_free(sparq_sampler *s);
 /* Draws the next id from logits[n_vocab] (not modified) and accepts it. */
-int32_t sparq_sample(sparq_sampler *s, const float *logits);
+SPARQ_API int32_t sparq_sample(sparq_sampler *s, const float *logits);
 /* Adds an id to the penalty window without drawing (e.g. prompt ids). */
-void    sparq_sampler_accept(sparq_sampler *s, int32_t id);
-uint64_t sparq_sampler_seed(const sparq_sampler *s); /* the seed in use   */
+SPARQ_API void    sparq_sampler_accept(sparq_sampler *s, int32_t id);
+SPARQ_API uint64_t sparq_sampler_seed(const sparq_sampler *s); /* the seed in use   */
 
 /* ---- generation --------------------------------------------------------- */
 
@@ -305,7 +317,7 @@ enum {
     SPARQ_STOP_ABORTED,         /* the context's abort_flag was set        */
     SPARQ_STOP_CALLBACK,        /* on_text returned non-zero               */
 };
-const char *sparq_stop_name(int stop); /* "max_tokens", "end_of_generation", ... */
+SPARQ_API const char *sparq_stop_name(int stop); /* "max_tokens", "end_of_generation", ... */
 
 typedef struct sparq_generate_params {
     int max_tokens;             /* tokens to sample at most (>= 0)         */
@@ -343,15 +355,30 @@ typedef struct sparq_generation {
     int      n_shifts;          /* context shifts done                     */
 } sparq_generation;
 
-sparq_generate_params sparq_generate_default_params(void);
+SPARQ_API sparq_generate_params sparq_generate_default_params(void);
 /* Samples up to max_tokens ids, the first from logits[n_vocab] (the last
  * evaluated position's, e.g. after a prefill), then feeding each sampled
  * id through a decode step to get the next logits (written to logits).
  * Returns 0 (out filled; free with sparq_generation_free), or -1 with the
  * message in sparq_context_error (out is then empty). */
-int  sparq_generate(sparq_context *c, float *logits, const sparq_generate_params *p,
+SPARQ_API int  sparq_generate(sparq_context *c, float *logits, const sparq_generate_params *p,
                     sparq_generation *out);
-void sparq_generation_free(sparq_generation *g);
+SPARQ_API void sparq_generation_free(sparq_generation *g);
+
+/* ---- ABI check ------------------------------------------------------- */
+
+/* The layout of the public structs as this library was compiled (src/core/abi.c), so a
+ * binding that mirrors them (python/sparq's ctypes structs) can refuse to
+ * run against a library whose structs differ. sparq_abi_sizeof("sparq_attn_params")
+ * is sizeof(sparq_attn_params), 0 for an unknown name; sparq_abi_offsetof(
+ * "sparq_attn_params", "k") is offsetof(...), -1 for an unknown name. */
+SPARQ_API size_t  sparq_abi_sizeof(const char *type);
+SPARQ_API int64_t sparq_abi_offsetof(const char *type, const char *field);
+/* The name of the struct's i-th field (0-based, in declaration order), NULL
+ * past the last: a binding compares its field list with the library's. */
+SPARQ_API const char *sparq_abi_field(const char *type, int i);
+/* The library's version, "MAJOR.MINOR.PATCH" (MAJOR is the soname's). */
+SPARQ_API const char *sparq_version(void);
 
 #ifdef __cplusplus
 }

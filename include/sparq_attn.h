@@ -41,14 +41,14 @@
 extern "C" {
 #endif
 
-int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, const float *K,
+SPARQ_API int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, const float *K,
                    const float *KT, const float *V, const float *v_mean, int64_t S, int d, int g,
                    float *out, int32_t *sel, int64_t *n_sel, int32_t *i1, float *alpha,
                    int64_t *elements, char *err, size_t err_size);
 
 /* The policy's SPEC.md transfer formula (elements per step and KV head)
  * after filling p's defaults for head size d; -1 (and err) if p is invalid. */
-int64_t sparq_attn_formula(const sparq_attn_params *p, int64_t S, int d, int g, char *err,
+SPARQ_API int64_t sparq_attn_formula(const sparq_attn_params *p, int64_t S, int d, int g, char *err,
                            size_t err_size);
 
 #ifdef __cplusplus

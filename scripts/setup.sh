@@ -6,10 +6,14 @@
 #   libclang-rt-14-dev  libFuzzer runtime for the GGUF fuzz harness (clang)
 #   gnuplot-nox         --plot output of bench/eval
 #   libfaiss-dev, libopenblas-dev   the optional HNSW index (Faiss)
+#   python3-pytest, python3-numpy   the Python package's tests (numpy: logits as arrays)
+#   python3-setuptools, python3-pip, python3-venv   installing the Python package offline
+#   pkg-config          building the C example against an installed tree (sparq.pc)
 #   libmicrohttpd-dev   the HTTP server of `sparq serve`
 #   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
 set -u
-pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev libmicrohttpd-dev curl"
+pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev
+      python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config libmicrohttpd-dev curl"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -23,6 +27,6 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends $missing; } >&2; then
-  echo "setup: could not install$missing; the parts that need them (fuzzing, plots, HNSW) are skipped" >&2
+  echo "setup: could not install$missing; the parts that need them (fuzzing, plots, HNSW, Python tests) are skipped" >&2
 fi
 exit 0
