@@ -65,7 +65,9 @@ class sparq_attn_stats(ctypes.Structure):
 
 
 class sparq_sampler_params(ctypes.Structure):
-    _fields_ = [("temp", c_float), ("top_k", c_int), ("top_p", c_float), ("seed", c_uint64)]
+    _fields_ = [("temp", c_float), ("top_k", c_int), ("top_p", c_float), ("seed", c_uint64),
+                ("min_p", c_float), ("repeat_penalty", c_float), ("presence_penalty", c_float),
+                ("frequency_penalty", c_float), ("penalty_last_n", c_int)]
 
 
 MIRRORS = [sparq_attn_params, sparq_model_params, sparq_chat_msg, sparq_context_params,
@@ -110,6 +112,7 @@ PROTOTYPES = {
     "sparq_sampler_default_params": (sparq_sampler_params, []),
     "sparq_sampler_create": (c_void_p, [P(sparq_sampler_params), c_int]),
     "sparq_sampler_free": (None, [c_void_p]),
+    "sparq_sampler_check": (c_int, [P(sparq_sampler_params), ctypes.c_char_p, ctypes.c_size_t]),
     "sparq_sample": (c_int32, [c_void_p, P(c_float)]),
     "sparq_attn_run": (c_int, [P(sparq_attn_params), c_int, P(c_float), P(c_float), P(c_float), P(c_float),
                                P(c_float), c_int64, c_int, c_int, P(c_float), P(c_int32), P(c_int64),

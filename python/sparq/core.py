@@ -469,9 +469,11 @@ class Context:
 
 class Sampler:
     """The library's sampler (sparq_sampler): temp 0 is greedy (argmax, ties
-    to the lowest id); else temperature, top-k (0 = off), top-p (1 = off)."""
+    to the lowest id); else penalties over the last penalty_last_n ids,
+    temperature, top-k (0 = off), top-p (1 = off), min-p (0 = off)."""
 
-    def __init__(self, n_vocab, temp=0.0, top_k=0, top_p=1.0, seed=42):
+    def __init__(self, n_vocab, temp=0.0, top_k=0, top_p=1.0, seed=42, min_p=0.0, repeat_penalty=1.0,
+                 presence_penalty=0.0, frequency_penalty=0.0, penalty_last_n=64):
         self._lib = lib()
         self._h = None
         for v, name in ((temp, "temp"), (top_p, "top_p")):
@@ -484,7 +486,16 @@ class Sampler:
         if _int(top_k, "top_k") < 0:
             raise ValueError("top_k must be >= 0")
         self.n_vocab = _int(n_vocab, "n_vocab")
-        p = L.sparq_sampler_params(float(temp), top_k, float(top_p), _int(seed, "seed") & (2**64 - 1))
+        for v, name in ((min_p, "min_p"), (repeat_penalty, "repeat_penalty"),
+                        (presence_penalty, "presence_penalty"), (frequency_penalty, "frequency_penalty")):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                raise ValueError("%s must be a number, not %r" % (name, v))
+        p = L.sparq_sampler_params(float(temp), top_k, float(top_p), _int(seed, "seed") & (2**64 - 1),
+                                   float(min_p), float(repeat_penalty), float(presence_penalty),
+                                   float(frequency_penalty), _int(penalty_last_n, "penalty_last_n"))
+        err = ctypes.create_string_buffer(256)
+        if self._lib.sparq_sampler_check(ctypes.byref(p), err, len(err)):
+            raise ValueError(err.value.decode("utf-8", "replace"))
         h = self._lib.sparq_sampler_create(ctypes.byref(p), self.n_vocab)
         if not h:
             raise SparqError("cannot create a sampler for %d tokens" % self.n_vocab)

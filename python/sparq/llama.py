@@ -28,8 +28,7 @@ def _check_num(v, name, lo=None, hi=None):
 
 # Sampling options of llama-cpp-python that sparq does not implement, with
 # the value that means "off". Any other value is refused, not ignored.
-_NEUTRAL = {"min_p": (None, 0, 0.0), "typical_p": (None, 1, 1.0), "frequency_penalty": (None, 0, 0.0),
-            "presence_penalty": (None, 0, 0.0), "repeat_penalty": (None, 1, 1.0), "mirostat_mode": (None, 0),
+_NEUTRAL = {"typical_p": (None, 1, 1.0), "mirostat_mode": (None, 0),
             "tfs_z": (None, 1, 1.0), "suffix": (None, ""), "logit_bias": (None, {}), "grammar": (None,),
             "logits_processor": (None,), "stopping_criteria": (None,), "logprobs": (None, False, 0),
             "top_logprobs": (None, 0)}
@@ -208,7 +207,7 @@ class Llama:
             s.close()
 
     def _completion_stream(self, prompt_ids, max_tokens, temperature, top_k, top_p, seed, stop,
-                           ignore_eos, make_chunk):
+                           ignore_eos, make_chunk, penalties=None):
         """Yields (text, finish_reason) pieces: text never contains a stop
         string, finish_reason is set on the last piece only."""
         if len(prompt_ids) > self._ctx.n_ctx:
@@ -216,7 +215,7 @@ class Llama:
                              (len(prompt_ids), self._ctx.n_ctx))
         self._prefill(prompt_ids)
         sampler = Sampler(self._model.n_vocab, temp=temperature, top_k=top_k, top_p=top_p,
-                          seed=self.seed if seed is None else seed)
+                          seed=self.seed if seed is None else seed, **(penalties or {}))
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         held = ""  # text not yet emitted: it may begin a stop string
         n_out = 0
@@ -276,10 +275,12 @@ class Llama:
         return [s for s in stop if s]
 
     def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95, echo=False, stop=None,
-                          top_k=40, stream=False, seed=None, ignore_eos=False, **other):
+                          top_k=40, stream=False, seed=None, ignore_eos=False, min_p=0.05, repeat_penalty=1.0,
+                          presence_penalty=0.0, frequency_penalty=0.0, **other):
         """An OpenAI-shaped text completion ("text_completion"), or a generator
         of chunks when stream=True. prompt: str or a list of token ids.
-        llama-cpp-python options sparq lacks (penalties, min_p, grammar, ...)
+        min_p and the penalties act as in llama-cpp-python (the library sampler,
+        as `sparq run`); options sparq lacks (grammar, mirostat, ...)
         are accepted at their "off" value and refused otherwise."""
         _refuse_unsupported(dict(other, suffix=suffix))
         if isinstance(prompt, (list, tuple)):
@@ -300,7 +301,10 @@ class Llama:
                     "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
 
         gen = self._completion_stream(prompt_ids, max_tokens, float(temperature), top_k, float(top_p),
-                                      seed, stop, ignore_eos, chunk)
+                                      seed, stop, ignore_eos, chunk,
+                                      dict(min_p=min_p, repeat_penalty=repeat_penalty,
+                                           presence_penalty=presence_penalty,
+                                           frequency_penalty=frequency_penalty))
         if stream:
             def streamer():
                 if echo:
@@ -319,7 +323,8 @@ class Llama:
     __call__ = create_completion
 
     def create_chat_completion(self, messages, temperature=0.2, top_p=0.95, top_k=40, stream=False, stop=None,
-                               seed=None, max_tokens=None, ignore_eos=False, **other):
+                               seed=None, max_tokens=None, ignore_eos=False, min_p=0.05, repeat_penalty=1.0,
+                               presence_penalty=0.0, frequency_penalty=0.0, **other):
         """An OpenAI-shaped chat completion ("chat.completion"), or a generator
         of "chat.completion.chunk" dicts when stream=True. The template is
         chat_format (llama3, chatml, phi3, mistral, gemma) or the model's own."""
@@ -334,7 +339,10 @@ class Llama:
             return (text, finish)
 
         gen = self._completion_stream(prompt_ids, max_tokens, float(temperature), top_k, float(top_p),
-                                      seed, stop, ignore_eos, chunk)
+                                      seed, stop, ignore_eos, chunk,
+                                      dict(min_p=min_p, repeat_penalty=repeat_penalty,
+                                           presence_penalty=presence_penalty,
+                                           frequency_penalty=frequency_penalty))
         if stream:
             def streamer():
                 base = {"id": cid, "object": "chat.completion.chunk", "created": created,

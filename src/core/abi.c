@@ -67,6 +67,11 @@ static const abi_entry abi_table[] = {
     ABI_OFF(sparq_sampler_params, top_k),
     ABI_OFF(sparq_sampler_params, top_p),
     ABI_OFF(sparq_sampler_params, seed),
+    ABI_OFF(sparq_sampler_params, min_p),
+    ABI_OFF(sparq_sampler_params, repeat_penalty),
+    ABI_OFF(sparq_sampler_params, presence_penalty),
+    ABI_OFF(sparq_sampler_params, frequency_penalty),
+    ABI_OFF(sparq_sampler_params, penalty_last_n),
 };
 
 static const abi_entry *abi_find(const char *type, const char *field)
@@ -92,7 +97,7 @@ ABI_LAST(sparq_model_params, use_mmap);
 ABI_LAST(sparq_chat_msg, content);
 ABI_LAST(sparq_context_params, abort_flag);
 ABI_LAST(sparq_attn_stats, nominal_elements);
-ABI_LAST(sparq_sampler_params, seed);
+ABI_LAST(sparq_sampler_params, penalty_last_n);
 
 const char *sparq_abi_field(const char *type, int i)
 {

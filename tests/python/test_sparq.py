@@ -33,7 +33,8 @@ def test_struct_mirrors_match_library():
     assert lib.sparq_abi_sizeof(b"no_such_struct") == 0
     assert lib.sparq_abi_offsetof(b"sparq_attn_params", b"no_such_field") == -1
     assert lib.sparq_abi_field(b"sparq_sampler_params", 3) == b"seed"
-    assert lib.sparq_abi_field(b"sparq_sampler_params", 4) is None
+    assert lib.sparq_abi_field(b"sparq_sampler_params", 8) == b"penalty_last_n"
+    assert lib.sparq_abi_field(b"sparq_sampler_params", 9) is None
     assert lib.sparq_abi_field(b"no_such_struct", 0) is None
 
 
@@ -47,9 +48,11 @@ def test_struct_drift_fails_loudly(monkeypatch):
 
     class sparq_sampler_params(ctypes.Structure):  # same names, a field's type changed
         _fields_ = [("temp", ctypes.c_float), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_float),
-                    ("seed", ctypes.c_uint64)]
+                    ("seed", ctypes.c_uint64), ("min_p", ctypes.c_float), ("repeat_penalty", ctypes.c_float),
+                    ("presence_penalty", ctypes.c_float), ("frequency_penalty", ctypes.c_float),
+                    ("penalty_last_n", ctypes.c_int)]
     monkeypatch.setattr(_lib, "MIRRORS", [sparq_sampler_params])
-    with pytest.raises(sparq.SparqABIError, match=r"sizeof\(sparq_sampler_params\): library 24, python 32"):
+    with pytest.raises(sparq.SparqABIError, match=r"sizeof\(sparq_sampler_params\): library 48, python 56"):
         _lib.check_abi(_lib.load())
 
 
@@ -453,12 +456,15 @@ def test_bad_sampling_options(model_path):
                 llm(PROMPT, max_tokens=2, **kw)
         with pytest.raises(TypeError):
             llm(12345)
-        # llama-cpp-python options sparq lacks: "off" is accepted, anything else refused
-        out = llm(PROMPT, max_tokens=3, temperature=0, repeat_penalty=1.0, min_p=None, logprobs=None,
-                  frequency_penalty=0.0, grammar=None)
+        # min_p and the penalties are the library sampler's; out-of-range values are refused
+        out = llm(PROMPT, max_tokens=3, temperature=0, repeat_penalty=1.1, min_p=0.05, logprobs=None,
+                  frequency_penalty=0.5, presence_penalty=0.5, grammar=None)
         assert out["usage"]["completion_tokens"] == 3
-        for kw in (dict(repeat_penalty=1.1), dict(min_p=0.05), dict(logprobs=5), dict(grammar="root ::= x"),
-                   dict(no_such_option=1)):
+        for kw in (dict(min_p=1.5), dict(repeat_penalty=float("nan")), dict(frequency_penalty="x")):
+            with pytest.raises(ValueError):
+                llm(PROMPT, max_tokens=2, **kw)
+        # llama-cpp-python options sparq lacks: "off" is accepted, anything else refused
+        for kw in (dict(logprobs=5), dict(grammar="root ::= x"), dict(no_such_option=1)):
             with pytest.raises(ValueError, match="not supported by sparq: " + list(kw)[0]):
                 llm(PROMPT, max_tokens=2, **kw)
             with pytest.raises(ValueError, match="not supported"):
