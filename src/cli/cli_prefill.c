@@ -34,8 +34,8 @@ static const cli_opt prefill_table[] = {
     { "--index", NULL, OPT_STR, OFF(index), "LIST",
       "top-k indexes to build and store: comma list of exact|ivf|hnsw|sparq, or none (default ivf)" },
     { "--progress", NULL, OPT_FLAG, OFF(progress), NULL,
-      "prefill progress on stderr even when it is not a terminal: a line every 5 s ($SPARQ_PROGRESS_SECONDS) "
-      "and at the end, with tokens done / total, tok/s and ETA" },
+      "prefill progress on stderr even when it is not a terminal: a line after the first batch, "
+      "every 5 s ($SPARQ_PROGRESS_SECONDS) and at the end, with tokens done / total, tok/s and ETA" },
     { 0 },
 };
 #undef OFF

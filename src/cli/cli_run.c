@@ -82,7 +82,7 @@ static const cli_opt run_table[] = {
     { "--keep", NULL, OPT_INT0, OFF(n_keep), "N",
       "prompt tokens a context shift never drops, after BOS (default 0)" },
     { "--progress", NULL, OPT_FLAG, OFF(progress), NULL,
-      "prefill progress on stderr even when it is not a terminal: a line every 5 s ($SPARQ_PROGRESS_SECONDS) and at the end, with tokens done / total, tok/s and ETA" },
+      "prefill progress on stderr even when it is not a terminal: a line after the first batch, every 5 s ($SPARQ_PROGRESS_SECONDS) and at the end, with tokens done / total, tok/s and ETA" },
     { 0 },
 };
 #undef OFF
@@ -683,8 +683,8 @@ int cli_run(int argc, char **argv)
     double t_prefill = cli_now() - t0;
     if (ok != 0 && abort_now) { /* Ctrl-C: a clean line and what was done */
         const int64_t done_pos = sparq_context_pos(c);
-        fprintf(stderr, "\ninterrupted: prefill stopped after %lld of %d prompt tokens (%.1f tok/s, %.0f ms) | "
-                        "load %.0f ms | peak RSS %.1f MiB\n", (long long)done_pos, n_prompt,
+        fprintf(stderr, "%sinterrupted: prefill stopped after %lld of %d prompt tokens (%.1f tok/s, %.0f ms) | "
+                        "load %.0f ms | peak RSS %.1f MiB\n", prog.tty ? "\n" : "", (long long)done_pos, n_prompt,
                 t_prefill > 0 ? done_pos / t_prefill : 0.0, t_prefill * 1e3, t_load * 1e3, cli_peak_rss() / 1048576.0);
         rc = 130;
         goto done;
