@@ -308,6 +308,31 @@ int main(void)
     CHECK(rc == 0 && strstr(out, "--sparq-r") && strstr(out, "--temp"), "help lists options");
     free(out); free(err);
 
+    /* issue 17: `prefill --help` gives --index once, with the default
+     * prefill really uses (ivf), which the JSON of a run without it shows */
+    rc = run("prefill --help", &out, &err);
+    {
+        int n_index = 0;
+        for (const char *q = out; (q = strstr(q, "\n  --index ")) != NULL; q++) n_index++;
+        const char *line = strstr(out, "\n  --index ");
+        const char *eol = line ? strchr(line + 1, '\n') : NULL;
+        const char *dflt = line ? strstr(line, "(default ivf)") : NULL;
+        CHECK(rc == 0 && n_index == 1 && dflt && (!eol || dflt < eol) && !strstr(out, "default ivf;"),
+              "prefill --help: one --index line with default ivf (%d lines): %s", n_index, out);
+    }
+    free(out); free(err);
+    tpath(p1, sizeof p1, "ctx.kv");
+    snprintf(args, sizeof args, "prefill -p 'Once upon a time' -c 64 --save-kv %s --json", p1);
+    rc = run(args, &out, &err);
+    CHECK(rc == 0 && strstr(out, "\"indexes\":\"ivf\""), "prefill default index: exit %d: %s %s", rc, out, err);
+    free(out); free(err);
+    snprintf(args, sizeof args, "prefill -p 'Once upon a time' -c 64 --save-kv %s --json --index exact,hnsw", p1);
+    rc = run(args, &out, &err);
+    CHECK(rc == 0 && strstr(out, "\"indexes\":\"exact,hnsw\""), "prefill --index LIST: exit %d: %s %s", rc, out,
+          err);
+    free(out); free(err);
+    unlink(p1);
+
     /* `bench topk` is `bench-topk`: the same usage and options */
     rc = run("bench topk --help", &out, &err);
     CHECK(rc == 0 && strstr(out, "bench-topk") && strstr(out, "--index"), "bench topk --help: exit %d", rc);

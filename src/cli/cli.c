@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #define OFF(type, field) offsetof(type, field)
 
@@ -359,11 +360,34 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_siz
     return m;
 }
 
+void cli_progress_start(cli_progress *p)
+{
+    p->tty = isatty(2);
+    p->interval = 5.0;
+    const char *e = getenv("SPARQ_PROGRESS_SECONDS");
+    if (e && *e) {
+        char *end;
+        double v = strtod(e, &end);
+        if (*end == 0 && v >= 0 && v < 1e9) p->interval = v; /* anything else: the default */
+    }
+    p->t0 = p->t_last = cli_now();
+    p->lines = 0;
+}
+
 void cli_prefill_progress(void *user, int64_t done, int64_t total)
 {
-    (void)user;
-    fprintf(stderr, "\rprefill: %lld / %lld tokens", (long long)done, (long long)total);
-    if (done == total) fputc('\n', stderr);
+    cli_progress *p = user;
+    const double now = cli_now(), dt = now - p->t0;
+    const int end = done >= total;
+    /* the first line says at once that the prefill has started */
+    if (!p->tty && !end && p->lines > 0 && now - p->t_last < p->interval) return;
+    p->t_last = now;
+    p->lines++;
+    const double rate = dt > 0 ? (double)done / dt : 0.0;
+    const double eta = rate > 0 ? (double)(total - done) / rate : 0.0;
+    fprintf(stderr, "%sprefill: %lld / %lld tokens, %.1f tok/s, ETA %.0f s%s", p->tty ? "\r" : "",
+            (long long)done, (long long)total, rate, eta, p->tty && !end ? "   " : "\n");
+    fflush(stderr);
 }
 
 int64_t cli_peak_rss(void)

@@ -107,7 +107,22 @@ int cli_check_regular(const char *path);
 /* KV type from its name; -1 if unknown. */
 int cli_kv_type(const char *name);
 
-/* sparq_context_params.progress for a terminal: "prefill: done / total". */
+/* Prefill progress on stderr, the user pointer of
+ * sparq_context_params.progress. On a terminal one line rewritten in place
+ * after every batch; otherwise (a log file, a pipe) a whole line after
+ * the first batch, then every `interval` seconds and at the end, so a long prompt shows it is moving
+ * without filling the log. Each gives tokens done / total, the rate since
+ * cli_progress_start and the ETA at that rate. */
+typedef struct cli_progress {
+    int    tty;            /* stderr is a terminal                        */
+    double interval;       /* seconds between lines when not a tty        */
+    double t0, t_last;     /* start of this prefill, last line printed    */
+    int    lines;          /* lines printed since cli_progress_start      */
+} cli_progress;
+
+/* Starts timing a prefill: call right before the sparq_eval it watches.
+ * The interval is $SPARQ_PROGRESS_SECONDS if set (>= 0), else 5 s. */
+void cli_progress_start(cli_progress *p);
 void cli_prefill_progress(void *user, int64_t done, int64_t total);
 
 /* Peak resident set size of this process in bytes. */

@@ -20,6 +20,8 @@
 
 typedef struct prefill_opts {
     const char *prompt, *prompt_file, *save;
+    const char *index;   /* kinds to store; NULL: the default, ivf */
+    int progress;
 } prefill_opts;
 
 #define OFF(f) offsetof(prefill_opts, f)
@@ -27,6 +29,13 @@ static const cli_opt prefill_table[] = {
     { "-f", "--file", OPT_STR, OFF(prompt_file), "FILE", "the context to prefill" },
     { "-p", "--prompt", OPT_STR, OFF(prompt), "TEXT", "the context as text (instead of -f)" },
     { "--save-kv", NULL, OPT_STR, OFF(save), "FILE", "KV cache file to write (required)" },
+    /* here --index lists the kinds to store, not topk's one kind: the
+     * attention group's --index row is left out, so --help gives one default */
+    { "--index", NULL, OPT_STR, OFF(index), "LIST",
+      "top-k indexes to build and store: comma list of exact|ivf|hnsw|sparq, or none (default ivf)" },
+    { "--progress", NULL, OPT_FLAG, OFF(progress), NULL,
+      "prefill progress on stderr even when it is not a terminal: a line after the first batch, "
+      "every 5 s ($SPARQ_PROGRESS_SECONDS) and at the end, with tokens done / total, tok/s and ETA" },
     { 0 },
 };
 #undef OFF
@@ -40,11 +49,15 @@ int cli_prefill(int argc, char **argv)
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
     prefill_opts po = { 0 };
+    cli_opt attn_table[64]; /* cli_attn_table without its --index (topk's kind) */
+    size_t n_attn = 0;
+    for (const cli_opt *o = cli_attn_table; o->name && n_attn + 1 < sizeof attn_table / sizeof *attn_table; o++)
+        if (strcmp(o->name, "--index") != 0) attn_table[n_attn++] = *o;
+    memset(&attn_table[n_attn], 0, sizeof attn_table[n_attn]);
     cli_group groups[] = {
         { "prefill", prefill_table, &po },
         { "model", cli_model_table, &mo },
-        { "attention and indexes (--index LIST: kinds to store, default ivf; none for no index)",
-          cli_attn_table, &ao },
+        { "attention", attn_table, &ao },
     };
     const int n_groups = 3;
     char err[512], path[4096];
@@ -65,10 +78,8 @@ int cli_prefill(int argc, char **argv)
         fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);
         return 2;
     }
-    /* --index here is the list of kinds to store, not topk's one kind */
-    const char *indexes = ao.index ? ao.index : "ivf";
+    const char *indexes = po.index ? po.index : "ivf";
     if (strcmp(indexes, "none") == 0) indexes = "";
-    ao.index = NULL;
     /* what would only fail after the long prefill is checked before it */
     const char *kinds[KVF_MAX_KINDS];
     if (kvf_parse_kinds(indexes, kinds, err, sizeof err) < 0) {
@@ -117,15 +128,30 @@ int cli_prefill(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    if (isatty(2)) cp.progress = cli_prefill_progress;
+    cli_progress prog;
+    cli_progress_start(&prog);
+    if (prog.tty || po.progress) {
+        cp.progress = cli_prefill_progress;
+        cp.progress_user = &prog;
+    }
     cp.abort_flag = &interrupted;
     if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
     signal(SIGINT, on_sigint);
+    cli_progress_start(&prog);
     double t0 = cli_now();
     if (sparq_eval(c, ids, n, NULL)) {
+        if (interrupted) { /* Ctrl-C: the eval stopped between batches; nothing is written */
+            const double t = cli_now() - t0;
+            const int64_t done_pos = sparq_context_pos(c);
+            fprintf(stderr, "%sinterrupted: prefill stopped after %lld of %d tokens (%.1f tok/s, %.0f ms); "
+                            "nothing saved\n", prog.tty ? "\n" : "", (long long)done_pos, n,
+                    t > 0 ? done_pos / t : 0.0, t * 1e3);
+            rc = 130;
+            goto done;
+        }
         fprintf(stderr, "error: %s\n", sparq_context_error(c));
         goto done;
     }

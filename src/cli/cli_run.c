@@ -82,7 +82,7 @@ static const cli_opt run_table[] = {
     { "--keep", NULL, OPT_INT0, OFF(n_keep), "N",
       "prompt tokens a context shift never drops, after BOS (default 0)" },
     { "--progress", NULL, OPT_FLAG, OFF(progress), NULL,
-      "print prefill progress on stderr even when it is not a terminal" },
+      "prefill progress on stderr even when it is not a terminal: a line after the first batch, every 5 s ($SPARQ_PROGRESS_SECONDS) and at the end, with tokens done / total, tok/s and ETA" },
     { 0 },
 };
 #undef OFF
@@ -156,6 +156,7 @@ typedef struct gen_ctx {
     int         n_stop;
     int         context_shift;
     int64_t     n_keep;
+    cli_progress *progress; /* restarted before each prefill               */
 } gen_ctx;
 
 static int print_text(void *user, const char *text, size_t n)
@@ -449,6 +450,7 @@ static int run_chat(const gen_ctx *g, const run_opts *ro)
         double t0 = cli_now();
         abort_now = 0;
         armed = 0; /* the turn goes into the cache whole */
+        cli_progress_start(g->progress);
         if (sparq_eval(g->c, ids, n, g->logits)) {
             fprintf(stderr, "error: %s\n", sparq_context_error(g->c));
             goto done;
@@ -618,7 +620,12 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    if (isatty(2) || ro.progress) cp.progress = cli_prefill_progress;
+    cli_progress prog;
+    cli_progress_start(&prog);
+    if (isatty(2) || ro.progress) {
+        cp.progress = cli_prefill_progress;
+        cp.progress_user = &prog;
+    }
     cp.abort_flag = &abort_now;
     install_sigint(); /* before the long parts: a Ctrl-C from here on is handled */
     armed = 1;
@@ -662,7 +669,7 @@ int cli_run(int argc, char **argv)
         goto done;
     }
     gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out,
-                  ro.reverse.v, ro.reverse.n, shift, n_keep };
+                  ro.reverse.v, ro.reverse.n, shift, n_keep, &prog };
     if (interactive) {
         rc = run_chat(&g, &ro);
         attn_summary(c, &cp.attn, NULL);
@@ -670,13 +677,14 @@ int cli_run(int argc, char **argv)
     }
 
     /* prefill */
+    cli_progress_start(&prog);
     double t0 = cli_now();
     int ok = lf ? sparq_eval_all(c, ids, n_prompt, logits) : sparq_eval(c, ids, n_prompt, logits);
     double t_prefill = cli_now() - t0;
     if (ok != 0 && abort_now) { /* Ctrl-C: a clean line and what was done */
         const int64_t done_pos = sparq_context_pos(c);
-        fprintf(stderr, "\ninterrupted: prefill stopped after %lld of %d prompt tokens (%.1f tok/s, %.0f ms) | "
-                        "load %.0f ms | peak RSS %.1f MiB\n", (long long)done_pos, n_prompt,
+        fprintf(stderr, "%sinterrupted: prefill stopped after %lld of %d prompt tokens (%.1f tok/s, %.0f ms) | "
+                        "load %.0f ms | peak RSS %.1f MiB\n", prog.tty ? "\n" : "", (long long)done_pos, n_prompt,
                 t_prefill > 0 ? done_pos / t_prefill : 0.0, t_prefill * 1e3, t_load * 1e3, cli_peak_rss() / 1048576.0);
         rc = 130;
         goto done;
