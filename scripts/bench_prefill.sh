@@ -40,8 +40,9 @@ if [ -n "$LLAMA_BENCH" ] && [ ! -x "$LLAMA_BENCH" ]; then
 fi
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 
-model() { # model SHAPE TYPE -> path (generated once)
-  local f="$MODELS_DIR/$1-$2.gguf"
+model() { # model SHAPE TYPE -> path (generated once; scripts/bench.sh's names)
+  local f
+  f="$MODELS_DIR/$1-$(echo "$2" | tr 'A-Z' 'a-z').gguf"
   [ -s "$f" ] || "$SPARQ" gen-model --shape "$1" --type "$2" -o "$f" >&2
   echo "$f"
 }
