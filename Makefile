@@ -37,7 +37,7 @@ endif
 # sparq serve: libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
 LDLIBS  += -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan fuzz setup clean bench
+.PHONY: all run test test-asan test-deploy fuzz setup clean bench
 all: $(BUILD)/sparq
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
@@ -68,6 +68,10 @@ run: setup all
 
 test: setup all $(TEST_BIN)
 	@scripts/run_tests.sh $(BUILD)
+
+# Three replicas behind deploy/nginx/sparq.conf (also part of `make test`).
+test-deploy: setup all $(BUILD)/tests/test_deploy
+	SPARQ_BUILD=$(BUILD) ./$(BUILD)/tests/test_deploy
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:

@@ -8,8 +8,9 @@
 #   libfaiss-dev, libopenblas-dev   the optional HNSW index (Faiss)
 #   libmicrohttpd-dev   the HTTP server of `sparq serve`
 #   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
+#   nginx               the deploy test (three replicas behind deploy/nginx/sparq.conf)
 set -u
-pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev libmicrohttpd-dev curl"
+pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev libmicrohttpd-dev curl nginx"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
