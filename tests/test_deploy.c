@@ -26,6 +26,7 @@
  * Without nginx: a failure when CI=true, a skip otherwise.
  */
 #include "test.h"
+#include "sparq.h"
 #include "util/json.h"
 #include "util/paths.h"
 #include "util/textbuf.h"
@@ -514,6 +515,40 @@ static void print_log(const char *dir, const char *name)
     free(t);
 }
 
+/* dir holds exactly n files named <32 hex>.kv (no temp or partial file),
+ * each a valid KV file of DOC_TOKENS positions (every checksum verified). */
+static void check_kv_dir(const char *dir, const char *model_path, int n)
+{
+    char err[256];
+    sparq_model *m = NULL;
+    if (sparq_model_load(model_path, &m, err, sizeof err)) {
+        CHECK(0, "%s", err);
+        return;
+    }
+    DIR *d = opendir(dir);
+    CHECK(d != NULL, "opendir %s", dir);
+    int files = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        const size_t l = strlen(e->d_name);
+        CHECK(l == 35 && !strcmp(e->d_name + 32, ".kv") && strspn(e->d_name, "0123456789abcdef") == 32,
+              "unexpected file in the kv dir: %s", e->d_name);
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        sparq_context_params cp = sparq_context_default_params();
+        cp.n_threads = 1;
+        sparq_context *c = NULL;
+        const int rc = sparq_context_load_kv(m, &cp, p, SPARQ_VERIFY_ALWAYS, &c, err, sizeof err);
+        CHECK(rc == 0 && sparq_context_pos(c) == DOC_TOKENS, "%s: %s", e->d_name, rc ? err : "wrong length");
+        sparq_context_free(c);
+        files++;
+    }
+    if (d) closedir(d);
+    CHECK(files == n, "%d files in the kv dir, expected %d", files, n);
+    sparq_model_free(m);
+}
+
 int main(void)
 {
     char model[1024], bin[1024], deploy_conf[PATH_MAX];
@@ -551,10 +586,14 @@ int main(void)
     char args[2048];
     snprintf(args, sizeof args, "-m %s -c 512 -b %d -t 1 --parallel 4 --queue 32 --prefix-cache 16", model, NB);
     if (start_server(&ref, bin, dir, "reference", args)) failed_start = 1;
+    char kvdir[PATH_MAX], rargs[2048 + 2 * PATH_MAX];
+    snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
+    if (mkdir(kvdir, 0700)) failed_start = 1;
+    snprintf(rargs, sizeof rargs, "%s --kv-dir %s", args, kvdir);
     for (int i = 0; i < N_REP && !failed_start; i++) {
         char name[16];
         snprintf(name, sizeof name, "replica%d", i);
-        if (start_server(&rep[i], bin, dir, name, args)) failed_start = 1;
+        if (start_server(&rep[i], bin, dir, name, rargs)) failed_start = 1;
     }
     if (!failed_start && start_nginx(&ngx, nginx, dir, deploy_conf, rep)) {
         failed_start = 1;
@@ -660,7 +699,10 @@ int main(void)
               reqs_on[i] - docs_on[i]);
         CHECK(pre == prefill_on[i], "replica %d: %lld tokens prefilled, expected %lld (each document once)", i, pre,
               prefill_on[i]);
+        CHECK(metric(rep[i].port, "sparq_kv_dir_writes_total") == docs_on[i], "replica %d: kv-dir writes", i);
     }
+    /* one complete file per document, nothing else, in the shared directory */
+    check_kv_dir(kvdir, model, N_DOC);
 
     /* phase C: questions 5..9 from 5 clients; the busiest replica dies mid-run */
     int victim = 0;
@@ -698,6 +740,22 @@ int main(void)
     fprintf(stderr, "phase C: %d answered, %d clean errors, %d answered by another replica than the killed home\n", n_ok,
             n_err, moved);
     CHECK(moved >= 1, "no question about the killed replica's documents was answered elsewhere");
+    /* the survivors mapped the killed replica's documents from the shared
+     * directory: across the cluster each document was prefilled once */
+    long long kv_hits = 0;
+    for (int i = 0; i < N_REP; i++) {
+        if (i == victim) continue;
+        long long expect = prefill_on[i];
+        for (int k = 0; k < n; k++)
+            if (pc[k]->upstream == i) expect += nq[pc[k]->q];
+        const long long pre = metric(rep[i].port, "sparq_prefill_tokens_total");
+        CHECK(pre == expect, "replica %d after the kill: %lld tokens prefilled, expected %lld (no document again)", i,
+              pre, expect);
+        kv_hits += metric(rep[i].port, "sparq_kv_dir_hits_total");
+    }
+    CHECK(kv_hits >= 1, "the survivors loaded no prefix file (%lld)", kv_hits);
+    fprintf(stderr, "survivors: %lld prefixes loaded from the shared directory\n", kv_hits);
+    check_kv_dir(kvdir, model, N_DOC);
 
     /* the survivors keep serving: nginx skips the dead one */
     resp r;
