@@ -22,7 +22,14 @@
  *    phase-C request reached it; every request still gets the reference
  *    answer or a clean error (an HTTP error status with an OpenAI error
  *    object), and some of the killed replica's documents were answered by
- *    another replica (nginx retried).
+ *    another replica (nginx retried);
+ *  - the replicas share a --kv-dir: each writes one file per document it
+ *    prefilled; after the kill the survivors load the dead replica's
+ *    documents from it (their prefilled tokens grow by the questions only:
+ *    no document is prefilled twice across the cluster), and the directory
+ *    holds only complete files (every checksum verified), no temp file;
+ *  - --kv-dir-max: a replica with a 1 MiB budget stays within it, evicts the
+ *    least recently used file first.
  * Without nginx: a failure when CI=true, a skip otherwise.
  */
 #include "test.h"
@@ -549,6 +556,90 @@ static void check_kv_dir(const char *dir, const char *model_path, int n)
     sparq_model_free(m);
 }
 
+static long long dir_kv_bytes(const char *dir, int *n_files)
+{
+    DIR *d = opendir(dir);
+    long long total = 0;
+    *n_files = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char p[PATH_MAX + 256];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (strstr(e->d_name, ".kv") && stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+            total += st.st_size;
+            ++*n_files;
+        }
+    }
+    if (d) closedir(d);
+    return total;
+}
+
+/* --kv-dir-max: one replica, 1 MiB of files, more documents than fit: after
+ * every write the directory is within the budget, the least recently used
+ * file went first (the first document, touched again, survives longer than
+ * the second), the newest is there. */
+static void kv_budget(const char *bin, const char *dir, const char *model, int32_t *doc, int nd)
+{
+    char kvdir[PATH_MAX], args[2048 + 2 * PATH_MAX];
+    snprintf(kvdir, sizeof kvdir, "%s/kv-budget", dir);
+    proc p = { -1, 0 };
+    snprintf(args, sizeof args, "-m %s -c 512 -b %d -t 1 --prefix-cache 0 --kv-dir %s --kv-dir-max 1", model, NB, kvdir);
+    CHECK(mkdir(kvdir, 0700) == 0 && start_server(&p, bin, dir, "budget", args) == 0, "budget replica did not start");
+    if (p.pid <= 0) return;
+    const int32_t first = doc[1];
+    char path0[PATH_MAX + 256] = "", path1[PATH_MAX + 256] = "";
+    int files = 0, ok = 1, k;
+    for (k = 0; k < 64 && ok; k++) {
+        doc[1] = (int32_t)(3 + k);             /* a different prefix each time */
+        char *body = request_body(doc, nd, doc + nd, 1, 0);
+        resp r;
+        ok = body && http(p.port, "POST", "/v1/completions", NULL, body, &r) == 0 && r.status == 200;
+        if (body && !ok) fprintf(stderr, "budget: request %d failed\n", k);
+        if (body && r.head) resp_free(&r);
+        free(body);
+        const long long bytes = dir_kv_bytes(kvdir, &files);
+        ok = ok && bytes <= (1 << 20);
+        CHECK(bytes <= (1 << 20), "after document %d the kv dir holds %lld bytes > 1 MiB", k, bytes);
+        if (k == 1) { /* remember the first two files' names */
+            DIR *d = opendir(kvdir);
+            struct dirent *e;
+            struct stat st0 = { 0 };
+            while (d && (e = readdir(d))) {
+                if (e->d_name[0] == '.') continue;
+                char q[PATH_MAX + 256];
+                struct stat st;
+                snprintf(q, sizeof q, "%s/%s", kvdir, e->d_name);
+                if (stat(q, &st)) continue;
+                if (!path0[0] || st.st_mtim.tv_sec < st0.st_mtim.tv_sec ||
+                    (st.st_mtim.tv_sec == st0.st_mtim.tv_sec && st.st_mtim.tv_nsec < st0.st_mtim.tv_nsec)) {
+                    strcpy(path1, path0);
+                    strcpy(path0, q);
+                    st0 = st;
+                } else {
+                    strcpy(path1, q);
+                }
+            }
+            if (d) closedir(d);
+        }
+        if (k >= 1 && ok) { /* document 0 asked again: its file is the most recently used */
+            doc[1] = 3;
+            body = request_body(doc, nd, doc + nd, 1, 0);
+            if (body && http(p.port, "POST", "/v1/completions", NULL, body, &r) == 0) resp_free(&r);
+            free(body);
+        }
+        if (access(path1, F_OK) != 0 && path1[0]) break; /* the second one was evicted */
+    }
+    doc[1] = first;
+    const long long ev = metric(p.port, "sparq_kv_dir_evictions_total"), hits = metric(p.port, "sparq_kv_dir_hits_total");
+    fprintf(stderr, "budget: %d documents, %d files left, %lld evicted, %lld loaded\n", k + 1, files, ev, hits);
+    CHECK(ok && ev >= 1, "no file was evicted after %d documents", k + 1);
+    CHECK(path1[0] && access(path1, F_OK) != 0, "the second document's file is still there");
+    CHECK(path0[0] && access(path0, F_OK) == 0, "the first document's file, used again after each write, was evicted");
+    CHECK(hits >= k, "the repeated document was loaded from its file %lld times, expected >= %d", hits, k);
+    CHECK(stop_proc(&p, SIGTERM) == 0, "budget replica did not exit cleanly");
+}
+
 int main(void)
 {
     char model[1024], bin[1024], deploy_conf[PATH_MAX];
@@ -756,6 +847,8 @@ int main(void)
     CHECK(kv_hits >= 1, "the survivors loaded no prefix file (%lld)", kv_hits);
     fprintf(stderr, "survivors: %lld prefixes loaded from the shared directory\n", kv_hits);
     check_kv_dir(kvdir, model, N_DOC);
+
+    kv_budget(bin, dir, model, doc_ids[0], DOC_TOKENS);
 
     /* the survivors keep serving: nginx skips the dead one */
     resp r;

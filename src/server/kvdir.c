@@ -29,8 +29,8 @@ void kvdir_init(srv_kvdir *kd, const char *dir, size_t budget, const sparq_model
     memset(kd, 0, sizeof kd[0]);
     kd->dir = dir;
     kd->budget = budget;
-    kvf_fingerprint fp;
-    model_fingerprint(m, &fp);
+    model_fingerprint(m, &kd->fp);
+    const kvf_fingerprint fp = kd->fp;
     /* two independent 64-bit FNV-1a streams: 128 bits, collisions out of reach */
     const uint64_t seed[2] = { 0xcbf29ce484222325ull, 0x84222325cbf29ce4ull };
     for (int k = 0; k < 2; k++) {
@@ -62,7 +62,7 @@ static int is_kv_name(const char *name)
 typedef struct kv_file_info {
     char   name[40];
     off_t  size;
-    time_t mtime;
+    double mtime;            /* ns resolution: many files share a second */
 } kv_file_info;
 
 /* Deletes least recently used files (oldest mtime first) until the
@@ -97,7 +97,7 @@ static int kvdir_sweep(const srv_kvdir *kd, const char *keep)
         }
         snprintf(f[n].name, sizeof f[n].name, "%s", e->d_name);
         f[n].size = st.st_size;
-        f[n++].mtime = st.st_mtime;
+        f[n++].mtime = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9;
     }
     closedir(d);
     while (kd->budget && total > kd->budget && n > 0) {
@@ -142,6 +142,12 @@ sparq_context *kvdir_load(const srv_kvdir *kd, sparq_model *m, const int32_t *to
     char path[PATH_MAX], err[256];
     kvdir_path(kd, tokens, n, path, sizeof path);
     if (access(path, R_OK) != 0) return NULL;
+    kvf_file *kf = NULL;
+    if (kvf_open(path, &kd->fp, KVF_VERIFY_AUTO, &kf, err, sizeof err) == 0) {
+        const int same = kf->n_tokens == n && !memcmp(kf->tokens, tokens, (size_t)n * sizeof *tokens);
+        kvf_close(kf);
+        if (!same) return NULL; /* a collision: leave it to its owner, prefill */
+    }
     sparq_context_params cp = sparq_context_default_params();
     cp.n_threads = 1;
     sparq_context *c = NULL;

@@ -12,6 +12,9 @@
  * requests; a file another replica deletes meanwhile stays valid for a
  * reader that has it open (Unix unlink semantics), so the size budget can
  * delete least recently used files (mtime, touched on every use) freely.
+ * A loaded file's stored token ids must equal the prompt's: the hash names
+ * the file, it is not trusted to prove what is in it (no cache poisoning by
+ * a crafted collision).
  */
 #ifndef SPARQ_SRV_KVDIR_H
 #define SPARQ_SRV_KVDIR_H
@@ -19,11 +22,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sparq.h"
+#include "io/kvfile.h"
 
 typedef struct srv_kvdir {
     const char *dir;
     size_t      budget;      /* bytes; 0 = unlimited                        */
     uint64_t    salt[2];     /* the model fingerprint and KV type, hashed   */
+    kvf_fingerprint fp;      /* what a file must have been made with         */
     unsigned    seq;         /* temp-name counter (scheduler thread only)   */
 } srv_kvdir;
 
