@@ -63,7 +63,7 @@ PIC_OBJ := $(LIB_OBJ:$(BUILD)/obj/%=$(BUILD)/pic/%)
 # libsparq): libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
 SRV_LIBS := -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan fuzz setup clean bench install uninstall FORCE
+.PHONY: all run test test-asan test-deploy fuzz setup clean bench install uninstall FORCE
 all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
@@ -155,6 +155,10 @@ run: setup all
 
 test: setup all $(TEST_BIN)
 	@scripts/run_tests.sh $(BUILD)
+
+# Three replicas behind deploy/nginx/sparq.conf (also part of `make test`).
+test-deploy: setup all $(BUILD)/tests/test_deploy
+	SPARQ_BUILD=$(BUILD) ./$(BUILD)/tests/test_deploy
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:

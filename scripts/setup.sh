@@ -11,9 +11,11 @@
 #   pkg-config          building the C example against an installed tree (sparq.pc)
 #   libmicrohttpd-dev   the HTTP server of `sparq serve`
 #   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
+#   nginx               the deploy test (three replicas behind deploy/nginx/sparq.conf)
 set -u
 pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev
-      python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config libmicrohttpd-dev curl"
+      python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config libmicrohttpd-dev curl
+      nginx"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

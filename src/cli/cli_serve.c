@@ -18,6 +18,8 @@ typedef struct serve_opts {
     int64_t     max_body;
     float       timeout;
     const char *api_key, *api_key_file, *chat_template, *alias, *port_file;
+    const char *kv_dir;
+    int         kv_dir_mb;
 } serve_opts;
 
 static const cli_opt serve_table[] = {
@@ -35,6 +37,9 @@ static const cli_opt serve_table[] = {
     { "--alias", NULL, OPT_STR, OFF(alias), "NAME", "model id reported (default: the file name)" },
     { "--prefix-cache", NULL, OPT_INT, OFF(prefix_mb), "MIB",
       "memory for cached prompt prefixes, reused by later requests (default 256; 0 = off)" },
+    { "--kv-dir", NULL, OPT_STR, OFF(kv_dir), "DIR",
+      "also save cached prefixes as KV files in DIR and load other replicas' from it (a shared directory)" },
+    { "--kv-dir-max", NULL, OPT_INT, OFF(kv_dir_mb), "MIB", "size budget of --kv-dir, least recently used files deleted (default 4096; 0 = none)" },
     { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
     { 0 },
 };
@@ -57,7 +62,7 @@ int cli_serve(int argc, char **argv)
     memset(&mo, 0, sizeof mo);
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL };
+    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096 };
     cli_group groups[] = {
         { "model", cli_model_table, &mo },
         { "server", serve_table, &so },
@@ -70,6 +75,10 @@ int cli_serve(int argc, char **argv)
         so.queue > 100000 || so.max_body < 1024 || !(so.timeout > 0) || so.prefix_mb < 0) {
         fprintf(stderr, "error: serve: --port 0..65535, --parallel 1..256, --queue 0..100000, --max-body >= 1024 "
                         "and --timeout > 0\n");
+        return 2;
+    }
+    if (so.kv_dir_mb < 0 || (so.kv_dir && access(so.kv_dir, W_OK | X_OK) != 0)) {
+        fprintf(stderr, "error: serve: --kv-dir must be a writable directory and --kv-dir-max >= 0\n");
         return 2;
     }
     const int kv_type = cli_kv_type(mo.kv_type ? mo.kv_type : "f16");
@@ -108,6 +117,8 @@ int cli_serve(int argc, char **argv)
     cfg.max_prompt = so.max_prompt;
     cfg.timeout = so.timeout;
     cfg.prefix_cache_bytes = (size_t)so.prefix_mb << 20;
+    cfg.kv_dir = so.kv_dir;
+    cfg.kv_dir_bytes = (size_t)so.kv_dir_mb << 20;
     if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         sparq_model_free(m);

@@ -15,9 +15,15 @@
  *   slot_start/finish  a request's context and its release
  *   pc_*               the prefix cache: prompt prefixes cut at multiples
  *                      of n_batch, copied into new contexts (LRU, budget)
+ *   kv_*               --kv-dir: the same prefixes as files shared with
+ *                      other replicas (kvdir.h)
  *   srv_sched_main     the loop
  */
 #include "server/srv_internal.h"
+#include "server/kvdir.h"
+
+#include <limits.h>
+#include <unistd.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -304,14 +310,56 @@ static void slot_release(srv_server *s, slot *sl)
     memset(sl, 0, sizeof *sl);
 }
 
+/* --kv-dir: saves the first n tokens of src's cache as a file, unless one
+ * is there already (from this replica or another). */
+static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *src, const int32_t *ids, int n)
+{
+    char path[PATH_MAX], err[256];
+    kvdir_path(kd, ids, n, path, sizeof path);
+    if (access(path, F_OK) == 0) return;
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = n;
+    cp.n_threads = 1;
+    cp.kv_type = s->cfg.kv_type;
+    sparq_context *c = NULL;
+    int evicted = 0, rc = -1;
+    if (!sparq_context_create(s->model, &cp, &c, err, sizeof err) && !sparq_context_copy_prefix(c, src, n, err, sizeof err))
+        rc = kvdir_save(kd, c, ids, n, &evicted, err, sizeof err);
+    sparq_context_free(c);
+    if (rc < 0) fprintf(stderr, "serve: kv-dir: %s\n", err);
+    pthread_mutex_lock(&s->lock);
+    s->metrics.kv_dir_writes += rc > 0;
+    s->metrics.kv_dir_errors += rc < 0;
+    s->metrics.kv_dir_evictions += evicted;
+    pthread_mutex_unlock(&s->lock);
+}
+
 /* A cached prefix of the prompt goes into the new context (not with echo
- * and logprobs: those need every prompt position's logits). */
-static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, slot *sl)
+ * and logprobs: those need every prompt position's logits): the longest of
+ * the in-memory entries and, with --kv-dir, the files of its cuts (longest
+ * first, only those longer than the memory's). A file's prefix also enters
+ * the memory cache. */
+static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, srv_kvdir *kd, slot *sl)
 {
     const srv_request *r = sl->r;
-    if (!pc->budget || sl->prompt_logits) return;
-    const int i = pc_find(pc, r->prompt, r->n_prompt);
+    if ((!pc->budget && !kd) || sl->prompt_logits) return;
+    const int i = pc->budget ? pc_find(pc, r->prompt, r->n_prompt) : -1;
     char err[256];
+    const int nb = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
+    for (int cut = (r->n_prompt - 1) / nb * nb; kd && cut > (i >= 0 ? pc->e[i].n : 0); cut -= nb) {
+        sparq_context *f = kvdir_load(kd, s->model, r->prompt, cut);
+        if (!f) continue;
+        const int ok = !sparq_context_copy_prefix(sl->c, f, cut, err, sizeof err);
+        if (ok && pc->budget) pc_insert(s, pc, f, r->prompt, cut);
+        sparq_context_free(f);
+        if (!ok) continue;
+        sl->fed = cut;
+        pthread_mutex_lock(&s->lock);
+        s->metrics.kv_dir_hits++;
+        s->metrics.kv_dir_tokens += cut;
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
     if (i < 0 || sparq_context_copy_prefix(sl->c, pc->e[i].c, pc->e[i].n, err, sizeof err)) return;
     sl->fed = pc->e[i].n;
     pc->e[i].used = srv_now();
@@ -422,6 +470,11 @@ void *srv_sched_main(void *arg)
     int rr = 0;
     char err[512], piece[256];
     prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes };
+    srv_kvdir kvd, *kd = NULL;
+    if (s->cfg.kv_dir) {
+        kvdir_init(&kvd, s->cfg.kv_dir, s->cfg.kv_dir_bytes, s->model, s->cfg.kv_type);
+        kd = &kvd;
+    }
     pthread_mutex_lock(&s->lock);
     if (!slots || !blogits || !bc || !btok || !bslot) {
         fprintf(stderr, "serve: out of memory for %d slots\n", P);
@@ -488,7 +541,7 @@ void *srv_sched_main(void *arg)
                 finish(s, sl, "stop", 400, err);
                 pthread_mutex_unlock(&s->lock);
             } else {
-                slot_reuse_prefix(s, &pc, sl);
+                slot_reuse_prefix(s, &pc, kd, sl);
             }
         }
         /* one prefill chunk, round robin over the sequences still prefilling */
@@ -499,10 +552,11 @@ void *srv_sched_main(void *arg)
             const int fed0 = sl->fed;
             int rc = slot_prefill_chunk(s, sl);
             const double t1 = srv_now();
-            if (!rc && sl->ready && pc.budget) { /* remember the prompt, cut at a chunk boundary */
+            if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
                 const int nb_max = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
                 const int cut = (sl->r->n_prompt - 1) / nb_max * nb_max;
-                if (cut > 0) pc_insert(s, &pc, sl->c, sl->r->prompt, cut);
+                if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut);
+                if (cut > 0 && kd) kv_save_prefix(s, kd, sl->c, sl->r->prompt, cut);
             }
             pthread_mutex_lock(&s->lock);
             s->metrics.prefill_tokens += sl->fed - fed0;

@@ -904,6 +904,15 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
            (long long)m.prefix_hits);
     METRIC("prefix_cache_tokens_total", "counter", "Prompt tokens copied from the prefix cache, not prefilled.",
            "%lld", (long long)m.prefix_tokens);
+    METRIC("kv_dir_hits_total", "counter", "Prompts that started from a prefix file in --kv-dir.", "%lld",
+           (long long)m.kv_dir_hits);
+    METRIC("kv_dir_tokens_total", "counter", "Prompt tokens loaded from --kv-dir files, not prefilled.", "%lld",
+           (long long)m.kv_dir_tokens);
+    METRIC("kv_dir_writes_total", "counter", "Prefix files written to --kv-dir.", "%lld", (long long)m.kv_dir_writes);
+    METRIC("kv_dir_evictions_total", "counter", "Files deleted from --kv-dir by this replica's size budget.", "%lld",
+           (long long)m.kv_dir_evictions);
+    METRIC("kv_dir_errors_total", "counter", "Prefix files that could not be written to --kv-dir.", "%lld",
+           (long long)m.kv_dir_errors);
 #undef METRIC
     fputs("# HELP sparq_attn_bytes_read_total KV-cache bytes read and written by decode attention, by policy.\n"
           "# TYPE sparq_attn_bytes_read_total counter\n", f);

@@ -37,6 +37,8 @@ typedef struct srv_config {
     double      timeout;        /* seconds per request                         */
     const char *port_file;      /* write the bound port here (tests)           */
     size_t      prefix_cache_bytes; /* 0: no prefix cache                     */
+    const char *kv_dir;         /* NULL: prefixes are not saved as KV files    */
+    size_t      kv_dir_bytes;   /* the directory's budget (0: unlimited)       */
 } srv_config;
 
 typedef struct srv_server srv_server;

@@ -59,6 +59,7 @@ typedef struct srv_metrics {
     int64_t prefill_tokens, decode_tokens;
     double  prefill_seconds, decode_seconds;
     int64_t prefix_hits, prefix_tokens;
+    int64_t kv_dir_hits, kv_dir_tokens, kv_dir_writes, kv_dir_evictions, kv_dir_errors;
     int64_t attn_bytes[SRV_MAX_POLICIES]; /* by policy, in registry order */
 } srv_metrics;
 

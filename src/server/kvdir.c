@@ -1,0 +1,166 @@
+/* kvdir.c - content-addressed prefix KV files shared by replicas (kvdir.h). */
+#include "server/kvdir.h"
+#include "core/model.h"
+#include "io/kvfile.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Temp files older than this are left-overs of a crashed writer. */
+enum { KVDIR_STALE_SECONDS = 3600 };
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+void kvdir_init(srv_kvdir *kd, const char *dir, size_t budget, const sparq_model *m, int kv_type)
+{
+    memset(kd, 0, sizeof kd[0]);
+    kd->dir = dir;
+    kd->budget = budget;
+    model_fingerprint(m, &kd->fp);
+    const kvf_fingerprint fp = kd->fp;
+    /* two independent 64-bit FNV-1a streams: 128 bits, collisions out of reach */
+    const uint64_t seed[2] = { 0xcbf29ce484222325ull, 0x84222325cbf29ce4ull };
+    for (int k = 0; k < 2; k++) {
+        uint64_t h = seed[k];
+        h = fnv(h, fp.arch, sizeof fp.arch);
+        const int32_t shape[7] = { fp.n_layer, fp.n_head, fp.n_kv_head, fp.head_dim, fp.n_embd, fp.n_vocab, kv_type };
+        h = fnv(h, shape, sizeof shape);
+        h = fnv(h, &fp.model_hash, sizeof fp.model_hash);
+        kd->salt[k] = h;
+    }
+}
+
+void kvdir_path(const srv_kvdir *kd, const int32_t *tokens, int n, char *path, size_t size)
+{
+    uint64_t h[2];
+    for (int k = 0; k < 2; k++) {
+        h[k] = fnv(kd->salt[k], &n, sizeof n);
+        h[k] = fnv(h[k], tokens, (size_t)n * sizeof *tokens);
+    }
+    snprintf(path, size, "%s/%016llx%016llx.kv", kd->dir, (unsigned long long)h[0], (unsigned long long)h[1]);
+}
+
+static int is_kv_name(const char *name)
+{
+    const size_t n = strlen(name);
+    return n == 35 && !strcmp(name + 32, ".kv") && strspn(name, "0123456789abcdef") == 32;
+}
+
+typedef struct kv_file_info {
+    char   name[40];
+    off_t  size;
+    double mtime;            /* ns resolution: many files share a second */
+} kv_file_info;
+
+/* Deletes least recently used files (oldest mtime first) until the
+ * directory's KV files fit the budget, and temp files of crashed writers.
+ * keep: the file just written, never deleted here. Returns files deleted. */
+static int kvdir_sweep(const srv_kvdir *kd, const char *keep)
+{
+    DIR *d = opendir(kd->dir);
+    if (!d) return 0;
+    kv_file_info *f = NULL;
+    int n = 0, cap = 0, deleted = 0;
+    size_t total = 0;
+    const time_t now = time(NULL);
+    struct dirent *e;
+    char p[PATH_MAX];
+    while ((e = readdir(d))) {
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", kd->dir, e->d_name);
+        if (e->d_name[0] == '.' && strstr(e->d_name, ".part") && stat(p, &st) == 0 &&
+            now - st.st_mtime > KVDIR_STALE_SECONDS) {
+            deleted += unlink(p) == 0;
+            continue;
+        }
+        if (!is_kv_name(e->d_name) || stat(p, &st) != 0) continue;
+        total += (size_t)st.st_size;
+        if (!strcmp(p, keep)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            kv_file_info *g = realloc(f, (size_t)cap * sizeof *g);
+            if (!g) break;
+            f = g;
+        }
+        snprintf(f[n].name, sizeof f[n].name, "%s", e->d_name);
+        f[n].size = st.st_size;
+        f[n++].mtime = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9;
+    }
+    closedir(d);
+    while (kd->budget && total > kd->budget && n > 0) {
+        int lru = 0;
+        for (int i = 1; i < n; i++)
+            if (f[i].mtime < f[lru].mtime) lru = i;
+        snprintf(p, sizeof p, "%s/%s", kd->dir, f[lru].name);
+        if (unlink(p) == 0) deleted++;
+        total -= (size_t)f[lru].size; /* gone, or another replica deleted it */
+        f[lru] = f[--n];
+    }
+    free(f);
+    return deleted;
+}
+
+int kvdir_save(srv_kvdir *kd, sparq_context *c, const int32_t *tokens, int n, int *evicted, char *err, size_t err_size)
+{
+    char path[PATH_MAX], part[PATH_MAX];
+    *evicted = 0;
+    kvdir_path(kd, tokens, n, path, sizeof path);
+    if (access(path, F_OK) == 0) return 0;
+    /* unique per writer: save_kv writes part.tmp and renames it to part */
+    snprintf(part, sizeof part, "%s/.%s.%ld.%u.part", kd->dir, strrchr(path, '/') + 1, (long)getpid(), kd->seq++);
+    if (sparq_context_save_kv(c, part, NULL, tokens, n, err, err_size)) {
+        char tmp[PATH_MAX + 8];
+        snprintf(tmp, sizeof tmp, "%s.tmp", part);
+        unlink(tmp);
+        unlink(part);
+        return -1;
+    }
+    if (rename(part, path) != 0) {
+        snprintf(err, err_size, "kv-dir: rename '%s': %s", path, strerror(errno));
+        unlink(part);
+        return -1;
+    }
+    *evicted = kvdir_sweep(kd, path);
+    return 1;
+}
+
+sparq_context *kvdir_load(const srv_kvdir *kd, sparq_model *m, const int32_t *tokens, int n)
+{
+    char path[PATH_MAX], err[256];
+    kvdir_path(kd, tokens, n, path, sizeof path);
+    if (access(path, R_OK) != 0) return NULL;
+    kvf_file *kf = NULL;
+    if (kvf_open(path, &kd->fp, KVF_VERIFY_AUTO, &kf, err, sizeof err) == 0) {
+        const int same = kf->n_tokens == n && !memcmp(kf->tokens, tokens, (size_t)n * sizeof *tokens);
+        kvf_close(kf);
+        if (!same) return NULL; /* a collision: leave it to its owner, prefill */
+    }
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_threads = 1;
+    sparq_context *c = NULL;
+    if (sparq_context_load_kv(m, &cp, path, SPARQ_VERIFY_ALWAYS, &c, err, sizeof err)) {
+        /* corrupt, or (a hash collision) another model's: nobody can use it */
+        fprintf(stderr, "serve: kv-dir: removing unusable '%s': %s\n", path, err);
+        unlink(path);
+        return NULL;
+    }
+    if (sparq_context_pos(c) != n) {
+        sparq_context_free(c);
+        return NULL;
+    }
+    utimensat(AT_FDCWD, path, NULL, 0); /* most recently used */
+    return c;
+}
