@@ -25,6 +25,7 @@
 #   PORT=N             llama-server's loopback port (default 18471; sparq picks a free one)
 #   UP_TIMEOUT=SEC     how long a server may take to answer /health (default 300)
 #   REQ_TIMEOUT=SEC    both servers' --timeout (default 36000)
+#   WORK=DIR           prompts (token ids) and server logs (default /tmp/sparq-bench-serve-work)
 #
 # Scenarios, each on a freshly started server (so no run sees another's cache):
 #   docs    N clients, each its own D-token prompt (an excerpt of ../shared/data/text
@@ -51,7 +52,7 @@
 # TTFT p50/max, inter-token latency p50/p99, and sparq / best llama-server.
 #
 # Exact commands for the issue's numbers (on a quiet machine):
-#   LLAMA_SERVER=/tmp/quant-llama/build/bin/llama-server scripts/bench_serve.sh --out --llama-1b
+#   LLAMA_SERVER=/tmp/quant-llama/build/bin/llama-server scripts/bench_serve.sh --out --llama-1b --prime-shared
 #   scripts/bench_serve.sh --quick                                   (smoke test, sparq only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,7 +71,7 @@ while [ $# -gt 0 ]; do
     -d) D="$2"; shift ;;
     -g) G="$2"; shift ;;
     --shared-tokens) S="$2"; shift ;;
-    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
     *) echo "bench_serve.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -80,6 +81,8 @@ MODEL_DIR=${MODEL_DIR:-/tmp/sparq-bench-models}
 THREADS=${THREADS:-2}
 PORT=${PORT:-18471}
 UP_TIMEOUT=${UP_TIMEOUT:-300}
+# the prompts (megabytes of token ids) and server logs: not for docs/
+WORK=${WORK:-/tmp/sparq-bench-serve-work}
 # a request may wait behind N long prefills on 2 cores: far beyond both servers' 600 s default
 REQ_TIMEOUT=${REQ_TIMEOUT:-36000}
 LLAMA_SERVER=${LLAMA_SERVER:-}
@@ -92,8 +95,8 @@ command -v node >/dev/null || die "node (20 or later) is needed for the client"
 command -v curl >/dev/null || die "curl is needed to wait for /health"
 [ -z "$LLAMA_SERVER" ] || [ -x "$LLAMA_SERVER" ] || die "LLAMA_SERVER='$LLAMA_SERVER' is not an executable"
 make -s build/sparq >&2 || die "cannot build build/sparq"
-mkdir -p "$RES" "$MODEL_DIR"
-rm -f "$RES"/run-*.json "$RES"/metrics-*.txt "$RES"/prompts-*.json "$RES"/*.log
+mkdir -p "$RES" "$WORK" "$MODEL_DIR"
+rm -f "$RES"/run-*.json "$RES"/metrics-*.txt "$WORK"/prompts-*.json "$WORK"/*.log "$WORK"/*.port
 CMDS="$RES/commands.txt"
 {
   echo "# bench_serve.sh $(date -u +%FT%TZ) on $(uname -n): $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -138,7 +141,7 @@ wait_up() {
 URL=""
 # start_sparq TAG MODEL CTX PREFIX_MIB
 start_sparq() {
-  local tag="$1" model="$2" ctx="$3" pmib="$4" logf="$RES/sparq-$1.log" pf="$RES/sparq-$1.port"
+  local tag="$1" model="$2" ctx="$3" pmib="$4" logf="$WORK/sparq-$1.log" pf="$WORK/sparq-$1.port"
   rm -f "$pf"
   local cmd=("$SPARQ" serve -m "$model" --parallel "$N" -c "$ctx" -t "$THREADS" --host 127.0.0.1 --port 0
              --port-file "$pf" --prefix-cache "$pmib" --queue "$N" --timeout "$REQ_TIMEOUT")
@@ -157,7 +160,7 @@ start_sparq() {
 
 # start_llama TAG MODEL CTX FA(on|off)
 start_llama() {
-  local tag="$1" model="$2" ctx="$3" fa="$4" logf="$RES/llama-$1.log"
+  local tag="$1" model="$2" ctx="$3" fa="$4" logf="$WORK/llama-$1.log"
   curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/health" && die "port $PORT is already in use (set PORT)"
   local fa_args=(-fa "$fa")
   [ "$FA_STYLE" = value ] || { [ "$fa" = on ] && fa_args=(-fa) || fa_args=(); }
@@ -186,7 +189,7 @@ measure() {
 # scenario MODEL_NAME MODEL_FILE SCENARIO TOKENS PREFIX_MIB [--shared [--prime]]
 scenario() {
   local mname="$1" model="$2" scen="$3" tokens="$4" pmib="$5" shared="${6:-}" prime="${7:-}"
-  local ctx=$((tokens + G + 64)) prompts="$RES/prompts-$mname-$scen.json" base="$mname-$scen"
+  local ctx=$((tokens + G + 64)) prompts="$WORK/prompts-$mname-$scen.json" base="$mname-$scen"
   log "$mname, $scen: $N clients x $tokens prompt tokens, $G generated each"
   local m='{"model":"'"$mname"'","scenario":"'"$scen"'"'
   start_sparq "$base-dense" "$model" "$ctx" "$pmib"
@@ -222,4 +225,4 @@ done
 
 { grep "^# " "$CMDS" | sed "s/^# //; s/$/  /"; echo; node "$CLIENT" report --dir "$RES"; } > "$RES/report.md" || die "cannot write the report"
 cat "$RES/report.md" >&2
-log "raw results, logs and commands in $RES"
+log "results and commands in $RES; prompts and server logs in $WORK"
