@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# bench_serve.sh - serving benchmark (issue 12, "Benchmarks"): N concurrent
+# streaming clients against `sparq serve` and, when LLAMA_SERVER is set,
+# llama.cpp's llama-server on the same GGUF and the same token ids.
+#
+# usage: scripts/bench_serve.sh [--quick] [--out | --results DIR] [--llama-1b] [--no-shared]
+#                               [--prime-shared] [-n N] [-d TOKENS] [-g TOKENS] [--shared-tokens TOKENS]
+#   --quick            smoke test: N=2, D=256, 8 generated tokens, 1024-token shared document
+#                      (sparq caches prefixes cut at multiples of its 512-token batch)
+#   --out              results in docs/bench-results/serve-<UTC date>/ (to commit)
+#   --results DIR      results in DIR (default /tmp/sparq-bench-serve)
+#   --llama-1b         also the llama-3.2-1b shape (Q8_0), after smollm2-135m
+#   --no-shared        skip the shared-document scenario
+#   --prime-shared     also the shared scenario with the document sent alone first
+#                      (not counted), as when earlier clients had asked about it
+#   -n N               concurrent clients (default 16)
+#   -d TOKENS          prompt tokens per client: own document + question (default 4096)
+#   -g TOKENS          generated tokens per request (default 64)
+#   --shared-tokens T  prompt tokens in the shared-document scenario (default 16384)
+# environment:
+#   LLAMA_SERVER=/path/to/llama-server  also measure llama-server (-fa on and off; the better counts)
+#   LLAMA_SERVER_ARGS="..."             extra llama-server flags (e.g. -kvu)
+#   MODEL_DIR=DIR      generated models (default /tmp/sparq-bench-models, shared with bench.sh)
+#   THREADS=N          threads per server (default 2)
+#   PORT=N             llama-server's loopback port (default 18471; sparq picks a free one)
+#   UP_TIMEOUT=SEC     how long a server may take to answer /health (default 300)
+#   REQ_TIMEOUT=SEC    both servers' --timeout (default 36000)
+#   WORK=DIR           prompts (token ids) and server logs (default /tmp/sparq-bench-serve-work)
+#
+# Scenarios, each on a freshly started server (so no run sees another's cache):
+#   docs    N clients, each its own D-token prompt (an excerpt of ../shared/data/text
+#           plus a question), G tokens each, temperature 0, stream, ignore_eos.
+#             sparq serve -m M --parallel N -c (D+G+64) -t THREADS --port 0 --prefix-cache 0 --queue N
+#               dense, then SparQ 1/8 per request: "sparq": {"attn": "sparq", "ratio": "1/8"}
+#             llama-server -m M -np N -c N*(D+G+64) -t THREADS --port PORT -fa on, then -fa off
+#           (both also get --host 127.0.0.1 and --timeout REQ_TIMEOUT)
+#   shared  N clients, one shared S-token document, N different questions (the
+#           same prefix, a different ending):
+#             sparq serve ... -c (S+G+64) --prefix-cache 4096   (dense, then SparQ 1/8)
+#             llama-server ... -c N*(S+G+64)  (its default prompt caching), -fa on and off
+#           All N requests are sent at once: whether the server notices the
+#           common prefix of requests that arrive together is part of the test.
+#   shared-primed (with --prime-shared) the same, after one request with the
+#           document alone (1 token, not counted) has warmed the prompt caches.
+# The exact commands of a run are written to RESULTS/commands.txt. Per run the
+# client writes RESULTS/run-*.json (every request's send time, event times,
+# TTFT and inter-token latencies, and the aggregates); sparq's /metrics after
+# each run is kept as RESULTS/metrics-*.txt (prefill tokens: one prefill in the
+# shared scenario shows there). The table (RESULTS/report.md, also printed)
+# gives decode tok/s = generated tokens / (last token time - first first-token
+# time), generated and total (prompt + generated) tok/s over the wall time,
+# TTFT p50/max, inter-token latency p50/p99, and sparq / best llama-server.
+#
+# Exact commands for the issue's numbers (on a quiet machine):
+#   LLAMA_SERVER=/tmp/quant-llama/build/bin/llama-server scripts/bench_serve.sh --out --llama-1b --prime-shared
+#   scripts/bench_serve.sh --quick                                   (smoke test, sparq only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+N=16 D=4096 G=64 S=16384 SHARED=1 PRIME=0 L1B=0 RES=/tmp/sparq-bench-serve
+die() { echo "bench_serve.sh: $*" >&2; exit 1; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) N=2 D=256 G=8 S=1024 ;;
+    --out) RES="docs/bench-results/serve-$(date -u +%Y-%m-%d)" ;;
+    --results) RES="$2"; shift ;;
+    --llama-1b) L1B=1 ;;
+    --no-shared) SHARED=0 ;;
+    --prime-shared) PRIME=1 ;;
+    -n) N="$2"; shift ;;
+    -d) D="$2"; shift ;;
+    -g) G="$2"; shift ;;
+    --shared-tokens) S="$2"; shift ;;
+    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
+    *) echo "bench_serve.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+for v in N D G S; do [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"; done
+MODEL_DIR=${MODEL_DIR:-/tmp/sparq-bench-models}
+THREADS=${THREADS:-2}
+PORT=${PORT:-18471}
+UP_TIMEOUT=${UP_TIMEOUT:-300}
+# the prompts (megabytes of token ids) and server logs: not for docs/
+WORK=${WORK:-/tmp/sparq-bench-serve-work}
+# a request may wait behind N long prefills on 2 cores: far beyond both servers' 600 s default
+REQ_TIMEOUT=${REQ_TIMEOUT:-36000}
+LLAMA_SERVER=${LLAMA_SERVER:-}
+LLAMA_SERVER_ARGS=${LLAMA_SERVER_ARGS:-}
+SPARQ=./build/sparq
+CLIENT=scripts/bench_serve_client.mjs
+TEXT_DIR=../shared/data/text
+
+command -v node >/dev/null || die "node (20 or later) is needed for the client"
+command -v curl >/dev/null || die "curl is needed to wait for /health"
+[ -z "$LLAMA_SERVER" ] || [ -x "$LLAMA_SERVER" ] || die "LLAMA_SERVER='$LLAMA_SERVER' is not an executable"
+make -s build/sparq >&2 || die "cannot build build/sparq"
+mkdir -p "$RES" "$WORK" "$MODEL_DIR"
+rm -f "$RES"/run-*.json "$RES"/metrics-*.txt "$WORK"/prompts-*.json "$WORK"/*.log "$WORK"/*.port
+CMDS="$RES/commands.txt"
+{
+  echo "# bench_serve.sh $(date -u +%FT%TZ) on $(uname -n): $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# sparq $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"
+  [ -z "$LLAMA_SERVER" ] || echo "# llama-server: $("$LLAMA_SERVER" --version 2>&1 | grep -m1 -i version || echo '?')"
+} > "$CMDS"
+log() { echo "bench_serve.sh: $*" >&2; }
+
+# llama-server's -fa takes on|off in current versions; older ones had a bare switch
+FA_STYLE=value
+if [ -n "$LLAMA_SERVER" ]; then
+  HELP=$("$LLAMA_SERVER" --help 2>&1 || true)
+  grep -q -- '--flash-attn' <<<"$HELP" || die "'$LLAMA_SERVER --help' lists no --flash-attn: not a llama-server?"
+  grep -q -- '--flash-attn.*on|off' <<<"$HELP" || FA_STYLE=switch
+fi
+
+SRV_PID=""
+stop_server() {
+  if [ -n "$SRV_PID" ] && kill -0 "$SRV_PID" 2>/dev/null; then
+    kill -TERM "$SRV_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$SRV_PID" 2>/dev/null || true
+    wait "$SRV_PID" 2>/dev/null || true
+  fi
+  SRV_PID=""
+}
+trap stop_server EXIT
+
+# wait_up NAME LOG URL: until GET URL/health is 200; fails loudly if the
+# server exits or does not answer within UP_TIMEOUT seconds
+wait_up() {
+  local name="$1" logf="$2" url="$3" t=0
+  while :; do
+    kill -0 "$SRV_PID" 2>/dev/null || { SRV_PID=""; die "$name exited before answering /health: $(tail -n1 "$logf" 2>/dev/null) (log: $logf)"; }
+    if [ -n "$url" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$url/health" || true)" = 200 ]; then return 0; fi
+    [ "$t" -lt $((UP_TIMEOUT * 5)) ] || die "$name did not answer $url/health within $UP_TIMEOUT s (log: $logf)"
+    sleep 0.2
+    t=$((t + 1))
+  done
+}
+
+URL=""
+# start_sparq TAG MODEL CTX PREFIX_MIB
+start_sparq() {
+  local tag="$1" model="$2" ctx="$3" pmib="$4" logf="$WORK/sparq-$1.log" pf="$WORK/sparq-$1.port"
+  rm -f "$pf"
+  local cmd=("$SPARQ" serve -m "$model" --parallel "$N" -c "$ctx" -t "$THREADS" --host 127.0.0.1 --port 0
+             --port-file "$pf" --prefix-cache "$pmib" --queue "$N" --timeout "$REQ_TIMEOUT")
+  echo "${cmd[*]}" >> "$CMDS"
+  "${cmd[@]}" > "$logf" 2>&1 &
+  SRV_PID=$!
+  local t=0
+  while [ ! -s "$pf" ]; do
+    kill -0 "$SRV_PID" 2>/dev/null || { SRV_PID=""; die "sparq serve exited before listening: $(tail -n1 "$logf") (log: $logf)"; }
+    [ "$t" -lt $((UP_TIMEOUT * 5)) ] || die "sparq serve did not listen within $UP_TIMEOUT s (log: $logf)"
+    sleep 0.2; t=$((t + 1))
+  done
+  URL="http://127.0.0.1:$(cat "$pf")"
+  wait_up "sparq serve" "$logf" "$URL"
+}
+
+# start_llama TAG MODEL CTX FA(on|off)
+start_llama() {
+  local tag="$1" model="$2" ctx="$3" fa="$4" logf="$WORK/llama-$1.log"
+  curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/health" && die "port $PORT is already in use (set PORT)"
+  local fa_args=(-fa "$fa")
+  [ "$FA_STYLE" = value ] || { [ "$fa" = on ] && fa_args=(-fa) || fa_args=(); }
+  # shellcheck disable=SC2206 # LLAMA_SERVER_ARGS is split on purpose
+  local cmd=("$LLAMA_SERVER" -m "$model" -np "$N" -c $((N * ctx)) -t "$THREADS" --host 127.0.0.1 --port "$PORT"
+             --timeout "$REQ_TIMEOUT" "${fa_args[@]}" $LLAMA_SERVER_ARGS)
+  echo "${cmd[*]}" >> "$CMDS"
+  "${cmd[@]}" > "$logf" 2>&1 &
+  SRV_PID=$!
+  URL="http://127.0.0.1:$PORT"
+  wait_up "llama-server" "$logf" "$URL"
+}
+
+ORDER=0
+# measure TAG PROMPTS META_JSON [sparq policy args...]
+measure() {
+  local tag="$1" prompts="$2" meta="$3"; shift 3
+  ORDER=$((ORDER + 1))
+  local cmd=(node "$CLIENT" run --url "$URL" --prompts "$prompts" --max-tokens "$G" --label "$tag"
+             --out "$RES/run-$tag.json" --meta "${meta%\}},\"order\":$ORDER}" "$@")
+  echo "${cmd[*]}" >> "$CMDS"
+  "${cmd[@]}" || die "client run '$tag' failed against $URL"
+  if [[ "$tag" == sparq* ]]; then curl -s --max-time 10 "$URL/metrics" > "$RES/metrics-$tag.txt" || true; fi
+}
+
+# scenario MODEL_NAME MODEL_FILE SCENARIO TOKENS PREFIX_MIB [--shared [--prime]]
+scenario() {
+  local mname="$1" model="$2" scen="$3" tokens="$4" pmib="$5" shared="${6:-}" prime="${7:-}"
+  local ctx=$((tokens + G + 64)) prompts="$WORK/prompts-$mname-$scen.json" base="$mname-$scen"
+  log "$mname, $scen: $N clients x $tokens prompt tokens, $G generated each"
+  local m='{"model":"'"$mname"'","scenario":"'"$scen"'"'
+  start_sparq "$base-dense" "$model" "$ctx" "$pmib"
+  # the prompts are tokenized once, by sparq; every server gets the same ids
+  node "$CLIENT" prepare --url "$URL" --out "$prompts" --n "$N" --tokens "$tokens" --text-dir "$TEXT_DIR" ${shared:+"$shared"} \
+    || die "cannot prepare the prompts for $base"
+  measure "sparq-$base-dense" "$prompts" "$m"',"server":"sparq","attn":"dense"}' ${prime:+"$prime"}
+  stop_server
+  start_sparq "$base-sparq8" "$model" "$ctx" "$pmib"
+  measure "sparq-$base-sparq8" "$prompts" "$m"',"server":"sparq","attn":"sparq 1/8"}' --sparq-attn sparq --sparq-ratio 1/8 ${prime:+"$prime"}
+  stop_server
+  if [ -n "$LLAMA_SERVER" ]; then
+    for fa in on off; do
+      start_llama "$base-fa$fa" "$model" "$ctx" "$fa"
+      measure "llama-$base-fa$fa" "$prompts" "$m"',"server":"llama-server","attn":"-fa '"$fa"'"}' ${prime:+"$prime"}
+      stop_server
+    done
+  fi
+}
+
+MODELS=("smollm2-135m")
+[ "$L1B" = 0 ] || MODELS+=("llama-3.2-1b")
+for mname in "${MODELS[@]}"; do
+  mfile="$MODEL_DIR/$mname-q8_0.gguf"
+  if [ ! -f "$mfile" ]; then
+    echo "$SPARQ gen-model --shape $mname --type Q8_0 -o $mfile" >> "$CMDS"
+    "$SPARQ" gen-model --shape "$mname" --type Q8_0 -o "$mfile" >&2 || die "cannot generate $mfile"
+  fi
+  scenario "$mname" "$mfile" docs "$D" 0
+  [ "$SHARED" = 0 ] || scenario "$mname" "$mfile" shared "$S" 4096 --shared
+  [ "$PRIME" = 0 ] || scenario "$mname" "$mfile" shared-primed "$S" 4096 --shared --prime
+done
+
+{ grep "^# " "$CMDS" | sed "s/^# //; s/$/  /"; echo; node "$CLIENT" report --dir "$RES"; } > "$RES/report.md" || die "cannot write the report"
+cat "$RES/report.md" >&2
+log "results and commands in $RES; prompts and server logs in $WORK"
