@@ -255,7 +255,8 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
 void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                         int64_t n, float *s)
 {
-    if (kv->elem == KV_F16) scores_avx512(kv, q, g, rows, n, s, 0, 1);
+    if (kv->elem == KV_Q8_0) attn_scores_ref(kv, q, g, rows, n, s);
+    else if (kv->elem == KV_F16) scores_avx512(kv, q, g, rows, n, s, 0, 1);
     else scores_avx512(kv, q, g, rows, n, s, 0, 0);
 }
 
@@ -374,7 +375,8 @@ static ALWAYS_INLINE void weighted_sum_avx512(const attn_kv_view *kv, const floa
 void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
                               const int32_t *rows, int64_t n, float *out)
 {
-    if (kv->elem == KV_F16) weighted_sum_avx512(kv, w, g, rows, n, out, 1);
+    if (kv->elem == KV_Q8_0) attn_weighted_sum_ref(kv, w, g, rows, n, out);
+    else if (kv->elem == KV_F16) weighted_sum_avx512(kv, w, g, rows, n, out, 1);
     else weighted_sum_avx512(kv, w, g, rows, n, out, 0);
 }
 
@@ -438,7 +440,8 @@ void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, in
         memset(out, 0, (size_t)g * kv->d * sizeof *out);
         return;
     }
-    if (kv->elem == KV_F16) softmax_wsum_avx512(kv, s, g, rows, n, out, 1);
+    if (kv->elem == KV_Q8_0) attn_softmax_weighted_sum_ref(kv, s, g, rows, n, out);
+    else if (kv->elem == KV_F16) softmax_wsum_avx512(kv, s, g, rows, n, out, 1);
     else softmax_wsum_avx512(kv, s, g, rows, n, out, 0);
 }
 
@@ -527,7 +530,8 @@ static ALWAYS_INLINE void kt_logits_avx512(const attn_kv_view *kv, const float *
 void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp,
                            int r, int g, int64_t n, float *s)
 {
-    if (kv->elem == KV_F16) kt_logits_avx512(kv, qs, comp, r, g, n, s, 1);
+    if (kv->elem == KV_Q8_0) attn_kt_logits_ref(kv, qs, comp, r, g, n, s);
+    else if (kv->elem == KV_F16) kt_logits_avx512(kv, qs, comp, r, g, n, s, 1);
     else kt_logits_avx512(kv, qs, comp, r, g, n, s, 0);
 }
 
@@ -638,7 +642,8 @@ static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
 void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                         int g, int64_t n, float *e, float *scale, float *lsum)
 {
-    if (kv->elem == KV_F16) kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 1);
+    if (kv->elem == KV_Q8_0) attn_kt_exp_ref(kv, qs, comp, r, g, n, e, scale, lsum);
+    else if (kv->elem == KV_F16) kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 1);
     else kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 0);
 }
 
@@ -759,6 +764,10 @@ void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
 {
     if (n_sel <= 0) {
         memset(out, 0, (size_t)g * kv->d * sizeof *out);
+        return;
+    }
+    if (kv->elem == KV_Q8_0) {
+        attn_gather_group_ref(kv, q, g, sel, n_sel, out, scratch);
         return;
     }
     /* V rows requested during the scores pass: up to 512 KiB, which stays in L2 */
