@@ -265,11 +265,11 @@ static void test_kernels(void)
 {
     const int ds[] = { 8, 40, 64, 128 };
     const int64_t Ss[] = { 1, 33, 300, 1100 };
-    const int gs[] = { 1, 3 };
+    const int gs[] = { 1, 3, 5 };
     const double tol = 2e-5; /* float sums in another order */
     for (size_t a = 0; a < 4; a++)
         for (size_t b = 0; b < 4; b++)
-            for (size_t c = 0; c < 2; c++) {
+            for (size_t c = 0; c < 3; c++) {
                 const int d = ds[a], g = gs[c];
                 const int64_t S = Ss[b];
                 kfix f;

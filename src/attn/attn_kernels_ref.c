@@ -1,7 +1,8 @@
 /* attn_kernels_ref.c - the plain-C reference twins of attn.h's kernels.
  *
  * One position (or one key) at a time, in the order the maths is written,
- * sums of many terms in double. They define what the AVX-512 twins in
+ * sums of many terms in double; K, V and K^T elements are read through
+ * attn_kv_at (f32, f16 or Q8_0). They define what the AVX-512 twins in
  * attn_kernels_avx512.c must compute (tests/test_attn.c compares each pair
  * over odd sizes) and are what a build without AVX-512 runs.
  *
