@@ -523,6 +523,44 @@ static void test_model(void)
         sparq_context_free(cd);
         sparq_context_free(cs);
     }
+    /* top-k over a q8_0 cache: its indexes are built from the keys
+     * dequantized to f32 (exact: f16 keys; sparq: an f32 K^T image); with
+     * every component (r = d) the sparq index scores exactly, and recall
+     * against the exact top-k of the cache stays high */
+    {
+        const char *text = "Once upon a time there was a little girl named Lily who loved to play in the park";
+        int32_t ids[64];
+        const int np = sparq_tokenize(m, text, (int)strlen(text), 1, ids, 64);
+        const char *kinds[] = { "exact", "sparq" };
+        for (int ki = 0; ki < 2; ki++) {
+            sparq_context_params cp = sparq_context_default_params();
+            cp.n_ctx = 128;
+            cp.kv_type = SPARQ_KV_Q8_0;
+            cp.n_threads = 2;
+            cp.attn = sparq_attn_default_params();
+            cp.attn.policy = "topk";
+            cp.attn.index = kinds[ki];
+            cp.attn.k = 4;
+            cp.attn.r = 8;
+            cp.attn.topk_check = 1;
+            sparq_context *c = NULL;
+            const int rc = sparq_context_create(m, &cp, &c, err, sizeof err);
+            CHECK(rc == 0 && np > 8, "topk %s context: %s", kinds[ki], rc ? err : "");
+            if (rc) continue;
+            int ok = sparq_eval(c, ids, np, logits) == 0;
+            for (int i = 0; ok && i < 10; i++) {
+                int32_t t = argmax(logits, V);
+                ok = sparq_eval(c, &t, 1, logits) == 0 && isfinite(logits[t]);
+            }
+            CHECK(ok, "topk %s decodes on q8_0: %s", kinds[ki], sparq_context_error(c));
+            sparq_attn_stats st;
+            sparq_context_attn_stats(c, &st);
+            const double recall = st.recall_total ? (double)st.recall_hits / st.recall_total : 0;
+            printf("topk %s on q8_0 KV: recall@4 %.3f over %lld\n", kinds[ki], recall, (long long)st.recall_total);
+            CHECK(st.recall_total > 0 && recall >= 0.9, "topk %s recall %.3f", kinds[ki], recall);
+            sparq_context_free(c);
+        }
+    }
     free(logits);
     free(l2);
     sparq_model_free(m);
