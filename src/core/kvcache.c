@@ -26,7 +26,7 @@ static void release(void *p, size_t bytes)
 }
 
 static int kt_part_alloc(kv_cache *c);
-static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to);
+static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to, float *work);
 
 /* Shape fields and kv_bytes; -1 with a message if the shape is bad. */
 static int kv_shape(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
@@ -123,7 +123,7 @@ int kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t c
         c->kt = reserve(c->kt_bytes);
         if (c->kt) /* column s of head h's K^T = row s of its K */
             for (int l = 0; l < n_layer && !kt_failed; l++)
-                for (int h = 0; h < n_kv_head && !kt_failed; h++) kt_failed = kt_rebuild(c, l, h, 0, n);
+                for (int h = 0; h < n_kv_head && !kt_failed; h++) kt_failed = kt_rebuild(c, l, h, 0, n, NULL);
     }
     if (with_kt && kt_part_alloc(c)) kt_failed = 1;
     if (with_vsum) {
@@ -201,8 +201,9 @@ static int kt_part_alloc(kv_cache *c)
 
 /* Columns [from, to) of (layer, head)'s K^T from its K rows; Q8_0 blocks
  * are re-quantized whole from the start of from's block (their values come
- * from K's rounded rows). Returns 0, or -1 when out of memory. */
-static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to)
+ * from K's rounded rows). work: to - from + 32 floats, or NULL (then
+ * allocated here). Returns 0, or -1 when out of memory. */
+static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to, float *work)
 {
     if (to <= from) return 0;
     const int d = c->d;
@@ -216,14 +217,14 @@ static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to
         return 0;
     }
     const int64_t b0 = from / ATTN_Q8_BLOCK * ATTN_Q8_BLOCK;
-    float *x = malloc((size_t)(to - b0) * sizeof *x);
+    float *x = work ? work : malloc((size_t)(to - b0) * sizeof *x);
     if (!x) return -1;
     for (int j = 0; j < d; j++) {
         for (int64_t s = b0; s < to; s++) x[s - b0] = attn_kv_at(k, KV_Q8_0, d, s, j);
         attn_q8_quantize_row(x, to - b0, kt + (size_t)j * c->kt_row_bytes +
                                              (size_t)(b0 / ATTN_Q8_BLOCK) * ATTN_Q8_BLOCK_BYTES);
     }
-    free(x);
+    if (!work) free(x);
     if (c->kt_part_blk) c->kt_part_blk[layer] = -1;
     return 0;
 }
@@ -319,9 +320,11 @@ int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, in
     const int d = c->d, half = rope_dim / 2;
     const size_t row = c->row_bytes;
     const int64_t n_new = c->n - n_discard, n_move = n_new - n_keep;
-    float *x = malloc((size_t)d * sizeof *x);
+    /* x: one key row; then (Q8_0 K^T) room for kt_rebuild, taken before
+     * anything moves so that running out of memory leaves the cache as is */
+    const size_t ktw = c->kt && c->elem == KV_Q8_0 ? (size_t)(n_new - n_keep) + ATTN_Q8_BLOCK : 0;
+    float *x = malloc(((size_t)d + ktw) * sizeof *x);
     if (!x) return -1;
-    int failed = 0; /* Q8_0 K^T out of memory: K^T is then stale, the call fails */
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_kv_head; h++) {
             const size_t base = head_offset(c, l, h);
@@ -342,7 +345,7 @@ int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, in
                 store_row(c, kr, x);
             }
             /* columns [n_keep, n_new) of K^T from the rotated rows */
-            if (c->kt && kt_rebuild(c, l, h, n_keep, n_new)) failed = 1;
+            if (c->kt) kt_rebuild(c, l, h, n_keep, n_new, ktw ? x + d : NULL); /* f16/f32: no allocation */
             if (c->v_sum) { /* summed again in position order, as kv_write would have */
                 float *sum = c->v_sum + ((size_t)l * c->n_kv_head + h) * d;
                 memset(sum, 0, (size_t)d * sizeof *sum);
@@ -352,5 +355,5 @@ int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, in
         }
     free(x);
     c->n = n_new;
-    return failed ? -1 : 0;
+    return 0;
 }

@@ -53,6 +53,7 @@ void kv_free(kv_cache *c);
 /* A cache over caller storage k, v [n_layer][n_kv_head][cap][d] of elem
  * already holding n positions (and kt [..][d][cap], or NULL). with_kt
  * without kt reserves a K^T and fills its first n columns from k;
+ * (Q8_0: K^T blocks are quantized from K's already rounded rows)
  * with_vsum copies v_sum [n_layer][n_kv_head][d] (the f32 running sum of
  * the n positions) or, if NULL, sums v in position order as kv_write does.
  * On success the cache owns `owner` (kv_free calls owner_free(owner);
