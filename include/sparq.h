@@ -131,7 +131,9 @@ SPARQ_API int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const 
 
 /* ---- context: KV cache + scratch for one sequence --------------------- */
 
-enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1 };
+/* SPARQ_KV_Q8_0: K, V (and SparQ's K^T) as Q8_0 blocks of 32 with f16
+ * scales, 1.0625 bytes an element; not yet storable in KV files. */
+enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1, SPARQ_KV_Q8_0 = 2 };
 
 typedef struct sparq_context_params {
     int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained);
@@ -141,7 +143,7 @@ typedef struct sparq_context_params {
                                more than the RAM is refused there        */
     int     n_threads;      /* 0 = all cores                                */
     int     n_batch;        /* prefill tokens per batch (0 = 512)           */
-    int     kv_type;        /* SPARQ_KV_F16 (default) or SPARQ_KV_F32       */
+    int     kv_type;        /* SPARQ_KV_F16 (default), _F32 or _Q8_0        */
     sparq_attn_params attn; /* decode attention policy                      */
     /* Optional progress callback for prefills (tokens done, total); not
      * called for single-token decode steps. */

@@ -16,21 +16,66 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include "sparq.h"
 #include "tensor/quant.h"
 
-enum { KV_F32 = 0, KV_F16 = 1 };   /* element type of K, V and K^T */
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };   /* element type of K, V and K^T */
+
+/* KV_Q8_0 rows: a row of len elements is ceil(len / 32) blocks, block b
+ * holding elements [32b, min(32b + 32, len)) as an f16 scale followed by
+ * one int8 per element (x = scale * q), so a full block is ggml's 34-byte
+ * block_q8_0 and a short last block (head size not a multiple of 32) takes
+ * 2 + its length bytes. K and V rows run along the head dimension, K^T rows
+ * (one per component) along positions. A dequantized value is an f16 times
+ * an int8: exactly representable in f32. */
+enum { ATTN_Q8_BLOCK = 32, ATTN_Q8_BLOCK_BYTES = 34 };
+
+static inline size_t attn_q8_row_bytes(int64_t len)
+{
+    return (size_t)(2 * ((len + ATTN_Q8_BLOCK - 1) / ATTN_Q8_BLOCK) + len);
+}
+
+/* Bytes of one row of len elements of type elem. */
+static inline size_t attn_kv_row_bytes(int elem, int64_t len)
+{
+    return elem == KV_Q8_0 ? attn_q8_row_bytes(len) : (size_t)len * (elem == KV_F16 ? 2 : 4);
+}
+
+/* Element i of a Q8_0 row. */
+static inline float attn_q8_at(const uint8_t *row, int64_t i)
+{
+    const uint8_t *b = row + (size_t)(i / ATTN_Q8_BLOCK) * ATTN_Q8_BLOCK_BYTES;
+    uint16_t h;
+    memcpy(&h, b, 2);
+    return fp16_to_fp32(h) * (float)(int8_t)b[2 + i % ATTN_Q8_BLOCK];
+}
+
+/* Element (row, col) of a matrix of elem whose rows are len elements. */
+static inline float attn_kv_at(const void *base, int elem, int64_t len, int64_t row, int64_t col)
+{
+    if (elem == KV_Q8_0) return attn_q8_at((const uint8_t *)base + (size_t)row * attn_q8_row_bytes(len), col);
+    if (elem == KV_F16) return fp16_to_fp32(((const uint16_t *)base)[row * len + col]);
+    return ((const float *)base)[row * len + col];
+}
+
+/* Q8_0 row of n elements (layout above): per block scale = max|x| / 127,
+ * q = round(x / scale); an all-zero block stores scale 0. */
+void attn_q8_quantize_row(const float *x, int64_t n, uint8_t *out);
+/* Elements [0, n) of row `row` (rows of len elements) widened to f32. */
+void attn_kv_row_f32(const void *base, int elem, int64_t len, int64_t row, int64_t n, float *out);
 
 /* What the KV cache holds for one (layer, kv_head), positions 0..S-1, the
  * current token (position S-1) already appended. */
 typedef struct attn_kv_view {
     int64_t     S;         /* positions, current one included             */
     int         d;         /* head size                                   */
-    int         elem;      /* KV_F32 or KV_F16                            */
-    const void *K;         /* [S][d], row stride d elements               */
+    int         elem;      /* KV_F32, KV_F16 or KV_Q8_0                   */
+    const void *K;         /* [S][d], rows attn_kv_row_bytes(elem, d)     */
     const void *V;         /* [S][d]                                      */
     const void *KT;        /* [d][kt_stride]: K transposed, or NULL        */
-    int64_t     kt_stride; /* elements between rows of KT                 */
+    int64_t     kt_stride; /* elements between rows of KT (Q8_0: each row
+                            * is kt_stride elements, attn_q8_row_bytes)   */
     const float *v_sum;    /* [d] f32 sum of V over all S, or NULL        */
 } attn_kv_view;
 

@@ -5,7 +5,7 @@
  * targets AVX-512 (tests/test_attn.c compares every pair over odd sizes).
  *
  * Map of this file:
- *   helpers             loads of f16/f32 rows, tail masks, exp, transpose-add
+ *   helpers             loads of f16/f32/Q8_0 rows, tail masks, exp, transpose-add
  *   scores              q . K rows, 16 rows per transpose-add tree
  *   softmax             in place
  *   weighted sums       V rows weighted by given weights, or by softmax(scores)
@@ -54,6 +54,47 @@ static ALWAYS_INLINE __m512 ld16_full(const void *p, int64_t at, int f16)
 static inline __mmask16 tail_mask(int64_t left)
 {
     return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+}
+
+/* Element type codes of the kernels' compile-time `f16` argument: 0 f32,
+ * 1 f16, KQ8 Q8_0 (attn.h). */
+enum { KQ8 = 2 };
+
+/* 16 elements from element e (a multiple of 16, so one block holds them
+ * all) of the Q8_0 row at `row`, lanes outside m zero: int8 widened and
+ * scaled by the block's f16 scale. */
+static ALWAYS_INLINE __m512 ld16_q8(const uint8_t *row, int64_t e, __mmask16 m)
+{
+    const uint8_t *blk = row + (size_t)(e / ATTN_Q8_BLOCK) * ATTN_Q8_BLOCK_BYTES;
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    const __m128i q = _mm_maskz_loadu_epi8(m, blk + 2 + e % ATTN_Q8_BLOCK);
+    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+}
+
+/* Row units of a K/V row: elements (f16, f32) or bytes (Q8_0), so that
+ * row * kv_row_units is where the row starts for ldrow. */
+static ALWAYS_INLINE int64_t kv_row_units(int d, const int f16)
+{
+    return f16 == KQ8 ? (int64_t)attn_q8_row_bytes(d) : d;
+}
+
+/* 16 elements from element j of the row starting at `at` row units. */
+static ALWAYS_INLINE __m512 ldrow(const void *p, int64_t at, int64_t j, const int f16, __mmask16 m)
+{
+    if (f16 == KQ8) return ld16_q8((const uint8_t *)p + at, j, m);
+    return ld16(p, at + j, f16, m);
+}
+
+static ALWAYS_INLINE __m512 ldrow_full(const void *p, int64_t at, int64_t j, const int f16)
+{
+    if (f16 == KQ8) return ld16_q8((const uint8_t *)p + at, j, 0xffff);
+    return ld16_full(p, at + j, f16);
+}
+
+static ALWAYS_INLINE size_t kv_row_bytes(int d, const int f16)
+{
+    return f16 == KQ8 ? attn_q8_row_bytes(d) : (size_t)d * (f16 ? 2 : 4);
 }
 
 /* exp(x) for x <= 0 (softmax arguments, x - max): x = n ln2 + t with
@@ -163,7 +204,7 @@ static ALWAYS_INLINE void scores_quad(const attn_kv_view *kv, const float *qh, c
             __asm__("" : "+v"(qv[hh]));
         }
         UNROLL for (int u = 0; u < 4; u++) {
-            const __m512 k = ld16_full(kv->K, at[u] + j, f16);
+            const __m512 k = ldrow_full(kv->K, at[u], j, f16);
             UNROLL for (int hh = 0; hh < HB; hh++) a[u][hh] = _mm512_fmadd_ps(qv[hh], k, a[u][hh]);
         }
     }
@@ -172,7 +213,7 @@ static ALWAYS_INLINE void scores_quad(const attn_kv_view *kv, const float *qh, c
         __m512 qv[4];
         UNROLL for (int hh = 0; hh < HB; hh++) qv[hh] = _mm512_maskz_loadu_ps(mt, qh + hh * d + j);
         UNROLL for (int u = 0; u < 4; u++) {
-            const __m512 k = ld16(kv->K, at[u] + j, f16, mt);
+            const __m512 k = ldrow(kv->K, at[u], j, f16, mt);
             UNROLL for (int hh = 0; hh < HB; hh++) a[u][hh] = _mm512_fmadd_ps(qv[hh], k, a[u][hh]);
         }
     }
@@ -201,7 +242,7 @@ static ALWAYS_INLINE void scores_block(const attn_kv_view *kv, const float *q, i
             int64_t at[4];
             UNROLL for (int u = 0; u < 4; u++) {
                 const int64_t rr = r0 + u < nb ? i0 + r0 + u : i0;
-                at[u] = (rows ? rows[rr] : rr) * d;
+                at[u] = (rows ? rows[rr] : rr) * kv_row_units(d, f16);
             }
             scores_quad(kv, qh, HB, at, b[qd], f16);
         }
@@ -239,7 +280,7 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
                                         int64_t v_rows, const int f16)
 {
     const float scale = 1.0f / sqrtf((float)kv->d);
-    const size_t row_bytes = (size_t)kv->d * (f16 ? 2 : 4);
+    const size_t row_bytes = kv_row_bytes(kv->d, f16);
     if (rows) prefetch_rows(kv->K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, row_bytes);
     for (int64_t i0 = 0; i0 < n; i0 += 16) {
         const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
@@ -255,7 +296,8 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
 void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                         int64_t n, float *s)
 {
-    if (kv->elem == KV_F16) scores_avx512(kv, q, g, rows, n, s, 0, 1);
+    if (kv->elem == KV_Q8_0) scores_avx512(kv, q, g, rows, n, s, 0, KQ8);
+    else if (kv->elem == KV_F16) scores_avx512(kv, q, g, rows, n, s, 0, 1);
     else scores_avx512(kv, q, g, rows, n, s, 0, 0);
 }
 
@@ -314,11 +356,11 @@ static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *wb, int
         UNROLL for (int c = 0; c < 4; c++)
             acc[hh][c] = _mm512_maskz_loadu_ps(mk[c], o + hh * d + 16 * c);
     for (int64_t i = i0; i < i0 + nb; i++) {
-        const int64_t at = (rows ? rows[i] : i) * d + j0;
+        const int64_t at = (rows ? rows[i] : i) * kv_row_units(d, f16);
         __m512 v[4];
         UNROLL for (int c = 0; c < 4; c++)
-            v[c] = masked ? ld16(kv->V, at + 16 * c, f16, mk[c])
-                          : ld16_full(kv->V, at + 16 * c, f16);
+            v[c] = masked ? ldrow(kv->V, at, j0 + 16 * c, f16, mk[c])
+                          : ldrow_full(kv->V, at, j0 + 16 * c, f16);
         UNROLL for (int hh = 0; hh < HB; hh++) {
             const __m512 wi = _mm512_set1_ps(wh[hh * ws + i]);
             UNROLL for (int c = 0; c < 4; c++) acc[hh][c] = _mm512_fmadd_ps(wi, v[c], acc[hh][c]);
@@ -360,7 +402,7 @@ static ALWAYS_INLINE void weighted_sum_avx512(const attn_kv_view *kv, const floa
                                               const int32_t *rows, int64_t n, float *out,
                                               const int f16)
 {
-    const size_t row_bytes = (size_t)kv->d * (f16 ? 2 : 4);
+    const size_t row_bytes = kv_row_bytes(kv->d, f16);
     memset(out, 0, (size_t)g * kv->d * sizeof *out);
     for (int64_t i0 = 0; i0 < n; i0 += WSUM_BLOCK) {
         const int64_t nb = n - i0 < WSUM_BLOCK ? n - i0 : WSUM_BLOCK;
@@ -374,7 +416,8 @@ static ALWAYS_INLINE void weighted_sum_avx512(const attn_kv_view *kv, const floa
 void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
                               const int32_t *rows, int64_t n, float *out)
 {
-    if (kv->elem == KV_F16) weighted_sum_avx512(kv, w, g, rows, n, out, 1);
+    if (kv->elem == KV_Q8_0) weighted_sum_avx512(kv, w, g, rows, n, out, KQ8);
+    else if (kv->elem == KV_F16) weighted_sum_avx512(kv, w, g, rows, n, out, 1);
     else weighted_sum_avx512(kv, w, g, rows, n, out, 0);
 }
 
@@ -390,7 +433,7 @@ static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const floa
                                               const int f16)
 {
     const int d = kv->d;
-    const size_t row_bytes = (size_t)d * (f16 ? 2 : 4);
+    const size_t row_bytes = kv_row_bytes(d, f16);
     for (int hc = 0; hc < g; hc += SWS_HEADS) {
         const int hn = g - hc < SWS_HEADS ? g - hc : SWS_HEADS;
         float mx[SWS_HEADS];
@@ -438,7 +481,8 @@ void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, in
         memset(out, 0, (size_t)g * kv->d * sizeof *out);
         return;
     }
-    if (kv->elem == KV_F16) softmax_wsum_avx512(kv, s, g, rows, n, out, 1);
+    if (kv->elem == KV_Q8_0) softmax_wsum_avx512(kv, s, g, rows, n, out, KQ8);
+    else if (kv->elem == KV_F16) softmax_wsum_avx512(kv, s, g, rows, n, out, 1);
     else softmax_wsum_avx512(kv, s, g, rows, n, out, 0);
 }
 
@@ -473,12 +517,20 @@ static ALWAYS_INLINE void kt_tile(const attn_kv_view *kv, const float *qs, const
         UNROLL for (int v = 0; v < KT_NV; v++) acc[hh][v] = _mm512_setzero_ps();
     const float *qc = qs + (size_t)h0 * r;
     for (int c = 0; c < r; c++) {
-        const char *p = kt + ((size_t)comp[c] * (size_t)kv->kt_stride + (size_t)i) * es;
-        if (pf)
-            UNROLL for (size_t o = 0; o < KT_TILE * es; o += 64) _mm_prefetch(p + pf * es + o, _MM_HINT_T1);
         __m512 v[KT_NV];
-        UNROLL for (int u = 0; u < KT_NV; u++)
-            v[u] = masked ? ld16(p, 16 * u, f16, mk[u]) : ld16_full(p, 16 * u, f16);
+        if (f16 == KQ8) { /* i is a multiple of KT_TILE: whole blocks */
+            const uint8_t *row = (const uint8_t *)kt + (size_t)comp[c] * attn_q8_row_bytes(kv->kt_stride);
+            if (pf)
+                UNROLL for (size_t o = 0; o < KT_TILE / 32 * 34; o += 64)
+                    _mm_prefetch((const char *)row + (size_t)(i + pf) / 32 * 34 + o, _MM_HINT_T1);
+            UNROLL for (int u = 0; u < KT_NV; u++) v[u] = ld16_q8(row, i + 16 * u, mk[u]);
+        } else {
+            const char *p = kt + ((size_t)comp[c] * (size_t)kv->kt_stride + (size_t)i) * es;
+            if (pf)
+                UNROLL for (size_t o = 0; o < KT_TILE * es; o += 64) _mm_prefetch(p + pf * es + o, _MM_HINT_T1);
+            UNROLL for (int u = 0; u < KT_NV; u++)
+                v[u] = masked ? ld16(p, 16 * u, f16, mk[u]) : ld16_full(p, 16 * u, f16);
+        }
         UNROLL for (int hh = 0; hh < HB; hh++) {
             const __m512 qv = _mm512_set1_ps(qc[hh * r + c]);
             UNROLL for (int u = 0; u < KT_NV; u++) acc[hh][u] = _mm512_fmadd_ps(qv, v[u], acc[hh][u]);
@@ -527,7 +579,8 @@ static ALWAYS_INLINE void kt_logits_avx512(const attn_kv_view *kv, const float *
 void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp,
                            int r, int g, int64_t n, float *s)
 {
-    if (kv->elem == KV_F16) kt_logits_avx512(kv, qs, comp, r, g, n, s, 1);
+    if (kv->elem == KV_Q8_0) kt_logits_avx512(kv, qs, comp, r, g, n, s, KQ8);
+    else if (kv->elem == KV_F16) kt_logits_avx512(kv, qs, comp, r, g, n, s, 1);
     else kt_logits_avx512(kv, qs, comp, r, g, n, s, 0);
 }
 
@@ -638,7 +691,8 @@ static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
 void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                         int g, int64_t n, float *e, float *scale, float *lsum)
 {
-    if (kv->elem == KV_F16) kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 1);
+    if (kv->elem == KV_Q8_0) kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, KQ8);
+    else if (kv->elem == KV_F16) kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 1);
     else kt_exp_avx512(kv, qs, comp, r, g, n, e, scale, lsum, 0);
 }
 
@@ -762,9 +816,10 @@ void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
         return;
     }
     /* V rows requested during the scores pass: up to 512 KiB, which stays in L2 */
-    const size_t row_bytes = (size_t)kv->d * (kv->elem == KV_F16 ? 2 : 4);
+    const size_t row_bytes = attn_kv_row_bytes(kv->elem, kv->d);
     const int64_t v_rows = sel ? (int64_t)(((size_t)512 << 10) / row_bytes) : 0;
-    if (kv->elem == KV_F16) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, 1);
+    if (kv->elem == KV_Q8_0) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, KQ8);
+    else if (kv->elem == KV_F16) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, 1);
     else scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, 0);
     attn_softmax_weighted_sum_avx512(kv, scratch, g, sel, n_sel, out);
 }

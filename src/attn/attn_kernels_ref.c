@@ -1,7 +1,8 @@
 /* attn_kernels_ref.c - the plain-C reference twins of attn.h's kernels.
  *
  * One position (or one key) at a time, in the order the maths is written,
- * sums of many terms in double. They define what the AVX-512 twins in
+ * sums of many terms in double; K, V and K^T elements are read through
+ * attn_kv_at (f32, f16 or Q8_0). They define what the AVX-512 twins in
  * attn_kernels_avx512.c must compute (tests/test_attn.c compares each pair
  * over odd sizes) and are what a build without AVX-512 runs.
  *
@@ -13,10 +14,41 @@
 #include <math.h>
 #include <string.h>
 
-static inline float kv_elem(const void *base, int elem, int64_t at)
+void attn_q8_quantize_row(const float *x, int64_t n, uint8_t *out)
 {
-    return elem == KV_F16 ? fp16_to_fp32(((const uint16_t *)base)[at])
-                          : ((const float *)base)[at];
+    for (int64_t b0 = 0; b0 < n; b0 += ATTN_Q8_BLOCK) {
+        const int nb = n - b0 < ATTN_Q8_BLOCK ? (int)(n - b0) : ATTN_Q8_BLOCK;
+        float amax = 0;
+        for (int i = 0; i < nb; i++) amax = fabsf(x[b0 + i]) > amax ? fabsf(x[b0 + i]) : amax;
+        /* quantize against the stored (f16-rounded) scale, so q * scale is
+         * the nearest value the block can hold */
+        const uint16_t h = fp32_to_fp16(amax / 127.0f);
+        const float sc = fp16_to_fp32(h), inv = sc > 0 ? 1.0f / sc : 0.0f;
+        uint8_t *blk = out + (size_t)(b0 / ATTN_Q8_BLOCK) * ATTN_Q8_BLOCK_BYTES;
+        memcpy(blk, &h, 2);
+        for (int i = 0; i < nb; i++) {
+            float v = roundf(x[b0 + i] * inv);
+            v = v > 127 ? 127 : v < -127 ? -127 : v; /* f16 rounding may shrink sc */
+            blk[2 + i] = (uint8_t)(int8_t)v;
+        }
+    }
+}
+
+void attn_kv_row_f32(const void *base, int elem, int64_t len, int64_t row, int64_t n, float *out)
+{
+    if (elem == KV_F16) fp16_to_fp32_row((const uint16_t *)base + row * len, out, n);
+    else if (elem == KV_F32) memcpy(out, (const float *)base + row * len, (size_t)n * sizeof *out);
+    else {
+        const uint8_t *r = (const uint8_t *)base + (size_t)row * attn_q8_row_bytes(len);
+        for (int64_t b0 = 0; b0 < n; b0 += ATTN_Q8_BLOCK) {
+            const uint8_t *blk = r + (size_t)(b0 / ATTN_Q8_BLOCK) * ATTN_Q8_BLOCK_BYTES;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            const float sc = fp16_to_fp32(h);
+            const int64_t nb = n - b0 < ATTN_Q8_BLOCK ? n - b0 : ATTN_Q8_BLOCK;
+            for (int64_t i = 0; i < nb; i++) out[b0 + i] = sc * (float)(int8_t)blk[2 + i];
+        }
+    }
 }
 
 void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
@@ -28,7 +60,7 @@ void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_
         const int64_t row = rows ? rows[i] : i;
         for (int h = 0; h < g; h++) {
             float acc = 0;
-            for (int j = 0; j < d; j++) acc += q[h * d + j] * kv_elem(kv->K, kv->elem, row * d + j);
+            for (int j = 0; j < d; j++) acc += q[h * d + j] * attn_kv_at(kv->K, kv->elem, d, row, j);
             s[h * n + i] = acc * scale;
         }
     }
@@ -56,7 +88,7 @@ void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const 
         for (int h = 0; h < g; h++) {
             const float wi = w[h * n + i];
             for (int j = 0; j < d; j++)
-                out[h * d + j] += wi * kv_elem(kv->V, kv->elem, row * d + j);
+                out[h * d + j] += wi * attn_kv_at(kv->V, kv->elem, d, row, j);
         }
     }
 }
@@ -76,7 +108,7 @@ void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g
         for (int64_t i = 0; i < n; i++) {
             const int64_t row = rows ? rows[i] : i;
             const float w = expf(x[i] - mx) * inv;
-            for (int j = 0; j < d; j++) out[h * d + j] += w * kv_elem(kv->V, kv->elem, row * d + j);
+            for (int j = 0; j < d; j++) out[h * d + j] += w * attn_kv_at(kv->V, kv->elem, d, row, j);
         }
     }
 }
@@ -86,9 +118,8 @@ void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *
 {
     memset(s, 0, (size_t)g * n * sizeof *s);
     for (int c = 0; c < r; c++) {
-        const int64_t base = (int64_t)comp[c] * kv->kt_stride;
         for (int64_t i = 0; i < n; i++) {
-            const float kt = kv_elem(kv->KT, kv->elem, base + i);
+            const float kt = attn_kv_at(kv->KT, kv->elem, kv->kt_stride, comp[c], i);
             for (int h = 0; h < g; h++) s[h * n + i] += qs[h * r + c] * kt;
         }
     }

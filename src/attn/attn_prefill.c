@@ -23,13 +23,14 @@ static void load_tile(const attn_kv_view *kv, int64_t k0, int nk, float *kt, flo
     const int d = kv->d;
     for (int k = 0; k < nk; k++) {
         float *row = v + (size_t)k * d; /* K row first, through v as staging */
-        if (kv->elem == KV_F16) fp16_to_fp32_row((const uint16_t *)kv->K + (k0 + k) * d, row, d);
-        else memcpy(row, (const float *)kv->K + (k0 + k) * d, (size_t)d * sizeof(float));
+        attn_kv_row_f32(kv->K, kv->elem, d, k0 + k, d, row);
         for (int e = 0; e < d; e++) kt[(size_t)e * ATTN_PF_BK + k] = row[e];
     }
     for (int e = 0; e < d && nk < ATTN_PF_BK; e++) /* tail keys read as zeros */
         memset(kt + (size_t)e * ATTN_PF_BK + nk, 0, (ATTN_PF_BK - nk) * sizeof(float));
-    if (kv->elem == KV_F16) fp16_to_fp32_row((const uint16_t *)kv->V + k0 * d, v, (int64_t)nk * d);
+    if (kv->elem == KV_Q8_0) /* Q8_0 rows have their own scales: one at a time */
+        for (int k = 0; k < nk; k++) attn_kv_row_f32(kv->V, kv->elem, d, k0 + k, d, v + (size_t)k * d);
+    else if (kv->elem == KV_F16) fp16_to_fp32_row((const uint16_t *)kv->V + k0 * d, v, (int64_t)nk * d);
     else memcpy(v, (const float *)kv->V + k0 * d, (size_t)nk * d * sizeof(float));
 }
 

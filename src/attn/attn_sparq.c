@@ -136,9 +136,7 @@ static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *c
         for (int h = 0; h < g; h++) {
             float a = 0;
             for (int c = 0; c < r; c++) {
-                const int64_t at = i * kv->d + comp[c];
-                const float k = kv->elem == KV_F16 ? fp16_to_fp32(((const uint16_t *)kv->K)[at])
-                                                   : ((const float *)kv->K)[at];
+                const float k = attn_kv_at(kv->K, kv->elem, kv->d, i, comp[c]);
                 a += qs[h * r + c] * k;
             }
             e[h * n + i] = a;
@@ -169,8 +167,7 @@ static int64_t mean_value(const attn_kv_view *kv, float *vmean)
     for (int j = 0; j < d; j++) {
         double a = 0;
         for (int64_t i = 0; i < S; i++)
-            a += kv->elem == KV_F16 ? fp16_to_fp32(((const uint16_t *)kv->V)[i * d + j])
-                                    : ((const float *)kv->V)[i * d + j];
+            a += attn_kv_at(kv->V, kv->elem, d, i, j);
         vmean[j] = (float)a * inv_s;
     }
     return S * d - d;

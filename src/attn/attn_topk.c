@@ -123,7 +123,10 @@ static int kt_image_bytes(int d, int64_t n, int es, size_t *out)
 static int kt_image_build(const attn_kv_view *kv, int64_t n, void **image, size_t *bytes,
                           char *err, size_t err_size)
 {
-    const int d = kv->d, es = kv->elem == KV_F16 ? 2 : 4;
+    /* a Q8_0 cache gets an f32 image: its per-block scales run along the
+     * head dimension, not along the image's position rows */
+    const int img_elem = kv->elem == KV_Q8_0 ? KV_F32 : kv->elem;
+    const int d = kv->d, es = img_elem == KV_F16 ? 2 : 4;
     size_t total;
     if (kt_image_bytes(d, n, es, &total)) {
         return err_set(err, err_size, "topk: sparq index of %lld x %d keys is too large", (long long)n, d);
@@ -133,7 +136,7 @@ static int kt_image_build(const attn_kv_view *kv, int64_t n, void **image, size_
         return err_set(err, err_size, "topk: out of memory for a %zu-byte sparq index", total);
     }
     const int64_t stride = kt_stride_of(n);
-    const uint32_t version = 1, elem = (uint32_t)kv->elem, dd = (uint32_t)d, zero = 0;
+    const uint32_t version = 1, elem = (uint32_t)img_elem, dd = (uint32_t)d, zero = 0;
     memset(img, 0, KT_HEADER);
     memcpy(img, KT_MAGIC, 8);
     memcpy(img + 8, &version, 4);
@@ -150,8 +153,14 @@ static int kt_image_build(const attn_kv_view *kv, int64_t n, void **image, size_
         const int64_t nb = n - i0 < 64 ? n - i0 : 64;
         for (int j = 0; j < d; j++) {
             uint8_t *dst = kt + ((size_t)j * (size_t)stride + (size_t)i0) * es;
-            for (int64_t i = 0; i < nb; i++)
-                memcpy(dst + (size_t)i * es, k + ((size_t)(i0 + i) * d + j) * es, (size_t)es);
+            if (kv->elem == KV_Q8_0)
+                for (int64_t i = 0; i < nb; i++) {
+                    const float x = attn_kv_at(k, KV_Q8_0, d, i0 + i, j);
+                    memcpy(dst + (size_t)i * 4, &x, 4);
+                }
+            else
+                for (int64_t i = 0; i < nb; i++)
+                    memcpy(dst + (size_t)i * es, k + ((size_t)(i0 + i) * d + j) * es, (size_t)es);
         }
     }
     for (int j = 0; j < d; j++) /* zero padding of each row */
@@ -371,7 +380,9 @@ static float *keys_f32(const attn_kv_view *kv, int64_t n)
     if ((size_t)n > SIZE_MAX / sizeof(float) / (size_t)kv->d) return NULL;
     float *x = malloc((size_t)n * kv->d * sizeof *x);
     if (!x) return NULL;
-    if (kv->elem == KV_F16) fp16_to_fp32_row(kv->K, x, n * kv->d);
+    if (kv->elem == KV_Q8_0) /* per-row scales: row by row */
+        for (int64_t i = 0; i < n; i++) attn_kv_row_f32(kv->K, kv->elem, kv->d, i, kv->d, x + i * kv->d);
+    else if (kv->elem == KV_F16) fp16_to_fp32_row(kv->K, x, n * kv->d);
     else memcpy(x, kv->K, (size_t)n * kv->d * sizeof *x);
     return x;
 }
@@ -473,7 +484,8 @@ static int prepare(topk_state *st, topk_head *hd, const sparq_attn_params *p, in
                    int kv_head, const attn_kv_view *kv)
 {
     if (hd->P >= 0) return hd->failed ? -1 : 0;
-    hd->es = kv->elem == KV_F16 ? 2 : 4;
+    /* Q8_0: 1.0625 bytes an element, counted as 1 (element counts stay integral) */
+    hd->es = kv->elem == KV_Q8_0 ? 1 : kv->elem == KV_F16 ? 2 : 4;
     int64_t P = kv->S - 1;
     if (st->mark >= 0 && st->mark < P) P = st->mark;
     hd->P = P;
@@ -747,17 +759,17 @@ static int64_t combine(const attn_kv_view *kv, int64_t P, const float *q, int g,
 {
     const int d = kv->d;
     const int64_t ns = kv->S - P;
-    const size_t es = kv->elem == KV_F16 ? 2 : 4;
+    const size_t rowb = attn_kv_row_bytes(kv->elem, d);
     const float scale = 1.0f / sqrtf((float)d);
-    if ((size_t)P * d * es >= PREFETCH_MIN && kv->S >= 4 * (int64_t)k) {
+    if ((size_t)P * rowb >= PREFETCH_MIN && kv->S >= 4 * (int64_t)k) {
         uintptr_t *pages = (uintptr_t *)(void *)s->lg; /* >= 4gk words: lg holds g*S floats */
-        prefetch_rows(kv->V, s->ids, g * k, (size_t)d * es, pages);
-        if (!sc) prefetch_rows(kv->K, s->ids, g * k, (size_t)d * es, pages);
+        prefetch_rows(kv->V, s->ids, g * k, rowb, pages);
+        if (!sc) prefetch_rows(kv->K, s->ids, g * k, rowb, pages);
     }
     attn_kv_view suf = *kv; /* the suffix as a view of its own: rows 0..ns-1 */
     suf.S = ns;
-    suf.K = (const uint8_t *)kv->K + (size_t)P * d * es;
-    suf.V = (const uint8_t *)kv->V + (size_t)P * d * es;
+    suf.K = (const uint8_t *)kv->K + (size_t)P * rowb;
+    suf.V = (const uint8_t *)kv->V + (size_t)P * rowb;
     suf.KT = NULL;
     attn_scores(&suf, q, g, NULL, ns, s->ssuf);
     int64_t rows = 0;

@@ -21,7 +21,8 @@ const cli_opt cli_model_table[] = {
       "a context whose attention scratch exceeds the RAM is refused at once)" },
     { "-t", "--threads", OPT_INT0, OFF(cli_model_opts, n_threads), "N", "threads (0 = all cores, the default)" },
     { "-b", "--batch-size", OPT_INT0, OFF(cli_model_opts, n_batch), "N", "prefill batch size (0 = 512, the default)" },
-    { "--kv-type", NULL, OPT_STR, OFF(cli_model_opts, kv_type), "f16|f32", "KV cache element type (default f16)" },
+    { "--kv-type", NULL, OPT_STR, OFF(cli_model_opts, kv_type), "f16|f32|q8_0",
+      "KV cache element type (default f16; q8_0: blocks of 32 with a scale, about half of f16's bytes)" },
     { "--json", NULL, OPT_FLAG, OFF(cli_model_opts, json), NULL, "print one JSON object on stdout" },
     { "--mmap", NULL, OPT_FLAG, OFF(cli_model_opts, use_mmap), NULL,
       "map the model file instead of reading it into huge pages (less memory, slower decode)" },
@@ -228,6 +229,7 @@ int cli_kv_type(const char *name)
 {
     if (!name || strcmp(name, "f16") == 0) return SPARQ_KV_F16;
     if (strcmp(name, "f32") == 0) return SPARQ_KV_F32;
+    if (strcmp(name, "q8_0") == 0) return SPARQ_KV_Q8_0;
     return -1;
 }
 

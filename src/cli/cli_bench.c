@@ -720,8 +720,8 @@ static int bench_attn(const bench_opts *o, row_list *rl, char *err, size_t err_s
     int nkv = bench_split_names(o->kv_type ? o->kv_type : "f16", kv_buf, sizeof kv_buf, kv_names, 4, err, err_size);
     if (nkv < 0) return -1;
     for (int i = 0; i < nkv; i++)
-        if (cli_kv_type(kv_names[i]) < 0) {
-            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32", kv_names[i]);
+        if (cli_kv_type(kv_names[i]) < 0 || cli_kv_type(kv_names[i]) == SPARQ_KV_Q8_0) { /* rows label 2 or 4 bytes */
+            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32 (bench has no q8_0 rows yet)", kv_names[i]);
             return -1;
         }
     pol_cfg cfg[MAX_CFG];
@@ -867,8 +867,8 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
     int nkv = bench_split_names(o->kv_type ? o->kv_type : "f16", kv_buf, sizeof kv_buf, kv_names, 4, err, err_size);
     if (nkv < 0) return -1;
     for (int i = 0; i < nkv; i++)
-        if (cli_kv_type(kv_names[i]) < 0) {
-            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32", kv_names[i]);
+        if (cli_kv_type(kv_names[i]) < 0 || cli_kv_type(kv_names[i]) == SPARQ_KV_Q8_0) { /* rows label 2 or 4 bytes */
+            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32 (bench has no q8_0 rows yet)", kv_names[i]);
             return -1;
         }
     int random_fill = 0;
@@ -1131,8 +1131,8 @@ static int bench_prefill_main(int argc, char **argv)
     int nd = np < 0 ? -1 : int_list("-d", o.depth, "0", 0, (int64_t)1 << 30, ds, err, sizeof err);
     int nt = nd < 0 ? -1 : int_list("-t", o.threads, def_t, 1, 1024, ts, err, sizeof err);
     int kv = cli_kv_type(o.kv_type ? o.kv_type : "f16");
-    if (nt < 0 || kv < 0) {
-        fprintf(stderr, "error: %s\n", kv < 0 ? "--kv-type must be f16 or f32" : err);
+    if (nt < 0 || kv < 0 || kv == SPARQ_KV_Q8_0) {
+        fprintf(stderr, "error: %s\n", kv < 0 || kv == SPARQ_KV_Q8_0 ? "--kv-type must be f16 or f32" : err);
         return 2;
     }
     cli_model_opts mo = { 0 };

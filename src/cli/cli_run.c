@@ -541,7 +541,7 @@ int cli_run(int argc, char **argv)
     if (parsed >= 0) return parsed;
     int kv_type = cli_kv_type(mo.kv_type);
     if (kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);
+        fprintf(stderr, "error: --kv-type must be f16, f32 or q8_0, not '%s'\n", mo.kv_type);
         return 2;
     }
     if (!!ro.prompt + !!ro.prompt_file + !!ro.prompt_tokens > 1) {

@@ -40,15 +40,8 @@ int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int6
     for (int il = 0; il < s->n_layer; il++) {
         for (int64_t p = 0; p < n; p++) {
             for (int h = 0; h < nh; h++) {
-                const uint8_t *kr = (const uint8_t *)kv_k(s, il, h) + (size_t)p * d * s->elem_size;
-                const uint8_t *vr = (const uint8_t *)kv_v(s, il, h) + (size_t)p * d * s->elem_size;
-                if (s->elem == KV_F16) {
-                    fp16_to_fp32_row((const uint16_t *)kr, k + (size_t)h * d, d);
-                    fp16_to_fp32_row((const uint16_t *)vr, v + (size_t)h * d, d);
-                } else {
-                    memcpy(k + (size_t)h * d, kr, (size_t)d * sizeof(float));
-                    memcpy(v + (size_t)h * d, vr, (size_t)d * sizeof(float));
-                }
+                attn_kv_row_f32(kv_k(s, il, h), s->elem, d, p, d, k + (size_t)h * d);
+                attn_kv_row_f32(kv_v(s, il, h), s->elem, d, p, d, v + (size_t)h * d);
             }
             kv_write(&dst->kv, il, p, k, v);
         }

@@ -157,7 +157,7 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     c->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_num_procs();
     c->rs.n_batch = p->n_batch > 0 ? p->n_batch : 512;
     if (c->rs.n_batch > n_ctx) c->rs.n_batch = (int)n_ctx;
-    if (p->kv_type != SPARQ_KV_F16 && p->kv_type != SPARQ_KV_F32) {
+    if (p->kv_type != SPARQ_KV_F16 && p->kv_type != SPARQ_KV_F32 && p->kv_type != SPARQ_KV_Q8_0) {
         snprintf(err, err_size, "context: unknown KV cache type %d", p->kv_type);
         goto fail;
     }
@@ -172,7 +172,7 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     c->params.attn.policy = c->policy->name;
     if (c->policy->resolve(&c->params.attn, hp->head_dim, err, err_size)) goto fail;
     unsigned needs = c->policy->needs;
-    const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : KV_F32;
+    const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : p->kv_type == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F32;
     if (kvf) {
         if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf->k,
                                kvf->v, kvf->kt, kvf->n, kvf->v_sum, !!(needs & ATTN_NEEDS_KT),

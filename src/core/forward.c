@@ -220,9 +220,14 @@ static void prefill_colsum(sparq_context *c, int il, int h, int64_t pos0, int n,
             const float *q = c->rs.q + t * q_dim + ((size_t)h * g + j) * d;
             float mx = -INFINITY, sum = 0;
             for (int64_t s = 0; s < S; s++) {
-                w[s] = scale * (kv.elem == KV_F16
-                                    ? dot_f16_f32((const uint16_t *)kv.K + s * d, q, d)
-                                    : dot_f32((const float *)kv.K + s * d, q, d));
+                if (kv.elem == KV_Q8_0) {
+                    float a = 0;
+                    for (int e = 0; e < d; e++) a += q[e] * attn_kv_at(kv.K, KV_Q8_0, d, s, e);
+                    w[s] = scale * a;
+                } else {
+                    w[s] = scale * (kv.elem == KV_F16 ? dot_f16_f32((const uint16_t *)kv.K + s * d, q, d)
+                                                      : dot_f32((const float *)kv.K + s * d, q, d));
+                }
                 if (w[s] > mx) mx = w[s];
             }
             for (int64_t s = 0; s < S; s++) sum += (w[s] = expf(w[s] - mx));
@@ -362,7 +367,7 @@ static int attend_decode(sparq_context *c, int il, int64_t pos)
     if (failed) return -1;
     const attn_policy *dense = attn_policy_find("dense");
     c->stats.elements += read + written;
-    c->stats.bytes += (read + written) * (int64_t)c->kv.elem_size;
+    c->stats.bytes += kv_bytes_of(&c->kv, read + written);
     c->stats.dense_elements += n_kv * dense->transfer_formula(&c->params.attn, pos + 1, d, g);
     c->stats.formula_elements +=
         n_kv * (c->policy->transfer_formula_state

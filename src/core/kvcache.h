@@ -2,9 +2,11 @@
  *
  * Layout, per layer and KV head, positions contiguous so one head's keys are
  * one sequential read:
- *   k, v  [n_layer][n_kv_head][cap][d]     element f16 (default) or f32
+ *   k, v  [n_layer][n_kv_head][cap][d]     element f16 (default), f32 or
+ *                                          Q8_0 (rows of blocks, attn.h)
  *   kt    [n_layer][n_kv_head][d][cap]     K transposed, only when a policy
- *                                          asks (SparQ reads r of its rows)
+ *                                          asks (SparQ reads r of its rows);
+ *                                          Q8_0 blocks run along positions
  *   v_sum [n_layer][n_kv_head][d]          f32 running sum of V (SparQ)
  * Storage is reserved with mmap(MAP_NORESERVE): capacity costs address
  * space, not memory, and pages are committed as tokens arrive, so
@@ -24,8 +26,14 @@ typedef struct kv_cache {
     int     n_layer, n_kv_head, d;
     int64_t cap;            /* positions reserved                          */
     int64_t n;              /* positions written (the same for all layers) */
-    int     elem;           /* KV_F32 or KV_F16                            */
-    size_t  elem_size;
+    int     elem;           /* KV_F32, KV_F16 or KV_Q8_0                   */
+    size_t  elem_size;      /* whole bytes: 4, 2, or 1 for Q8_0 (really
+                             * 34/32: kv_bytes_of counts its bytes)       */
+    size_t  row_bytes;      /* one K or V row: attn_kv_row_bytes(elem, d) */
+    size_t  kt_row_bytes;   /* one K^T row: attn_kv_row_bytes(elem, cap)  */
+    size_t  kt_head_bytes;  /* d K^T rows                                 */
+    float   *kt_part;       /* Q8_0 K^T: f32 keys of the newest block     */
+    int64_t *kt_part_blk;   /* [n_layer] block held in kt_part, or -1     */
     uint8_t *k, *v;         /* see layout above                            */
     uint8_t *kt;            /* NULL unless with_kt                         */
     float   *v_sum;         /* NULL unless with_vsum                       */
@@ -45,6 +53,7 @@ void kv_free(kv_cache *c);
 /* A cache over caller storage k, v [n_layer][n_kv_head][cap][d] of elem
  * already holding n positions (and kt [..][d][cap], or NULL). with_kt
  * without kt reserves a K^T and fills its first n columns from k;
+ * (Q8_0: K^T blocks are quantized from K's already rounded rows)
  * with_vsum copies v_sum [n_layer][n_kv_head][d] (the f32 running sum of
  * the n positions) or, if NULL, sums v in position order as kv_write does.
  * On success the cache owns `owner` (kv_free calls owner_free(owner);
@@ -59,6 +68,9 @@ int  kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t 
  * caller advances c->n once every layer has been written. */
 void kv_write(kv_cache *c, int layer, int64_t pos, const float *k, const float *v);
 
+/* Bytes of `elements` cache elements (Q8_0: 34 per 32, rounded up). */
+int64_t kv_bytes_of(const kv_cache *c, int64_t elements);
+
 /* Pointers to the first element of a head's rows. */
 const void *kv_k(const kv_cache *c, int layer, int head);
 const void *kv_v(const kv_cache *c, int layer, int head);
@@ -71,6 +83,8 @@ void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *ou
  * cs[rope_dim/2][cos, sin] (RoPE of position -n_discard, no magnitude
  * scale) over its first rope_dim components, NEOX pairing (i, i+half) if
  * neox else (2i, 2i+1). K^T columns follow; V sums are summed again.
+ * Q8_0: moved keys are dequantized, rotated and quantized again, and K^T
+ * blocks from n_keep's on are rebuilt from K's rows.
  * Returns 0, or -1 on bad arguments / out of memory (cache unchanged). */
 int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, int rope_dim, int neox);
 

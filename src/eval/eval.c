@@ -594,8 +594,7 @@ static int stats_tap_attend(void *state, const sparq_attn_params *p, int layer, 
 
     for (int64_t i = 0; i < S; i++) /* the keys in f32, whatever the cache holds */
         for (int j = 0; j < d; j++)
-            Kf[i * d + j] = kv->elem == KV_F16 ? attn_f16_to_f32(((const uint16_t *)kv->K)[i * d + j])
-                                                : ((const float *)kv->K)[i * d + j];
+            Kf[i * d + j] = attn_kv_at(kv->K, kv->elem, d, i, j);
     /* SparQ step 1 for the group: the r largest of sum_h |q_h[j]|, for every
      * r measured (row n_r is alpha_r) */
     for (int j = 0; j < d; j++) {

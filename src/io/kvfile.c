@@ -131,6 +131,8 @@ static int layout_of(const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap
         fp->n_head > 65536 || fp->n_head % fp->n_kv_head)
         return err_set(err, err_size, "bad shape (%d layers, %d/%d heads, d %d)", fp->n_layer,
                     fp->n_head, fp->n_kv_head, fp->head_dim);
+    if (elem == KV_Q8_0) /* not in format version 1: refused, never written as f16 */
+        return err_set(err, err_size, "a q8_0 KV cache cannot be saved to a KV file (use --kv-type f16 or f32)");
     if (elem != KV_F16 && elem != KV_F32) return err_set(err, err_size, "bad element type %d", elem);
     if (cap < 1 || cap > ((int64_t)1 << 40) || n < 0 || n > cap)
         return err_set(err, err_size, "bad size (%lld positions of capacity %lld)", (long long)n,
