@@ -682,7 +682,7 @@ int main(void)
     if (mkdir(kvdir, 0700)) failed_start = 1;
     snprintf(rargs, sizeof rargs, "%s --kv-dir %s", args, kvdir);
     for (int i = 0; i < N_REP && !failed_start; i++) {
-        char name[16];
+        char name[32];
         snprintf(name, sizeof name, "replica%d", i);
         if (start_server(&rep[i], bin, dir, name, rargs)) failed_start = 1;
     }

@@ -46,7 +46,7 @@ static header *header_get(const char *name)
 static void check_file(const char *src, const char *dir, const char *file)
 {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s/%s", src, dir, file);
+    snprintf(path, sizeof path, "%.200s/%.60s/%.200s", src, dir, file);
     size_t n;
     char *text = test_read_file(path, &n);
     CHECK(text != NULL, "cannot read %s", path);
@@ -87,7 +87,7 @@ static void check_file(const char *src, const char *dir, const char *file)
             CHECK(irank <= rank, "%s/%s (layer %s) includes \"%s\" from the layer above, %s",
                   dir, file, dir, inc, idir);
             if (self && self->n_inc < MAX_INC)
-                snprintf(self->inc[self->n_inc++], sizeof self->inc[0], "%s/%s", idir, ifile);
+                snprintf(self->inc[self->n_inc++], sizeof self->inc[0], "%.60s/%.60s", idir, ifile);
         }
         line = next;
     }

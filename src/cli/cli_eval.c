@@ -355,7 +355,7 @@ static void plot_curves(FILE *f, const task_def *t, const char *model, const eva
 {
     fputs("set title ", f);
     char title[512];
-    snprintf(title, sizeof title, "%s: %s vs attention transfer (%s)", t->name, t->metric, model);
+    snprintf(title, sizeof title, "%s: %s vs attention transfer (%.400s)", t->name, t->metric, model);
     gp_quote(f, title);
     fputs("\nset logscale x 2\nset xrange [*:1.1]\nset grid\nset key outside right top\n"
           "set xlabel 'measured transfer ratio (elements / dense)'\nset ylabel ", f);
@@ -389,7 +389,7 @@ static void plot_niah(FILE *f, const char *model, const eval_row *rows, int n)
     int cols = n < 3 ? n : 3, lines = (n + cols - 1) / cols;
     fprintf(f, "set multiplot layout %d,%d title ", lines, cols);
     char title[512];
-    snprintf(title, sizeof title, "needle in a haystack (%s)", model);
+    snprintf(title, sizeof title, "needle in a haystack (%.480s)", model);
     gp_quote(f, title);
     fputs("\nset palette defined (0 '#d73027', 0.5 '#ffffbf', 1 '#4575b4')\nset cbrange [0:1]\n"
           "set xlabel 'prompt tokens (budget)'\nset ylabel 'needle depth'\nset yrange [-0.1:1.1] reverse\n"

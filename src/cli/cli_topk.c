@@ -579,7 +579,7 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     rc = 0;
     goto done;
 step_error:
-    snprintf(res->err, sizeof res->err, "decode step: %s", step_err);
+    snprintf(res->err, sizeof res->err, "decode step: %.200s", step_err);
 done:
     if (state) pol->state_free(state);
     free(sfl); free(sint); free(q); free(out); free(knew); free(cen);

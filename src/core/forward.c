@@ -356,7 +356,7 @@ static int attend_decode(sparq_context *c, int il, int64_t pos)
 #pragma omp critical(attend_decode_error)
                 if (!failed) {
                     failed = 1;
-                    snprintf(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %s",
+                    snprintf(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %.200s",
                              c->policy->name, il, h, err[0] ? err : "failed");
                 }
             }

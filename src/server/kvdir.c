@@ -95,7 +95,7 @@ static int kvdir_sweep(const srv_kvdir *kd, const char *keep)
             if (!g) break;
             f = g;
         }
-        snprintf(f[n].name, sizeof f[n].name, "%s", e->d_name);
+        snprintf(f[n].name, sizeof f[n].name, "%.*s", (int)sizeof f[n].name - 1, e->d_name);
         f[n].size = st.st_size;
         f[n++].mtime = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9;
     }
