@@ -7,7 +7,8 @@
 #
 #   LLAMA_BENCH=/path/to/llama-bench scripts/bench_prefill.sh --out docs/bench-results/prefill-DATE
 #
-# Options: --quick (smollm2 pp512 only, 2 reps), --long (adds llama-3.2-1b
+# Options: --quick (smollm2 pp512 only, 2 reps), FULL=1 (adds Q4_K_M pp4096),
+# --long (adds llama-3.2-1b
 # Q8_0 pp16384, one rep each: ~10 minutes), --out DIR (raw JSON, logs and
 # summary.md; default a temp dir). THREADS (default: all cores), REPS
 # (default 3), MODELS_DIR (default /tmp/sparq-bench-models: the generated
@@ -62,7 +63,8 @@ cat "$OUT/machine.txt" >&2
 
 points=("smollm2-135m Q8_0 512")
 if [ $QUICK = 0 ]; then
-  points+=("llama-3.2-1b Q8_0 512" "llama-3.2-1b Q8_0 4096" "llama-3.2-1b Q4_K_M 512" "llama-3.2-1b Q4_K_M 4096")
+  points+=("llama-3.2-1b Q8_0 512" "llama-3.2-1b Q8_0 4096" "llama-3.2-1b Q4_K_M 512")
+  [ "${FULL:-0}" = 1 ] && points+=("llama-3.2-1b Q4_K_M 4096")
   [ $LONG = 1 ] && points+=("llama-3.2-1b Q8_0 16384")
 fi
 
