@@ -28,6 +28,14 @@ static void wr32(uint8_t *b, size_t at, uint32_t v) { memcpy(b + at, &v, 4); }
 /* [off, off + len) lies inside n bytes */
 static int inside(uint64_t off, uint64_t len, size_t n) { return off <= n && len <= n - off; }
 
+/* *off = base + i * stride without wrapping, and [*off, *off + len) inside n */
+static int slot(uint64_t base, uint64_t i, uint64_t stride, uint64_t len, size_t n, uint64_t *off)
+{
+    uint64_t m;
+    return !__builtin_mul_overflow(i, stride, &m) && !__builtin_add_overflow(base, m, off) &&
+           inside(*off, len, n);
+}
+
 static void fix_checksums(uint8_t *b, size_t n)
 {
     if (n < 4096) return;
@@ -50,14 +58,14 @@ static void fix_checksums(uint8_t *b, size_t n)
         if (dir_at + (uint64_t)n_index * 64 <= meta_bytes) {
             const uint64_t head_bytes = (uint64_t)cap * d * es, used = (uint64_t)rows * d * es;
             for (uint64_t hh = 0; hh < heads; hh++) {
-                if (inside(k_off + hh * head_bytes, used, n))
-                    wr32(meta, crc_at + hh * 4, kvf_crc32c(0, b + k_off + hh * head_bytes, used));
-                if (inside(v_off + hh * head_bytes, used, n))
-                    wr32(meta, crc_at + (heads + hh) * 4,
-                         kvf_crc32c(0, b + v_off + hh * head_bytes, used));
-                if ((flags & 1) && inside(kt_off + hh * head_bytes, head_bytes, n)) {
+                uint64_t off;
+                if (slot(k_off, hh, head_bytes, used, n, &off))
+                    wr32(meta, crc_at + hh * 4, kvf_crc32c(0, b + off, used));
+                if (slot(v_off, hh, head_bytes, used, n, &off))
+                    wr32(meta, crc_at + (heads + hh) * 4, kvf_crc32c(0, b + off, used));
+                if ((flags & 1) && slot(kt_off, hh, head_bytes, head_bytes, n, &off)) {
                     /* K^T [d][cap]: blocks of columns, rows within a block */
-                    const uint8_t *kt = b + kt_off + hh * head_bytes;
+                    const uint8_t *kt = b + off;
                     uint32_t c = 0;
                     for (int64_t c0 = 0; c0 < rows; c0 += KVF_KT_BLOCK) {
                         const int64_t w = rows - c0 < KVF_KT_BLOCK ? rows - c0 : KVF_KT_BLOCK;
