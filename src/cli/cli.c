@@ -188,7 +188,7 @@ int cli_parse_command(const cli_group *groups, int n_groups, int argc, char **ar
     int n = 0, help = 0;
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--version") == 0) {
-            printf("%s\n", SPARQ_VERSION_STRING);
+            printf("sparq %s\n", sparq_version());
             return 0;
         }
     if (cli_parse(groups, n_groups, argc, argv, pos ? pos : none, max_pos, &n, &help, err, sizeof err)) {
@@ -447,7 +447,7 @@ int main(int argc, char **argv)
     }
     for (int i = 1; i < argc; i++) /* every command, before its own dispatch */
         if (strcmp(argv[i], "--version") == 0) {
-            printf("%s\n", SPARQ_VERSION_STRING);
+            printf("sparq %s\n", sparq_version());
             return 0;
         }
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)

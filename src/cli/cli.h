@@ -32,7 +32,6 @@ typedef struct cli_opt {
 } cli_opt;
 
 /* "sparq VERSION": printed by `sparq --version` and `sparq CMD --version`. */
-#define SPARQ_VERSION_STRING "sparq 0.3.0"
 
 typedef struct cli_group {
     const char    *title;   /* section in --help                          */
