@@ -123,7 +123,7 @@ $(BUILD)/libsparq-server.a: $(SRV_OBJ)
 $(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a $(LDLIBS) $(SRV_LIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h $(HDRS) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(HDRS) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a $(LDLIBS) $(SRV_LIBS)
 

@@ -33,6 +33,7 @@
  * Without nginx: a failure when CI=true, a skip otherwise.
  */
 #include "test.h"
+#include "test_proc.h"
 #include "sparq.h"
 #include "util/json.h"
 #include "util/paths.h"
@@ -55,12 +56,6 @@
 
 enum { N_REP = 3, N_DOC = 3, N_Q = 10, NB = 32, DOC_TOKENS = 256, MAX_TOKENS = 32 };
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- processes ------------------------------------------------------------------ */
 
@@ -83,21 +78,7 @@ static int start_server(proc *p, const char *bin, const char *dir, const char *n
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    for (double t0 = now(); now() - t0 < 60;) { /* loading under load can be slow */
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            int ok = fscanf(f, "%d", &p->port) == 1;
-            fclose(f);
-            if (ok) return 0;
-        }
-        int st;
-        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
-            p->pid = -1;
-            return -1;
-        }
-        usleep(20000);
-    }
-    return -1;
+    return wait_port_file(&p->pid, port_file, &p->port, 20000);
 }
 
 /* sig, then wait up to 20 s; SIGKILL if it does not exit. Exit status or -1. */
@@ -134,20 +115,6 @@ static int free_port(void)
     return port;
 }
 
-static int dial(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 static const char *find_nginx(void)
 {

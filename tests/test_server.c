@@ -16,6 +16,7 @@
  *  - SIGTERM: both servers exit with status 0.
  */
 #include "test.h"
+#include "test_proc.h"
 #include "util/json.h"
 #include "util/paths.h"
 #include "util/textbuf.h"
@@ -35,12 +36,6 @@
 static char bin[1024];
 static const char *key = "test-key-123";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- the server process ------------------------------------------------------ */
 
@@ -68,21 +63,7 @@ static int start_server(server *s, const char *args)
         _exit(127);
     }
     close(fd);
-    for (double t0 = now(); now() - t0 < 60;) { /* loading under load can be slow */
-        FILE *f = fopen(s->port_file, "r");
-        if (f) {
-            int ok = fscanf(f, "%d", &s->port) == 1;
-            fclose(f);
-            if (ok) return 0;
-        }
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = -1;
-            return -1;
-        }
-        usleep(50000);
-    }
-    return -1;
+    return wait_port_file(&s->pid, s->port_file, &s->port, 50000);
 }
 
 /* SIGTERM, then the exit status (or -1 if it hangs for 20 s: then killed). */
@@ -106,20 +87,6 @@ static int stop_server(server *s)
 
 /* ---- a minimal HTTP client ---------------------------------------------------- */
 
-static int dial(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 static int send_all(int fd, const char *p, size_t n)
 {
