@@ -16,6 +16,7 @@
  */
 #include "attn/attn.h"
 #include "util/err.h"
+#include "util/names.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -43,16 +44,11 @@ int attn_policy_count(void) { return N_REGISTRY; }
 
 const attn_policy *attn_policy_at(int i) { return i >= 0 && i < N_REGISTRY ? registry[i] : NULL; }
 
+static const char *policy_name(int i) { return registry[i]->name; }
+
 const char *attn_policy_names(char *buf, size_t size, const char *sep)
 {
-    size_t used = 0;
-    if (size) buf[0] = 0;
-    for (int i = 0; i < N_REGISTRY && used < size; i++) {
-        int w = snprintf(buf + used, size - used, "%s%s", i ? sep : "", registry[i]->name);
-        if (w < 0) break;
-        used += (size_t)w;
-    }
-    return buf;
+    return names_join(buf, size, sep, N_REGISTRY, policy_name);
 }
 
 int attn_fail(attn_scratch *s, const char *fmt, ...)

@@ -10,6 +10,7 @@
  *   task_*         the public entry points: open, get, close
  */
 #include "util/err.h"
+#include "util/names.h"
 #include "eval/task_impl.h"
 
 #include "eval/eval.h"
@@ -51,15 +52,11 @@ const task_def *task_find(const char *name)
     return NULL;
 }
 
+static const char *task_name(int i) { return registry[i]->name; }
+
 const char *task_names(char *buf, size_t size, const char *sep)
 {
-    size_t n = 0;
-    if (size) buf[0] = 0;
-    for (int i = 0; i < N_TASKS; i++) {
-        int k = snprintf(buf + n, n < size ? size - n : 0, "%s%s", i ? sep : "", registry[i]->name);
-        if (k > 0) n += (size_t)k;
-    }
-    return buf;
+    return names_join(buf, size, sep, N_TASKS, task_name);
 }
 
 const task_option *task_option_find(const task_def *t, const char *name)

@@ -10,6 +10,7 @@
  * another kind's file.
  */
 #include "util/err.h"
+#include "util/names.h"
 #include "index/index.h"
 
 #include <math.h>
@@ -45,16 +46,11 @@ static const idx_kind_ops *kind_by_id(uint32_t id)
     return NULL;
 }
 
+static const char *kind_name(int i) { return kinds[i]->name; }
+
 const char *idx_kind_names(char *buf, size_t size, const char *sep)
 {
-    size_t o = 0;
-    if (size) buf[0] = 0;
-    for (int i = 0; i < N_KINDS && o < size; i++) {
-        int w = snprintf(buf + o, size - o, "%s%s", i ? sep : "", kinds[i]->name);
-        if (w < 0) break;
-        o += (size_t)w;
-    }
-    return buf;
+    return names_join(buf, size, sep, N_KINDS, kind_name);
 }
 
 /* ---- the serialized image's framing ------------------------------------------------ */

@@ -15,6 +15,7 @@
 #include "server/srv_internal.h"
 #include "cli/cli.h"
 #include "util/json.h"
+#include "util/names.h"
 
 #include <errno.h>
 #include <math.h>
@@ -281,13 +282,10 @@ copy:
         r->attn.index = r->index;
     }
     int known = 0;
-    char names[256] = "";
-    for (int i = 0; sparq_attn_policy_name(i); i++) {
-        known |= !strcmp(sparq_attn_policy_name(i), r->policy);
-        const size_t used = strlen(names);
-        snprintf(names + used, sizeof names - used, "%s%s", i ? " " : "", sparq_attn_policy_name(i));
-    }
+    for (int i = 0; sparq_attn_policy_name(i); i++) known |= !strcmp(sparq_attn_policy_name(i), r->policy);
     if (!known) {
+        char names[256];
+        names_join(names, sizeof names, " ", sparq_attn_policy_count(), sparq_attn_policy_name);
         snprintf(err, n, "unknown attention policy '%.32s' (known: %s)", r->policy, names);
         return -1;
     }
