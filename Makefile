@@ -63,7 +63,7 @@ PIC_OBJ := $(LIB_OBJ:$(BUILD)/obj/%=$(BUILD)/pic/%)
 # libsparq): libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
 SRV_LIBS := -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan test-deploy fuzz setup clean bench install uninstall FORCE
+.PHONY: all run test test-asan test-deploy fuzz setup clean bench install uninstall testmodel FORCE
 all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
@@ -164,6 +164,18 @@ test-deploy: setup all $(BUILD)/tests/test_deploy
 test-asan:
 	SPARQ_TEST_QUICK=1 $(MAKE) BUILD=build-asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+
+# Reproduces models/tiny-d64.gguf (issue 15; models/README.md): trains it with
+# Debian's python3-torch on the CPU (about an hour on two cores), exports it
+# with `sparq gen-model --weights`, checks sparq's logits against the training
+# forward pass, and copies the model and its training record into models/.
+testmodel: all
+	@scripts/setup.sh --train
+	SPARQ_LIB=$(BUILD)/libsparq.so.0 /usr/bin/python3 scripts/train_testmodel.py --out-dir $(BUILD)/testmodel \
+	    --sparq $(BUILD)/sparq
+	mkdir -p models/tiny-d64
+	cp $(BUILD)/testmodel/tiny-d64.gguf models/tiny-d64.gguf
+	cp $(BUILD)/testmodel/manifest.json $(BUILD)/testmodel/train_log.csv $(BUILD)/testmodel/loss.png models/tiny-d64/
 
 # A short libFuzzer run over the GGUF reader (clang + libclang-rt-14-dev).
 fuzz: setup

@@ -12,10 +12,13 @@
 #   libmicrohttpd-dev   the HTTP server of `sparq serve`
 #   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
 #   nginx               the deploy test (three replicas behind deploy/nginx/sparq.conf)
+# With --train (make testmodel) also:
+#   python3-torch, python3-matplotlib   training models/tiny-d64.gguf and its loss plot
 set -u
 pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev
       python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config libmicrohttpd-dev curl
       nginx"
+[ "${1:-}" = "--train" ] && pkgs="$pkgs python3-torch python3-matplotlib"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -25,7 +25,9 @@
  *   shapes[]                  the model shapes
  *   vocab_spm(_phi3) / _bpe   the synthetic vocabularies
  *   write_metadata            general.*, <arch>.* and tokenizer.* keys
- *   add_weights               every tensor, with a seeded generator
+ *   vocab_from_gguf           --vocab-from: another file's SentencePiece vocabulary
+ *   read_weights              --weights: trained values (scripts/train_testmodel.py)
+ *   add_weights               every tensor, with a seeded generator or from --weights
  *   cli_gen_model             options, then the above, one cleanup path
  */
 #include "cli/cli.h"
@@ -33,9 +35,11 @@
 #include "tensor/gguf.h"
 #include "tensor/quant.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct model_shape {
     const char *name;
@@ -76,6 +80,9 @@ static const model_shape shapes[] = {
     { "tiny-qwen3",     "qwen3",  256, 2,     8,    4, 64,  768,   1024,   4096,   1000000, 1e-6f, 1,   0,      0 },
     { "tiny-phi3",      "phi3",   384, 2,     4,    2, 0,   512,   512,    4096,   10000,   1e-5f, 0,   4,      0 },
     { "tiny-phi3-128k", "phi3",   384, 2,     4,    2, 0,   512,   512,    8192,   10000,   1e-5f, 0,   4,      400 },
+    /* the trained test model (scripts/train_testmodel.py, models/README.md):
+     * head size 64 and GQA as real models have, the stories260K vocabulary */
+    { "tiny-d64",       "llama",  256, 4,     4,    2, 0,   768,   512,    2048,   10000,   1e-5f, 0,   0,      0 },
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -94,6 +101,8 @@ static int shape_head_dim(const model_shape *s) { return s->head_dim ? s->head_d
 
 typedef struct gen_opts {
     const char *shape, *type, *out;
+    const char *weights;    /* raw f32 weights instead of random ones      */
+    const char *vocab_from; /* a GGUF whose SentencePiece vocabulary to use */
     uint64_t seed;
     int64_t n_ctx;
 } gen_opts;
@@ -102,13 +111,18 @@ typedef struct gen_opts {
 static const cli_opt gen_table[] = {
     { "--shape", NULL, OPT_STR, OFF(shape), "NAME",
       "smollm2-135m | llama-3.2-1b | llama-3-8b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | "
-      "phi3-mini-128k | tiny-qwen2 | tiny-qwen3 | tiny-phi3 | tiny-phi3-128k | tiny-1l | tiny-qwen2-1l" },
+      "phi3-mini-128k | tiny-qwen2 | tiny-qwen3 | tiny-phi3 | tiny-phi3-128k | tiny-1l | tiny-qwen2-1l | tiny-d64" },
     { "--type", NULL, OPT_STR, OFF(type), "TYPE",
       "F32 | F16 | Q8_0 | Q4_0 | Q4_K_M (default Q8_0); K-quant rows not a multiple of 256 "
       "fall back to Q4_0 / Q8_0" },
     { "-o", "--output", OPT_STR, OFF(out), "FILE", "output GGUF" },
     { "--seed", NULL, OPT_U64, OFF(seed), "N", "weights seed (default 1)" },
     { "-c", "--ctx-size", OPT_I64, OFF(n_ctx), "N", "context_length to record (default: the model's)" },
+    { "--weights", NULL, OPT_STR, OFF(weights), "FILE",
+      "trained weights instead of random ones: raw little-endian f32, every tensor [rows][cols] in the order "
+      "this command writes them (scripts/train_testmodel.py writes such a file)" },
+    { "--vocab-from", NULL, OPT_STR, OFF(vocab_from), "GGUF",
+      "take the SentencePiece vocabulary of this file (its size must be the shape's)" },
     { 0 },
 };
 #undef OFF
@@ -116,6 +130,7 @@ static const cli_opt gen_table[] = {
 /* One tensor to generate: rows of n_in values ~ offset + scale * (approx.
  * normal, bounded by +-3.47). */
 typedef struct tensor_gen {
+    const float *src;       /* [n_rows][n_in] trained values, or NULL: random */
     uint64_t seed;
     float    scale;         /* std of the values                          */
     float    offset;        /* mean: 0 matrices, 1 norms, > 3.47 * scale positive */
@@ -158,8 +173,11 @@ static int fill_tensor(void *user, void *dst, size_t nbytes)
         for (int64_t r = 0; r < tg->n_rows; r++) {
             if (!row) continue;
             uint64_t st = tg->seed ^ ((uint64_t)r * 0xD1B54A32D192ED03ull);
-            for (int64_t i = 0; i < tg->n_in; i++)
-                row[i] = tg->offset + tg->scale * approx_normal(&st);
+            if (tg->src)
+                memcpy(row, tg->src + r * tg->n_in, (size_t)tg->n_in * sizeof(float));
+            else
+                for (int64_t i = 0; i < tg->n_in; i++)
+                    row[i] = tg->offset + tg->scale * approx_normal(&st);
             if (quant_from_float(tg->type, row, (uint8_t *)dst + (size_t)r * row_bytes, tg->n_in)) {
 #pragma omp atomic write
                 failed = 1;
@@ -420,10 +438,107 @@ static int write_metadata(gguf_writer *w, const model_shape *sh, const vocab *v,
     return bad ? -1 : 0;
 }
 
+/* The SentencePiece vocabulary of another GGUF (e.g. stories260K's tok512
+ * for a model trained on its token ids). Only "llama" (SPM) vocabularies:
+ * the shapes that take one write tokenizer.ggml.model "llama". */
+static int vocab_from_gguf(vocab *v, const char *path, int n_want, char *err, size_t n_err)
+{
+    gguf_file *f = NULL;
+    char m[256];
+    if (gguf_open(path, &f, m, sizeof m)) {
+        snprintf(err, n_err, "--vocab-from: %s", m);
+        return -1;
+    }
+    int rc = -1;
+    gguf_str model;
+    const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    const gguf_kv *scores = gguf_find_kv(f, "tokenizer.ggml.scores");
+    const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
+    int64_t bos, eos, unk;
+    if (gguf_get_str(f, "tokenizer.ggml.model", &model) != 1 || !gguf_str_eq(model, "llama")) {
+        snprintf(err, n_err, "--vocab-from %s: not a SentencePiece (\"llama\") vocabulary", path);
+        goto done;
+    }
+    if (!toks || !toks->strs || toks->n != (uint64_t)n_want) {
+        snprintf(err, n_err, "--vocab-from %s: %llu tokens, the shape needs %d", path,
+                 toks ? (unsigned long long)toks->n : 0ull, n_want);
+        goto done;
+    }
+    if (!scores || scores->type != GGUF_ARR || scores->n != toks->n || !types || types->type != GGUF_ARR ||
+        types->n != toks->n || gguf_get_int(f, "tokenizer.ggml.bos_token_id", &bos) != 1 ||
+        gguf_get_int(f, "tokenizer.ggml.eos_token_id", &eos) != 1 || bos < 0 || bos >= n_want || eos < 0 ||
+        eos >= n_want) {
+        snprintf(err, n_err, "--vocab-from %s: scores, token types or BOS/EOS ids missing or out of range", path);
+        goto done;
+    }
+    if (gguf_get_int(f, "tokenizer.ggml.unknown_token_id", &unk) != 1 || unk < 0 || unk >= n_want) unk = -1;
+    v->n = n_want;
+    v->toks = calloc((size_t)n_want, sizeof *v->toks);
+    v->scores = malloc((size_t)n_want * sizeof *v->scores);
+    v->types = malloc((size_t)n_want * sizeof *v->types);
+    if (!v->toks || !v->scores || !v->types) {
+        snprintf(err, n_err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n_want; i++) {
+        const gguf_str t = toks->strs[i];
+        if (memchr(t.data, 0, t.len)) {
+            snprintf(err, n_err, "--vocab-from %s: token %d holds a NUL byte", path, i);
+            goto done;
+        }
+        if (!(v->toks[i] = strndup(t.data, t.len))) {
+            snprintf(err, n_err, "out of memory");
+            goto done;
+        }
+        v->scores[i] = (float)gguf_arr_float(scores, (uint64_t)i);
+        v->types[i] = (int32_t)gguf_arr_int(types, (uint64_t)i);
+    }
+    v->bos = (int)bos, v->eos = (int)eos, v->unk = (int)unk;
+    rc = 0;
+done:
+    gguf_close(f);
+    return rc;
+}
+
+/* The whole --weights file (a few MB for the shapes trained here). */
+static float *read_weights(const char *path, int64_t *n_out, char *err, size_t n_err)
+{
+    FILE *fp = fopen(path, "rb");
+    struct stat st;
+    if (!fp || fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {
+        snprintf(err, n_err, "--weights %s: %s", path, !fp ? strerror(errno) : "not a regular file");
+        if (fp) fclose(fp);
+        return NULL;
+    }
+    if (st.st_size <= 0 || st.st_size % 4 || (uint64_t)st.st_size > SIZE_MAX / 2) {
+        snprintf(err, n_err, "--weights %s: %lld bytes is not a whole number of f32 values", path,
+                 (long long)st.st_size);
+        fclose(fp);
+        return NULL;
+    }
+    float *w = malloc((size_t)st.st_size);
+    if (!w || fread(w, 1, (size_t)st.st_size, fp) != (size_t)st.st_size) {
+        snprintf(err, n_err, "--weights %s: %s", path, w ? "short read" : "out of memory");
+        free(w);
+        w = NULL;
+    }
+    fclose(fp);
+    for (int64_t i = 0; w && i < st.st_size / 4; i++)
+        if (!isfinite(w[i])) {
+            snprintf(err, n_err, "--weights %s: value %lld is not finite", path, (long long)i);
+            free(w);
+            w = NULL;
+        }
+    *n_out = st.st_size / 4;
+    return w;
+}
+
 /* ---- weights ---------------------------------------------------------- */
 
 typedef struct weight_plan {
     gguf_writer *w;
+    const float *src;       /* --weights: the file's floats, or NULL      */
+    int64_t      src_n, src_used;
     tensor_gen  *gens;      /* [max] generators, alive until the write    */
     int          n, max;
     uint64_t     seed;
@@ -456,6 +571,12 @@ static void add(weight_plan *p, const char *name, uint32_t type, int n_dims, int
     tg->type = n_dims == 1 ? QT_F32 : fit_type(p, type, n_in);
     tg->n_in = n_in;
     tg->n_rows = n_rows;
+    if (p->src) { /* the next n_in x n_rows floats of the file; sizes checked after the plan */
+        const int64_t n = n_in * n_rows;
+        tg->src = p->src_used + n <= p->src_n ? p->src + p->src_used : NULL;
+        p->src_used += n;
+        if (!tg->src) tg->src = p->src; /* never read: the size check fails first */
+    }
     int64_t ne[2] = { n_in, n_rows };
     p->bad |= gguf_writer_add_tensor(p->w, name, tg->type, (uint32_t)n_dims, ne, fill_tensor, tg) != 0;
 }
@@ -510,7 +631,7 @@ static void add_weights(weight_plan *p, const model_shape *sh, uint32_t mat_type
 
 int cli_gen_model(int argc, char **argv)
 {
-    gen_opts o = { NULL, "Q8_0", NULL, 1, 0 };
+    gen_opts o = { NULL, "Q8_0", NULL, NULL, NULL, 1, 0 };
     cli_group groups[] = { { "gen-model", gen_table, &o } };
     char err[512];
     const int parsed = cli_parse_command(groups, 1, argc, argv,
@@ -547,20 +668,35 @@ int cli_gen_model(int argc, char **argv)
     }
 
     int rc = 1;
+    float *weights = NULL;
     vocab v = { 0 };
     weight_plan p = { 0 };
     p.w = gguf_writer_create();
     p.max = 5 + 14 * sh->n_layer;
     p.seed = o.seed;
     p.gens = calloc((size_t)p.max, sizeof *p.gens);
-    int vbad = shape_is_bpe(sh) ? vocab_bpe(&v, sh->n_vocab)
+    if (o.vocab_from && (shape_is_bpe(sh) || shape_is_fused(sh))) {
+        fprintf(stderr, "error: --vocab-from takes a SentencePiece vocabulary; shape %s has its own\n", sh->name);
+        goto done;
+    }
+    if (o.vocab_from ? vocab_from_gguf(&v, o.vocab_from, sh->n_vocab, err, sizeof err) : 0) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    if (o.weights && !(weights = read_weights(o.weights, &p.src_n, err, sizeof err))) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    p.src = weights;
+    int vbad = o.vocab_from ? 0
+               : shape_is_bpe(sh) ? vocab_bpe(&v, sh->n_vocab)
                : shape_is_fused(sh) ? vocab_spm_phi3(&v, sh->n_vocab) : vocab_spm(&v, sh->n_vocab);
     if (!p.w || !p.gens || vbad) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
     char name[96];
-    snprintf(name, sizeof name, "sparq random %s %s", sh->name, o.type);
+    snprintf(name, sizeof name, "sparq %s %s %s", weights ? "trained" : "random", sh->name, o.type);
     int64_t n_ctx = o.n_ctx > 0 ? o.n_ctx : sh->n_ctx;
     if (n_ctx > UINT32_MAX) {
         fprintf(stderr, "error: -c %lld does not fit the u32 context_length key\n", (long long)n_ctx);
@@ -568,6 +704,11 @@ int cli_gen_model(int argc, char **argv)
     }
     int bad = write_metadata(p.w, sh, &v, n_ctx, file_type, name);
     add_weights(&p, sh, mat_type, big_type);
+    if (weights && p.src_used != p.src_n) {
+        fprintf(stderr, "error: --weights %s holds %lld values; shape %s needs %lld\n", o.weights,
+                (long long)p.src_n, sh->name, (long long)p.src_used);
+        goto done;
+    }
     if (bad || p.bad) {
         const char *why = gguf_writer_error(p.w);
         fprintf(stderr, "error: cannot describe the model: %s\n", why && *why ? why : "out of memory");
@@ -584,6 +725,7 @@ int cli_gen_model(int argc, char **argv)
     rc = 0;
 done:
     vocab_free(&v);
+    free(weights);
     free(p.gens);
     gguf_writer_free(p.w);
     return rc;
