@@ -276,9 +276,10 @@ SPARQ_API void sparq_context_attn_stats(const sparq_context *c, sparq_attn_stats
 /* ---- sampling --------------------------------------------------------- */
 
 /* The one home of the sampling defaults: sparq_sampler_default_params().
- * Order of a draw (as llama.cpp's default chain): repetition penalties on
- * the logits; temp <= 0: argmax; else min-p (on the untempered logits),
- * softmax at temp, top-k, top-p, draw. Fields left at 0 by a positional
+ * Order of a draw (as llama.cpp's default chain): the logit bias
+ * (sparq_sampler_set_logit_bias); repetition penalties on the logits;
+ * temp <= 0: argmax; else min-p (on the untempered logits), softmax at
+ * temp, top-k, top-p, draw. Fields left at 0 by a positional
  * initialiser switch their stage off. */
 #define SPARQ_SEED_RANDOM UINT64_MAX /* seed: draw one from the OS            */
 typedef struct sparq_sampler_params {
@@ -308,6 +309,16 @@ SPARQ_API int32_t sparq_sample(sparq_sampler *s, const float *logits);
 /* Adds an id to the penalty window without drawing (e.g. prompt ids). */
 SPARQ_API void    sparq_sampler_accept(sparq_sampler *s, int32_t id);
 SPARQ_API uint64_t sparq_sampler_seed(const sparq_sampler *s); /* the seed in use   */
+/* Logit bias (OpenAI's and llama.cpp's logit_bias): replaces the sampler's
+ * list with bias[i] added to the logit of ids[i] (i < n; n = 0 clears it;
+ * the arrays are copied). Added before every other stage (penalties,
+ * greedy argmax, min-p, top-k, top-p); a repeated id gets the sum. ids
+ * must be in [0, n_vocab); a bias must be finite or -INFINITY, a ban: a
+ * banned id is never drawn, greedy included (a list banning every id is
+ * refused). Returns 0, or -1 with a one-line message and the sampler
+ * unchanged. */
+SPARQ_API int     sparq_sampler_set_logit_bias(sparq_sampler *s, const int32_t *ids, const float *bias, int n,
+                                               char *err, size_t err_size);
 
 /* ---- generation --------------------------------------------------------- */
 

@@ -5,6 +5,7 @@
 #
 # usage: scripts/bench_serve.sh [--quick] [--out | --results DIR] [--llama-1b] [--no-shared]
 #                               [--prime-shared] [-n N] [-d TOKENS] [-g TOKENS] [--shared-tokens TOKENS]
+#                               [--no-ban-bytes]
 #   --quick            smoke test: N=2, D=256, 8 generated tokens, 1024-token shared document
 #                      (sparq caches prefixes cut at multiples of its 512-token batch)
 #   --out              results in docs/bench-results/serve-<UTC date>/ (to commit)
@@ -17,6 +18,7 @@
 #   -d TOKENS          prompt tokens per client: own document + question (default 4096)
 #   -g TOKENS          generated tokens per request (default 64)
 #   --shared-tokens T  prompt tokens in the shared-document scenario (default 16384)
+#   --no-ban-bytes     send no logit_bias (see "Byte tokens" below)
 # environment:
 #   LLAMA_SERVER=/path/to/llama-server  also measure llama-server (-fa on and off; the better counts)
 #   LLAMA_SERVER_ARGS="..."             extra llama-server flags (e.g. -kvu)
@@ -26,6 +28,21 @@
 #   UP_TIMEOUT=SEC     how long a server may take to answer /health (default 300)
 #   REQ_TIMEOUT=SEC    both servers' --timeout (default 36000)
 #   WORK=DIR           prompts (token ids) and server logs (default /tmp/sparq-bench-serve-work)
+#   SPARQ_LOGIT_BIAS=1 sparq serve reads logit_bias: send it the byte ban too (default 0)
+#
+# Byte tokens: the models are random weights from `sparq gen-model`, whose
+# SentencePiece vocabulary has <unk> <s> </s>, then the 256 byte tokens
+# <0x00>..<0xFF> at ids 3..258, then made-up pieces. Greedy decoding of
+# random weights soon picks a byte token that makes invalid UTF-8, and
+# llama-server then fails the request with HTTP 500 ("The model produced
+# output that does not match the expected Content-only format"; its log
+# shows "unparsed Content-only output: ... \xNN"). So by default every
+# request to llama-server carries OpenAI's "logit_bias" with -100 on ids
+# 3..258 (llama-server applies it before sampling, like llama.cpp's -l), and
+# the requests to sparq carry it once SPARQ_LOGIT_BIAS=1 says sparq serve
+# reads the field (it ignores it until then; the report says which runs
+# had the ban). The ban is 256 additions to the logits per token on either
+# server: nothing next to a forward pass.
 #
 # Scenarios, each on a freshly started server (so no run sees another's cache):
 #   docs    N clients, each its own D-token prompt (an excerpt of ../shared/data/text
@@ -57,7 +74,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-N=16 D=4096 G=64 S=16384 SHARED=1 PRIME=0 L1B=0 RES=/tmp/sparq-bench-serve
+N=16 D=4096 G=64 S=16384 SHARED=1 PRIME=0 L1B=0 BAN=1 RES=/tmp/sparq-bench-serve
 die() { echo "bench_serve.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -71,7 +88,8 @@ while [ $# -gt 0 ]; do
     -d) D="$2"; shift ;;
     -g) G="$2"; shift ;;
     --shared-tokens) S="$2"; shift ;;
-    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
+    --no-ban-bytes) BAN=0 ;;
+    -h|--help) sed -n '2,72p' "$0"; exit 0 ;;
     *) echo "bench_serve.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -87,6 +105,9 @@ WORK=${WORK:-/tmp/sparq-bench-serve-work}
 REQ_TIMEOUT=${REQ_TIMEOUT:-36000}
 LLAMA_SERVER=${LLAMA_SERVER:-}
 LLAMA_SERVER_ARGS=${LLAMA_SERVER_ARGS:-}
+SPARQ_LOGIT_BIAS=${SPARQ_LOGIT_BIAS:-0}
+# gen-model's SentencePiece byte tokens <0x00>..<0xFF> (see "Byte tokens" above)
+BYTE_IDS=3-258
 SPARQ=./build/sparq
 CLIENT=scripts/bench_serve_client.mjs
 TEXT_DIR=../shared/data/text
@@ -179,8 +200,10 @@ ORDER=0
 measure() {
   local tag="$1" prompts="$2" meta="$3"; shift 3
   ORDER=$((ORDER + 1))
+  local ban=()
+  if [ "$BAN" = 1 ] && { [[ "$tag" == llama* ]] || [ "$SPARQ_LOGIT_BIAS" = 1 ]; }; then ban=(--ban-tokens "$BYTE_IDS"); fi
   local cmd=(node "$CLIENT" run --url "$URL" --prompts "$prompts" --max-tokens "$G" --label "$tag"
-             --out "$RES/run-$tag.json" --meta "${meta%\}},\"order\":$ORDER}" "$@")
+             --out "$RES/run-$tag.json" --meta "${meta%\}},\"order\":$ORDER}" "${ban[@]}" "$@")
   echo "${cmd[*]}" >> "$CMDS"
   "${cmd[@]}" || die "client run '$tag' failed against $URL"
   if [[ "$tag" == sparq* ]]; then curl -s --max-time 10 "$URL/metrics" > "$RES/metrics-$tag.txt" || true; fi

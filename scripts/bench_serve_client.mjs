@@ -11,9 +11,17 @@
 //       all; with --shared one document and N different questions.
 //   run --url U --prompts FILE --max-tokens G --label L --out FILE
 //       [--sparq-attn POLICY --sparq-ratio R] [--meta JSON] [--prime]
+//       [--ban-tokens IDS]
 //       sends the N prompts at once as streaming /v1/completions (temperature
 //       0, ignore_eos) and writes per-request timings and the aggregates;
 //       --prime first sends the first document alone (not counted).
+//       --ban-tokens 3-258 (ids and ranges, comma-separated) adds OpenAI's
+//       "logit_bias": {"3": -100, ..., "258": -100} to every request (the
+//       warm-up and priming ones too). Why: on a random-weight model the
+//       greedy token is arbitrary, and a byte token (<0xNN>) that makes
+//       invalid UTF-8 fails llama-server's request with HTTP 500 ("does not
+//       match the expected Content-only format"); bench_serve.sh bans the
+//       byte tokens of gen-model's SentencePiece vocabulary.
 //   report --dir DIR
 //       prints a markdown table of every run's JSON in DIR, with ratios to
 //       llama-server's best -fa setting on the same model and scenario.
@@ -148,9 +156,23 @@ function pct(sorted, p) {
   return sorted[i];
 }
 
-async function one(url, prompt, maxTokens, sparq, t0) {
+// "3-258,300" -> [3, ..., 258, 300]
+function parseIds(spec) {
+  const ids = [];
+  for (const part of String(spec).split(',')) {
+    const m = /^(\d+)(?:-(\d+))?$/.exec(part.trim());
+    if (!m) die(`--ban-tokens: '${part}' is not an id or a range LO-HI`);
+    const lo = +m[1], hi = m[2] === undefined ? lo : +m[2];
+    if (hi < lo || hi - lo > 1e6) die(`--ban-tokens: bad range '${part}'`);
+    for (let i = lo; i <= hi; i++) ids.push(i);
+  }
+  return ids;
+}
+
+async function one(url, prompt, maxTokens, sparq, t0, logitBias) {
   const body = { prompt, max_tokens: maxTokens, temperature: 0, stream: true, ignore_eos: true };
   if (sparq) body.sparq = sparq;
+  if (logitBias) body.logit_bias = logitBias;
   const rec = { t_send: performance.now() - t0, events: [], tokens: null, prompt_tokens: prompt.length, finish: null };
   let buf = '', error = null;
   const dec = new StringDecoder('utf8'); // a character may be split across reads
@@ -190,22 +212,27 @@ async function run(a) {
   const P = JSON.parse(fs.readFileSync(a.prompts, 'utf8'));
   const sparq = a['sparq-attn'] ? { attn: a['sparq-attn'] } : null;
   if (sparq && a['sparq-ratio']) sparq.ratio = a['sparq-ratio'];
+  let bias = null;
+  if (a['ban-tokens']) {
+    bias = {};
+    for (const id of parseIds(a['ban-tokens'])) bias[String(id)] = -100;
+  }
   // warm-up: one short request (page faults, thread start-up) not counted;
   // the question's last tokens, a prefix of no prompt, so no cache gets a head start
-  await one(url, P.prompts[0].slice(-8), 2, sparq, performance.now()).catch((e) => die(`warm-up request to ${url}: ${e.message}`));
+  await one(url, P.prompts[0].slice(-8), 2, sparq, performance.now(), bias).catch((e) => die(`warm-up request to ${url}: ${e.message}`));
   // --prime: the first document alone first (1 token generated), not counted:
   // the shared document is then already in the server's prompt cache, as
   // when earlier clients asked about it
   let primeMs = null;
   if (a.prime) {
     const tp = performance.now();
-    await one(url, P.prompts[0].slice(0, P.doc_tokens[0]), 1, sparq, tp).catch((e) => die(`priming request to ${url}: ${e.message}`));
+    await one(url, P.prompts[0].slice(0, P.doc_tokens[0]), 1, sparq, tp, bias).catch((e) => die(`priming request to ${url}: ${e.message}`));
     primeMs = performance.now() - tp;
   }
   const t0 = performance.now();
   let reqs;
   try {
-    reqs = await Promise.all(P.prompts.map((p) => one(url, p, maxTokens, sparq, t0)));
+    reqs = await Promise.all(P.prompts.map((p) => one(url, p, maxTokens, sparq, t0, bias)));
   } catch (e) {
     die(`request to ${url} failed: ${e.message}`);
   }
@@ -230,6 +257,7 @@ async function run(a) {
     label: a.label || '', url, meta: a.meta ? JSON.parse(a.meta) : {},
     sparq, n: reqs.length, prompt_tokens_each: P.tokens, shared: P.shared, max_tokens: maxTokens,
     primed: !!a.prime, prime_ms: primeMs,
+    banned_tokens: a['ban-tokens'] ? String(a['ban-tokens']) : null,
     date: new Date().toISOString(),
     summary: {
       wall_s: wall / 1000,
@@ -279,6 +307,13 @@ function report(a) {
       `${f(s.decode_tok_s)} | ${f(s.generated_tok_s_wall)} | ${f(s.total_tok_s_wall)} | ${f(s.ttft_ms_p50, 0)} | ${f(s.ttft_ms_max, 0)} | ` +
       `${f(s.itl_ms_p50)} | ${f(s.itl_ms_p99)} | ${ratio} |`);
   }
+  // the logit_bias ban each run sent: the same for all, or run by run
+  // (when only llama-server got it, the servers generated different ids)
+  const ban = (r) => (r.banned_tokens ? `logit_bias -100 on token ids ${r.banned_tokens}` : 'no logit_bias');
+  const bans = new Set(runs.map(ban));
+  lines.push('');
+  if (bans.size === 1) lines.push(`Every run: ${ban(runs[0])}.`);
+  else for (const r of runs) lines.push(`- ${r.label}: ${ban(r)}`);
   process.stdout.write(lines.join('\n') + '\n');
 }
 

@@ -214,6 +214,44 @@ static void test_sampling_options(void)
     CHECK(rc == 0 && strcmp(strstr(a, "\"tokens\""), strstr(b, "\"tokens\"")) != 0, "repeat penalty acts");
     free(a);
     free(b);
+    /* -l / --logit-bias (llama.cpp's spelling): banning the greedy first
+     * token (432, see main) changes the text and 432 never appears; a
+     * large plus bias makes an id every greedy choice */
+    rc = run("run -p 'Once upon a time' -n 8 --temp 0 --json -l 432-inf", &a, &e);
+    const char *tk = strstr(a, "\"tokens\":[");
+    CHECK(rc == 0 && tk && strncmp(tk, "\"tokens\":[432,", 11) != 0 && !strstr(tk, "432") &&
+              strstr(a, "\"stop\":\"n_predict\""), "-l 432-inf bans the greedy token: exit %d: %s %s", rc, a, e);
+    free(a);
+    free(e);
+    rc = run("run -p 'Once upon a time' -n 4 --temp 0 --json --logit-bias=383+100 -l 17-2.5", &a, &e);
+    CHECK(rc == 0 && strstr(a, "\"tokens\":[383,383,383,383]"), "--logit-bias=383+100: exit %d: %s %s", rc, a, e);
+    free(a);
+    free(e);
+    rc = run("run -p 'Once upon a time' -n 16 --temp 1.5 --seed 3 --json -l 261-inf -l 432-inf", &a, &e);
+    tk = strstr(a, "\"tokens\":[");
+    CHECK(rc == 0 && tk && !strstr(tk, "[261,") && !strstr(tk, ",261,") && !strstr(tk, ",261]") &&
+              !strstr(tk, "[432,") && !strstr(tk, ",432,") && !strstr(tk, ",432]"),
+          "sampling at temp 1.5 never draws banned ids: %s", a);
+    free(a);
+    free(e);
+    static const char *const bad_bias[][2] = {
+        { "run -p hi -l 432", "TOKEN_ID+BIAS" },
+        { "run -p hi -l abc+1", "TOKEN_ID+BIAS" },
+        { "run -p hi -l 432+-1", "TOKEN_ID+BIAS" },
+        { "run -p hi -l 432-nan", "TOKEN_ID+BIAS" },
+        { "run -p hi -l -5+1", "TOKEN_ID+BIAS" },
+        { "run -p hi -l 432+1x", "TOKEN_ID+BIAS" },
+        { "run -p hi -l 432+inf", "+inf" },
+        { "run -p hi -l 432-1e39", "too large" },
+        { "run -p hi -l 512-inf", "outside the vocabulary [0, 512)" },
+    };
+    for (size_t i = 0; i < sizeof bad_bias / sizeof bad_bias[0]; i++) {
+        rc = run(bad_bias[i][0], &out, &e);
+        CHECK(rc == 2 && strncmp(e, "error: ", 7) == 0 && strstr(e, bad_bias[i][1]) && count_lines(e) == 1 && !out[0],
+              "`%s`: exit %d, stderr '%s'", bad_bias[i][0], rc, e);
+        free(out);
+        free(e);
+    }
     static const char *const cmds[] = { "--version", "run --version", "bench --version", "eval --version",
                                         "gen-model --version", "prefill --version", "stats --version",
                                         "bench-topk --version" };

@@ -1,9 +1,11 @@
 /* test_sampler.c - sampling: greedy is argmax (ties to the lowest id),
- * seeds reproduce, top-k/top-p restrict the support, and temperature-1
- * sampling follows the softmax distribution. */
+ * seeds reproduce, top-k/top-p restrict the support, temperature-1
+ * sampling follows the softmax distribution, and the logit bias is added
+ * before everything else (banned ids are never drawn). */
 #include "test.h"
 #include "sparq.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -127,9 +129,189 @@ static void test_chain_against_naive(void)
     sparq_sampler_free(a);
 }
 
+/* ---- logit bias, against a naive reference: logits + bias (summed per id,
+ * -inf a ban) fed to naive_probs, i.e. the bias before every other stage -- */
+static float lcg_uniform(uint64_t *st) /* [0, 1), independent of the library's RNG */
+{
+    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(*st >> 40) / 16777216.0f;
+}
+
+static void naive_biased(const float *logits, int V, const int32_t *ids, const float *bias, int n, float *out)
+{
+    for (int i = 0; i < V; i++) out[i] = logits[i];
+    for (int i = 0; i < n; i++) out[ids[i]] = bias[i] == -INFINITY ? -INFINITY : out[ids[i]] + bias[i];
+}
+
+static int naive_argmax(const float *l, int V)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+static void test_logit_bias(void)
+{
+    enum { V = 12 };
+    const float logits[V] = { 1.0f, 2.5f, -0.5f, 2.4f, 0.3f, -2.0f, 1.7f, 0.0f, 2.5f, -1.0f, 0.9f, 1.2f };
+    char err[160];
+
+    /* greedy = argmax(logits + bias) over random lists (repeats, bans) */
+    {
+        enum { W = 64 };
+        uint64_t st = 12345;
+        int agree = 1, moved = 0;
+        for (int trial = 0; trial < 300; trial++) {
+            float lg[W], bl[W], bias[24];
+            int32_t ids[24];
+            for (int i = 0; i < W; i++) lg[i] = 8.0f * lcg_uniform(&st) - 4.0f;
+            const int n = 1 + (int)(lcg_uniform(&st) * 23);
+            for (int i = 0; i < n; i++) {
+                ids[i] = (int32_t)(lcg_uniform(&st) * (i > 0 && lcg_uniform(&st) < 0.2f ? 1 : W));
+                const float u = lcg_uniform(&st);
+                bias[i] = u < 0.2f ? -INFINITY : u < 0.3f ? -100.0f : 10.0f * lcg_uniform(&st) - 5.0f;
+            }
+            naive_biased(lg, W, ids, bias, n, bl);
+            sparq_sampler_params p = { 0.0f, 0, 1.0f, 1, 0.0f, 1.0f, 0.0f, 0.0f, 0 };
+            sparq_sampler *s = sparq_sampler_create(&p, W);
+            const int rc = s ? sparq_sampler_set_logit_bias(s, ids, bias, n, err, sizeof err) : -1;
+            const int got = rc == 0 ? sparq_sample(s, lg) : -1, want = naive_argmax(bl, W);
+            agree &= got == want;
+            moved += want != naive_argmax(lg, W);
+            sparq_sampler_free(s);
+        }
+        CHECK(agree, "greedy with a bias is argmax(logits + bias) in every trial");
+        CHECK(moved > 50, "the trials exercise the bias (%d of 300 move the argmax)", moved);
+    }
+
+    /* a ban or -100 on the argmax (ids 1 and 8 tie at 2.5) moves it */
+    sparq_sampler_params g = { 0.0f, 0, 1.0f, 1, 0.0f, 1.0f, 0.0f, 0.0f, 0 };
+    sparq_sampler *s = sparq_sampler_create(&g, V);
+    CHECK(s && sparq_sample(s, logits) == 1, "unbiased greedy: id 1");
+    const int32_t top2[2] = { 1, 8 };
+    const float ban2[2] = { -INFINITY, -100.0f };
+    CHECK(sparq_sampler_set_logit_bias(s, top2, ban2, 1, err, sizeof err) == 0 && sparq_sample(s, logits) == 8,
+          "-inf on id 1: the tie goes to id 8");
+    CHECK(sparq_sampler_set_logit_bias(s, top2, ban2, 2, err, sizeof err) == 0 && sparq_sample(s, logits) == 3,
+          "-inf on 1 and -100 on 8: id 3 (2.4)");
+    const int32_t id0[1] = { 0 };
+    const float up[1] = { 1.6f };
+    CHECK(sparq_sampler_set_logit_bias(s, id0, up, 1, err, sizeof err) == 0 && sparq_sample(s, logits) == 0,
+          "+1.6 on id 0 (1.0): it wins; the list was replaced, not appended to");
+    CHECK(sparq_sampler_set_logit_bias(s, NULL, NULL, 0, err, sizeof err) == 0 && sparq_sample(s, logits) == 1,
+          "n = 0 clears the bias");
+
+    /* refused: out-of-vocabulary ids, NaN, +inf, n < 0, missing arrays,
+     * banning everything; the sampler keeps its previous list */
+    const int32_t ok_id[1] = { 1 };
+    const float ok_b[1] = { -INFINITY };
+    CHECK(sparq_sampler_set_logit_bias(s, ok_id, ok_b, 1, err, sizeof err) == 0, "ban id 1");
+    struct { int32_t id; float b; const char *what; } bad[] = {
+        { -1, 1.0f, "outside the vocabulary" }, { V, 1.0f, "outside the vocabulary" },
+        { 3, NAN, "finite" }, { 3, INFINITY, "finite" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int32_t ids[2] = { 3, bad[i].id };
+        const float b[2] = { 5.0f, bad[i].b };
+        err[0] = 0;
+        CHECK(sparq_sampler_set_logit_bias(s, ids, b, 2, err, sizeof err) == -1 && strstr(err, bad[i].what),
+              "bad entry %zu refused: '%s'", i, err);
+        CHECK(sparq_sample(s, logits) == 8, "after refusal %zu the old list (ban of id 1) still holds", i);
+    }
+    err[0] = 0;
+    CHECK(sparq_sampler_set_logit_bias(s, ok_id, ok_b, -1, err, sizeof err) == -1 && err[0], "n < 0: '%s'", err);
+    err[0] = 0;
+    CHECK(sparq_sampler_set_logit_bias(s, NULL, ok_b, 1, err, sizeof err) == -1 && err[0], "NULL ids: '%s'", err);
+    int32_t all[V + 1];
+    float all_b[V + 1];
+    for (int i = 0; i < V; i++) {
+        all[i] = V - 1 - i;
+        all_b[i] = -INFINITY;
+    }
+    all[V] = 4; /* a repeat: V + 1 entries, V distinct bans */
+    all_b[V] = -INFINITY;
+    err[0] = 0;
+    CHECK(sparq_sampler_set_logit_bias(s, all, all_b, V + 1, err, sizeof err) == -1 && strstr(err, "every"),
+          "banning every id refused: '%s'", err);
+    CHECK(sparq_sample(s, logits) == 8, "after the ban-all refusal the old list still holds");
+    all_b[5] = 0.0f; /* id V-1-5 = 6 stays allowed: every draw is 6 */
+    CHECK(sparq_sampler_set_logit_bias(s, all, all_b, V + 1, err, sizeof err) == 0 && sparq_sample(s, logits) == 6,
+          "all but id 6 banned: greedy 6");
+    sparq_sampler_free(s);
+    sparq_sampler_params hot = { 2.0f, 0, 1.0f, 3, 0.0f, 1.0f, 0.0f, 0.0f, 0 };
+    s = sparq_sampler_create(&hot, V);
+    int only6 = s && sparq_sampler_set_logit_bias(s, all, all_b, V + 1, err, sizeof err) == 0;
+    for (int i = 0; only6 && i < 2000; i++) only6 &= sparq_sample(s, logits) == 6;
+    CHECK(only6, "all but id 6 banned: every draw at temp 2 is 6");
+    sparq_sampler_free(s);
+
+    /* huge finite biases stay finite: FLT_MAX twice on id 9 makes it the
+     * certain choice, greedy or not, instead of an inf - inf NaN */
+    const int32_t big_id[2] = { 9, 9 };
+    const float big[2] = { FLT_MAX, FLT_MAX };
+    s = sparq_sampler_create(&hot, V);
+    int nine = s && sparq_sampler_set_logit_bias(s, big_id, big, 2, err, sizeof err) == 0;
+    for (int i = 0; nine && i < 200; i++) nine &= sparq_sample(s, logits) == 9;
+    CHECK(nine, "FLT_MAX + FLT_MAX on id 9: every draw is 9");
+    sparq_sampler_free(s);
+
+    /* the whole chain with a bias (and penalties after it) follows the naive
+     * law, and banned ids (-inf, or -100: p ~ e^-100) are never drawn */
+    const int32_t hist[] = { 1, 3, 3, 5, 8, 8, 8 };
+    const int n_hist = (int)(sizeof hist / sizeof hist[0]);
+    /* ids 3 and 5 are in the window and change sign with the bias: the
+     * repeat penalty divides or multiplies depending on the order */
+    const int32_t bid[] = { 1, 4, 8, 10, 4, 6, 3, 5 };
+    const float bval[] = { -INFINITY, 1.5f, -100.0f, 0.8f, 0.5f, -INFINITY, -3.0f, 4.0f };
+    const int nb = (int)(sizeof bid / sizeof bid[0]);
+    float bl[V];
+    naive_biased(logits, V, bid, bval, nb, bl);
+    struct { float temp, top_p, min_p, rp, pres, freq; int top_k; } cases[] = {
+        { 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0 },
+        { 1.0f, 1.0f, 0.0f, 1.3f, 0.2f, 0.1f, 0 },
+        { 0.8f, 0.9f, 0.05f, 1.1f, 0.0f, 0.3f, 6 },
+        { 3.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 11 },
+        { 1.0f, 1.0f, 0.0f, 2.5f, 0.0f, 0.0f, 0 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        sparq_sampler_params p = { cases[c].temp, cases[c].top_k, cases[c].top_p, 0, cases[c].min_p,
+                                   cases[c].rp, cases[c].pres, cases[c].freq, 64 };
+        double want[V];
+        naive_probs(bl, V, hist, n_hist, cases[c].rp, cases[c].pres, cases[c].freq, cases[c].temp,
+                    cases[c].top_k, cases[c].top_p, cases[c].min_p, want);
+        int counts[V] = { 0 };
+        const int N = 30000;
+        for (int i = 0; i < N; i++) {
+            p.seed = 777 + (uint64_t)i * 104729;
+            s = sparq_sampler_create(&p, V);
+            for (int j = 0; j < n_hist; j++) sparq_sampler_accept(s, hist[j]);
+            if (s && sparq_sampler_set_logit_bias(s, bid, bval, nb, err, sizeof err) == 0) counts[sparq_sample(s, logits)]++;
+            sparq_sampler_free(s);
+        }
+        CHECK(counts[1] == 0 && counts[6] == 0 && counts[8] == 0, "case %zu: banned ids drawn %d %d %d times", c,
+              counts[1], counts[6], counts[8]);
+        for (int i = 0; i < V; i++) {
+            double sd = sqrt(N * want[i] * (1 - want[i]));
+            CHECK(fabs(counts[i] - N * want[i]) <= 5 * sd + 2, "bias case %zu id %d: %d draws, naive %.1f", c, i,
+                  counts[i], N * want[i]);
+        }
+    }
+    /* one long seeded run (the sampler's own RNG stream, no rebuilds) */
+    s = sparq_sampler_create(&hot, V);
+    int drawn[V] = { 0 };
+    if (s && sparq_sampler_set_logit_bias(s, bid, bval, nb, err, sizeof err) == 0)
+        for (int i = 0; i < 200000; i++) drawn[sparq_sample(s, logits)]++;
+    CHECK(drawn[1] == 0 && drawn[6] == 0 && drawn[8] == 0 && drawn[4] > 0 && drawn[10] > 0,
+          "temp 2, 200000 draws: banned ids never, the others yes (%d %d %d / %d %d)", drawn[1], drawn[6], drawn[8],
+          drawn[4], drawn[10]);
+    sparq_sampler_free(s);
+}
+
 int main(void)
 {
     test_chain_against_naive();
+    test_logit_bias();
     enum { V = 8 };
     float logits[V] = { 0.5f, 2.0f, 2.0f, -1.0f, 1.0f, 0.0f, 1.5f, -3.0f };
     sparq_sampler_params p = { 0.0f, 0, 1.0f, 1, 0.0f, 0.0f, 0.0f, 0.0f, 0 }; /* no min-p, no penalties */

@@ -467,13 +467,38 @@ class Context:
         return {f: getattr(s, f) for f, _ in s._fields_}
 
 
+def _logit_bias(logit_bias):
+    """{token id: bias} as two ctypes arrays (ids, biases) and their length.
+    Keys are ints or, as in OpenAI's JSON, decimal strings ("50256"); a
+    bias is a number, float("-inf") banning the id. The library checks the
+    ranges (ids in the vocabulary, no NaN or +inf)."""
+    if not isinstance(logit_bias, dict):
+        raise TypeError("logit_bias must be a dict {token id: bias}, not %s" % type(logit_bias).__name__)
+    ids, vals = [], []
+    for k, v in logit_bias.items():
+        if isinstance(k, str):
+            if not k.isascii() or not k.isdigit():
+                raise ValueError("logit_bias key %r is not a token id" % k)
+            k = int(k)
+        k = _int(k, "logit_bias token id")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not (
+                _np is not None and isinstance(v, (_np.integer, _np.floating))):
+            raise TypeError("logit_bias of token %d must be a number, not %s" % (k, type(v).__name__))
+        ids.append(k)
+        vals.append(float(v))
+    arr, n = _ids(ids, "logit_bias token ids")
+    return arr, (ctypes.c_float * n)(*vals), n
+
+
 class Sampler:
     """The library's sampler (sparq_sampler): temp 0 is greedy (argmax, ties
     to the lowest id); else penalties over the last penalty_last_n ids,
-    temperature, top-k (0 = off), top-p (1 = off), min-p (0 = off)."""
+    temperature, top-k (0 = off), top-p (1 = off), min-p (0 = off).
+    logit_bias {token id: bias} is added to the logits before all of that
+    (OpenAI's and llama.cpp's logit_bias; float("-inf") bans an id)."""
 
     def __init__(self, n_vocab, temp=0.0, top_k=0, top_p=1.0, seed=42, min_p=0.0, repeat_penalty=1.0,
-                 presence_penalty=0.0, frequency_penalty=0.0, penalty_last_n=64):
+                 presence_penalty=0.0, frequency_penalty=0.0, penalty_last_n=64, logit_bias=None):
         self._lib = lib()
         self._h = None
         for v, name in ((temp, "temp"), (top_p, "top_p")):
@@ -500,6 +525,17 @@ class Sampler:
         if not h:
             raise SparqError("cannot create a sampler for %d tokens" % self.n_vocab)
         self._h = h
+        if logit_bias:
+            self.set_logit_bias(logit_bias)  # a bad one raises; __del__ frees the sampler
+
+    def set_logit_bias(self, logit_bias):
+        """Replaces the logit bias ({token id: bias}; None or {} clears it)."""
+        if self._h is None:
+            raise SparqError("the sampler is closed")
+        ids, vals, n = _logit_bias(logit_bias or {})
+        err = ctypes.create_string_buffer(ERR_SIZE)
+        if self._lib.sparq_sampler_set_logit_bias(self._h, ids, vals, n, err, ERR_SIZE):
+            raise ValueError(err.value.decode("utf-8", "replace"))
 
     def sample(self, logits):
         if self._h is None:

@@ -29,7 +29,7 @@ def _check_num(v, name, lo=None, hi=None):
 # Sampling options of llama-cpp-python that sparq does not implement, with
 # the value that means "off". Any other value is refused, not ignored.
 _NEUTRAL = {"typical_p": (None, 1, 1.0), "mirostat_mode": (None, 0),
-            "tfs_z": (None, 1, 1.0), "suffix": (None, ""), "logit_bias": (None, {}), "grammar": (None,),
+            "tfs_z": (None, 1, 1.0), "suffix": (None, ""), "grammar": (None,),
             "logits_processor": (None,), "stopping_criteria": (None,), "logprobs": (None, False, 0),
             "top_logprobs": (None, 0)}
 
@@ -276,12 +276,13 @@ class Llama:
 
     def create_completion(self, prompt, suffix=None, max_tokens=16, temperature=0.8, top_p=0.95, echo=False, stop=None,
                           top_k=40, stream=False, seed=None, ignore_eos=False, min_p=0.05, repeat_penalty=1.0,
-                          presence_penalty=0.0, frequency_penalty=0.0, **other):
+                          presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, **other):
         """An OpenAI-shaped text completion ("text_completion"), or a generator
         of chunks when stream=True. prompt: str or a list of token ids.
-        min_p and the penalties act as in llama-cpp-python (the library sampler,
-        as `sparq run`); options sparq lacks (grammar, mirostat, ...)
-        are accepted at their "off" value and refused otherwise."""
+        min_p, the penalties and logit_bias ({token id: bias}, ids as ints or
+        decimal strings, float("-inf") bans) act as in llama-cpp-python (the
+        library sampler, as `sparq run`); options sparq lacks (grammar,
+        mirostat, ...) are accepted at their "off" value and refused otherwise."""
         _refuse_unsupported(dict(other, suffix=suffix))
         if isinstance(prompt, (list, tuple)):
             prompt_ids = list(prompt)
@@ -304,7 +305,7 @@ class Llama:
                                       seed, stop, ignore_eos, chunk,
                                       dict(min_p=min_p, repeat_penalty=repeat_penalty,
                                            presence_penalty=presence_penalty,
-                                           frequency_penalty=frequency_penalty))
+                                           frequency_penalty=frequency_penalty, logit_bias=logit_bias))
         if stream:
             def streamer():
                 if echo:
@@ -324,10 +325,11 @@ class Llama:
 
     def create_chat_completion(self, messages, temperature=0.2, top_p=0.95, top_k=40, stream=False, stop=None,
                                seed=None, max_tokens=None, ignore_eos=False, min_p=0.05, repeat_penalty=1.0,
-                               presence_penalty=0.0, frequency_penalty=0.0, **other):
+                               presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, **other):
         """An OpenAI-shaped chat completion ("chat.completion"), or a generator
         of "chat.completion.chunk" dicts when stream=True. The template is
-        chat_format (llama3, chatml, phi3, mistral, gemma) or the model's own."""
+        chat_format (llama3, chatml, phi3, mistral, gemma) or the model's own.
+        logit_bias as in create_completion (OpenAI sends its keys as strings)."""
         _refuse_unsupported(other)
         prompt_ids = self._model.chat_tokenize(messages, template=self.chat_format, add_assistant=True)
         stop = self._normalize(max_tokens, temperature, top_p, top_k, stop)
@@ -342,7 +344,7 @@ class Llama:
                                       seed, stop, ignore_eos, chunk,
                                       dict(min_p=min_p, repeat_penalty=repeat_penalty,
                                            presence_penalty=presence_penalty,
-                                           frequency_penalty=frequency_penalty))
+                                           frequency_penalty=frequency_penalty, logit_bias=logit_bias))
         if stream:
             def streamer():
                 base = {"id": cid, "object": "chat.completion.chunk", "created": created,

@@ -16,10 +16,12 @@
 #include "util/textbuf.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 typedef struct run_opts {
@@ -36,6 +38,7 @@ typedef struct run_opts {
     const char *load_kv;       /* --load-kv FILE */
     int         verify_kv;     /* --verify-kv */
     cli_strs    reverse;       /* -r TEXT ... */
+    cli_strs    logit_bias;    /* -l ID+BIAS ... */
     int         context_shift, no_context_shift;
     int         n_keep;        /* --keep */
     int         progress;      /* --progress */
@@ -61,6 +64,8 @@ static const cli_opt run_table[] = {
       "subtract F times its count from the logit of every id in the window (0 = off, the default)" },
     { "-r", "--reverse-prompt", OPT_STRS, OFF(reverse), "TEXT",
       "stop generating when the text contains TEXT (repeatable; not printed)" },
+    { "-l", "--logit-bias", OPT_STRS, OFF(logit_bias), "ID(+|-)BIAS",
+      "add BIAS to the logit of token ID before sampling, as llama.cpp (-l 15043+1; -l 15043-inf bans it; repeatable, up to 16)" },
     { "--seed", NULL, OPT_U64, OFF(sp.seed), "N", "sampling seed (default: a random one; --json prints it)" },
     { "--logits-out", NULL, OPT_STR, OFF(logits_out), "FILE",
       "write float32 logits [n_rows][n_vocab] of every prompt position and generation step" },
@@ -133,6 +138,34 @@ static int parse_ids(const char *s, int32_t **out)
     }
     *out = ids;
     return n;
+}
+
+/* One -l value as llama.cpp spells it: a token id, a sign and a magnitude
+ * ("15043+1", "15043-0.5", "15043-inf"). Only -inf is infinite: it bans
+ * the id. Returns 0, or -1 with a message. */
+static int parse_logit_bias(const char *v, int32_t *id, float *bias, char *err, size_t err_size)
+{
+    char *end;
+    errno = 0;
+    long t = v[0] >= '0' && v[0] <= '9' ? strtol(v, &end, 10) : -1;
+    if (t < 0 || errno || t > INT32_MAX || (*end != '+' && *end != '-')) goto bad;
+    const char sign = *end++;
+    /* a magnitude: no second sign, no blanks, no NaN, no hex */
+    if (!((*end >= '0' && *end <= '9') || *end == '.' || strncasecmp(end, "inf", 3) == 0)) goto bad;
+    if (strncasecmp(end, "0x", 2) == 0) goto bad;
+    const char *mag = end;
+    errno = 0;
+    double b = strtod(mag, &end);
+    if (end == mag || *end || (errno == ERANGE && isinf(b))) goto bad;
+    if (isinf(b) && sign == '+')
+        return snprintf(err, err_size, "-l %s: +inf is not a bias (-inf bans a token)", v), -1;
+    if (!isinf(b) && !isfinite((float)b))
+        return snprintf(err, err_size, "-l %s: the bias is too large for a float", v), -1;
+    *id = (int32_t)t;
+    *bias = sign == '-' ? -(float)b : (float)b;
+    return 0;
+bad:
+    return snprintf(err, err_size, "-l '%s' must be TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf)", v), -1;
 }
 
 static int write_rows(FILE *f, const float *rows, size_t n_rows, int n_vocab)
@@ -560,6 +593,13 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: give only one of --context-shift and --no-context-shift\n");
         return 2;
     }
+    int32_t bias_id[CLI_STRS_MAX];
+    float bias_val[CLI_STRS_MAX];
+    for (int i = 0; i < ro.logit_bias.n; i++)
+        if (parse_logit_bias(ro.logit_bias.v[i], &bias_id[i], &bias_val[i], err, sizeof err)) {
+            fprintf(stderr, "error: %s\n", err);
+            return 2;
+        }
     for (int i = 0; i < ro.reverse.n; i++)
         if (!ro.reverse.v[i][0]) {
             fprintf(stderr, "error: -r needs a non-empty text\n");
@@ -653,6 +693,11 @@ int cli_run(int argc, char **argv)
     logits = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * n_vocab * sizeof(float));
     if (!smp || !logits) {
         fprintf(stderr, "error: out of memory\n");
+        goto done;
+    }
+    if (sparq_sampler_set_logit_bias(smp, bias_id, bias_val, ro.logit_bias.n, err, sizeof err)) {
+        fprintf(stderr, "error: -l: %s\n", err); /* an id outside this model's vocabulary: a usage error */
+        rc = 2;
         goto done;
     }
     if (ro.logits_out && !(lf = fopen(ro.logits_out, "wb"))) {

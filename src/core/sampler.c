@@ -1,11 +1,13 @@
-/* sampler.c - next-token choice from logits: repetition penalties, greedy,
- * min-p, temperature, top-k, top-p. The sampler owns its RNG (xorshift64*)
- * and the window of recent ids the penalties look at. The defaults live
- * here only (sparq_sampler_default_params); `sparq run` and the server
- * start from them. */
+/* sampler.c - next-token choice from logits: logit bias, repetition
+ * penalties, greedy, min-p, temperature, top-k, top-p. The sampler owns its
+ * RNG (xorshift64*), its logit-bias list and the window of recent ids the
+ * penalties look at. The defaults live here only
+ * (sparq_sampler_default_params); `sparq run` and the server start from
+ * them. */
 #include "sparq.h"
 #include "util/err.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +22,11 @@ struct sparq_sampler {
     int      n_vocab;
     uint64_t rng, seed;
     prob_id *buf;            /* [n_vocab] */
-    float   *pen;            /* [n_vocab] penalised logits, or NULL        */
+    float   *work;           /* [n_vocab] biased and penalised logits, or
+                                NULL while neither stage is on            */
+    int32_t *bias_id;        /* [n_bias] logit bias: bias_val[i] is added  */
+    float   *bias_val;       /*   to the logit of bias_id[i]               */
+    int      n_bias;
     int32_t *hist;           /* ring of the last `hist_cap` accepted ids   */
     int      hist_cap, hist_n, hist_at;
     int     *count;          /* [n_vocab] scratch: occurrences in window   */
@@ -84,10 +90,10 @@ sparq_sampler *sparq_sampler_create(const sparq_sampler_params *p, int n_vocab)
     if (ok && penalties_on(p)) {
         /* -1 = every accepted id: the window grows as needed */
         s->hist_cap = p->penalty_last_n > 0 ? p->penalty_last_n : 256;
-        s->pen = malloc((size_t)n_vocab * sizeof *s->pen);
+        s->work = malloc((size_t)n_vocab * sizeof *s->work);
         s->count = calloc((size_t)n_vocab, sizeof *s->count);
         s->hist = malloc((size_t)s->hist_cap * sizeof *s->hist);
-        ok = s->pen && s->count && s->hist;
+        ok = s->work && s->count && s->hist;
     }
     if (!ok) {
         sparq_sampler_free(s);
@@ -102,7 +108,9 @@ void sparq_sampler_free(sparq_sampler *s)
 {
     if (!s) return;
     free(s->buf);
-    free(s->pen);
+    free(s->work);
+    free(s->bias_id);
+    free(s->bias_val);
     free(s->count);
     free(s->hist);
     free(s);
@@ -154,13 +162,85 @@ static int32_t argmax(const float *logits, int n)
     return best;
 }
 
-/* llama.cpp's penalties: each id in the window is divided (positive logit)
- * or multiplied (negative) by the repeat penalty once, then lowered by
- * count * frequency + presence. Returns the penalised copy. */
-static const float *apply_penalties(sparq_sampler *s, const float *logits)
+int sparq_sampler_set_logit_bias(sparq_sampler *s, const int32_t *ids, const float *bias, int n, char *err,
+                                 size_t err_size)
 {
-    if (!s->hist || s->hist_n == 0) return logits;
-    memcpy(s->pen, logits, (size_t)s->n_vocab * sizeof *s->pen);
+    if (n < 0) return err_set(err, err_size, "logit bias count %d must be >= 0", n);
+    if (n > 0 && (!ids || !bias)) return err_set(err, err_size, "logit bias: %d entries but no ids or biases", n);
+    int n_ban = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->n_vocab)
+            return err_set(err, err_size, "logit bias: token id %d is outside the vocabulary [0, %d)", (int)ids[i],
+                           s->n_vocab);
+        if (!isfinite(bias[i]) && bias[i] != -INFINITY)
+            return err_set(err, err_size, "logit bias of token %d: %g must be a finite number or -inf (a ban)",
+                           (int)ids[i], (double)bias[i]);
+        n_ban += bias[i] == -INFINITY;
+    }
+    if (n_ban > 0 && n_ban >= s->n_vocab) { /* maybe every id banned: nothing could be drawn */
+        unsigned char *seen = calloc((size_t)s->n_vocab, 1);
+        if (!seen) return err_set(err, err_size, "out of memory");
+        int distinct = 0;
+        for (int i = 0; i < n; i++)
+            if (bias[i] == -INFINITY && !seen[ids[i]]) {
+                seen[ids[i]] = 1;
+                distinct++;
+            }
+        free(seen);
+        if (distinct == s->n_vocab)
+            return err_set(err, err_size, "logit bias bans every one of the %d token ids", s->n_vocab);
+    }
+    /* the new list is built whole before the old one goes: on failure the
+     * sampler is unchanged */
+    int32_t *nid = NULL;
+    float *nval = NULL, *work = s->work;
+    if (n > 0) {
+        nid = malloc((size_t)n * sizeof *nid);
+        nval = malloc((size_t)n * sizeof *nval);
+        if (!work) work = malloc((size_t)s->n_vocab * sizeof *work);
+        if (!nid || !nval || !work) {
+            free(nid);
+            free(nval);
+            if (work != s->work) free(work);
+            return err_set(err, err_size, "out of memory for %d logit biases", n);
+        }
+        memcpy(nid, ids, (size_t)n * sizeof *nid);
+        memcpy(nval, bias, (size_t)n * sizeof *nval);
+    }
+    free(s->bias_id);
+    free(s->bias_val);
+    s->bias_id = nid;
+    s->bias_val = nval;
+    s->n_bias = n;
+    s->work = work;
+    return 0;
+}
+
+/* The logits every later stage sees: the caller's, plus the logit bias
+ * (each entry in turn, so repeated ids add up as in llama.cpp), then
+ * llama.cpp's penalties: each id in the window is divided (positive
+ * logit) or multiplied (negative) by the repeat penalty once, then lowered
+ * by count * frequency + presence. Returns logits itself when neither
+ * stage acts, else s->work. A finite bias or a penalty never makes a
+ * logit infinite (clamped to +-FLT_MAX), so -inf always means a ban and
+ * the ban-all check of sparq_sampler_set_logit_bias is the whole story. */
+static float clamp_overflow(float v, float was)
+{
+    return isinf(v) && isfinite(was) ? copysignf(FLT_MAX, v) : v;
+}
+
+static const float *prepare_logits(sparq_sampler *s, const float *logits)
+{
+    const int pen = s->hist && s->hist_n > 0;
+    if (!pen && s->n_bias == 0) return logits;
+    float *w = s->work;
+    memcpy(w, logits, (size_t)s->n_vocab * sizeof *w);
+    for (int i = 0; i < s->n_bias; i++) {
+        const int32_t id = s->bias_id[i];
+        const float b = s->bias_val[i];
+        w[id] = b == -INFINITY ? -INFINITY : clamp_overflow(w[id] + b, w[id]);
+    }
+    if (!pen) return w;
     for (int i = 0; i < s->hist_n; i++) {
         int32_t id = s->hist[i];
         if (id >= 0 && id < s->n_vocab) s->count[id]++;
@@ -169,18 +249,19 @@ static const float *apply_penalties(sparq_sampler *s, const float *logits)
     for (int i = 0; i < s->hist_n; i++) {
         int32_t id = s->hist[i];
         if (id < 0 || id >= s->n_vocab || s->count[id] == 0) continue;
-        float *l = &s->pen[id];
-        *l = *l <= 0.0f ? *l * rp : *l / rp;
-        *l -= (float)s->count[id] * s->p.frequency_penalty + s->p.presence_penalty;
+        const float was = w[id]; /* -inf (banned) stays -inf */
+        float l = was <= 0.0f ? was * rp : was / rp;
+        l -= (float)s->count[id] * s->p.frequency_penalty + s->p.presence_penalty;
+        w[id] = clamp_overflow(l, was);
         s->count[id] = 0; /* once per distinct id; also leaves count zeroed */
     }
-    return s->pen;
+    return w;
 }
 
 int32_t sparq_sample(sparq_sampler *s, const float *logits_in)
 {
     const int n = s->n_vocab;
-    const float *logits = apply_penalties(s, logits_in);
+    const float *logits = prepare_logits(s, logits_in);
     int32_t chosen;
     if (s->p.temp <= 0.0f) {
         chosen = argmax(logits, n);
@@ -193,7 +274,7 @@ int32_t sparq_sample(sparq_sampler *s, const float *logits_in)
     float sum = 0.0f;
     int m = 0;
     for (int i = 0; i < n; i++) {
-        if (logits[i] < floor_logit) continue;
+        if (logits[i] < floor_logit || logits[i] == -INFINITY) continue; /* -inf: banned by the bias */
         s->buf[m].id = i;
         s->buf[m].p = expf((logits[i] - mx) / s->p.temp);
         sum += s->buf[m].p;
@@ -218,14 +299,20 @@ int32_t sparq_sample(sparq_sampler *s, const float *logits_in)
     float total = 0.0f;
     for (int i = 0; i < keep; i++) total += s->buf[i].p;
     float r = rng_uniform(&s->rng) * total, acc = 0.0f;
-    chosen = s->buf[keep - 1].id;
+    int at = -1;
     for (int i = 0; i < keep; i++) {
         acc += s->buf[i].p;
         if (r < acc) {
-            chosen = s->buf[i].id;
+            at = i;
             break;
         }
     }
+    /* r rounded up to total: the least likely id that has any probability
+     * (a large negative bias can underflow an id's p to 0; it must stay
+     * undrawable); buf[0] is the maximum, p = 1 / sum > 0 */
+    if (at < 0)
+        for (at = keep - 1; at > 0 && !(s->buf[at].p > 0.0f); at--) {}
+    chosen = s->buf[at].id;
     sparq_sampler_accept(s, chosen);
     return chosen;
 }

@@ -296,6 +296,78 @@ def test_sampling_equals_sparq_run(model_path, sparq_bin):
         assert again["choices"][0]["text"] == out["choices"][0]["text"]
 
 
+
+def test_sampler_logit_bias(model):
+    """Sampler(logit_bias=...) against the reference argmax(logits + bias);
+    a banned id is never drawn; bad lists are refused."""
+    with sparq.Context(model, n_ctx=32, n_threads=1) as c:
+        logits = np.array(c.eval(model.tokenize(PROMPT)), dtype=np.float32)
+    top = int(np.argmax(logits))
+    rng = np.random.default_rng(5)
+    for trial in range(20):
+        ids = rng.choice(512, size=12, replace=False)
+        vals = rng.uniform(-6, 6, size=12)
+        vals[:3] = -np.inf
+        bias = {int(i): float(v) for i, v in zip(ids, vals)}
+        want = logits.astype(np.float64)
+        for i, v in bias.items():
+            want[i] += v
+        s = sparq.Sampler(512, temp=0, logit_bias=bias)
+        assert s.sample(logits) == int(np.argmax(want)), trial
+        s.close()
+    # a ban or -100 on the argmax moves greedy to the next best; keys as
+    # OpenAI's JSON strings or numpy ints
+    second = int(np.argsort(-logits, kind="stable")[1])
+    for bias in ({top: float("-inf")}, {str(top): -100}, {np.int64(top): np.float32(-100)}):
+        s = sparq.Sampler(512, temp=0, logit_bias=bias)
+        assert s.sample(logits) == second, bias
+        s.set_logit_bias(None)  # cleared: the argmax again
+        assert s.sample(logits) == top
+        s.close()
+    # hot sampling never draws a banned id (here the 20 most likely)
+    banned = {int(i) for i in np.argsort(-logits)[:20]}
+    s = sparq.Sampler(512, temp=1.5, top_k=0, top_p=1.0, seed=9, logit_bias={i: float("-inf") for i in banned})
+    drawn = {s.sample(logits) for _ in range(3000)}
+    s.close()
+    assert not drawn & banned
+    assert len(drawn) > 20
+    # refused, with the library's message or a type error
+    for bias, exc, msg in (({512: 1.0}, ValueError, "outside the vocabulary"),
+                           ({-1: 1.0}, ValueError, "outside the vocabulary"),
+                           ({3: float("nan")}, ValueError, "finite"), ({3: float("inf")}, ValueError, "finite"),
+                           ({"x3": 1.0}, ValueError, "not a token id"), ({"-3": 1.0}, ValueError, "not a token id"),
+                           ({3: "a"}, TypeError, "number"), ({True: 1.0}, TypeError, "int"),
+                           ([3, 4], TypeError, "dict"),
+                           ({i: float("-inf") for i in range(512)}, ValueError, "every")):
+        with pytest.raises(exc, match=msg):
+            sparq.Sampler(512, temp=0, logit_bias=bias)
+    s = sparq.Sampler(512, temp=0, logit_bias={top: float("-inf")})
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        s.set_logit_bias({top: 0.0, 9999: 1.0})
+    assert s.sample(logits) == second  # the old list still holds
+    s.close()
+
+
+def test_logit_bias_equals_sparq_run(model_path, sparq_bin):
+    """create_completion(logit_bias=...) is `sparq run -l ...` (the same
+    library sampler); the chat form takes OpenAI's string keys."""
+    want = sparq_run(sparq_bin, model_path, "-p", PROMPT, "-n", "24", "--temp", "0", "-c", "512", "-t", "1",
+                     "-l", "432-inf", "-l", "383+2.5")
+    plain = sparq_run(sparq_bin, model_path, "-p", PROMPT, "-n", "24", "--temp", "0", "-c", "512", "-t", "1")
+    assert want != plain
+    with sparq.Llama(model_path, n_ctx=512, n_threads=1, chat_format="chatml") as llm:
+        out = llm(PROMPT, max_tokens=24, temperature=0, logit_bias={432: float("-inf"), 383: 2.5})
+        assert out["choices"][0]["text"].encode() == want
+        out = llm(PROMPT, max_tokens=24, temperature=0, logit_bias={})
+        assert out["choices"][0]["text"].encode() == plain
+        # every id but 383 at -100: each greedy step picks 383
+        msgs = [{"role": "user", "content": "hi"}]
+        ban = {str(i): -100 for i in range(512) if i != 383}
+        got = llm.create_chat_completion(msgs, max_tokens=6, temperature=0, logit_bias=ban)
+        assert got["choices"][0]["message"]["content"].encode() == llm.model.token_to_piece(383) * 6
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            llm(PROMPT, max_tokens=2, logit_bias={100000: 1.0})
+
 def test_stream_equals_non_stream(model_path):
     with sparq.Llama(model_path, n_ctx=512, n_threads=1) as llm:
         full = llm(PROMPT, max_tokens=40, temperature=0)
