@@ -6,6 +6,7 @@
 #   fuzz_tokenizer  tokenizers + chat templates over several vocabularies
 #   fuzz_json       the JSON reader and string writer
 #   fuzz_index      key-index images (exact, ivf; hnsw needs Faiss) and search
+#   fuzz_request    the server's request bodies (server/request.h), every endpoint
 #   fuzz/fuzz_*.c   any other harness added there (seeds: none but the corpus)
 #
 # The library is built once with clang, ASan + UBSan and fuzzer coverage into
@@ -15,6 +16,7 @@
 # in build-fuzz/corpus-NAME across runs; a crash leaves build-fuzz/crash-*
 # and makes this script exit non-zero. A longer run, e.g. before a release:
 #   FUZZ_SECONDS=3600 FUZZ_ONLY=fuzz_kvfile scripts/fuzz.sh
+#   FUZZ_SECONDS=3600 FUZZ_ONLY=fuzz_request scripts/fuzz.sh
 # Without clang or the libFuzzer runtime (libclang-rt-14-dev, see
 # scripts/setup.sh) it prints why and "fuzz: skipped".
 set -u
@@ -45,12 +47,16 @@ rm -f "$probe" "$OUT/probe"
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 FLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer -fopenmp -Iinclude -Isrc"
-LIBS="-lz -lm -fopenmp"
+LIBS="-lz -lm -fopenmp -lpthread"
 # The library (every layer but the command and the server; no Faiss shim),
-# instrumented for coverage; rebuilt only where a source is newer.
+# instrumented for coverage; rebuilt only where a source is newer. Of the
+# server, the request parser and what it links without the HTTP daemon: the
+# command's helpers (cli.c: cli_attn_params) and the scheduler's file
+# (sched.c: srv_request_release, the free the server uses).
 echo "fuzz: building the instrumented library with $CC_FUZZ"
 objs=""
-for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/'); do
+for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/') \
+           src/cli/cli.c src/server/request.c src/server/sched.c src/server/kvdir.c; do
   o="$OUT/obj/$(echo "${src#src/}" | tr / _).o"
   # SIMD kernel files are not parsers, and clang takes minutes and GBs to
   # instrument their intrinsics: they are built plain (the sanitizer suite,
@@ -111,7 +117,7 @@ int main(int argc, char **argv)
 }
 GEN
 mkdir -p "$OUT/seeds/fuzz_gguf" "$OUT/seeds/fuzz_kvfile" "$OUT/seeds/fuzz_tokenizer" "$OUT/seeds/fuzz_json" \
-         "$OUT/seeds/fuzz_index"
+         "$OUT/seeds/fuzz_index" "$OUT/seeds/fuzz_request"
 if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/tensor/gguf.c src/tensor/quant_types.c src/util/err.c -o "$OUT/gen_seeds" &&
    "$OUT/gen_seeds" "$OUT/seeds/fuzz_gguf/gen-model.gguf" "$OUT/seeds/fuzz_gguf/gen-vocab.gguf"; then :; else
   echo "fuzz: could not generate seeds (continuing with the others)" >&2
@@ -195,6 +201,19 @@ printf '\x03Hello <|im_start|>world [INST] \xf0\x9f\x98\x80 \xe2\x96\x81\n\n' > 
 printf '{"a":[1,-2.5e3,true,false,null],"s":"x\\u00e9\\ud83d\\ude00\\n","o":{}}' > "$OUT/seeds/fuzz_json/doc"
 printf '[[[["deep"]]]]' > "$OUT/seeds/fuzz_json/nest"
 printf '"\\u0000 \xc3\xa9"' > "$OUT/seeds/fuzz_json/str"
+# Request bodies: valid ones for each endpoint and every field (each is
+# accepted by its endpoint's parser, tests/test_request.c; every input goes
+# to every endpoint).
+R="$OUT/seeds/fuzz_request"
+printf '{"model":"m","prompt":"Once upon a time","max_tokens":8,"temperature":0.7,"top_p":0.9,"top_k":40,"seed":7}' > "$R/completion"
+printf '{"prompt":[1,400,29,7],"max_tokens":4,"stop":["\\n","."],"logprobs":3,"echo":true,"stream":true}' > "$R/ids"
+printf '{"prompt":["Lily \\u00e9\\ud83d\\ude00"],"stop":"end","min_p":0.05,"repeat_penalty":1.1,"presence_penalty":0.5,"ignore_eos":true}' > "$R/prompt-array"
+printf '{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Tell a story."}],"logprobs":true,"top_logprobs":2,"max_completion_tokens":16}' > "$R/chat"
+printf '{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":"c"}],"n":1}' > "$R/chat-parts"
+printf '{"prompt":"x","sparq":{"attn":"sparq","ratio":"1/8","select":"logits","no_realloc":true,"l":4}}' > "$R/sparq"
+printf '{"prompt":"x","sparq":{"attn":"topk","index":"ivf","topk_k":32,"schedule":"linear","ivf_nlist":4,"ivf_nprobe":2,"key_type":"i8"}}' > "$R/topk"
+printf '{"prompt":"x","sparq":{"attn":"streaming","attn_k":64,"n_sink":4}}' > "$R/streaming"
+printf '{"content":"Once upon a time","add_special":true,"tokens":[1,2,3]}' > "$R/tokenize"
 
 echo "fuzz: harnesses:$harnesses; ${SECONDS_TOTAL}s each; $n_real real GGUF seeds"
 failed=0

@@ -1,4 +1,4 @@
-/* cli.c - `sparq` entry point, option parsing and shared CLI helpers. */
+/* cli.c - option parsing and helpers shared by the subcommands (main.c: the entry point). */
 #include "cli/cli.h"
 #include "eval/sweep.h"
 #include "util/json.h"
@@ -409,50 +409,4 @@ double cli_now(void)
 void cli_json_str(FILE *f, const char *s, size_t n)
 {
     json_write_str(f, s, n);
-}
-
-typedef struct subcommand {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *help;
-} subcommand;
-
-static const subcommand subcommands[] = {
-    { "run", cli_run, "generate text from a prompt" },
-    { "gen-model", cli_gen_model, "write a random-weight GGUF of a real model shape" },
-    { "bench", cli_bench, "benchmarks: attention op, memory bandwidth, decode tok/s" },
-    { "eval", cli_eval, "task metrics and fidelity vs dense, per policy and transfer ratio" },
-    { "stats", cli_stats, "attention statistics of a forward pass (q kurtosis, top-k agreement, ...)" },
-    { "prefill", cli_prefill, "prefill a context once and save its KV cache (and indexes) to a file" },
-    { "serve", cli_serve, "OpenAI-compatible HTTP server with continuous batching" },
-    { "bench-topk", cli_topk, "top-k attention over a synthetic N-token prefix decoded from a KV file" },
-};
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: sparq COMMAND [options]   (sparq COMMAND --help for its options)\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
-}
-
-int main(int argc, char **argv)
-{
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
-    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-        usage(stdout);
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) /* every command, before its own dispatch */
-        if (strcmp(argv[i], "--version") == 0) {
-            printf("sparq %s\n", sparq_version());
-            return 0;
-        }
-    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 2, argv + 2);
-    fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return 2;
 }

@@ -1,21 +1,18 @@
 /* server.c - the HTTP side of `sparq serve` (libmicrohttpd, one thread per
- * connection): routing, authentication, body limits, parsing and validating
- * untrusted JSON (util/json.c: strict RFC 8259, UTF-8 checked, depth
- * capped), and writing the OpenAI response shapes, whole or as server-sent
- * events. Generation itself happens in sched.c.
+ * connection): routing, authentication, body limits, and writing the OpenAI
+ * response shapes, whole or as server-sent events. The untrusted bodies are
+ * parsed and validated by request.c; generation happens in sched.c.
  *
  * Map:
  *   reply_* / err_reply       JSON and error responses
- *   parse_sampling / parse_attn / parse_prompt   request fields, validated
+ *   parse_env                 what request.c's srv_parse_request needs
  *   write_completion / write_chunk               OpenAI shapes
  *   stream_reader             SSE: waits for the scheduler, emits chunks
  *   handle_generate           /v1/completions, /v1/chat/completions
  *   on_request                routing
  */
-#include "server/srv_internal.h"
-#include "cli/cli.h"
+#include "server/request.h"
 #include "util/json.h"
-#include "util/names.h"
 
 #include <errno.h>
 #include <math.h>
@@ -106,335 +103,6 @@ static enum MHD_Result json_reply(struct MHD_Connection *c, int status, char *bu
 {
     enum MHD_Result rc = buf ? reply(c, status, "application/json", buf, len, NULL, NULL) : MHD_NO;
     free(buf);
-    return rc;
-}
-
-/* ---- request fields ----------------------------------------------------------- */
-
-/* Each getter: absent or null leaves *out alone and returns 0; a wrong type
- * or value returns -1 with the reason in err. */
-static int get_num(const json_value *o, const char *key, double lo, double hi, double *out, char *err, size_t n)
-{
-    const json_value *v = json_get(o, key);
-    if (!v || v->type == JSON_NULL) return 0;
-    if (v->type != JSON_NUMBER || !isfinite(v->u.number) || v->u.number < lo || v->u.number > hi) {
-        snprintf(err, n, "'%s' must be a number in [%g, %g]", key, lo, hi);
-        return -1;
-    }
-    *out = v->u.number;
-    return 0;
-}
-
-static int get_int(const json_value *o, const char *key, double lo, double hi, int64_t *out, char *err, size_t n)
-{
-    const json_value *v = json_get(o, key);
-    if (!v || v->type == JSON_NULL) return 0;
-    if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < lo || v->u.number > hi) {
-        snprintf(err, n, "'%s' must be an integer in [%.0f, %.0f]", key, lo, hi);
-        return -1;
-    }
-    *out = (int64_t)v->u.number;
-    return 0;
-}
-
-static int get_bool(const json_value *o, const char *key, int *out, char *err, size_t n)
-{
-    const json_value *v = json_get(o, key);
-    if (!v || v->type == JSON_NULL) return 0;
-    if (v->type != JSON_BOOL) {
-        snprintf(err, n, "'%s' must be true or false", key);
-        return -1;
-    }
-    *out = v->u.boolean;
-    return 0;
-}
-
-static int fgetf(const json_value *o, const char *key, double lo, double hi, float *out, char *err, size_t n)
-{
-    double d = *out;
-    if (get_num(o, key, lo, hi, &d, err, n)) return -1;
-    *out = (float)d;
-    return 0;
-}
-
-static int parse_sampling(const json_value *o, srv_request *r, int chat, char *err, size_t n)
-{
-    r->temp = 1.0f;
-    r->top_p = 1.0f;
-    r->rep_pen = 1.0f;
-    if (fgetf(o, "temperature", 0, 100, &r->temp, err, n) || fgetf(o, "top_p", 0, 1, &r->top_p, err, n) ||
-        fgetf(o, "min_p", 0, 1, &r->min_p, err, n) ||
-        fgetf(o, "frequency_penalty", -2, 2, &r->freq_pen, err, n) ||
-        fgetf(o, "presence_penalty", -2, 2, &r->pres_pen, err, n) ||
-        fgetf(o, "repetition_penalty", 0.01, 100, &r->rep_pen, err, n) ||
-        fgetf(o, "repeat_penalty", 0.01, 100, &r->rep_pen, err, n))
-        return -1;
-    if (r->top_p <= 0) {
-        snprintf(err, n, "'top_p' must be in (0, 1]");
-        return -1;
-    }
-    int64_t top_k = 0, nn = 1, seed = -1;
-    if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, 1e9, &nn, err, n) ||
-        get_int(o, "seed", -9.2e18, 9.2e18, &seed, err, n))
-        return -1;
-    if (nn != 1) {
-        snprintf(err, n, "'n' > 1 is not supported: send one request per completion");
-        return -1;
-    }
-    r->top_k = (int)top_k;
-    if (json_get(o, "seed") && json_get(o, "seed")->type == JSON_NUMBER) {
-        r->seed = (uint64_t)seed;
-    } else { /* random when not given, as llama.cpp does */
-        if (getrandom(&r->seed, sizeof r->seed, 0) != (ssize_t)sizeof r->seed) r->seed = (uint64_t)time(NULL);
-    }
-    if (get_bool(o, "stream", &r->stream, err, n) || get_bool(o, "ignore_eos", &r->ignore_eos, err, n))
-        return -1;
-    const json_value *st = json_get(o, "stop");
-    if (st && st->type != JSON_NULL) {
-        const int arr = st->type == JSON_ARRAY;
-        const size_t cnt = arr ? json_len(st) : 1;
-        if ((!arr && st->type != JSON_STRING) || cnt > SRV_MAX_STOPS) {
-            snprintf(err, n, "'stop' must be a string or an array of at most %d strings", SRV_MAX_STOPS);
-            return -1;
-        }
-        for (size_t i = 0; i < cnt; i++) {
-            size_t len = 0;
-            const char *sv = json_str(arr ? json_at(st, i) : st, &len);
-            if (!sv || len == 0 || len > 256 || memchr(sv, 0, len)) {
-                snprintf(err, n, "'stop' strings must be 1 to 256 bytes");
-                return -1;
-            }
-            if (!(r->stops[r->n_stops] = strndup(sv, len))) {
-                snprintf(err, n, "out of memory");
-                return -1;
-            }
-            r->n_stops++;
-        }
-    }
-    r->logprobs = -1;
-    if (chat) {
-        int lp = 0;
-        int64_t top = 0;
-        if (get_bool(o, "logprobs", &lp, err, n) || get_int(o, "top_logprobs", 0, SRV_MAX_TOP, &top, err, n))
-            return -1;
-        if (lp) r->logprobs = (int)top;
-    } else {
-        int64_t lp = -1;
-        if (get_int(o, "logprobs", 0, SRV_MAX_TOP, &lp, err, n) || get_bool(o, "echo", &r->echo, err, n))
-            return -1;
-        r->logprobs = (int)lp;
-    }
-    return 0;
-}
-
-/* The extension field "sparq": {"attn": "sparq", "ratio": "1/8", ...}: the
- * options of `sparq run`, turned into parameters by the same code. */
-static int parse_attn(srv_server *s, const json_value *o, srv_request *r, char *err, size_t n)
-{
-    r->attn = s->cfg.attn;
-    const json_value *x = json_get(o, "sparq");
-    if (!x || x->type == JSON_NULL) goto copy;
-    if (x->type != JSON_OBJECT) {
-        snprintf(err, n, "'sparq' must be an object such as {\"attn\": \"sparq\", \"ratio\": \"1/8\"}");
-        return -1;
-    }
-    static const char *const str_keys[] = { "attn", "ratio", "select", "index", "schedule", "key_type", NULL };
-    static const char *const int_keys[] = { "r", "k", "l", "attn_k", "n_sink", "topk_k", "ivf_nlist",
-                                            "ivf_nprobe", "hnsw_ef", NULL };
-    for (size_t i = 0; i < x->n; i++) {
-        const char *key = x->u.members[i].key;
-        int known = !strcmp(key, "no_realloc");
-        for (int j = 0; str_keys[j]; j++) known |= !strcmp(key, str_keys[j]);
-        for (int j = 0; int_keys[j]; j++) known |= !strcmp(key, int_keys[j]);
-        if (!known) {
-            snprintf(err, n, "'sparq' has an unknown field '%.64s' (known: attn ratio r k l attn_k select "
-                             "no_realloc n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef key_type)", key);
-            return -1;
-        }
-    }
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
-    const char **sdst[] = { &ao.attn, &ao.ratio, &ao.select, &ao.index, &ao.schedule, &ao.key_type };
-    for (int j = 0; str_keys[j]; j++) {
-        const json_value *v = json_get(x, str_keys[j]);
-        if (!v || v->type == JSON_NULL) continue;
-        if (v->type != JSON_STRING || v->n > 64) {
-            snprintf(err, n, "'sparq.%s' must be a short string", str_keys[j]);
-            return -1;
-        }
-        *sdst[j] = v->u.str;
-    }
-    int *idst[] = { &ao.r, &ao.k, &ao.l, &ao.attn_k, &ao.n_sink, &ao.topk_k, &ao.ivf_nlist, &ao.ivf_nprobe, &ao.hnsw_ef };
-    for (int j = 0; int_keys[j]; j++) {
-        int64_t v = *idst[j];
-        if (get_int(x, int_keys[j], j == 2 ? -1 : 0, 1 << 24, &v, err, n)) return -1;
-        *idst[j] = (int)v;
-    }
-    if (get_bool(x, "no_realloc", &ao.no_realloc, err, n)) return -1;
-    const int64_t S = s->cfg.n_ctx;
-    if (cli_attn_params(&ao, S, sparq_model_head_dim(s->model), &r->attn, err, n)) return -1;
-copy:
-    /* the request owns its strings: the document is freed before decoding */
-    snprintf(r->policy, sizeof r->policy, "%s", r->attn.policy ? r->attn.policy : "dense");
-    r->attn.policy = r->policy;
-    if (r->attn.index) {
-        snprintf(r->index, sizeof r->index, "%s", r->attn.index);
-        r->attn.index = r->index;
-    }
-    int known = 0;
-    for (int i = 0; sparq_attn_policy_name(i); i++) known |= !strcmp(sparq_attn_policy_name(i), r->policy);
-    if (!known) {
-        char names[256];
-        names_join(names, sizeof names, " ", sparq_attn_policy_count(), sparq_attn_policy_name);
-        snprintf(err, n, "unknown attention policy '%.32s' (known: %s)", r->policy, names);
-        return -1;
-    }
-    return 0;
-}
-
-/* Token ids from a JSON array of integers; -1 with the reason. */
-static int parse_ids(srv_server *s, const json_value *a, int32_t **out, char *err, size_t n)
-{
-    const size_t cnt = json_len(a);
-    if (cnt > (size_t)s->cfg.max_prompt) {
-        snprintf(err, n, "the prompt has %zu tokens; the limit is %d", cnt, s->cfg.max_prompt);
-        return -1;
-    }
-    int32_t *ids = malloc((cnt + 1) * sizeof *ids);
-    if (!ids) {
-        snprintf(err, n, "out of memory");
-        return -1;
-    }
-    for (size_t i = 0; i < cnt; i++) {
-        const json_value *v = json_at(a, i);
-        if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < 0 ||
-            v->u.number >= s->n_vocab) {
-            snprintf(err, n, "token %zu is not an id in [0, %d)", i, s->n_vocab);
-            free(ids);
-            return -1;
-        }
-        ids[i] = (int32_t)v->u.number;
-    }
-    *out = ids;
-    return (int)cnt;
-}
-
-static int tokenize_text(srv_server *s, const char *text, size_t len, int add_special, int32_t **out, char *err,
-                         size_t n)
-{
-    if (len > (size_t)s->cfg.max_prompt * 64) { /* no token is 64 bytes: over the limit for sure */
-        snprintf(err, n, "the prompt of %zu bytes exceeds the limit of %d tokens", len, s->cfg.max_prompt);
-        return -1;
-    }
-    int cnt = sparq_tokenize(s->model, text, (int)len, add_special, NULL, 0);
-    int32_t *ids = cnt >= 0 ? malloc(((size_t)cnt + 1) * sizeof *ids) : NULL;
-    if (!ids || sparq_tokenize(s->model, text, (int)len, add_special, ids, cnt) != cnt) {
-        free(ids);
-        snprintf(err, n, "cannot tokenize the prompt");
-        return -1;
-    }
-    *out = ids;
-    return cnt;
-}
-
-/* prompt: a string, token ids, or a one-element array of either. */
-static int parse_prompt(srv_server *s, const json_value *o, srv_request *r, char *err, size_t n)
-{
-    const json_value *p = json_get(o, "prompt");
-    if (p && p->type == JSON_ARRAY && json_len(p) >= 1 && json_at(p, 0)->type != JSON_NUMBER) {
-        if (json_len(p) > 1) {
-            snprintf(err, n, "'prompt' with several prompts is not supported: send one request each");
-            return -1;
-        }
-        p = json_at(p, 0);
-    }
-    int cnt;
-    if (p && p->type == JSON_STRING) cnt = tokenize_text(s, p->u.str, p->n, 1, &r->prompt, err, n);
-    else if (p && p->type == JSON_ARRAY) cnt = parse_ids(s, p, &r->prompt, err, n);
-    else {
-        snprintf(err, n, "'prompt' must be a string or an array of token ids");
-        return -1;
-    }
-    r->n_prompt = cnt;
-    return cnt < 0 ? -1 : 0;
-}
-
-static int parse_messages(srv_server *s, const json_value *o, srv_request *r, char *err, size_t n)
-{
-    const json_value *ms = json_get(o, "messages");
-    if (!ms || ms->type != JSON_ARRAY || json_len(ms) == 0 || json_len(ms) > 1024) {
-        snprintf(err, n, "'messages' must be a non-empty array of {role, content}");
-        return -1;
-    }
-    const size_t cnt = json_len(ms);
-    sparq_chat_msg *msgs = calloc(cnt, sizeof *msgs);
-    char **owned = calloc(cnt, sizeof *owned);
-    int rc = -1;
-    if (!msgs || !owned) {
-        snprintf(err, n, "out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < cnt; i++) {
-        const json_value *m = json_at(ms, i);
-        size_t rl = 0;
-        const char *role = json_get_str(m, "role", &rl);
-        const json_value *c = json_get(m, "content");
-        if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
-                      strcmp(role, "developer"))) {
-            snprintf(err, n, "messages[%zu].role must be system, user or assistant", i);
-            goto done;
-        }
-        msgs[i].role = strcmp(role, "developer") ? role : "system";
-        if (c && c->type == JSON_STRING) {
-            if (memchr(c->u.str, 0, c->n)) {
-                snprintf(err, n, "messages[%zu].content holds a NUL character", i);
-                goto done;
-            }
-            msgs[i].content = c->u.str;
-        } else if (c && c->type == JSON_ARRAY) { /* [{"type":"text","text":...}] parts, joined */
-            text_buf t = { 0 };
-            for (size_t j = 0; j < json_len(c); j++) {
-                size_t tl = 0;
-                const char *type = json_get_str(json_at(c, j), "type", NULL);
-                const char *tx = json_get_str(json_at(c, j), "text", &tl);
-                if (!type || strcmp(type, "text") || !tx || memchr(tx, 0, tl)) {
-                    snprintf(err, n, "messages[%zu].content parts must be {\"type\": \"text\", \"text\": ...}", i);
-                    free(t.data);
-                    goto done;
-                }
-                if (text_append(&t, tx, tl)) {
-                    free(t.data);
-                    snprintf(err, n, "out of memory");
-                    goto done;
-                }
-            }
-            owned[i] = t.data ? t.data : strdup("");
-            msgs[i].content = owned[i];
-            if (!owned[i]) goto done;
-        } else {
-            snprintf(err, n, "messages[%zu].content must be a string or an array of text parts", i);
-            goto done;
-        }
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < cnt; i++) total += strlen(msgs[i].content);
-    if (total > (size_t)s->cfg.max_prompt * 64) {
-        snprintf(err, n, "the messages (%zu bytes) exceed the limit of %d tokens", total, s->cfg.max_prompt);
-        goto done;
-    }
-    int k = sparq_chat_tokenize(s->model, s->cfg.chat_template, msgs, (int)cnt, 1, NULL, 0, err, n);
-    if (k < 0) goto done;
-    if (!(r->prompt = malloc(((size_t)k + 1) * sizeof *r->prompt)) ||
-        sparq_chat_tokenize(s->model, s->cfg.chat_template, msgs, (int)cnt, 1, r->prompt, k, err, n) != k) {
-        snprintf(err, n, "cannot tokenize the messages");
-        goto done;
-    }
-    r->n_prompt = k;
-    rc = 0;
-done:
-    for (size_t i = 0; owned && i < cnt; i++) free(owned[i]);
-    free(owned);
-    free(msgs);
     return rc;
 }
 
@@ -702,57 +370,32 @@ static void stream_free(void *cls) { (void)cls; /* the conn is freed by on_compl
 
 /* ---- endpoints ------------------------------------------------------------------------------- */
 
+/* What request.c needs of the server (srv_start has applied the defaults). */
+static srv_parse_env parse_env(const srv_server *s)
+{
+    const srv_parse_env e = { s->model, s->cfg.n_ctx, s->cfg.max_prompt, s->cfg.attn, s->cfg.chat_template };
+    return e;
+}
+
 static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int chat)
 {
     srv_server *s = k->s;
     char err[512];
-    json_doc *d = json_parse(k->body.data ? k->body.data : "", k->body.len, 64, err, sizeof err);
-    if (!d) return err_reply(c, 400, "invalid_json", err);
-    const json_value *o = json_root(d);
     srv_request *r = calloc(1, sizeof *r);
     int status = 400;
     const char *code = "invalid_request";
-    if (!r) {
-        json_free(d);
-        return err_reply(c, 500, NULL, "out of memory");
-    }
+    if (!r) return err_reply(c, 500, NULL, "out of memory");
     r->refs = 1;
-    r->chat = chat;
-    int64_t max_tokens = chat ? -1 : 16;
-    if (o->type != JSON_OBJECT) {
-        snprintf(err, sizeof err, "the body must be a JSON object");
-        goto bad;
+    const srv_parse_env env = parse_env(s);
+    const int prc = srv_parse_request(&env, chat ? SRV_EP_CHAT : SRV_EP_COMPLETIONS, k->body.data, k->body.len, r,
+                                      err, sizeof err);
+    if (prc == SRV_PARSE_BAD_JSON) {
+        srv_request_release(r);
+        return err_reply(c, 400, "invalid_json", err);
     }
-    const json_value *model = json_get(o, "model");
-    if (model && model->type != JSON_STRING && model->type != JSON_NULL) {
-        snprintf(err, sizeof err, "'model' must be a string");
-        goto bad;
-    }
-    if (parse_sampling(o, r, chat, err, sizeof err) || parse_attn(s, o, r, err, sizeof err) ||
-        get_int(o, "max_tokens", 0, 1e9, &max_tokens, err, sizeof err) ||
-        get_int(o, "max_completion_tokens", 0, 1e9, &max_tokens, err, sizeof err) ||
-        (chat ? parse_messages(s, o, r, err, sizeof err) : parse_prompt(s, o, r, err, sizeof err)))
-        goto bad;
-    if (r->n_prompt == 0) {
-        snprintf(err, sizeof err, "the prompt is empty");
-        goto bad;
-    }
-    if (r->n_prompt > s->cfg.max_prompt || r->n_prompt >= s->cfg.n_ctx) {
-        snprintf(err, sizeof err, "the prompt has %d tokens; the limit is %d (context %lld)", r->n_prompt,
-                 s->cfg.max_prompt < s->cfg.n_ctx - 1 ? s->cfg.max_prompt : (int)(s->cfg.n_ctx - 1),
-                 (long long)s->cfg.n_ctx);
-        code = "context_length_exceeded";
-        goto bad;
-    }
-    if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * s->n_vocab * 4 > 512.0 * 1024 * 1024) {
-        snprintf(err, sizeof err, "echo with logprobs is limited to %d prompt tokens", (int)(512.0 * 1024 * 1024 / 4 / s->n_vocab));
-        goto bad;
-    }
-    if (max_tokens < 0 || max_tokens > s->cfg.n_ctx - r->n_prompt) max_tokens = s->cfg.n_ctx - r->n_prompt;
-    r->max_tokens = (int)max_tokens;
+    if (prc == SRV_PARSE_TOO_LONG) code = "context_length_exceeded";
+    if (prc) goto bad;
     r->deadline = srv_now() + s->cfg.timeout;
-    json_free(d);
-    d = NULL;
 
     k->chat = chat;
     k->r = r;
@@ -814,7 +457,6 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int ch
     pthread_mutex_unlock(&s->lock);
     return json_reply(c, 200, body, len);
 bad:
-    json_free(d);
     srv_request_release(r);
     pthread_mutex_lock(&s->lock);
     s->metrics.requests++;
@@ -827,26 +469,19 @@ static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *k, int de
 {
     srv_server *s = k->s;
     char err[512];
-    json_doc *d = json_parse(k->body.data ? k->body.data : "", k->body.len, 64, err, sizeof err);
-    if (!d) return err_reply(c, 400, "invalid_json", err);
-    const json_value *o = json_root(d);
+    srv_request r;
+    memset(&r, 0, sizeof r);
+    const srv_parse_env env = parse_env(s);
+    const int prc = srv_parse_request(&env, detok ? SRV_EP_DETOKENIZE : SRV_EP_TOKENIZE, k->body.data, k->body.len,
+                                      &r, err, sizeof err);
+    int32_t *ids = r.prompt;
+    const int n = r.n_prompt;
+    if (prc) {
+        free(ids);
+        return err_reply(c, 400, prc == SRV_PARSE_BAD_JSON ? "invalid_json" : "invalid_request", err);
+    }
     char *buf = NULL;
     size_t len = 0;
-    int32_t *ids = NULL;
-    int n = -1;
-    if (!detok) {
-        size_t tl = 0;
-        const char *text = json_get_str(o, "content", &tl);
-        int add = 0;
-        if (!text) snprintf(err, sizeof err, "'content' must be a string");
-        else if (!get_bool(o, "add_special", &add, err, sizeof err)) n = tokenize_text(s, text, tl, add, &ids, err, sizeof err);
-    } else {
-        const json_value *t = json_get(o, "tokens");
-        if (!t || t->type != JSON_ARRAY) snprintf(err, sizeof err, "'tokens' must be an array of token ids");
-        else n = parse_ids(s, t, &ids, err, sizeof err);
-    }
-    json_free(d);
-    if (n < 0) return err_reply(c, 400, "invalid_request", err);
     FILE *f = open_memstream(&buf, &len);
     if (!f) {
         free(ids);

@@ -1,0 +1,459 @@
+/* request.c - a request body to an srv_request (request.h): the JSON
+ * fields of the OpenAI completions and chat endpoints plus sparq's
+ * extensions, and the /tokenize and /detokenize bodies, each validated.
+ *
+ * Map:
+ *   get_num / get_int / get_bool               one field, type and range
+ *   parse_sampling / parse_attn                sampling, stop strings, logprobs; the "sparq" object
+ *   parse_ids / tokenize_text / parse_prompt / parse_messages   the prompt as token ids
+ *   srv_parse_request                          the body, per endpoint, with the limits
+ */
+#include "server/request.h"
+#include "cli/cli.h"
+#include "util/json.h"
+#include "util/names.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+/* A client's string for an error message: at most max bytes (not cutting
+ * a UTF-8 character), control characters as \xNN, so the message stays one
+ * line whatever the client sent. */
+static const char *quote(char *dst, size_t dst_size, const char *s, size_t len, size_t max)
+{
+    if (len > max) {
+        len = max;
+        while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80) len--; /* s[len] continues a character */
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 5 < dst_size; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(dst + o, dst_size - o, "\\x%02x", c);
+        else dst[o++] = (char)c;
+    }
+    dst[o] = 0;
+    return dst;
+}
+
+/* 1 if s[0..len) holds a NUL or another control character: never part of a
+ * name, and a NUL would cut it short where it is compared as a C string. */
+static int has_control(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return 1;
+    return 0;
+}
+
+/* Each getter: absent or null leaves *out alone and returns 0; a wrong type
+ * or value returns -1 with the reason in err. */
+static int get_num(const json_value *o, const char *key, double lo, double hi, double *out, char *err, size_t n)
+{
+    const json_value *v = json_get(o, key);
+    if (!v || v->type == JSON_NULL) return 0;
+    if (v->type != JSON_NUMBER || !isfinite(v->u.number) || v->u.number < lo || v->u.number > hi) {
+        snprintf(err, n, "'%s' must be a number in [%g, %g]", key, lo, hi);
+        return -1;
+    }
+    *out = v->u.number;
+    return 0;
+}
+
+static int get_int(const json_value *o, const char *key, double lo, double hi, int64_t *out, char *err, size_t n)
+{
+    const json_value *v = json_get(o, key);
+    if (!v || v->type == JSON_NULL) return 0;
+    if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < lo || v->u.number > hi) {
+        snprintf(err, n, "'%s' must be an integer in [%.0f, %.0f]", key, lo, hi);
+        return -1;
+    }
+    *out = (int64_t)v->u.number;
+    return 0;
+}
+
+static int get_bool(const json_value *o, const char *key, int *out, char *err, size_t n)
+{
+    const json_value *v = json_get(o, key);
+    if (!v || v->type == JSON_NULL) return 0;
+    if (v->type != JSON_BOOL) {
+        snprintf(err, n, "'%s' must be true or false", key);
+        return -1;
+    }
+    *out = v->u.boolean;
+    return 0;
+}
+
+static int fgetf(const json_value *o, const char *key, double lo, double hi, float *out, char *err, size_t n)
+{
+    double d = *out;
+    if (get_num(o, key, lo, hi, &d, err, n)) return -1;
+    *out = (float)d;
+    return 0;
+}
+
+static int parse_sampling(const json_value *o, srv_request *r, int chat, char *err, size_t n)
+{
+    r->temp = 1.0f;
+    r->top_p = 1.0f;
+    r->rep_pen = 1.0f;
+    if (fgetf(o, "temperature", 0, 100, &r->temp, err, n) || fgetf(o, "top_p", 0, 1, &r->top_p, err, n) ||
+        fgetf(o, "min_p", 0, 1, &r->min_p, err, n) ||
+        fgetf(o, "frequency_penalty", -2, 2, &r->freq_pen, err, n) ||
+        fgetf(o, "presence_penalty", -2, 2, &r->pres_pen, err, n) ||
+        fgetf(o, "repetition_penalty", 0.01, 100, &r->rep_pen, err, n) ||
+        fgetf(o, "repeat_penalty", 0.01, 100, &r->rep_pen, err, n))
+        return -1;
+    if (r->top_p <= 0) {
+        snprintf(err, n, "'top_p' must be in (0, 1]");
+        return -1;
+    }
+    int64_t top_k = 0, nn = 1, seed = -1;
+    if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, 1e9, &nn, err, n) ||
+        get_int(o, "seed", -9.2e18, 9.2e18, &seed, err, n))
+        return -1;
+    if (nn != 1) {
+        snprintf(err, n, "'n' > 1 is not supported: send one request per completion");
+        return -1;
+    }
+    r->top_k = (int)top_k;
+    if (json_get(o, "seed") && json_get(o, "seed")->type == JSON_NUMBER) {
+        r->seed = (uint64_t)seed;
+    } else { /* random when not given, as llama.cpp does */
+        if (getrandom(&r->seed, sizeof r->seed, 0) != (ssize_t)sizeof r->seed) r->seed = (uint64_t)time(NULL);
+    }
+    if (get_bool(o, "stream", &r->stream, err, n) || get_bool(o, "ignore_eos", &r->ignore_eos, err, n))
+        return -1;
+    const json_value *st = json_get(o, "stop");
+    if (st && st->type != JSON_NULL) {
+        const int arr = st->type == JSON_ARRAY;
+        const size_t cnt = arr ? json_len(st) : 1;
+        if ((!arr && st->type != JSON_STRING) || cnt > SRV_MAX_STOPS) {
+            snprintf(err, n, "'stop' must be a string or an array of at most %d strings", SRV_MAX_STOPS);
+            return -1;
+        }
+        for (size_t i = 0; i < cnt; i++) {
+            size_t len = 0;
+            const char *sv = json_str(arr ? json_at(st, i) : st, &len);
+            if (!sv || len == 0 || len > 256 || memchr(sv, 0, len)) {
+                snprintf(err, n, "'stop' strings must be 1 to 256 bytes");
+                return -1;
+            }
+            if (!(r->stops[r->n_stops] = strndup(sv, len))) {
+                snprintf(err, n, "out of memory");
+                return -1;
+            }
+            r->n_stops++;
+        }
+    }
+    r->logprobs = -1;
+    if (chat) {
+        int lp = 0;
+        int64_t top = 0;
+        if (get_bool(o, "logprobs", &lp, err, n) || get_int(o, "top_logprobs", 0, SRV_MAX_TOP, &top, err, n))
+            return -1;
+        if (lp) r->logprobs = (int)top;
+    } else {
+        int64_t lp = -1;
+        if (get_int(o, "logprobs", 0, SRV_MAX_TOP, &lp, err, n) || get_bool(o, "echo", &r->echo, err, n))
+            return -1;
+        r->logprobs = (int)lp;
+    }
+    return 0;
+}
+
+/* The extension field "sparq": {"attn": "sparq", "ratio": "1/8", ...}: the
+ * options of `sparq run`, turned into parameters by the same code. */
+static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *r, char *err, size_t n)
+{
+    r->attn = e->attn;
+    const json_value *x = json_get(o, "sparq");
+    if (!x || x->type == JSON_NULL) goto copy;
+    if (x->type != JSON_OBJECT) {
+        snprintf(err, n, "'sparq' must be an object such as {\"attn\": \"sparq\", \"ratio\": \"1/8\"}");
+        return -1;
+    }
+    static const char *const str_keys[] = { "attn", "ratio", "select", "index", "schedule", "key_type", NULL };
+    static const char *const int_keys[] = { "r", "k", "l", "attn_k", "n_sink", "topk_k", "ivf_nlist",
+                                            "ivf_nprobe", "hnsw_ef", NULL };
+    for (size_t i = 0; i < x->n; i++) {
+        const char *key = x->u.members[i].key;
+        const size_t key_len = x->u.members[i].key_len;
+        /* a NUL would let "attn\u0000x" pass as "attn" here, then be ignored */
+        int known = !memchr(key, 0, key_len) && !strcmp(key, "no_realloc");
+        for (int j = 0; str_keys[j]; j++) known |= !memchr(key, 0, key_len) && !strcmp(key, str_keys[j]);
+        for (int j = 0; int_keys[j]; j++) known |= !memchr(key, 0, key_len) && !strcmp(key, int_keys[j]);
+        if (!known) {
+            char q[300];
+            snprintf(err, n, "'sparq' has an unknown field '%s' (known: attn ratio r k l attn_k select "
+                             "no_realloc n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef key_type)",
+                     quote(q, sizeof q, key, key_len, 64));
+            return -1;
+        }
+    }
+    cli_attn_opts ao;
+    cli_attn_opts_init(&ao);
+    const char **sdst[] = { &ao.attn, &ao.ratio, &ao.select, &ao.index, &ao.schedule, &ao.key_type };
+    for (int j = 0; str_keys[j]; j++) {
+        const json_value *v = json_get(x, str_keys[j]);
+        if (!v || v->type == JSON_NULL) continue;
+        if (v->type != JSON_STRING || v->n > 64 || has_control(v->u.str, v->n)) { /* quoted in messages below */
+            snprintf(err, n, "'sparq.%s' must be a short string of printable characters", str_keys[j]);
+            return -1;
+        }
+        *sdst[j] = v->u.str;
+    }
+    int *idst[] = { &ao.r, &ao.k, &ao.l, &ao.attn_k, &ao.n_sink, &ao.topk_k, &ao.ivf_nlist, &ao.ivf_nprobe, &ao.hnsw_ef };
+    for (int j = 0; int_keys[j]; j++) {
+        int64_t v = *idst[j];
+        if (get_int(x, int_keys[j], j == 2 ? -1 : 0, 1 << 24, &v, err, n)) return -1;
+        *idst[j] = (int)v;
+    }
+    if (get_bool(x, "no_realloc", &ao.no_realloc, err, n)) return -1;
+    const int64_t S = e->n_ctx;
+    if (cli_attn_params(&ao, S, sparq_model_head_dim(e->model), &r->attn, err, n)) return -1;
+copy:
+    /* the request owns its strings: the document is freed before decoding */
+    snprintf(r->policy, sizeof r->policy, "%s", r->attn.policy ? r->attn.policy : "dense");
+    r->attn.policy = r->policy;
+    if (r->attn.index) {
+        snprintf(r->index, sizeof r->index, "%s", r->attn.index);
+        r->attn.index = r->index;
+    }
+    int known = 0;
+    for (int i = 0; sparq_attn_policy_name(i); i++) known |= !strcmp(sparq_attn_policy_name(i), r->policy);
+    if (!known) {
+        char names[256];
+        names_join(names, sizeof names, " ", sparq_attn_policy_count(), sparq_attn_policy_name);
+        snprintf(err, n, "unknown attention policy '%.32s' (known: %s)", r->policy, names);
+        return -1;
+    }
+    return 0;
+}
+
+/* Token ids from a JSON array of integers; -1 with the reason. */
+static int parse_ids(const srv_parse_env *e, const json_value *a, int32_t **out, char *err, size_t n)
+{
+    const size_t cnt = json_len(a);
+    if (cnt > (size_t)e->max_prompt) {
+        snprintf(err, n, "the prompt has %zu tokens; the limit is %d", cnt, e->max_prompt);
+        return -1;
+    }
+    int32_t *ids = malloc((cnt + 1) * sizeof *ids);
+    if (!ids) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    const int n_vocab = sparq_model_n_vocab(e->model);
+    for (size_t i = 0; i < cnt; i++) {
+        const json_value *v = json_at(a, i);
+        if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < 0 ||
+            v->u.number >= n_vocab) {
+            snprintf(err, n, "token %zu is not an id in [0, %d)", i, n_vocab);
+            free(ids);
+            return -1;
+        }
+        ids[i] = (int32_t)v->u.number;
+    }
+    *out = ids;
+    return (int)cnt;
+}
+
+static int tokenize_text(const srv_parse_env *e, const char *text, size_t len, int add_special, int32_t **out, char *err,
+                         size_t n)
+{
+    if (len > (size_t)e->max_prompt * 64) { /* no token is 64 bytes: over the limit for sure */
+        snprintf(err, n, "the prompt of %zu bytes exceeds the limit of %d tokens", len, e->max_prompt);
+        return -1;
+    }
+    int cnt = sparq_tokenize(e->model, text, (int)len, add_special, NULL, 0);
+    int32_t *ids = cnt >= 0 ? malloc(((size_t)cnt + 1) * sizeof *ids) : NULL;
+    if (!ids || sparq_tokenize(e->model, text, (int)len, add_special, ids, cnt) != cnt) {
+        free(ids);
+        snprintf(err, n, "cannot tokenize the prompt");
+        return -1;
+    }
+    *out = ids;
+    return cnt;
+}
+
+/* prompt: a string, token ids, or a one-element array of either. */
+static int parse_prompt(const srv_parse_env *e, const json_value *o, srv_request *r, char *err, size_t n)
+{
+    const json_value *p = json_get(o, "prompt");
+    if (p && p->type == JSON_ARRAY && json_len(p) >= 1 && json_at(p, 0)->type != JSON_NUMBER) {
+        if (json_len(p) > 1) {
+            snprintf(err, n, "'prompt' with several prompts is not supported: send one request each");
+            return -1;
+        }
+        p = json_at(p, 0);
+    }
+    int cnt;
+    if (p && p->type == JSON_STRING) cnt = tokenize_text(e, p->u.str, p->n, 1, &r->prompt, err, n);
+    else if (p && p->type == JSON_ARRAY) cnt = parse_ids(e, p, &r->prompt, err, n);
+    else {
+        snprintf(err, n, "'prompt' must be a string or an array of token ids");
+        return -1;
+    }
+    r->n_prompt = cnt;
+    return cnt < 0 ? -1 : 0;
+}
+
+static int parse_messages(const srv_parse_env *e, const json_value *o, srv_request *r, char *err, size_t n)
+{
+    const json_value *ms = json_get(o, "messages");
+    if (!ms || ms->type != JSON_ARRAY || json_len(ms) == 0 || json_len(ms) > 1024) {
+        snprintf(err, n, "'messages' must be a non-empty array of {role, content}");
+        return -1;
+    }
+    const size_t cnt = json_len(ms);
+    sparq_chat_msg *msgs = calloc(cnt, sizeof *msgs);
+    char **owned = calloc(cnt, sizeof *owned);
+    int rc = -1;
+    if (!msgs || !owned) {
+        snprintf(err, n, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        const json_value *m = json_at(ms, i);
+        size_t rl = 0;
+        const char *role = json_get_str(m, "role", &rl);
+        const json_value *c = json_get(m, "content");
+        if (!role || has_control(role, rl) || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
+                      strcmp(role, "developer"))) {
+            snprintf(err, n, "messages[%zu].role must be system, user or assistant", i);
+            goto done;
+        }
+        msgs[i].role = strcmp(role, "developer") ? role : "system";
+        if (c && c->type == JSON_STRING) {
+            if (memchr(c->u.str, 0, c->n)) {
+                snprintf(err, n, "messages[%zu].content holds a NUL character", i);
+                goto done;
+            }
+            msgs[i].content = c->u.str;
+        } else if (c && c->type == JSON_ARRAY) { /* [{"type":"text","text":...}] parts, joined */
+            text_buf t = { 0 };
+            for (size_t j = 0; j < json_len(c); j++) {
+                size_t tl = 0;
+                const char *type = json_get_str(json_at(c, j), "type", NULL);
+                const char *tx = json_get_str(json_at(c, j), "text", &tl);
+                if (!type || strcmp(type, "text") || !tx || memchr(tx, 0, tl)) {
+                    snprintf(err, n, "messages[%zu].content parts must be {\"type\": \"text\", \"text\": ...}", i);
+                    free(t.data);
+                    goto done;
+                }
+                if (text_append(&t, tx, tl)) {
+                    free(t.data);
+                    snprintf(err, n, "out of memory");
+                    goto done;
+                }
+            }
+            owned[i] = t.data ? t.data : strdup("");
+            msgs[i].content = owned[i];
+            if (!owned[i]) goto done;
+        } else {
+            snprintf(err, n, "messages[%zu].content must be a string or an array of text parts", i);
+            goto done;
+        }
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < cnt; i++) total += strlen(msgs[i].content);
+    if (total > (size_t)e->max_prompt * 64) {
+        snprintf(err, n, "the messages (%zu bytes) exceed the limit of %d tokens", total, e->max_prompt);
+        goto done;
+    }
+    int k = sparq_chat_tokenize(e->model, e->chat_template, msgs, (int)cnt, 1, NULL, 0, err, n);
+    if (k < 0) goto done;
+    if (!(r->prompt = malloc(((size_t)k + 1) * sizeof *r->prompt)) ||
+        sparq_chat_tokenize(e->model, e->chat_template, msgs, (int)cnt, 1, r->prompt, k, err, n) != k) {
+        snprintf(err, n, "cannot tokenize the messages");
+        goto done;
+    }
+    r->n_prompt = k;
+    rc = 0;
+done:
+    for (size_t i = 0; owned && i < cnt; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    return rc;
+}
+
+static int parse_generate(const srv_parse_env *e, const json_value *o, int chat, srv_request *r, char *err, size_t n)
+{
+    r->chat = chat;
+    int64_t max_tokens = chat ? -1 : 16;
+    if (o->type != JSON_OBJECT) {
+        snprintf(err, n, "the body must be a JSON object");
+        return SRV_PARSE_INVALID;
+    }
+    const json_value *model = json_get(o, "model");
+    if (model && model->type != JSON_STRING && model->type != JSON_NULL) {
+        snprintf(err, n, "'model' must be a string");
+        return SRV_PARSE_INVALID;
+    }
+    if (parse_sampling(o, r, chat, err, n) || parse_attn(e, o, r, err, n) ||
+        get_int(o, "max_tokens", 0, 1e9, &max_tokens, err, n) ||
+        get_int(o, "max_completion_tokens", 0, 1e9, &max_tokens, err, n) ||
+        (chat ? parse_messages(e, o, r, err, n) : parse_prompt(e, o, r, err, n)))
+        return SRV_PARSE_INVALID;
+    if (r->n_prompt == 0) {
+        snprintf(err, n, "the prompt is empty");
+        return SRV_PARSE_INVALID;
+    }
+    if (r->n_prompt > e->max_prompt || r->n_prompt >= e->n_ctx) {
+        snprintf(err, n, "the prompt has %d tokens; the limit is %d (context %lld)", r->n_prompt,
+                 e->max_prompt < e->n_ctx - 1 ? e->max_prompt : (int)(e->n_ctx - 1), (long long)e->n_ctx);
+        return SRV_PARSE_TOO_LONG;
+    }
+    const int n_vocab = sparq_model_n_vocab(e->model);
+    if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * n_vocab * 4 > 512.0 * 1024 * 1024) {
+        snprintf(err, n, "echo with logprobs is limited to %d prompt tokens", (int)(512.0 * 1024 * 1024 / 4 / n_vocab));
+        return SRV_PARSE_INVALID;
+    }
+    if (max_tokens < 0 || max_tokens > e->n_ctx - r->n_prompt) max_tokens = e->n_ctx - r->n_prompt;
+    r->max_tokens = (int)max_tokens;
+    return SRV_PARSE_OK;
+}
+
+/* /tokenize {"content": "...", "add_special": false} and /detokenize
+ * {"tokens": [ids]}: the ids in r->prompt. */
+static int parse_tokens(const srv_parse_env *e, const json_value *o, int detok, srv_request *r, char *err, size_t n)
+{
+    int cnt = -1;
+    if (!detok) {
+        size_t tl = 0;
+        const char *text = json_get_str(o, "content", &tl);
+        int add = 0;
+        if (!text) snprintf(err, n, "'content' must be a string");
+        else if (!get_bool(o, "add_special", &add, err, n)) cnt = tokenize_text(e, text, tl, add, &r->prompt, err, n);
+    } else {
+        const json_value *t = json_get(o, "tokens");
+        if (!t || t->type != JSON_ARRAY) snprintf(err, n, "'tokens' must be an array of token ids");
+        else cnt = parse_ids(e, t, &r->prompt, err, n);
+    }
+    if (cnt < 0) return SRV_PARSE_INVALID;
+    r->n_prompt = cnt;
+    return SRV_PARSE_OK;
+}
+
+int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *body, size_t len, srv_request *r,
+                      char *err, size_t err_size)
+{
+    json_doc *d = json_parse(body ? body : "", body ? len : 0, 64, err, err_size);
+    if (!d) return SRV_PARSE_BAD_JSON;
+    const json_value *o = json_root(d);
+    int rc;
+    switch (ep) {
+    case SRV_EP_COMPLETIONS: rc = parse_generate(env, o, 0, r, err, err_size); break;
+    case SRV_EP_CHAT: rc = parse_generate(env, o, 1, r, err, err_size); break;
+    case SRV_EP_TOKENIZE: rc = parse_tokens(env, o, 0, r, err, err_size); break;
+    case SRV_EP_DETOKENIZE: rc = parse_tokens(env, o, 1, r, err, err_size); break;
+    default:
+        snprintf(err, err_size, "unknown endpoint %d", (int)ep);
+        rc = SRV_PARSE_INVALID;
+    }
+    json_free(d); /* the request owns copies of what it keeps */
+    return rc;
+}
