@@ -28,7 +28,7 @@
 #   UP_TIMEOUT=SEC     how long a server may take to answer /health (default 300)
 #   REQ_TIMEOUT=SEC    both servers' --timeout (default 36000)
 #   WORK=DIR           prompts (token ids) and server logs (default /tmp/sparq-bench-serve-work)
-#   SPARQ_LOGIT_BIAS=1 sparq serve reads logit_bias: send it the byte ban too (default 0)
+#   SPARQ_LOGIT_BIAS=0 send the byte ban to llama-server only (default 1: to both)
 #
 # Byte tokens: the models are random weights from `sparq gen-model`, whose
 # SentencePiece vocabulary has <unk> <s> </s>, then the 256 byte tokens
@@ -39,9 +39,9 @@
 # shows "unparsed Content-only output: ... \xNN"). So by default every
 # request to llama-server carries OpenAI's "logit_bias" with -100 on ids
 # 3..258 (llama-server applies it before sampling, like llama.cpp's -l), and
-# the requests to sparq carry it once SPARQ_LOGIT_BIAS=1 says sparq serve
-# reads the field (it ignores it until then; the report says which runs
-# had the ban). The ban is 256 additions to the logits per token on either
+# so does every request to sparq serve (the same generated tokens on both;
+# SPARQ_LOGIT_BIAS=0 leaves sparq's requests without it; the report says
+# which runs had the ban). The ban is 256 additions to the logits per token on either
 # server: nothing next to a forward pass.
 #
 # Scenarios, each on a freshly started server (so no run sees another's cache):
@@ -105,7 +105,7 @@ WORK=${WORK:-/tmp/sparq-bench-serve-work}
 REQ_TIMEOUT=${REQ_TIMEOUT:-36000}
 LLAMA_SERVER=${LLAMA_SERVER:-}
 LLAMA_SERVER_ARGS=${LLAMA_SERVER_ARGS:-}
-SPARQ_LOGIT_BIAS=${SPARQ_LOGIT_BIAS:-0}
+SPARQ_LOGIT_BIAS=${SPARQ_LOGIT_BIAS:-1}
 # gen-model's SentencePiece byte tokens <0x00>..<0xFF> (see "Byte tokens" above)
 BYTE_IDS=3-258
 SPARQ=./build/sparq

@@ -214,6 +214,25 @@ static void test_fields(void)
           "sparq: r %d k %d l %d", r->attn.r, r->attn.k, r->attn.l);
     srv_request_release(r);
 
+    /* logit_bias: OpenAI's object of "id": bias, kept in order */
+    r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"3\":-100,\"511\":2.5,\"0\":100}}");
+    CHECK(r->n_bias == 3 && r->bias_ids[0] == 3 && r->bias[0] == -100.0f && r->bias_ids[1] == 511 &&
+              r->bias[1] == 2.5f && r->bias_ids[2] == 0 && r->bias[2] == 100.0f,
+          "logit_bias: %d entries", r->n_bias);
+    srv_request_release(r);
+    r = accepted(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{}}");
+    CHECK(r->n_bias == 0, "empty logit_bias: %d", r->n_bias);
+    srv_request_release(r);
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"512\":1}}", SRV_PARSE_INVALID, "token ids 0..511");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"-1\":1}}", SRV_PARSE_INVALID, "token ids");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"7x\":1}}", SRV_PARSE_INVALID, "token ids");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"\":1}}", SRV_PARSE_INVALID, "token ids");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"99999999999999999999\":1}}", SRV_PARSE_INVALID,
+            "token ids");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"5\":101}}", SRV_PARSE_INVALID, "[-100, 100]");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"5\":\"-100\"}}", SRV_PARSE_INVALID, "[-100, 100]");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":[[5,-100]]}", SRV_PARSE_INVALID, "must be an object");
+
     /* /detokenize: the ids as given; /tokenize of "" without specials: none */
     r = accepted(SRV_EP_DETOKENIZE, "{\"tokens\":[0,511,3]}");
     CHECK(ids_equal(r, (const int32_t[]){ 0, 511, 3 }, 3), "detokenize ids %d", r->n_prompt);

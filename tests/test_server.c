@@ -347,6 +347,26 @@ static int greedy_vs_run(int port, const char *model, gcase *cases, int n_cases,
         free(text);
         if (!rc) resp_free(&r);
     }
+    /* logit_bias: the server's equals `sparq run -l` with the same biases,
+     * and differs from the unbiased text (so the field is not ignored) */
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 256 -b 4 -t 1 -n 40 --temp 0 -p 'Once upon a time'", model);
+    char *plain = run_capture(args);
+    snprintf(args + strlen(args), sizeof args - strlen(args), " -l 432-100 -l 383+3");
+    char *biased = run_capture(args);
+    const char *bb = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 40, \"temperature\": 0, "
+                     "\"logit_bias\": {\"432\": -100, \"383\": 3}}";
+    resp r;
+    int rc = http(port, "POST", "/v1/completions", bb, strlen(bb), 1, &r);
+    char *text = rc == 0 && r.status == 200 ? completion_text(r.body) : NULL;
+    CHECK(plain && biased && strcmp(plain, biased) != 0, "sparq run -l changes the text: '%s'", biased ? biased : "");
+    CHECK(text && biased && strcmp(text, biased) == 0, "logit_bias: server '%s' vs sparq run -l '%s'",
+          text ? text : rc ? "(no response)" : r.body, biased ? biased : "");
+    free(text);
+    free(plain);
+    free(biased);
+    if (!rc) resp_free(&r);
+
     FILE *f = fopen(expect_path, "w");
     if (!f) return -1;
     fputs("{\"cases\": [", f);

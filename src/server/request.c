@@ -13,6 +13,7 @@
 #include "util/json.h"
 #include "util/names.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,7 +95,47 @@ static int fgetf(const json_value *o, const char *key, double lo, double hi, flo
     return 0;
 }
 
-static int parse_sampling(const json_value *o, srv_request *r, int chat, char *err, size_t n)
+/* OpenAI's "logit_bias": {"<token id>": bias, ...}, bias in [-100, 100],
+ * added to the logits before sampling (greedy included), as OpenAI and
+ * llama-server do; -100 all but bans a token. Logprobs stay those of the
+ * model (unbiased). */
+static int parse_logit_bias(const srv_parse_env *e, const json_value *b, srv_request *r, char *err, size_t n)
+{
+    if (!b || b->type == JSON_NULL) return 0;
+    const int V = sparq_model_n_vocab(e->model);
+    if (b->type != JSON_OBJECT || b->n > (size_t)V) {
+        snprintf(err, n, "'logit_bias' must be an object of at most %d \"token id\": bias members", V);
+        return -1;
+    }
+    if (b->n == 0) return 0;
+    r->bias_ids = malloc(b->n * sizeof *r->bias_ids);
+    r->bias = malloc(b->n * sizeof *r->bias);
+    if (!r->bias_ids || !r->bias) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        const json_member *m = &b->u.members[i];
+        char *end = NULL;
+        errno = 0;
+        const long id = m->key_len && m->key_len < 12 && m->key[0] >= '0' && m->key[0] <= '9'
+                        ? strtol(m->key, &end, 10) : -1;
+        if (id < 0 || errno || !end || end != m->key + m->key_len || id >= V) {
+            snprintf(err, n, "'logit_bias' keys must be token ids 0..%d written as decimal strings", V - 1);
+            return -1;
+        }
+        if (m->value.type != JSON_NUMBER || !(m->value.u.number >= -100 && m->value.u.number <= 100)) {
+            snprintf(err, n, "'logit_bias' values must be numbers in [-100, 100]");
+            return -1;
+        }
+        r->bias_ids[i] = (int32_t)id;
+        r->bias[i] = (float)m->value.u.number;
+    }
+    r->n_bias = (int)b->n;
+    return 0;
+}
+
+static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_request *r, int chat, char *err, size_t n)
 {
     r->temp = 1.0f;
     r->top_p = 1.0f;
@@ -148,6 +189,7 @@ static int parse_sampling(const json_value *o, srv_request *r, int chat, char *e
             r->n_stops++;
         }
     }
+    if (parse_logit_bias(e, json_get(o, "logit_bias"), r, err, n)) return -1;
     r->logprobs = -1;
     if (chat) {
         int lp = 0;
@@ -393,7 +435,7 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
         snprintf(err, n, "'model' must be a string");
         return SRV_PARSE_INVALID;
     }
-    if (parse_sampling(o, r, chat, err, n) || parse_attn(e, o, r, err, n) ||
+    if (parse_sampling(e, o, r, chat, err, n) || parse_attn(e, o, r, err, n) ||
         get_int(o, "max_tokens", 0, 1e9, &max_tokens, err, n) ||
         get_int(o, "max_completion_tokens", 0, 1e9, &max_tokens, err, n) ||
         (chat ? parse_messages(e, o, r, err, n) : parse_prompt(e, o, r, err, n)))

@@ -44,6 +44,8 @@ void srv_request_release(srv_request *r)
     if (!r || --r->refs > 0) return;
     free(r->prompt);
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->bias_ids);
+    free(r->bias);
     free(r->text.data);
     free(r->toks);
     free(r);
@@ -393,6 +395,9 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     sp.penalty_last_n = -1; /* every generated token (the prompt is not accepted) */
     if (sparq_sampler_check(&sp, err, err_size)) return -1;
     sl->smp = sparq_sampler_create(&sp, V);
+    /* ids were checked against the vocabulary when parsed; this cannot fail otherwise */
+    if (sl->smp && r->n_bias && sparq_sampler_set_logit_bias(sl->smp, r->bias_ids, r->bias, r->n_bias, err, err_size))
+        return -1;
     sl->logits = malloc((size_t)V * sizeof(float));
     if (r->echo && r->logprobs >= 0)
         sl->prompt_logits = malloc((size_t)r->n_prompt * V * sizeof(float));

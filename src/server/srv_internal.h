@@ -36,6 +36,9 @@ typedef struct srv_request {
     char    *stops[SRV_MAX_STOPS];
     int      n_stops;
     int      logprobs;          /* -1: none; else top alternatives per token */
+    int32_t *bias_ids;          /* "logit_bias": [n_bias] ids and biases     */
+    float   *bias;
+    int      n_bias;
     double   deadline;          /* monotonic seconds                        */
     /* [lock] progress published by the scheduler */
     int      state;
