@@ -7,6 +7,9 @@
  *     (tolerance 1e-5 relative to 1 + |value|, see test_twins); the fused
  *     SparQ pass (attn_kt_exp) also against a double softmax of naive
  *     logits, with maxima that keep rising and falling across blocks.
+ *     3b. what each twin measured it read (attn_meter) == n*d or n*r, over
+ *     odd shapes; test-only faulty kernels (a dropped tail, a doubled
+ *     pass) are caught.
  *  4. policies vs naive double-precision loops written here (random inputs,
  *     S in {1,2,7,100,1000,4097}, d in {8,64,128}, g in {1,4}, f32 and f16;
  *     and S = 12289, where selections take their sampled-threshold paths).
@@ -16,7 +19,8 @@
  *  7. identities: SparQ k >= S == dense, oracle k >= S == dense, SparQ with
  *     r = d, l = 0, no realloc selects what the oracle selects; SparQ on a
  *     cache without K^T / v_sum computes the same.
- *  8. transfer counts: counted elements == the SPEC formula.
+ *  8. transfer counts: the elements the kernels measured == SPEC.md's
+ *     formulas, written out here, over many (S, d, g, r, k) with odd tails.
  *  9. invalid parameters are rejected with a message.
  */
 #include <dirent.h>
