@@ -7,6 +7,9 @@
  *     (tolerance 1e-5 relative to 1 + |value|, see test_twins); the fused
  *     SparQ pass (attn_kt_exp) also against a double softmax of naive
  *     logits, with maxima that keep rising and falling across blocks.
+ *     3b. what each twin measured it read (attn_meter) == n*d or n*r, over
+ *     odd shapes; test-only faulty kernels (a dropped tail, a doubled
+ *     pass) are caught.
  *  4. policies vs naive double-precision loops written here (random inputs,
  *     S in {1,2,7,100,1000,4097}, d in {8,64,128}, g in {1,4}, f32 and f16;
  *     and S = 12289, where selections take their sampled-threshold paths).
@@ -16,7 +19,8 @@
  *  7. identities: SparQ k >= S == dense, oracle k >= S == dense, SparQ with
  *     r = d, l = 0, no realloc selects what the oracle selects; SparQ on a
  *     cache without K^T / v_sum computes the same.
- *  8. transfer counts: counted elements == the SPEC formula.
+ *  8. transfer counts: the elements the kernels measured == SPEC.md's
+ *     formulas, written out here, over many (S, d, g, r, k) with odd tails.
  *  9. invalid parameters are rejected with a message.
  */
 #include <dirent.h>
@@ -442,7 +446,7 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
             ((float *)KT)[i] = kt;
         }
     }
-    attn_kv_view kv = { S, d, elem, K, V, KT, S, NULL };
+    attn_kv_view kv = { S, d, elem, K, V, KT, S, NULL, NULL };
     const int nc = d < 33 ? d : 33;
     float *q = malloc((size_t)g * d * sizeof *q), *qs = malloc((size_t)g * nc * sizeof *qs);
     float *s1 = malloc((size_t)g * S * sizeof *s1), *s2 = malloc((size_t)g * S * sizeof *s2);
@@ -540,6 +544,173 @@ static void test_twins(void)
 #endif
 }
 
+/* ---- 3b. kernel meters ----------------------------------------------------------
+ * Every kernel twin measures what it read into kv->meter: n rows of K or V
+ * (n*d elements), or r rows of K^T over n positions (n*r). Checked exactly
+ * for both twins over odd row counts, head sizes and group sizes, every
+ * element type; a kernel whose loops skipped a tail or ran a block twice
+ * would miss the count (meter_selftest shows the check catches both). */
+
+typedef struct meter_want {
+    int64_t k, v, kt;
+} meter_want;
+
+static int meter_is(const attn_meter *m, meter_want w)
+{
+    return m->k == w.k && m->v == w.v && m->kt == w.kt && m->v_sum == 0;
+}
+
+/* K, V and K^T of S rows (zeros: the counts do not depend on values). */
+typedef struct meter_kv {
+    attn_kv_view kv;
+    attn_meter m;
+    void *K, *V, *KT;
+} meter_kv;
+
+static int meter_kv_make(meter_kv *c, int64_t S, int d, int elem)
+{
+    const size_t row = attn_kv_row_bytes(elem, d), ktrow = attn_kv_row_bytes(elem, S);
+    c->K = calloc((size_t)S, row);
+    c->V = calloc((size_t)S, row);
+    c->KT = calloc((size_t)d, ktrow + 64); /* + room for a tile's whole blocks */
+    memset(&c->m, 0, sizeof c->m);
+    attn_kv_view kv = { S, d, elem, c->K, c->V, c->KT, S, NULL, &c->m };
+    c->kv = kv;
+    return c->K && c->V && c->KT;
+}
+
+static void meter_kv_free(meter_kv *c) { free(c->K); free(c->V); free(c->KT); }
+
+typedef void (*scores_fn)(const attn_kv_view *, const float *, int, const int32_t *, int64_t, float *);
+typedef void (*wsum_fn)(const attn_kv_view *, const float *, int, const int32_t *, int64_t, float *);
+typedef void (*ktl_fn)(const attn_kv_view *, const float *, const int32_t *, int, int, int64_t, float *);
+typedef void (*kte_fn)(const attn_kv_view *, const float *, const int32_t *, int, int, int64_t, float *,
+                       float *, float *);
+typedef void (*gather_fn)(const attn_kv_view *, const float *, int, const int32_t *, int64_t, float *,
+                          float *);
+
+typedef struct twin_set {
+    const char *name;
+    scores_fn scores;
+    wsum_fn wsum, sws;
+    ktl_fn ktl;
+    kte_fn kte;
+    gather_fn gather;
+} twin_set;
+
+/* One shape through one twin set; returns the number of wrong counts. */
+static int meter_shape(const twin_set *t, int64_t n, int d, int g, int r, int elem, rng *rg)
+{
+    const int64_t S = n + 3;
+    meter_kv c;
+    int bad = 0;
+    const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    float *q = calloc((size_t)g * d, sizeof *q), *qs = calloc((size_t)g * r, sizeof *qs);
+    float *s = calloc((size_t)g * S, sizeof *s), *o = calloc((size_t)g * d, sizeof *o);
+    float *sc = calloc((size_t)g * nb, sizeof *sc), *ls = calloc((size_t)S, sizeof *ls);
+    int32_t *rows = malloc((size_t)n * sizeof *rows), *comp = malloc((size_t)r * sizeof *comp);
+    if (!meter_kv_make(&c, S, d, elem) || !q || !qs || !s || !o || !sc || !ls || !rows || !comp) {
+        CHECK(0, "meter_shape: out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++) rows[i] = (int32_t)(rng_next(rg) % (uint64_t)S);
+    for (int j = 0; j < r; j++) comp[j] = (int32_t)(rng_next(rg) % (uint64_t)d);
+    for (int use_rows = 0; use_rows < 2; use_rows++) {
+        const int32_t *rw = use_rows ? rows : NULL;
+        memset(&c.m, 0, sizeof c.m);
+        t->scores(&c.kv, q, g, rw, n, s);
+        bad += !meter_is(&c.m, (meter_want){ n * d, 0, 0 });
+        memset(&c.m, 0, sizeof c.m);
+        t->wsum(&c.kv, s, g, rw, n, o);
+        bad += !meter_is(&c.m, (meter_want){ 0, n * d, 0 });
+        memset(&c.m, 0, sizeof c.m);
+        t->sws(&c.kv, s, g, rw, n, o);
+        bad += !meter_is(&c.m, (meter_want){ 0, n * d, 0 });
+        memset(&c.m, 0, sizeof c.m);
+        t->gather(&c.kv, q, g, rw, n, o, s);
+        bad += !meter_is(&c.m, (meter_want){ n * d, n * d, 0 });
+    }
+    memset(&c.m, 0, sizeof c.m);
+    t->ktl(&c.kv, qs, comp, r, g, S, s);
+    bad += !meter_is(&c.m, (meter_want){ 0, 0, S * r });
+    memset(&c.m, 0, sizeof c.m);
+    t->kte(&c.kv, qs, comp, r, g, S, s, sc, ls);
+    bad += !meter_is(&c.m, (meter_want){ 0, 0, S * r });
+    if (bad)
+        fprintf(stderr, "meter %s n=%lld d=%d g=%d r=%d elem=%d: %d wrong counts\n", t->name,
+                (long long)n, d, g, r, elem, bad);
+done:
+    meter_kv_free(&c);
+    free(q); free(qs); free(s); free(o); free(sc); free(ls); free(rows); free(comp);
+    return bad;
+}
+
+/* Test-only faulty kernels: a gather whose weighted sum drops the tail of
+ * the last 16 rows, and one that scores every row twice. The meter check
+ * must reject both (so it is not an identity). */
+static void gather_drops_tail(const attn_kv_view *kv, const float *q, int g, const int32_t *sel,
+                              int64_t n, float *out, float *scratch)
+{
+    attn_scores_ref(kv, q, g, sel, n, scratch);
+    attn_softmax_ref(scratch, g, n);
+    attn_weighted_sum_ref(kv, scratch, g, sel, n / 16 * 16, out);
+}
+
+static void gather_twice(const attn_kv_view *kv, const float *q, int g, const int32_t *sel,
+                         int64_t n, float *out, float *scratch)
+{
+    attn_scores_ref(kv, q, g, sel, n, scratch);
+    attn_gather_group_ref(kv, q, g, sel, n, out, scratch);
+}
+
+static void test_meters(void)
+{
+    rng rg = { 31 };
+    twin_set sets[3] = {
+        { "ref", attn_scores_ref, attn_weighted_sum_ref, attn_softmax_weighted_sum_ref,
+          attn_kt_logits_ref, attn_kt_exp_ref, attn_gather_group_ref },
+    };
+    int n_sets = 1;
+#ifdef ATTN_HAVE_AVX512
+    sets[n_sets++] = (twin_set){ "avx512", attn_scores_avx512, attn_weighted_sum_avx512,
+                                 attn_softmax_weighted_sum_avx512, attn_kt_logits_avx512,
+                                 attn_kt_exp_avx512, attn_gather_group_avx512 };
+#else
+    test_skip("kernel meters: AVX-512 twins not compiled in (plain-C twins checked)");
+#endif
+    const int64_t ns[] = { 1, 2, 15, 17, 33, 63, 65, 257, 1001 };
+    const int ds[] = { 1, 7, 16, 33, 64, 80, 128 };
+    const int gs[] = { 1, 3, 4, 5, 8, 17, 65 };
+    const int rs[] = { 1, 3, 16 };
+    int shapes = 0;
+    for (int t = 0; t < n_sets; t++)
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+            for (size_t b = 0; b < sizeof ds / sizeof ds[0]; b++)
+                for (size_t c = 0; c < sizeof gs / sizeof gs[0]; c++)
+                    for (int elem = 0; elem < 3; elem++) {
+                        /* the big group only on a few shapes (time) */
+                        if (gs[c] == 65 && (b % 3 || a % 2)) continue;
+                        const int r = rs[(a + b + c) % 3] < ds[b] ? rs[(a + b + c) % 3] : ds[b];
+                        CHECK(meter_shape(&sets[t], ns[a], ds[b], gs[c], r, elem, &rg) == 0,
+                              "meter %s n=%lld d=%d g=%d r=%d elem=%d", sets[t].name,
+                              (long long)ns[a], ds[b], gs[c], r, elem);
+                        shapes++;
+                    }
+    fprintf(stderr, "kernel meters: %d shapes x %d twin sets, counts exact\n", shapes / n_sets, n_sets);
+
+    /* the check catches a kernel that skips or doubles work */
+    twin_set faulty[2] = { sets[0], sets[0] };
+    faulty[0].name = "drops-tail";
+    faulty[0].gather = gather_drops_tail;
+    faulty[1].name = "twice";
+    faulty[1].gather = gather_twice;
+    for (int t = 0; t < 2; t++) {
+        fprintf(stderr, "(a deliberately faulty kernel follows; its count must be wrong)\n");
+        CHECK(meter_shape(&faulty[t], 37, 8, 2, 3, KV_F32, &rg) == 2,
+              "meter check misses the %s gather", faulty[t].name);
+    }
+}
+
 /* attn_kt_exp's contract against a double softmax of naive logits:
  * softmax(l_h)_i == scale[h][i / ATTN_EXP_BLOCK] * e[h][i] and lsum ==
  * sum_h l_h. K^T rows carry a trend (rising, then falling), so the running
@@ -566,7 +737,7 @@ static void kt_exp_case(rng *r, int64_t S, int g, int rr, int elem, double *wors
             }
             kt[j * S + i] = x;
         }
-    attn_kv_view kv = { S, d, elem, NULL, NULL, KT, stride, NULL };
+    attn_kv_view kv = { S, d, elem, NULL, NULL, KT, stride, NULL, NULL };
     int32_t comp[24];
     float *qs = malloc((size_t)g * nc * sizeof *qs);
     for (int c = 0; c < nc; c++) comp[c] = (c * 7) % d;
@@ -909,7 +1080,7 @@ static void test_h2o_steps(void)
                 alive[i] = 1;
             }
             attn_kv_view kv = { S0, d, elem, elem ? (void *)Kh : (void *)K,
-                                elem ? (void *)Vh : (void *)V, NULL, 0, NULL };
+                                elem ? (void *)Vh : (void *)V, NULL, 0, NULL, NULL };
             pol->observe_prefill(state, &p, 1, 1, &kv, colsum);
             const size_t nscr = pol->scratch_floats(&p, Smax, d, g);
             attn_scratch scr = { aligned_alloc(64, attn_pad16(nscr) * 4), nscr,
@@ -1190,7 +1361,7 @@ static void golden_dense(const char *dir, const char *js, int *n_ok)
                         if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
                     } else { /* any other mask: gathered attention over the kept rows */
                         attn_kv_view kv = { S, (int)d, KV_F32, K + bh * S * d, V + bh * S * d,
-                                            NULL, 0, NULL };
+                                            NULL, 0, NULL, NULL };
                         attn_gather_group(&kv, q, (int)g, rows, n, out, sc);
                     }
                     for (long gi = 0; gi < g; gi++)
@@ -1314,7 +1485,7 @@ static void test_sparq_fallbacks(void)
     const size_t nf = pol->scratch_floats(&p, c.S, 64, 4);
     attn_scratch scr = { aligned_alloc(64, attn_pad16(nf) * 4), nf,
                          aligned_alloc(64, attn_pad16(nf) * 4), NULL, 0 };
-    attn_kv_view kv = { c.S, 64, KV_F32, c.K, c.V, NULL, 0, NULL };
+    attn_kv_view kv = { c.S, 64, KV_F32, c.K, c.V, NULL, 0, NULL, NULL };
     float out[4 * 64], alpha[4];
     int32_t *sel = malloc((size_t)c.S * sizeof *sel);
     attn_trace tr = { sel, 0, NULL, 0, alpha };
@@ -1334,8 +1505,67 @@ static void test_sparq_fallbacks(void)
 
 /* ---- 8. transfer counts ------------------------------------------------------------------- */
 
+/* SPEC.md's transfer per step, written out here from the text (not the
+ * policies' transfer_formula), for the resolved parameters. */
+static int64_t spec_transfer(const char *pol, const sparq_attn_params *p, int64_t S, int64_t d)
+{
+    const int64_t kk = p->k < S ? p->k : S, dense = 2 * S * d + 2 * d;
+    if (!strcmp(pol, "dense")) return dense;
+    if (!strcmp(pol, "sparq"))
+        return p->k >= S ? dense : S * p->r + 2 * p->k * d + (p->no_realloc ? 3 : 4) * d;
+    if (!strcmp(pol, "oracle") || !strcmp(pol, "flexgen")) return S * d + kk * d + 2 * d;
+    if (!strcmp(pol, "h2o")) return 2 * kk * d + 2 * d + 2 * S;
+    if (!strcmp(pol, "streaming")) return 2 * kk * d + 2 * d;
+    return -1;
+}
+
+/* Measured transfer == SPEC.md over many shapes: S, d and g with odd
+ * tails, several r and k, both cache types, SparQ's variants. */
+static void test_counts_shapes(void)
+{
+    rng r = { 41 };
+    const char *pols[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming" };
+    const int64_t Ss[] = { 2, 17, 63, 65, 300, 1031 };
+    const int ds[] = { 7, 16, 33, 64, 96 };
+    const int gs[] = { 1, 3, 4, 7 };
+    int n = 0, bad = 0;
+    for (size_t a = 0; a < 6; a++)
+        for (size_t b = 0; b < 5; b++) {
+            const int g = gs[(a + b) % 4], d = ds[b];
+            const int elem = (a + b) % 2 && have_f16 ? KV_F16 : KV_F32;
+            case_data c;
+            case_make(&c, &r, Ss[a], d, g, elem);
+            for (size_t pi = 0; pi < 6; pi++)
+                for (int v = 0; v < 4; v++) {
+                    const int ks[] = { 1, 13, 40, 5000 }, rr[] = { 1, 3, d / 2 > 0 ? d / 2 : 1, d };
+                    sparq_attn_params p = params(pols[pi], rr[v], ks[v], -1);
+                    if (!strcmp(pols[pi], "sparq") && v == 2) p.no_realloc = 1;
+                    if (!strcmp(pols[pi], "sparq") && v == 1) p.select_logits = 1;
+                    if (!strcmp(pols[pi], "streaming")) p.n_sink = 4;
+                    run_out o;
+                    run_policy(&c, &p, &o);
+                    char err[128];
+                    sparq_attn_params rp = p; /* resolved, for the SPEC expression */
+                    const attn_policy *pol = attn_policy_find(pols[pi]);
+                    const int ok_res = pol->resolve(&rp, d, err, sizeof err) == 0;
+                    const int64_t want = spec_transfer(pols[pi], &rp, c.S, d);
+                    const int64_t f = sparq_attn_formula(&p, c.S, d, g, err, sizeof err);
+                    const int ok = ok_res && o.rc == 0 && o.elements == want && f == want;
+                    bad += !ok;
+                    CHECK(ok, "%s r=%d k=%d S=%lld d=%d g=%d elem=%d: measured %lld, SPEC %lld, "
+                          "formula %lld (%s)", pols[pi], p.r, p.k, (long long)c.S, d, g, elem,
+                          (long long)o.elements, (long long)want, (long long)f, o.err);
+                    run_free(&o);
+                    n++;
+                }
+            case_free(&c);
+        }
+    fprintf(stderr, "transfer counts: %d policy runs, measured == SPEC.md in %d\n", n, n - bad);
+}
+
 static void test_counts(void)
 {
+    test_counts_shapes();
     rng r = { 17 };
     const char *pols[] = { "dense", "sparq", "oracle", "flexgen", "h2o", "streaming" };
     const int64_t Ss[] = { 1, 5, 40, 129, 1000 };
@@ -1442,6 +1672,7 @@ int main(void)
     test_golden();
     test_identities();
     test_sparq_fallbacks();
+    test_meters();
     test_counts();
     test_invalid();
     return test_summary("test_attn");

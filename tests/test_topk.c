@@ -101,7 +101,7 @@ static void fixture_init(fixture *f, int d, int elem)
         }
     for (int h = 0; h < G; h++)
         for (int j = 0; j < d; j++) f->q[h * d + j] = 1.5f * cen[(h * 5 + 3) % 16][j] + 0.5f * urand();
-    attn_kv_view kv = { S, d, elem, f->K, f->V, NULL, S, NULL };
+    attn_kv_view kv = { S, d, elem, f->K, f->V, NULL, S, NULL, NULL };
     f->kv = kv;
 }
 
@@ -659,8 +659,60 @@ static void test_model(void)
         if (cases[i].check)
             CHECK(st.recall_total > 0 && st.recall_hits == st.recall_total, "exact recall in the model: %lld/%lld",
                   (long long)st.recall_hits, (long long)st.recall_total);
+        /* only Faiss's graph walk is estimated; every other read is counted */
+        if (strcmp(cases[i].index, "hnsw") == 0)
+            CHECK(st.nominal_elements > 0 && st.nominal_elements < st.elements, "hnsw: %lld of %lld elements nominal",
+                  (long long)st.nominal_elements, (long long)st.elements);
+        else
+            CHECK(st.nominal_elements == 0, "%s: %lld elements nominal", cases[i].index, (long long)st.nominal_elements);
     }
     sparq_model_free(model);
+}
+
+/* `sparq run --json` says whether the transfer it reports was counted:
+ * false only where an hnsw search's reads are estimated. */
+static void test_run_nominal(void)
+{
+    const char *b = getenv("SPARQ_BUILD");
+    char bin[1024], gguf[1024], cmd[4096], dir[] = "/tmp/test_topk_run_XXXXXX";
+    snprintf(bin, sizeof bin, "%s/sparq", b ? b : "build");
+    if (path_find("stories260K.gguf", gguf, sizeof gguf)) {
+        test_skip("stories260K.gguf not found: run --json transfer_counted not checked");
+        return;
+    }
+    if (access(bin, X_OK) != 0) {
+        CHECK(0, "%s not built", bin);
+        return;
+    }
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    const char *kinds[] = { "exact", "hnsw" };
+    for (int i = 0; i < 2; i++) {
+#ifndef SPARQ_HAVE_FAISS
+        if (i == 1) continue;
+#endif
+        snprintf(cmd, sizeof cmd,
+                 "%s run -m %s -p 'Once upon a time, there was a little girl named Lily.' -n 4 --temp 0 -t 1 "
+                 "--attn topk --index %s --topk-k 4 --json >%s/out 2>%s/err",
+                 bin, gguf, kinds[i], dir, dir);
+        CHECK(system(cmd) == 0, "run --attn topk --index %s", kinds[i]);
+        char op[256];
+        snprintf(op, sizeof op, "%s/out", dir);
+        size_t n = 0;
+        char *js = test_read_file(op, &n);
+        const char *want = i == 0 ? "\"transfer_counted\":true" : "\"transfer_counted\":false";
+        CHECK(js && strstr(js, want) && strstr(js, "\"nominal_elements\":"), "%s: want %s in %s", kinds[i], want,
+              js ? js : "(none)");
+        free(js);
+        snprintf(op, sizeof op, "%s/err", dir);
+        js = test_read_file(op, &n);
+        CHECK(js && (strstr(js, "are nominal") != NULL) == (i == 1), "%s: stderr note: %s", kinds[i], js ? js : "(none)");
+        free(js);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
 }
 
 /* ---- the benchmark command, small: every needle found ------------------------- */
@@ -782,5 +834,6 @@ int main(void)
     test_model();
     test_bench_needles();
     test_bench_reuse_mismatch();
+    test_run_nominal();
     return test_summary("test_topk");
 }

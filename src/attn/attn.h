@@ -65,6 +65,25 @@ void attn_q8_quantize_row(const float *x, int64_t n, uint8_t *out);
 /* Elements [0, n) of row `row` (rows of len elements) widened to f32. */
 void attn_kv_row_f32(const void *base, int elem, int64_t len, int64_t row, int64_t n, float *out);
 
+/* What the kernels measured they read of the cache, in elements of its
+ * type (v_sum: f32 values). Each kernel adds, once per loop, the rows its
+ * row loop visited times the components its tiles covered, so a kernel
+ * that skipped or repeated rows shows in the count (tests/test_attn.c
+ * compares it with SPEC.md's formula). Rows are counted for a group's
+ * first query head: the group's other heads read the same rows from cache
+ * (one row serves the group, attn.c). */
+typedef struct attn_meter {
+    int64_t k;      /* K elements: rows scored x d                      */
+    int64_t v;      /* V elements: rows weighted x d                    */
+    int64_t kt;     /* K^T elements: component rows x positions         */
+    int64_t v_sum;  /* f32 running-sum values read                      */
+} attn_meter;
+
+static inline int64_t attn_meter_total(const attn_meter *m)
+{
+    return m->k + m->v + m->kt + m->v_sum;
+}
+
 /* What the KV cache holds for one (layer, kv_head), positions 0..S-1, the
  * current token (position S-1) already appended. */
 typedef struct attn_kv_view {
@@ -77,9 +96,17 @@ typedef struct attn_kv_view {
     int64_t     kt_stride; /* elements between rows of KT (Q8_0: each row
                             * is kt_stride elements, attn_q8_row_bytes)   */
     const float *v_sum;    /* [d] f32 sum of V over all S, or NULL        */
+    attn_meter  *meter;    /* kernels add what they read here, or NULL:
+                            * policies point it at their own per-call
+                            * meter (a copy of the view), so a view from
+                            * kv_view or a positional initialiser has it
+                            * NULL                                        */
 } attn_kv_view;
 
-/* Elements a step touched; bytes = elements x element size of the cache. */
+/* Elements a step touched; bytes = elements x element size of the cache.
+ * read is measured (attn_meter, and the index scan's own count); written is
+ * what the cache's append of this step stores (k, v, and SparQ's v_sum
+ * update), which happens outside the policy and is declared by it. */
 typedef struct attn_counts {
     int64_t read;
     int64_t written;
@@ -208,7 +235,8 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
  * `_ref` twin and, when the build targets AVX-512, an `_avx512` twin with
  * the same signature; the un-suffixed name is the fastest one compiled in.
  * Elements read: attn_scores and attn_weighted_sum n*d each,
- * attn_kt_logits n*r. */
+ * attn_kt_logits n*r; each twin measures them into kv->meter (K, V or
+ * K^T) when it is set. */
 
 /* s[h*n + i] = (q_h . K[row_i]) / sqrt(d), for h < g, i < n. */
 void attn_scores(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,

@@ -3,7 +3,9 @@
  * y_h = softmax(q_h K^T / sqrt(d)) V for the g heads of a group, each K and V
  * row read once for the whole group (attn_dense_group).
  * Transfer per step and KV head: 2*S*d reads (K, V) + 2*d written (this
- * step's k and v appended to the cache) = SPEC.md's 2*S*d + 2*d.
+ * step's k and v appended to the cache) = SPEC.md's 2*S*d + 2*d. The reads
+ * reported are what the kernels measured (attn_meter); the formula is
+ * dense_transfer.
  */
 #include "attn/attn.h"
 
@@ -24,9 +26,12 @@ static int dense_attend(void *state, const sparq_attn_params *p, int layer, int 
                                 attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
     (void)state; (void)p; (void)layer; (void)kv_head;
-    attn_dense_group(kv, q, g, out, scratch->f);
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view v = *kv;
+    v.meter = &m;
+    attn_dense_group(&v, q, g, out, scratch->f);
     if (counts) {
-        counts->read += 2 * kv->S * kv->d;
+        counts->read += attn_meter_total(&m);
         counts->written += 2 * (int64_t)kv->d;
     }
     if (tr) {

@@ -32,10 +32,12 @@ static int flexgen_attend(void *state, const sparq_attn_params *p, int layer, in
                                   attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
     (void)state; (void)layer; (void)kv_head;
-    attn_exact_topk_group(kv, q, g, p->k, 0, out, scratch, tr);
-    if (counts) {
-        const int64_t kk = p->k < kv->S ? p->k : kv->S;
-        counts->read += kv->S * kv->d + kk * kv->d;
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view v = *kv;
+    v.meter = &m;
+    attn_exact_topk_group(&v, q, g, p->k, 0, out, scratch, tr);
+    if (counts) { /* measured by the kernels: K of every row, V of the kept */
+        counts->read += attn_meter_total(&m);
         counts->written += 2 * (int64_t)kv->d;
     }
     return 0;

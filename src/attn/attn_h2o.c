@@ -18,7 +18,8 @@
  *
  * Transfer per step: 2*k*d (K, V of kept rows) + 2*d (k, v appended) +
  * S score reads (step 1) + S score writes (step 3) = SPEC.md's
- * 2*k*d + 2*d + 2*S.
+ * 2*k*d + 2*d + 2*S. K and V reads are measured by the kernels
+ * (attn_meter), the score reads and writes by the two sweeps' trip counts.
  */
 #include "attn/attn.h"
 
@@ -162,10 +163,14 @@ static int h2o_attend(void *state, const sparq_attn_params *p, int layer, int kv
     const int64_t S = kv->S, d = kv->d;
     h2o_scratch s = h2o_layout(scratch->f, scratch->i, p, S, g);
     float *row = h2o_row(state, layer, kv_head, S);
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view mv = *kv;
+    mv.meter = &m;
+    kv = &mv;
     if (!row) { /* no state for this head (cannot happen via the model) */
         attn_dense_group(kv, q, g, out, scratch->f);
         if (counts) {
-            counts->read += 2 * S * d;
+            counts->read += attn_meter_total(&m);
             counts->written += 2 * d;
         }
         if (tr) tr->n_sel = 0;
@@ -174,8 +179,8 @@ static int h2o_attend(void *state, const sparq_attn_params *p, int layer, int kv
 
     /* 1. selection: the window, then the best older alive positions */
     const int64_t k = p->k, ws = S - (p->l < S ? p->l : S);
-    int64_t n_sel = 0, n_cand = 0;
-    for (int64_t i = 0; i < S; i++) {
+    int64_t n_sel = 0, n_cand = 0, i;
+    for (i = 0; i < S; i++) {
         const float v = row[i];
         if (v == -INFINITY) continue;
         if (i >= ws) {
@@ -185,6 +190,7 @@ static int h2o_attend(void *state, const sparq_attn_params *p, int layer, int kv
             s.cand_pos[n_cand++] = (int32_t)i;
         }
     }
+    const int64_t score_reads = i;
     int64_t rest = k - n_sel;
     if (rest > n_cand) rest = n_cand;
     if (rest > 0) {
@@ -215,14 +221,16 @@ static int h2o_attend(void *state, const sparq_attn_params *p, int layer, int kv
         row[s.sel[j]] += a * inv_g;
     }
     qsort(s.sel, (size_t)n_sel, sizeof *s.sel, cmp_i32);
-    for (int64_t i = 0, j = 0; i < S; i++) {
+    int64_t j = 0;
+    for (i = 0; i < S; i++) {
         if (j < n_sel && s.sel[j] == i) j++;
         else row[i] = -INFINITY;
     }
+    const int64_t score_writes = i; /* kept entries updated above, the rest evicted here */
 
     if (counts) {
-        counts->read += 2 * n_sel * d + S;
-        counts->written += 2 * d + S;
+        counts->read += attn_meter_total(&m) + score_reads;
+        counts->written += 2 * d + score_writes;
     }
     return 0;
 }

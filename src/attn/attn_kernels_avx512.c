@@ -208,13 +208,15 @@ static ALWAYS_INLINE void scores_quad(const attn_kv_view *kv, const float *qh, c
 /* Scores of HB (<= 4) heads h0.. over one block of nb <= 16 rows starting
  * at i0, written to so[(h0+hh)*ss + u]. The tree runs as the quads finish,
  * so at most 8 partial vectors wait beside the 16 accumulators (no spills).
- * Lanes past nb reuse a valid row and are masked off at the store. */
-static ALWAYS_INLINE void scores_block(const attn_kv_view *kv, const float *q, int h0,
-                                       const int HB, const int32_t *rows, int64_t i0, int nb,
-                                       float scale, float *so, int64_t ss, const int f16)
+ * Lanes past nb reuse a valid row and are masked off at the store. Returns
+ * the rows it scored (the quads' rows below nb). */
+static ALWAYS_INLINE int scores_block(const attn_kv_view *kv, const float *q, int h0,
+                                      const int HB, const int32_t *rows, int64_t i0, int nb,
+                                      float scale, float *so, int64_t ss, const int f16)
 {
     const int d = kv->d;
     const float *qh = q + (size_t)h0 * d;
+    int scored = 0;
     __m512 c[2][4];
     UNROLL for (int half = 0; half < 2; half++) {
         __m512 b[2][4];
@@ -230,6 +232,7 @@ static ALWAYS_INLINE void scores_block(const attn_kv_view *kv, const float *q, i
                 at[u] = (rows ? rows[rr] : rr) * kv_row_units(d, f16);
             }
             scores_quad(kv, qh, HB, at, b[qd], f16);
+            scored += nb - r0 < 4 ? nb - r0 : 4;
         }
         UNROLL for (int hh = 0; hh < HB; hh++) c[half][hh] = pair_sum(b[0][hh], b[1][hh]);
     }
@@ -237,22 +240,29 @@ static ALWAYS_INLINE void scores_block(const attn_kv_view *kv, const float *q, i
     UNROLL for (int hh = 0; hh < HB; hh++)
         _mm512_mask_storeu_ps(so + (h0 + hh) * ss, m,
                               _mm512_mul_ps(pair_sum(c[0][hh], c[1][hh]), _mm512_set1_ps(scale)));
+    return scored;
 }
 
 /* Scores of all g heads for rows [i0, i0+nb), nb <= 16, written to
- * so[h*ss + (i - i0)]. */
-static ALWAYS_INLINE void scores_rows16(const attn_kv_view *kv, const float *q, int g,
-                                        const int32_t *rows, int64_t i0, int nb, float scale,
-                                        float *so, int64_t ss, const int f16)
+ * so[h*ss + (i - i0)]. Returns the rows the first head block scored (the
+ * later blocks find the same rows in L1). */
+static ALWAYS_INLINE int scores_rows16(const attn_kv_view *kv, const float *q, int g,
+                                       const int32_t *rows, int64_t i0, int nb, float scale,
+                                       float *so, int64_t ss, const int f16)
 {
-    int h0 = 0;
-    for (; h0 + 4 <= g; h0 += 4) scores_block(kv, q, h0, 4, rows, i0, nb, scale, so, ss, f16);
+    int h0 = 0, scored = 0;
+    for (; h0 + 4 <= g; h0 += 4) {
+        const int n = scores_block(kv, q, h0, 4, rows, i0, nb, scale, so, ss, f16);
+        if (h0 == 0) scored = n;
+    }
+    int n = 0;
     switch (g - h0) {
-    case 3: scores_block(kv, q, h0, 3, rows, i0, nb, scale, so, ss, f16); break;
-    case 2: scores_block(kv, q, h0, 2, rows, i0, nb, scale, so, ss, f16); break;
-    case 1: scores_block(kv, q, h0, 1, rows, i0, nb, scale, so, ss, f16); break;
+    case 3: n = scores_block(kv, q, h0, 3, rows, i0, nb, scale, so, ss, f16); break;
+    case 2: n = scores_block(kv, q, h0, 2, rows, i0, nb, scale, so, ss, f16); break;
+    case 1: n = scores_block(kv, q, h0, 1, rows, i0, nb, scale, so, ss, f16); break;
     default: break;
     }
+    return h0 == 0 ? n : scored;
 }
 
 /* Gathered rows: K rows this far ahead are requested (a row is 4 lines at
@@ -266,6 +276,7 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
 {
     const float scale = 1.0f / sqrtf((float)kv->d);
     const size_t row_bytes = kv_row_bytes(kv->d, f16);
+    int64_t scored = 0; /* rows read, for kv->meter: one add per 16 rows */
     if (rows) prefetch_rows(kv->K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, row_bytes);
     for (int64_t i0 = 0; i0 < n; i0 += 16) {
         const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
@@ -274,8 +285,9 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
             prefetch_rows(kv->K, rows, a, b, row_bytes);
             if (i0 < v_rows) prefetch_rows(kv->V, rows, i0, i0 + nb, row_bytes);
         }
-        scores_rows16(kv, q, g, rows, i0, nb, scale, s + i0, n, f16);
+        scored += scores_rows16(kv, q, g, rows, i0, nb, scale, s + i0, n, f16);
     }
+    if (kv->meter) kv->meter->k += scored * kv->d;
 }
 
 void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
@@ -326,10 +338,11 @@ void attn_softmax_avx512(float *s, int g, int64_t n)
 /* out[h0..h0+HB)[j0..j0+64) += sum over rows i in [i0, i0+nb) of
  * wb[h*ws + i - i0] * V[i]. The 64 output columns of HB <= 4 heads are 16
  * accumulators held in registers; `masked` tiles (the last, when
- * d % 64 != 0) load with lane masks. */
-static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *wb, int64_t ws, int h0,
-                                    const int HB, const int masked, const int32_t *rows,
-                                    int64_t i0, int64_t nb, int j0, float *out, const int f16)
+ * d % 64 != 0) load with lane masks. Returns the V elements it read: rows
+ * visited x the tile's columns. */
+static ALWAYS_INLINE int64_t wsum_tile(const attn_kv_view *kv, const float *wb, int64_t ws, int h0,
+                                       const int HB, const int masked, const int32_t *rows,
+                                       int64_t i0, int64_t nb, int j0, float *out, const int f16)
 {
     const int d = kv->d;
     __mmask16 mk[4];
@@ -340,7 +353,8 @@ static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *wb, int
     UNROLL for (int hh = 0; hh < HB; hh++)
         UNROLL for (int c = 0; c < 4; c++)
             acc[hh][c] = _mm512_maskz_loadu_ps(mk[c], o + hh * d + 16 * c);
-    for (int64_t i = i0; i < i0 + nb; i++) {
+    int64_t i = i0;
+    for (; i < i0 + nb; i++) {
         const int64_t at = (rows ? rows[i] : i) * kv_row_units(d, f16);
         __m512 v[4];
         UNROLL for (int c = 0; c < 4; c++)
@@ -354,31 +368,42 @@ static ALWAYS_INLINE void wsum_tile(const attn_kv_view *kv, const float *wb, int
     UNROLL for (int hh = 0; hh < HB; hh++)
         UNROLL for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(o + hh * d + 16 * c, mk[c], acc[hh][c]);
+    return (i - i0) * (masked ? d - j0 : 64);
 }
 
-static ALWAYS_INLINE void wsum_tiles(const attn_kv_view *kv, const float *wb, int64_t ws, int h0,
-                                     const int HB, const int32_t *rows, int64_t i0, int64_t nb,
-                                     float *out, const int f16)
+static ALWAYS_INLINE int64_t wsum_tiles(const attn_kv_view *kv, const float *wb, int64_t ws, int h0,
+                                        const int HB, const int32_t *rows, int64_t i0, int64_t nb,
+                                        float *out, const int f16)
 {
     int j0 = 0;
+    int64_t read = 0;
     for (; j0 + 64 <= kv->d; j0 += 64)
-        wsum_tile(kv, wb, ws, h0, HB, 0, rows, i0, nb, j0, out, f16);
-    if (j0 < kv->d) wsum_tile(kv, wb, ws, h0, HB, 1, rows, i0, nb, j0, out, f16);
+        read += wsum_tile(kv, wb, ws, h0, HB, 0, rows, i0, nb, j0, out, f16);
+    if (j0 < kv->d) read += wsum_tile(kv, wb, ws, h0, HB, 1, rows, i0, nb, j0, out, f16);
+    return read;
 }
 
-/* out[h] += sum over rows [i0, i0+nb) of wb[h*ws + i - i0] * V[i], all g heads. */
-static ALWAYS_INLINE void wsum_rows(const attn_kv_view *kv, const float *wb, int64_t ws, int g,
-                                    const int32_t *rows, int64_t i0, int64_t nb, float *out,
-                                    const int f16)
+/* out[h] += sum over rows [i0, i0+nb) of wb[h*ws + i - i0] * V[i], all g heads.
+ * Returns the V elements the first head block read (the later blocks find
+ * the rows in L1). */
+static ALWAYS_INLINE int64_t wsum_rows(const attn_kv_view *kv, const float *wb, int64_t ws, int g,
+                                       const int32_t *rows, int64_t i0, int64_t nb, float *out,
+                                       const int f16)
 {
     int h0 = 0;
-    for (; h0 + 4 <= g; h0 += 4) wsum_tiles(kv, wb, ws, h0, 4, rows, i0, nb, out, f16);
+    int64_t read = 0, n = 0;
+    for (; h0 + 4 <= g; h0 += 4) {
+        n = wsum_tiles(kv, wb, ws, h0, 4, rows, i0, nb, out, f16);
+        if (h0 == 0) read = n;
+    }
+    n = 0;
     switch (g - h0) {
-    case 3: wsum_tiles(kv, wb, ws, h0, 3, rows, i0, nb, out, f16); break;
-    case 2: wsum_tiles(kv, wb, ws, h0, 2, rows, i0, nb, out, f16); break;
-    case 1: wsum_tiles(kv, wb, ws, h0, 1, rows, i0, nb, out, f16); break;
+    case 3: n = wsum_tiles(kv, wb, ws, h0, 3, rows, i0, nb, out, f16); break;
+    case 2: n = wsum_tiles(kv, wb, ws, h0, 2, rows, i0, nb, out, f16); break;
+    case 1: n = wsum_tiles(kv, wb, ws, h0, 1, rows, i0, nb, out, f16); break;
     default: break;
     }
+    return h0 == 0 ? n : read;
 }
 
 enum { WSUM_BLOCK = 32 }; /* rows per block: their V stays in L1 across tiles */
@@ -388,14 +413,16 @@ static ALWAYS_INLINE void weighted_sum_avx512(const attn_kv_view *kv, const floa
                                               const int f16)
 {
     const size_t row_bytes = kv_row_bytes(kv->d, f16);
+    int64_t read = 0;
     memset(out, 0, (size_t)g * kv->d * sizeof *out);
     for (int64_t i0 = 0; i0 < n; i0 += WSUM_BLOCK) {
         const int64_t nb = n - i0 < WSUM_BLOCK ? n - i0 : WSUM_BLOCK;
         if (rows)
             prefetch_rows(kv->V, rows, i0 + WSUM_BLOCK,
                           i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n, row_bytes);
-        wsum_rows(kv, w + i0, n, g, rows, i0, nb, out, f16);
+        read += wsum_rows(kv, w + i0, n, g, rows, i0, nb, out, f16);
     }
+    if (kv->meter) kv->meter->v += read;
 }
 
 void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
@@ -419,6 +446,7 @@ static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const floa
 {
     const int d = kv->d;
     const size_t row_bytes = kv_row_bytes(d, f16);
+    int64_t read = 0; /* V elements of the first pass (heads past SWS_HEADS re-read them) */
     for (int hc = 0; hc < g; hc += SWS_HEADS) {
         const int hn = g - hc < SWS_HEADS ? g - hc : SWS_HEADS;
         float mx[SWS_HEADS];
@@ -446,7 +474,8 @@ static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const floa
                 _mm512_store_ps(wb + hh * WSUM_BLOCK + 16, w1);
                 z[hh] += _mm512_reduce_add_ps(_mm512_add_ps(w0, w1));
             }
-            wsum_rows(kv, wb, WSUM_BLOCK, hn, rows, i0, nb, o, f16);
+            const int64_t nr = wsum_rows(kv, wb, WSUM_BLOCK, hn, rows, i0, nb, o, f16);
+            if (hc == 0) read += nr;
         }
         for (int hh = 0; hh < hn; hh++) {
             const __m512 inv = _mm512_set1_ps((float)(1.0 / z[hh]));
@@ -457,6 +486,7 @@ static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const floa
             }
         }
     }
+    if (kv->meter) kv->meter->v += read;
 }
 
 void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, int g,
@@ -488,11 +518,11 @@ enum { KT_NV = 4, KT_TILE = 16 * KT_NV, KT_AHEAD = 512 };
  * per tile, used as they arrive. K^T rows are usually a power of two apart
  * and share cache sets, so lines requested early into L1 would evict each
  * other; `pf` (elements, 0 = none) requests the lines that far ahead into
- * L2 instead. */
-static ALWAYS_INLINE void kt_tile(const attn_kv_view *kv, const float *qs, const int32_t *comp,
-                                  int r, int h0, const int HB, int64_t i, int64_t left,
-                                  const int masked, int64_t pf, __m512 acc[4][KT_NV],
-                                  const int f16)
+ * L2 instead. Returns the K^T rows it read (r). */
+static ALWAYS_INLINE int kt_tile(const attn_kv_view *kv, const float *qs, const int32_t *comp,
+                                 int r, int h0, const int HB, int64_t i, int64_t left,
+                                 const int masked, int64_t pf, __m512 acc[4][KT_NV],
+                                 const int f16)
 {
     const size_t es = f16 ? 2 : 4;
     const char *kt = (const char *)kv->KT;
@@ -501,7 +531,8 @@ static ALWAYS_INLINE void kt_tile(const attn_kv_view *kv, const float *qs, const
     UNROLL for (int hh = 0; hh < HB; hh++)
         UNROLL for (int v = 0; v < KT_NV; v++) acc[hh][v] = _mm512_setzero_ps();
     const float *qc = qs + (size_t)h0 * r;
-    for (int c = 0; c < r; c++) {
+    int c = 0;
+    for (; c < r; c++) {
         __m512 v[KT_NV];
         if (f16 == KQ8) { /* i is a multiple of KT_TILE: whole blocks */
             const uint8_t *row = (const uint8_t *)kt + (size_t)comp[c] * attn_q8_row_bytes(kv->kt_stride);
@@ -521,25 +552,29 @@ static ALWAYS_INLINE void kt_tile(const attn_kv_view *kv, const float *qs, const
             UNROLL for (int u = 0; u < KT_NV; u++) acc[hh][u] = _mm512_fmadd_ps(qv, v[u], acc[hh][u]);
         }
     }
+    return c; /* K^T rows read */
 }
 
 /* One block [i0, i0+len) of HB heads from h0: logits into s (row stride n),
- * lanes past the end untouched. */
-static ALWAYS_INLINE void kt_logits_block(const attn_kv_view *kv, const float *qs,
-                                          const int32_t *comp, int r, int h0, const int HB,
-                                          int64_t n, int64_t i0, int64_t len, float *s,
-                                          const int f16)
+ * lanes past the end untouched. Returns the K^T elements read: per tile,
+ * rows x positions. */
+static ALWAYS_INLINE int64_t kt_logits_block(const attn_kv_view *kv, const float *qs,
+                                             const int32_t *comp, int r, int h0, const int HB,
+                                             int64_t n, int64_t i0, int64_t len, float *s,
+                                             const int f16)
 {
+    int64_t read = 0;
     for (int64_t i = i0; i < i0 + len; i += KT_TILE) {
         const int64_t left = i0 + len - i, pf = i + KT_AHEAD < n ? KT_AHEAD : 0;
         __m512 acc[4][KT_NV];
-        if (left >= KT_TILE) kt_tile(kv, qs, comp, r, h0, HB, i, left, 0, pf, acc, f16);
-        else kt_tile(kv, qs, comp, r, h0, HB, i, left, 1, pf, acc, f16);
+        if (left >= KT_TILE) read += (int64_t)kt_tile(kv, qs, comp, r, h0, HB, i, left, 0, pf, acc, f16) * KT_TILE;
+        else read += (int64_t)kt_tile(kv, qs, comp, r, h0, HB, i, left, 1, pf, acc, f16) * left;
         UNROLL for (int hh = 0; hh < HB; hh++)
             UNROLL for (int u = 0; u < KT_NV; u++)
                 _mm512_mask_storeu_ps(s + (size_t)(h0 + hh) * n + i + 16 * u,
                                       tail_mask(left - 16 * u), acc[hh][u]);
     }
+    return read;
 }
 
 static ALWAYS_INLINE void kt_logits_avx512(const attn_kv_view *kv, const float *qs,
@@ -547,18 +582,26 @@ static ALWAYS_INLINE void kt_logits_avx512(const attn_kv_view *kv, const float *
                                            float *s, const int f16)
 {
     /* block-major: heads after the first four find the block's K^T lines
-     * in cache instead of streaming K^T again */
+     * in cache instead of streaming K^T again (so only the first four's
+     * reads are counted) */
+    int64_t read = 0;
     for (int64_t i0 = 0; i0 < n; i0 += ATTN_EXP_BLOCK) {
         const int64_t len = n - i0 < ATTN_EXP_BLOCK ? n - i0 : ATTN_EXP_BLOCK;
         int h0 = 0;
-        for (; h0 + 4 <= g; h0 += 4) kt_logits_block(kv, qs, comp, r, h0, 4, n, i0, len, s, f16);
+        for (; h0 + 4 <= g; h0 += 4) {
+            const int64_t e = kt_logits_block(kv, qs, comp, r, h0, 4, n, i0, len, s, f16);
+            if (h0 == 0) read += e;
+        }
+        int64_t e = 0;
         switch (g - h0) {
-        case 3: kt_logits_block(kv, qs, comp, r, h0, 3, n, i0, len, s, f16); break;
-        case 2: kt_logits_block(kv, qs, comp, r, h0, 2, n, i0, len, s, f16); break;
-        case 1: kt_logits_block(kv, qs, comp, r, h0, 1, n, i0, len, s, f16); break;
+        case 3: e = kt_logits_block(kv, qs, comp, r, h0, 3, n, i0, len, s, f16); break;
+        case 2: e = kt_logits_block(kv, qs, comp, r, h0, 2, n, i0, len, s, f16); break;
+        case 1: e = kt_logits_block(kv, qs, comp, r, h0, 1, n, i0, len, s, f16); break;
         default: break;
         }
+        if (h0 == 0) read += e;
     }
+    if (kv->meter) kv->meter->kt += read;
 }
 
 void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp,
@@ -572,19 +615,21 @@ void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_
 /* attn_kt_exp for HB heads from h0 over block [i0, i0+len): logits into e
  * with their block maximum tracked on the way, then (block still in L1)
  * mrun/zrun (the heads' running max and sum of exp against it) updated and
- * the block exponentiated in place. lsum gets (add: adds) the heads' sum. */
-static ALWAYS_INLINE void kt_exp_block(const attn_kv_view *kv, const float *qs,
+ * the block exponentiated in place. lsum gets (add: adds) the heads' sum.
+ * Returns the K^T elements read: per tile, rows x positions. */
+static ALWAYS_INLINE int64_t kt_exp_block(const attn_kv_view *kv, const float *qs,
                                        const int32_t *comp, int r, int h0, const int HB,
                                        int64_t n, int64_t i0, int64_t len, float *e, float *lsum,
                                        int add, float *mrun, double *zrun, const int f16)
 {
     __m512 vmax[4];
+    int64_t read = 0;
     UNROLL for (int hh = 0; hh < HB; hh++) vmax[hh] = _mm512_set1_ps(-INFINITY);
     for (int64_t i = i0; i < i0 + len; i += KT_TILE) {
         const int64_t left = i0 + len - i, pf = i + KT_AHEAD < n ? KT_AHEAD : 0;
         __m512 acc[4][KT_NV];
-        if (left >= KT_TILE) kt_tile(kv, qs, comp, r, h0, HB, i, left, 0, pf, acc, f16);
-        else kt_tile(kv, qs, comp, r, h0, HB, i, left, 1, pf, acc, f16);
+        if (left >= KT_TILE) read += (int64_t)kt_tile(kv, qs, comp, r, h0, HB, i, left, 0, pf, acc, f16) * KT_TILE;
+        else read += (int64_t)kt_tile(kv, qs, comp, r, h0, HB, i, left, 1, pf, acc, f16) * left;
         __mmask16 mk[KT_NV];
         UNROLL for (int u = 0; u < KT_NV; u++) mk[u] = tail_mask(left - 16 * u);
         UNROLL for (int hh = 0; hh < HB; hh++)
@@ -622,6 +667,7 @@ static ALWAYS_INLINE void kt_exp_block(const attn_kv_view *kv, const float *qs,
         }
         zrun[hh] += _mm512_reduce_add_ps(zv);
     }
+    return read;
 }
 
 /* Heads whose running max and sum live on the stack; more take more passes. */
@@ -632,6 +678,7 @@ static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
                                         float *scale, float *lsum, const int f16)
 {
     const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    int64_t read = 0; /* K^T elements the first head block read (the rest: same lines, in cache) */
     for (int hc = 0; hc < g; hc += KT_EXP_HEADS) {
         const int hn = g - hc < KT_EXP_HEADS ? g - hc : KT_EXP_HEADS;
         float mrun[KT_EXP_HEADS];
@@ -644,18 +691,22 @@ static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
             const int64_t i0 = b * ATTN_EXP_BLOCK;
             const int64_t len = n - i0 < ATTN_EXP_BLOCK ? n - i0 : ATTN_EXP_BLOCK;
             int h = 0;
-            for (; h + 4 <= hn; h += 4)
-                kt_exp_block(kv, qs, comp, r, hc + h, 4, n, i0, len, e, lsum, hc + h > 0,
-                             mrun + h, zrun + h, f16);
+            for (; h + 4 <= hn; h += 4) {
+                const int64_t x = kt_exp_block(kv, qs, comp, r, hc + h, 4, n, i0, len, e, lsum,
+                                               hc + h > 0, mrun + h, zrun + h, f16);
+                if (hc + h == 0) read += x;
+            }
+            int64_t x = 0;
             switch (hn - h) {
-            case 3: kt_exp_block(kv, qs, comp, r, hc + h, 3, n, i0, len, e, lsum, hc + h > 0,
-                                 mrun + h, zrun + h, f16); break;
-            case 2: kt_exp_block(kv, qs, comp, r, hc + h, 2, n, i0, len, e, lsum, hc + h > 0,
-                                 mrun + h, zrun + h, f16); break;
-            case 1: kt_exp_block(kv, qs, comp, r, hc + h, 1, n, i0, len, e, lsum, hc + h > 0,
-                                 mrun + h, zrun + h, f16); break;
+            case 3: x = kt_exp_block(kv, qs, comp, r, hc + h, 3, n, i0, len, e, lsum, hc + h > 0,
+                                     mrun + h, zrun + h, f16); break;
+            case 2: x = kt_exp_block(kv, qs, comp, r, hc + h, 2, n, i0, len, e, lsum, hc + h > 0,
+                                     mrun + h, zrun + h, f16); break;
+            case 1: x = kt_exp_block(kv, qs, comp, r, hc + h, 1, n, i0, len, e, lsum, hc + h > 0,
+                                     mrun + h, zrun + h, f16); break;
             default: break;
             }
+            if (hc + h == 0) read += x;
             for (int hh = 0; hh < hn; hh++) scale[(size_t)(hc + hh) * nb + b] = mrun[hh];
         }
         /* the block maxima become exp(m_b - M) / Z, 16 blocks at a time */
@@ -671,6 +722,7 @@ static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
             }
         }
     }
+    if (kv->meter) kv->meter->kt += read;
 }
 
 void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,

@@ -56,14 +56,18 @@ void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_
 {
     const int d = kv->d;
     const float scale = 1.0f / sqrtf((float)d);
+    int64_t read = 0; /* K elements of the rows visited, first head's pass */
     for (int64_t i = 0; i < n; i++) {
         const int64_t row = rows ? rows[i] : i;
         for (int h = 0; h < g; h++) {
             float acc = 0;
-            for (int j = 0; j < d; j++) acc += q[h * d + j] * attn_kv_at(kv->K, kv->elem, d, row, j);
+            int j;
+            for (j = 0; j < d; j++) acc += q[h * d + j] * attn_kv_at(kv->K, kv->elem, d, row, j);
             s[h * n + i] = acc * scale;
+            if (h == 0) read += j;
         }
     }
+    if (kv->meter) kv->meter->k += read;
 }
 
 void attn_softmax_ref(float *s, int g, int64_t n)
@@ -82,15 +86,19 @@ void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const 
                            int64_t n, float *out)
 {
     const int d = kv->d;
+    int64_t read = 0; /* V elements of the rows visited, first head's pass */
     memset(out, 0, (size_t)g * d * sizeof *out);
     for (int64_t i = 0; i < n; i++) {
         const int64_t row = rows ? rows[i] : i;
         for (int h = 0; h < g; h++) {
             const float wi = w[h * n + i];
-            for (int j = 0; j < d; j++)
+            int j;
+            for (j = 0; j < d; j++)
                 out[h * d + j] += wi * attn_kv_at(kv->V, kv->elem, d, row, j);
+            if (h == 0) read += j;
         }
     }
+    if (kv->meter) kv->meter->v += read;
 }
 
 void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
@@ -105,11 +113,15 @@ void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g
         for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
         for (int64_t i = 0; i < n; i++) z += expf(x[i] - mx);
         const float inv = (float)(1.0 / z);
+        int64_t read = 0; /* V elements of the rows visited by this head */
         for (int64_t i = 0; i < n; i++) {
             const int64_t row = rows ? rows[i] : i;
             const float w = expf(x[i] - mx) * inv;
-            for (int j = 0; j < d; j++) out[h * d + j] += w * attn_kv_at(kv->V, kv->elem, d, row, j);
+            int j;
+            for (j = 0; j < d; j++) out[h * d + j] += w * attn_kv_at(kv->V, kv->elem, d, row, j);
+            read += j;
         }
+        if (h == 0 && kv->meter) kv->meter->v += read; /* the group's other heads: same rows */
     }
 }
 
@@ -117,12 +129,16 @@ void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *
                         int g, int64_t n, float *s)
 {
     memset(s, 0, (size_t)g * n * sizeof *s);
+    int64_t read = 0; /* K^T elements: per component row, the positions visited */
     for (int c = 0; c < r; c++) {
-        for (int64_t i = 0; i < n; i++) {
+        int64_t i;
+        for (i = 0; i < n; i++) {
             const float kt = attn_kv_at(kv->KT, kv->elem, kv->kt_stride, comp[c], i);
             for (int h = 0; h < g; h++) s[h * n + i] += qs[h * r + c] * kt;
         }
+        read += i;
     }
+    if (kv->meter) kv->meter->kt += read;
 }
 
 void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,

@@ -32,14 +32,16 @@ static int oracle_attend(void *state, const sparq_attn_params *p, int layer, int
                                  attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
 {
     (void)state; (void)layer; (void)kv_head;
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view v = *kv;
+    v.meter = &m;
     /* Keeping everything is dense attention; the dense kernel makes that
      * an identity to the last bit rather than to f32 rounding of the
      * renormalised selection. */
-    if (p->k >= kv->S && !tr) attn_dense_group(kv, q, g, out, scratch->f);
-    else attn_exact_topk_group(kv, q, g, p->k, 1, out, scratch, tr);
-    if (counts) {
-        const int64_t kk = p->k < kv->S ? p->k : kv->S;
-        counts->read += kv->S * kv->d + kk * kv->d;
+    if (p->k >= kv->S && !tr) attn_dense_group(&v, q, g, out, scratch->f);
+    else attn_exact_topk_group(&v, q, g, p->k, 1, out, scratch, tr);
+    if (counts) { /* measured by the kernels */
+        counts->read += attn_meter_total(&m);
         counts->written += 2 * (int64_t)kv->d;
     }
     return 0;

@@ -21,7 +21,10 @@
  *
  * Transfer per step (elements): S*r (K^T rows) + 2*k*d (K, V rows) + d (read
  * v_sum) + 2*d (this step's k, v appended) + d (the cache's v_sum update) =
- * SPEC.md's S*r + 2*k*d + 4*d. With k >= S: dense's 2*S*d + 2*d.
+ * SPEC.md's S*r + 2*k*d + 4*d (3*d with no_realloc: v_sum is not read).
+ * With k >= S: dense's 2*S*d + 2*d.
+ * The reads reported are measured where they happen (attn_meter: the K^T
+ * pass, the gather, the v_sum loop); the writes are the cache's append.
  * The cache must hold K^T and v_sum (needs); without them the step still
  * works (K columns read instead of K^T rows, v_sum rebuilt from V, counted).
  */
@@ -131,19 +134,23 @@ static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *c
                        int64_t n, float *e, float *scale, float *lsum)
 {
     const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    int64_t read = 0; /* K elements: r components of each row, first head's pass */
     for (int64_t i = 0; i < n; i++) {
         float ls = 0;
         for (int h = 0; h < g; h++) {
             float a = 0;
-            for (int c = 0; c < r; c++) {
+            int c;
+            for (c = 0; c < r; c++) {
                 const float k = attn_kv_at(kv->K, kv->elem, kv->d, i, comp[c]);
                 a += qs[h * r + c] * k;
             }
             e[h * n + i] = a;
             ls += a;
+            if (h == 0) read += c;
         }
         if (lsum) lsum[i] = ls;
     }
+    if (kv->meter) kv->meter->k += read;
     for (int h = 0; h < g; h++) {
         float *x = e + h * n, m = -INFINITY;
         double z = 0;
@@ -153,24 +160,29 @@ static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *c
     }
 }
 
-/* vmean[d] = v_sum / S. Returns elements read beyond v_sum itself: 0, or
- * S*d - d when the cache keeps no running sum and V is summed instead. */
-static int64_t mean_value(const attn_kv_view *kv, float *vmean)
+/* vmean[d] = v_sum / S, the d values of v_sum counted into kv->meter; or,
+ * when the cache keeps no running sum, V summed instead (S*d counted). */
+static void mean_value(const attn_kv_view *kv, float *vmean)
 {
     const int64_t S = kv->S;
     const int d = kv->d;
     const float inv_s = 1.0f / (float)S;
+    int j;
     if (kv->v_sum) {
-        for (int j = 0; j < d; j++) vmean[j] = kv->v_sum[j] * inv_s;
-        return 0;
+        for (j = 0; j < d; j++) vmean[j] = kv->v_sum[j] * inv_s;
+        if (kv->meter) kv->meter->v_sum += j;
+        return;
     }
-    for (int j = 0; j < d; j++) {
+    int64_t read = 0;
+    for (j = 0; j < d; j++) {
         double a = 0;
-        for (int64_t i = 0; i < S; i++)
+        int64_t i;
+        for (i = 0; i < S; i++)
             a += attn_kv_at(kv->V, kv->elem, d, i, j);
         vmean[j] = (float)a * inv_s;
+        read += i;
     }
-    return S * d - d;
+    if (kv->meter) kv->meter->v += read;
 }
 
 static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
@@ -182,6 +194,10 @@ static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int 
     const int d = kv->d, r = p->r;
     sparq_scratch s = sparq_layout(scratch->f, scratch->i, p, S, d, g);
     attn_counts cnt = { 0, 0 };
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view mv = *kv; /* every read below is measured into m */
+    mv.meter = &m;
+    kv = &mv;
 
     sparq_components(q, g, d, r, &s);
     if (tr) {
@@ -191,7 +207,6 @@ static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int 
 
     if (p->k >= S) { /* everything selected, alpha = 1: dense attention */
         attn_dense_group(kv, q, g, out, s.e);
-        cnt.read = 2 * S * d;
         cnt.written = 2 * (int64_t)d;
         if (tr) {
             if (tr->sel)
@@ -209,7 +224,6 @@ static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int 
     float *lsum = p->select_logits ? s.score : NULL;
     if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
     else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
-    cnt.read += S * r;
     if (!p->select_logits) attn_scaled_head_sum(s.e, s.scale, g, S, S - l, s.score);
 
     /* 3. selection: top (k - l) of the older positions, then the window */
@@ -218,7 +232,6 @@ static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int 
 
     /* 4. exact attention over the selection */
     attn_gather_group(kv, q, g, s.sel, k, out, s.w);
-    cnt.read += 2 * k * d;
 
     /* 5. mean-value reallocation */
     float *alpha = s.alpha;
@@ -230,19 +243,19 @@ static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int 
     }
     if (!p->no_realloc) {
         float *vmean = s.qs; /* qs is spent; reuse its >= d floats */
-        cnt.read += mean_value(kv, vmean);
+        mean_value(kv, vmean);
         for (int h = 0; h < g; h++)
             for (int j = 0; j < d; j++)
                 out[h * d + j] = alpha[h] * out[h * d + j] + (1.0f - alpha[h]) * vmean[j];
     }
-    cnt.read += d;        /* v_sum */
-    cnt.written += 3 * d; /* k, v appended; v_sum updated */
+    cnt.written += 3 * d; /* k, v appended; v_sum updated (by the cache) */
     if (tr) {
         if (tr->sel) memcpy(tr->sel, s.sel, (size_t)k * sizeof *s.sel);
         tr->n_sel = k;
         if (tr->alpha) memcpy(tr->alpha, alpha, (size_t)g * sizeof *alpha);
     }
 done:
+    cnt.read = attn_meter_total(&m);
     if (counts) {
         counts->read += cnt.read;
         counts->written += cnt.written;
@@ -254,7 +267,8 @@ static int64_t sparq_transfer(const sparq_attn_params *p, int64_t S, int d, int 
 {
     (void)g;
     if (p->k >= S) return 2 * S * d + 2 * (int64_t)d;
-    return S * p->r + 2 * (int64_t)p->k * d + 4 * (int64_t)d;
+    /* no_realloc never reads v_sum (the cache still keeps it up to date) */
+    return S * p->r + 2 * (int64_t)p->k * d + (p->no_realloc ? 3 : 4) * (int64_t)d;
 }
 
 const attn_policy attn_policy_sparq = {

@@ -48,9 +48,12 @@ static int streaming_attend(void *state, const sparq_attn_params *p, int layer,
         for (int64_t i = 0; i < sinks; i++) sel[i] = (int32_t)i;
         for (int64_t t = 0; t < recent; t++) sel[sinks + t] = (int32_t)(S - recent + t);
     }
-    attn_gather_group(kv, q, g, sel, k, out, scratch->f);
-    if (counts) {
-        counts->read += 2 * k * kv->d;
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view v = *kv;
+    v.meter = &m;
+    attn_gather_group(&v, q, g, sel, k, out, scratch->f);
+    if (counts) { /* measured by the kernels */
+        counts->read += attn_meter_total(&m);
         counts->written += 2 * (int64_t)kv->d;
     }
     if (tr) {

@@ -37,8 +37,9 @@
  * Transfer per step, layer and KV head, in elements of the cache's type
  * (index bytes are divided by the element size, rounded up). The counts
  * come from the kernels: the index bytes a search read (idx_scratch_cost:
- * keys it scored, scales, ids, ivf centroids and bonuses), the prefix rows
- * combine() gathered, the suffix rows scored. The formula
+ * keys it scored, scales, ids, ivf centroids and bonuses, counted by the
+ * scan loops), the K^T elements the sparq selector's kernel read and the
+ * K and V rows the gather and suffix kernels visited (attn_meter). The formula
  * (transfer_formula_state) says what they should be:
  *   index   exact  P * (d * key_bytes + 4 if int8 for the row scale)
  *           ivf    nlist * (4d + 4) (centroids, probe bonuses) + for every
@@ -684,6 +685,7 @@ static int64_t select_ids(topk_state *st, topk_head *hd, const sparq_attn_params
         attn_topk_indices(s->absq, d, r, s->i1, s->work);
         for (int h = 0; h < g; h++)
             for (int c = 0; c < r; c++) s->qs[h * r + c] = q[h * d + s->i1[c]];
+        attn_meter m = { 0, 0, 0, 0 };
         attn_kv_view v;
         memset(&v, 0, sizeof v);
         v.S = P;
@@ -691,11 +693,13 @@ static int64_t select_ids(topk_state *st, topk_head *hd, const sparq_attn_params
         v.elem = hd->kt_elem;
         v.KT = hd->kt;
         v.kt_stride = hd->kt_stride;
+        v.meter = &m;
         attn_kt_logits(&v, s->qs, s->i1, r, g, P, s->lg);
         for (int h = 0; h < g; h++)
             attn_topk_indices(s->lg + (size_t)h * P, P, k, s->ids + (size_t)h * k, s->work);
-        /* the kernel read r rows of P K^T components */
-        return (int64_t)r * P * (hd->kt_elem == KV_F16 ? 2 : 4) / hd->es;
+        /* the K^T components the kernel measured it read (r rows of P),
+         * in the image's element type: as the cache's elements */
+        return m.kt * (hd->kt_elem == KV_F16 ? 2 : 4) / hd->es;
     }
     idx_search_params sp = { p->ivf_nprobe, p->hnsw_ef_search, 1 };
     if (idx_search(hd->ix, q, g, k, &sp, hd->sc, s->ids, s->sc, err, err_size)) return -1;
@@ -753,7 +757,8 @@ static void prefetch_rows(const void *base, const int32_t *ids, int n, size_t ro
 
 /* out[h] = softmax over head h's prefix rows and the suffix [P, S), one max.
  * sc: the index's exact scores [g][k] (then only V rows are read), or NULL
- * (rows rescored from K). Returns the prefix rows gathered (all heads). */
+ * (rows rescored from K). The kernels measure the rows into kv->meter.
+ * Returns the prefix rows gathered (all heads). */
 static int64_t combine(const attn_kv_view *kv, int64_t P, const float *q, int g, int k,
                        const float *sc, float *out, topk_scratch *s)
 {
@@ -883,6 +888,9 @@ static int topk_attend(void *state, const sparq_attn_params *p, int layer, int k
     if (prepare(st, hd, p, layer, kv_head, kv)) return attn_fail(scratch, "%s", hd->err);
     const int k = st->k_layer[layer];
     attn_counts cnt = { 0, 0 };
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view mv = *kv; /* the cache reads of this step, measured into m */
+    mv.meter = &m;
     int64_t idx_elems = -1;
     int exact = 0;
     topk_scratch s = topk_layout(scratch->f, scratch->i, k_bound(p), S, d, g);
@@ -892,15 +900,19 @@ static int topk_attend(void *state, const sparq_attn_params *p, int layer, int k
         if (idx_elems < 0) return attn_fail(scratch, "topk: layer %d head %d: %s", layer, kv_head, err);
     }
     if (idx_elems < 0) { /* k >= P: every position, as dense */
-        attn_dense_group(kv, q, g, out, s.lg);
-        cnt.read = 2 * S * d;
+        attn_dense_group(&mv, q, g, out, s.lg);
+        cnt.read = attn_meter_total(&m);
         cnt.written = 2 * (int64_t)d;
         trace_dense(tr, S, g);
     } else {
-        const int64_t rows = combine(kv, hd->P, q, g, k, exact ? s.sc : NULL, out, &s);
-        cnt.read = idx_elems + (exact ? 1 : 2) * rows * d + 2 * (S - hd->P) * d;
+        combine(&mv, hd->P, q, g, k, exact ? s.sc : NULL, out, &s);
+        cnt.read = idx_elems + attn_meter_total(&m);
         cnt.written = 2 * (int64_t)d;
-        if (p->topk_check) check_recall(hd, kv, q, g, k, &s);
+        /* the recall check's exact scan is a diagnostic, not the step's
+         * transfer: the unmetered view */
+        attn_kv_view plain = *kv;
+        plain.meter = NULL;
+        if (p->topk_check) check_recall(hd, &plain, q, g, k, &s);
         trace_sparse(tr, &s, hd->P, S, g, k);
     }
     if (counts) {

@@ -229,6 +229,9 @@ static void print_json(FILE *f, const task_def *t, const char *model, int64_t n_
         json_num(f, r->transfer);
         fputs(",\"formula_ratio\":", f);
         json_num(f, r->formula);
+        /* false: part of the transfer is an estimate (topk hnsw: Faiss
+         * reports no visits), not a count */
+        fprintf(f, ",\"transfer_counted\":%s", s->attn.nominal_elements > 0 ? "false" : "true");
         fprintf(f, ",\"n\":%lld,\"decode_steps\":%lld", (long long)s->n, (long long)s->attn.steps);
         if (s->kl) {
             fputs(",\"kl_mean\":", f);
@@ -318,6 +321,7 @@ static void print_table(FILE *f, const task_def *t, const eval_row *rows, int n)
         if (r->has_delta) fprintf(f, " %+10.4f %9.4f", r->delta, r->delta_se);
         else if (delta) fprintf(f, " %10s %9s", "", "");
         if (r->s->n_skipped) fprintf(f, "  (%lld skipped)", (long long)r->s->n_skipped);
+        if (r->s->attn.nominal_elements > 0) fputs("  (transfer partly nominal: hnsw)", f);
         fputc('\n', f);
     }
 }

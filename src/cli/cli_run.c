@@ -544,6 +544,10 @@ static double attn_summary(const sparq_context *c, const sparq_attn_params *ap, 
     double ratio = st.dense_elements > 0 ? (double)st.elements / (double)st.dense_elements : 1.0;
     fprintf(stderr, "attention %s: %lld elements read+written over %lld decode steps, %.4f of dense\n",
             ap->policy ? ap->policy : "dense", (long long)st.elements, (long long)st.steps, ratio);
+    if (st.nominal_elements > 0)
+        fprintf(stderr, "attention %s: %lld of those elements are nominal (an hnsw search's reads are "
+                "estimated: Faiss reports no visits), the rest counted\n",
+                ap->policy ? ap->policy : "dense", (long long)st.nominal_elements);
     if (st.recall_total > 0)
         fprintf(stderr, "topk: recall@k vs exact top-k %.4f (%lld / %lld), index build/load %.2f s\n",
                 (double)st.recall_hits / (double)st.recall_total, (long long)st.recall_hits,
@@ -775,9 +779,11 @@ int cli_run(int argc, char **argv)
                (long long)sparq_context_n_ctx(c), sparq_context_n_threads(c), sparq_context_n_batch(c), t_load * 1e3,
                t_prefill * 1e3, t_decode * 1e3, (unsigned long long)sparq_sampler_seed(smp), r.n_shifts);
         printf(",\"attn\":{\"policy\":\"%s\",\"elements\":%lld,\"dense_elements\":%lld,"
-               "\"formula_elements\":%lld,\"ratio\":%.6f,\"r\":%d,\"k\":%d,\"l\":%d}",
+               "\"formula_elements\":%lld,\"nominal_elements\":%lld,\"transfer_counted\":%s,"
+               "\"ratio\":%.6f,\"r\":%d,\"k\":%d,\"l\":%d}",
                cp.attn.policy ? cp.attn.policy : "dense", (long long)st.elements,
-               (long long)st.dense_elements, (long long)st.formula_elements, ratio,
+               (long long)st.dense_elements, (long long)st.formula_elements,
+               (long long)st.nominal_elements, st.nominal_elements > 0 ? "false" : "true", ratio,
                cp.attn.r, cp.attn.k, cp.attn.l);
         if (st.recall_total > 0)
             printf(",\"recall_at_k\":%.6f,\"recall_hits\":%lld,\"recall_total\":%lld",

@@ -301,6 +301,7 @@ void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *ou
     out->KT = c->kt ? c->kt + kt_offset(c, layer, head) : NULL;
     out->kt_stride = c->cap;
     out->v_sum = c->v_sum ? c->v_sum + ((size_t)layer * c->n_kv_head + head) * c->d : NULL;
+    out->meter = NULL;
 }
 
 void kv_reset(kv_cache *c)

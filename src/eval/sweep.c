@@ -307,6 +307,7 @@ static void record(eval_setting *st, const eval_sweep *w, const sparq_attn_param
     st->attn.elements += a->elements;
     st->attn.dense_elements += a->dense_elements;
     st->attn.formula_elements += a->formula_elements;
+    st->attn.nominal_elements += a->nominal_elements;
     st->attn.steps += a->steps;
 }
 

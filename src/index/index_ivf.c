@@ -596,31 +596,35 @@ static int ivf_search(const idx_index *ix, const float *q, int g, int k, const i
     int nprobe = sp->nprobe ? sp->nprobe : ix->nprobe;
     if (nprobe > nlist) nprobe = nlist;
     int64_t ncb = (nlist + IDX_BLOCK - 1) / IDX_BLOCK, nl = ncb * IDX_BLOCK;
+    /* read, counted by the loops: each centroid once for the group (the
+     * padding slots of the last block excluded, as for keys), each list's
+     * bonus once (the first query's pass; the others find it in cache) */
+    uint64_t n_cent = 0, n_bonus = 0;
     for (int64_t b = 0; b < ncb; b++) {
         idx_block_scores(IDX_F32, ix->centroids + (size_t)b * d * IDX_BLOCK, NULL, d, q, g, s->blk);
         for (int h = 0; h < g; h++)
             memcpy(s->cs + h * nl + b * IDX_BLOCK, s->blk + h * IDX_BLOCK, IDX_BLOCK * sizeof(float));
+        n_cent += (uint64_t)(nlist - b * IDX_BLOCK < IDX_BLOCK ? nlist - b * IDX_BLOCK : IDX_BLOCK);
     }
-    /* read: each centroid once for the group (padding slots excluded, as
-     * for keys), each list's bonus once */
-    uint64_t bytes = (uint64_t)nlist * (4 * (uint64_t)d + 4);
     /* each query's best nprobe lists; the group scans their union once */
     memset(s->lmark, 0, (size_t)nlist);
     for (int h = 0; h < g; h++) {
         double qq = 0.0;
         for (int j = 0; j < d; j++) qq += (double)q[h * d + j] * q[h * d + j];
         float qn = (float)sqrt(qq);
-        for (int l = 0; l < nlist; l++) {
+        int l;
+        for (l = 0; l < nlist; l++) {
             s->ls[l] = s->cs[h * nl + l] + qn * ix->list_bonus[l];
             s->li[l] = l;
         }
+        if (h == 0) n_bonus = (uint64_t)l;
         idx_select(s->ls, s->li, nlist, nprobe);
         for (int r = 0; r < nprobe; r++) s->lmark[s->li[r]] = 1;
     }
     int nu = 0;
     for (int l = 0; l < nlist; l++)
         if (s->lmark[l]) s->li[nu++] = l;
-    s->cost_bytes = bytes;
+    s->cost_bytes = n_cent * 4 * (uint64_t)d + n_bonus * 4;
     idx_scan_ranges(ix, q, g, k, nu, ivf_range, s->li, n_thr, s, ids, scores);
     return 0;
 }
