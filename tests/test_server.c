@@ -465,6 +465,142 @@ static void overload_and_disconnect(const char *tiny)
     }
 }
 
+/* A metric's value from a /metrics body, or -1. */
+static long long metric(int port, const char *name)
+{
+    resp r;
+    if (http(port, "GET", "/metrics", NULL, 0, 1, &r)) return -1;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\nsparq_%s ", name);
+    const char *p = strstr(r.body, pat);
+    long long v = p ? atoll(p + strlen(pat)) : -1;
+    resp_free(&r);
+    return v;
+}
+
+enum { DOC = 1024, NQ = 16 };
+
+/* The body of question q about the document: token ids, greedy. */
+static char *doc_request(const int32_t *doc, int q, int *n_suffix, const char *extra)
+{
+    text_buf t = { 0 };
+    char num[32];
+    text_append(&t, "{\"prompt\": [", 12);
+    for (int i = 0; i < DOC; i++) {
+        int n = snprintf(num, sizeof num, "%s%d", i ? "," : "", doc[i]);
+        text_append(&t, num, (size_t)n);
+    }
+    /* questions of 3..9 tokens, each starting differently */
+    const int len = 3 + q % 7;
+    uint32_t st = 977u * (uint32_t)(q + 1);
+    for (int i = 0; i < len; i++) {
+        st = st * 1664525u + 1013904223u;
+        int n = snprintf(num, sizeof num, ",%d", i == 0 ? 40 + 7 * q : 3 + (int)(st >> 8) % 400);
+        text_append(&t, num, (size_t)n);
+    }
+    char tail[256];
+    int n = snprintf(tail, sizeof tail, "], \"max_tokens\": 8, \"temperature\": 0%s}", extra ? extra : "");
+    text_append(&t, tail, (size_t)n);
+    *n_suffix = len;
+    return t.data;
+}
+
+/* 16 requests sent at once: every body's last byte goes out only once all
+ * are nearly sent, so they reach the scheduler together. Texts into out. */
+static void send_together(int port, char **bodies, int n, char **out, int *status)
+{
+    int fd[NQ];
+    for (int q = 0; q < n; q++) {
+        const size_t len = strlen(bodies[q]);
+        char head[512];
+        int hn = snprintf(head, sizeof head,
+                          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer %s\r\n"
+                          "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", key, len);
+        fd[q] = dial(port);
+        if (fd[q] >= 0 && (send_all(fd[q], head, (size_t)hn) || send_all(fd[q], bodies[q], len - 1))) {
+            close(fd[q]);
+            fd[q] = -1;
+        }
+    }
+    for (int q = 0; q < n; q++)
+        if (fd[q] >= 0) send_all(fd[q], bodies[q] + strlen(bodies[q]) - 1, 1);
+    for (int q = 0; q < n; q++) {
+        resp r;
+        out[q] = NULL;
+        status[q] = -1;
+        if (fd[q] < 0) continue;
+        if (read_resp(fd[q], &r) == 0) {
+            status[q] = r.status;
+            out[q] = r.status == 200 ? completion_text(r.body) : strdup(r.body);
+            resp_free(&r);
+        }
+        close(fd[q]);
+    }
+}
+
+/* In-flight sharing: 16 questions about one document sent at once cost
+ * one prefill of the document plus the 16 questions, and each answer is
+ * the one the question gets alone on a server without a prefix cache. */
+static void shared_document(const char *model)
+{
+    int32_t doc[DOC];
+    uint32_t st = 12345;
+    doc[0] = 1; /* BOS */
+    for (int i = 1; i < DOC; i++) {
+        st = st * 1664525u + 1013904223u;
+        doc[i] = 3 + (int)(st >> 8) % 480;
+    }
+    char *bodies[NQ], *alone[NQ], *together[NQ];
+    int suffix[NQ], status[NQ], sum_suffix = 0;
+    for (int q = 0; q < NQ; q++) {
+        bodies[q] = doc_request(doc, q, &suffix[q], NULL);
+        sum_suffix += suffix[q];
+        alone[q] = together[q] = NULL;
+    }
+    server ref, srv;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 1100 -b 16 -t 1 --parallel 1 --queue 4 --prefix-cache 0 --api-key %s", model, key);
+    CHECK(start_server(&ref, args) == 0, "reference server did not start");
+    for (int q = 0; ref.pid > 0 && q < NQ; q++) {
+        resp r;
+        if (http(ref.port, "POST", "/v1/completions", bodies[q], strlen(bodies[q]), 1, &r) == 0) {
+            alone[q] = r.status == 200 ? completion_text(r.body) : NULL;
+            resp_free(&r);
+        }
+        CHECK(alone[q] != NULL, "question %d alone failed", q);
+    }
+    if (ref.pid > 0) {
+        CHECK(metric(ref.port, "prefill_tokens_total") == (long long)NQ * DOC + sum_suffix,
+              "without a cache every prompt is prefilled whole: %lld", metric(ref.port, "prefill_tokens_total"));
+        CHECK(stop_server(&ref) == 0, "reference server: SIGTERM did not end it cleanly");
+    }
+    snprintf(args, sizeof args, "-m %s -c 1100 -b 16 -t 1 --parallel 16 --queue 32 --api-key %s", model, key);
+    CHECK(start_server(&srv, args) == 0, "shared-document server did not start");
+    if (srv.pid > 0) {
+        send_together(srv.port, bodies, NQ, together, status);
+        for (int q = 0; q < NQ; q++)
+            CHECK(status[q] == 200 && together[q] && alone[q] && !strcmp(together[q], alone[q]),
+                  "question %d together (%d) '%s' vs alone '%s'", q, status[q], together[q] ? together[q] : "",
+                  alone[q] ? alone[q] : "");
+        const long long pre = metric(srv.port, "prefill_tokens_total"), hits = metric(srv.port, "prefix_cache_hits_total");
+        const long long waits = metric(srv.port, "prefix_cache_waits_total");
+        CHECK(pre == DOC + sum_suffix, "prefilled %lld tokens; the document once and the questions are %d", pre,
+              DOC + sum_suffix);
+        CHECK(hits == NQ - 1 && metric(srv.port, "prefix_cache_tokens_total") == (long long)(NQ - 1) * DOC,
+              "prefix hits %lld (want %d)", hits, NQ - 1);
+        CHECK(waits >= 1 && waits <= NQ - 1, "requests that waited for the prefill: %lld", waits);
+        CHECK(metric(srv.port, "prefix_cache_entries") >= 1 && metric(srv.port, "prefix_cache_sequences") == 0 &&
+                  metric(srv.port, "prefix_cache_bytes") > 0, "prefix cache gauges after the requests");
+        fprintf(stderr, "shared document: %lld tokens prefilled, %lld hits, %lld waited\n", pre, hits, waits);
+        CHECK(stop_server(&srv) == 0, "shared-document server: SIGTERM did not end it cleanly");
+    }
+    for (int q = 0; q < NQ; q++) {
+        free(bodies[q]);
+        free(alone[q]);
+        free(together[q]);
+    }
+}
+
 int main(void)
 {
     char model[1024];
@@ -523,6 +659,7 @@ int main(void)
         for (int i = 0; i < 16; i++) free(cases[i].text);
         CHECK(stop_server(&s) == 0, "SIGTERM did not end the server cleanly");
     }
+    shared_document(model);
     /* a model slow enough that one stream outlives the checks around it */
     char tiny[64];
     snprintf(tiny, sizeof tiny, "/tmp/sparq_test_server_tiny_%d.gguf", (int)getpid());

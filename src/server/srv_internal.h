@@ -37,6 +37,7 @@ typedef struct srv_request {
     int      n_stops;
     int      logprobs;          /* -1: none; else top alternatives per token */
     double   deadline;          /* monotonic seconds                        */
+    int      waited;            /* [sched] counted once in prefix_waits      */
     /* [lock] progress published by the scheduler */
     int      state;
     int      cancelled;         /* client gone, timeout or shutdown          */
@@ -59,6 +60,8 @@ typedef struct srv_metrics {
     int64_t prefill_tokens, decode_tokens;
     double  prefill_seconds, decode_seconds;
     int64_t prefix_hits, prefix_tokens;
+    int64_t prefix_waits;       /* requests that waited for an in-flight prefill */
+    int64_t prefix_entries, prefix_bytes, prefix_users; /* gauges: the cache now */
     int64_t kv_dir_hits, kv_dir_tokens, kv_dir_writes, kv_dir_evictions, kv_dir_errors;
     int64_t attn_bytes[SRV_MAX_POLICIES]; /* by policy, in registry order */
 } srv_metrics;
