@@ -437,6 +437,15 @@ int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **ou
         for (int64_t p = 0; p < n; p++)
             for (int j = 0; j < v->d; j++) sum[j] += attn_kv_at(vh, v->elem, v->d, p, j);
     }
+    /* src's own K^T, when whole for [0, n) (Q8_0: complete blocks), is
+     * kept: it is what a prefill made (Q8_0 K^T blocks are quantized from
+     * the keys as they came, not from K's rounded rows as a rebuild is) */
+    if (src->kt && (v->elem != KV_Q8_0 || n % ATTN_Q8_BLOCK == 0)) {
+        const size_t used = attn_kv_row_bytes(v->elem, n);
+        for (size_t r = 0; r < heads * (size_t)v->d; r++)
+            memcpy(v->kt + r * v->kt_row_bytes, src->kt + r * src->kt_row_bytes, used);
+        s->kt_built = 1;
+    }
     *out = s;
     return 0;
 }

@@ -72,8 +72,10 @@ int  kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t 
  * the prefix become private (copy on write). v_sum is computed once and
  * copied (it is small). Reference counted: every cache mapping it holds a
  * reference, so kv_shared_unref by its owner never pulls pages from under
- * a live cache. K^T is built in the shared memory by the first user that
- * asks for it (under the object's mutex), never written afterwards. */
+ * a live cache. K^T is src's when it has one (Q8_0: when n is a multiple
+ * of 32), else built from K in the shared memory by the first user that
+ * asks for it (under the object's mutex; for Q8_0 then from K's rounded
+ * rows, as kv_create_borrowed does), never written afterwards. */
 typedef struct kv_shared kv_shared;
 
 /* A shared copy of src's first n positions for caches of capacity cap
