@@ -481,12 +481,12 @@ static long long metric(int port, const char *name)
 enum { DOC = 1024, NQ = 16 };
 
 /* The body of question q about the document: token ids, greedy. */
-static char *doc_request(const int32_t *doc, int q, int *n_suffix, const char *extra)
+static char *doc_request(const int32_t *doc, int n_doc, int q, int *n_suffix, const char *extra)
 {
     text_buf t = { 0 };
     char num[32];
     text_append(&t, "{\"prompt\": [", 12);
-    for (int i = 0; i < DOC; i++) {
+    for (int i = 0; i < n_doc; i++) {
         int n = snprintf(num, sizeof num, "%s%d", i ? "," : "", doc[i]);
         text_append(&t, num, (size_t)n);
     }
@@ -553,7 +553,7 @@ static void shared_document(const char *model)
     char *bodies[NQ], *alone[NQ], *together[NQ];
     int suffix[NQ], status[NQ], sum_suffix = 0;
     for (int q = 0; q < NQ; q++) {
-        bodies[q] = doc_request(doc, q, &suffix[q], NULL);
+        bodies[q] = doc_request(doc, DOC, q, &suffix[q], NULL);
         sum_suffix += suffix[q];
         alone[q] = together[q] = NULL;
     }
@@ -599,6 +599,117 @@ static void shared_document(const char *model)
         free(alone[q]);
         free(together[q]);
     }
+}
+
+/* A completion of body on port: its text (malloc'ed) or NULL. */
+static char *complete(int port, const char *body)
+{
+    resp r;
+    if (http(port, "POST", "/v1/completions", body, strlen(body), 1, &r)) return NULL;
+    char *t = r.status == 200 ? completion_text(r.body) : NULL;
+    if (!t) fprintf(stderr, "completion: %d %s\n", r.status, r.body);
+    resp_free(&r);
+    return t;
+}
+
+/* "sparq": {"prefix_id": ...}: validated; a document named by one server
+ * in --kv-dir is found by name by the next (whose prompts share only the
+ * document with the stored one, so no token-named file could match), and
+ * used up to the last chunk boundary the prompt shares with it; a prompt
+ * under that name that does not start with it is a miss, not an error.
+ * Answers equal those of a server without any cache. */
+static void named_document(const char *model, int port)
+{
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": \"\"}}", 1, 400,
+                 "prefix_id", "empty prefix_id");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": 7}}", 1, 400,
+                 "prefix_id", "prefix_id of a wrong type");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": \"a\\u0001b\"}}", 1,
+                 400, "printable", "unprintable prefix_id");
+    char longid[300] = "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": \"";
+    size_t at = strlen(longid);
+    memset(longid + at, 'a', 129);
+    snprintf(longid + at + 129, sizeof longid - at - 129, "\"}}");
+    expect_error(port, "POST", "/v1/completions", longid, 1, 400, "128", "prefix_id of 129 characters");
+
+    enum { D = 1000, NB = 16 }; /* not a multiple of NB: the name is used to 992 */
+    int32_t doc[D], doc2[D];
+    uint32_t st = 777;
+    doc[0] = doc2[0] = 1;
+    for (int i = 1; i < D; i++) {
+        st = st * 1664525u + 1013904223u;
+        doc[i] = 3 + (int)(st >> 8) % 480;
+        doc2[i] = 3 + (int)(st >> 12) % 470;
+    }
+    static const char *ext[] = { ", \"sparq\": {\"prefix_id\": \"doc-1\"}", "",
+                                 ", \"sparq\": {\"prefix_id\": \"doc-1\", \"attn\": \"sparq\", \"ratio\": \"1/2\"}" };
+    /* A: doc + q0 named; B: doc + q1 named (sparq), C: doc + q2 unnamed;
+     * E: doc2 + q3 under the same name */
+    int sfx[4];
+    char *body_a = doc_request(doc, D, 0, &sfx[0], ext[0]), *body_b = doc_request(doc, D, 1, &sfx[1], ext[2]);
+    char *body_c = doc_request(doc, D, 2, &sfx[2], ext[1]), *body_e = doc_request(doc2, D, 3, &sfx[3], ext[0]);
+    char *body_b0 = doc_request(doc, D, 1, &sfx[1], ", \"sparq\": {\"attn\": \"sparq\", \"ratio\": \"1/2\"}");
+    char *ref[4] = { 0 }, *got[4] = { 0 };
+    char dir[] = "/tmp/sparq_test_server_kvdir_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    server s;
+    char args[2048];
+    /* the reference: no cache at all */
+    snprintf(args, sizeof args, "-m %s -c 1100 -b %d -t 1 --parallel 2 --prefix-cache 0 --api-key %s", model, NB, key);
+    if (start_server(&s, args) == 0) {
+        char *bodies[4] = { body_a, body_b, body_c, body_e };
+        for (int i = 0; i < 4; i++) ref[i] = complete(s.port, bodies[i]);
+        stop_server(&s);
+    }
+    CHECK(ref[0] && ref[1] && ref[2] && ref[3], "reference answers");
+    /* 1: A names the document and leaves it in the directory */
+    snprintf(args, sizeof args, "-m %s -c 1100 -b %d -t 1 --parallel 2 --kv-dir %s --api-key %s", model, NB, dir, key);
+    if (start_server(&s, args) == 0) {
+        got[0] = complete(s.port, body_a);
+        CHECK(metric(s.port, "kv_dir_writes_total") == 1, "the named document was written to --kv-dir");
+        stop_server(&s);
+    }
+    /* 2: B without the name finds no file (its cuts hold other tokens) */
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body_b0);
+        CHECK(t && ref[1] && !strcmp(t, ref[1]) && metric(s.port, "kv_dir_hits_total") == 0,
+              "without prefix_id, no file matches the new question");
+        free(t);
+        stop_server(&s);
+    }
+    /* 3: B with the name maps the file's first 992 positions; C (no name)
+     * then hits the memory entry; E names another document: a miss */
+    if (start_server(&s, args) == 0) {
+        got[1] = complete(s.port, body_b);
+        const long long hits = metric(s.port, "kv_dir_hits_total"), toks = metric(s.port, "kv_dir_tokens_total");
+        const long long pre1 = metric(s.port, "prefill_tokens_total");
+        CHECK(hits == 1 && toks == D / NB * NB && pre1 == D + sfx[1] - D / NB * NB,
+              "named file: %lld hits, %lld tokens, %lld prefilled", hits, toks, pre1);
+        got[2] = complete(s.port, body_c);
+        const long long pre2 = metric(s.port, "prefill_tokens_total");
+        CHECK(metric(s.port, "prefix_cache_hits_total") == 1 && pre2 - pre1 == D + sfx[2] - D / NB * NB,
+              "the named entry serves an unnamed prompt too: %lld prefilled", pre2 - pre1);
+        got[3] = complete(s.port, body_e);
+        const long long pre3 = metric(s.port, "prefill_tokens_total");
+        CHECK(pre3 - pre2 == D + sfx[3] && metric(s.port, "prefix_cache_hits_total") == 1 &&
+                  metric(s.port, "kv_dir_hits_total") == 1,
+              "another document under the name is a miss: %lld prefilled", pre3 - pre2);
+        stop_server(&s);
+    }
+    for (int i = 0; i < 4; i++) {
+        CHECK(got[i] && ref[i] && !strcmp(got[i], ref[i]), "named document, request %d: '%s' vs '%s'", i,
+              got[i] ? got[i] : "(none)", ref[i] ? ref[i] : "(none)");
+        free(got[i]);
+        free(ref[i]);
+    }
+    free(body_a);
+    free(body_b);
+    free(body_b0);
+    free(body_c);
+    free(body_e);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "rm %s", dir);
 }
 
 int main(void)
@@ -660,6 +771,14 @@ int main(void)
         CHECK(stop_server(&s) == 0, "SIGTERM did not end the server cleanly");
     }
     shared_document(model);
+    if (s.pid > 0) {
+        /* validation needs a running server: a fresh one */
+        snprintf(args, sizeof args, "-m %s -c 256 -t 1 --api-key %s", model, key);
+        if (start_server(&s, args) == 0) {
+            named_document(model, s.port);
+            CHECK(stop_server(&s) == 0, "named-document server: SIGTERM did not end it cleanly");
+        }
+    }
     /* a model slow enough that one stream outlives the checks around it */
     char tiny[64];
     snprintf(tiny, sizeof tiny, "/tmp/sparq_test_server_tiny_%d.gguf", (int)getpid());

@@ -74,6 +74,8 @@ typedef struct slot {
     int            ready;        /* logits are fresh                        */
     size_t         gen_start;    /* where generated text starts (after echo) */
     int            policy_ix;
+    int            id_stale;     /* --kv-dir holds another document under the
+                                  * request's prefix_id: replace it        */
     double         t_prefill;    /* seconds spent prefilling                */
 } slot;
 
@@ -94,6 +96,7 @@ typedef struct slot {
 typedef struct pc_entry {
     int32_t      *tokens;
     int           n;
+    char         *id;       /* the document's name ("sparq.prefix_id") or NULL */
     sparq_prefix *p;
     double        used;
     size_t        bytes;
@@ -110,6 +113,7 @@ static void pc_drop(prefix_cache *pc, int i)
 {
     sparq_prefix_free(pc->e[i].p);
     free(pc->e[i].tokens);
+    free(pc->e[i].id);
     pc->bytes -= pc->e[i].bytes;
     pc->e[i] = pc->e[--pc->n];
 }
@@ -158,12 +162,30 @@ static int pc_fit(prefix_cache *pc, size_t extra)
     return 0;
 }
 
-/* Remembers the first n tokens of src's cache for contexts of capacity
- * n_ctx, unless an entry already holds them. Returns the entry or -1. */
-static int pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n, int64_t n_ctx)
+/* The entry named id, or -1. */
+static int pc_named(const prefix_cache *pc, const char *id)
 {
-    for (int i = 0; i < pc->n; i++)
-        if (pc->e[i].n >= n && !memcmp(pc->e[i].tokens, ids, (size_t)n * sizeof *ids)) return i;
+    for (int i = 0; id && id[0] && i < pc->n; i++)
+        if (pc->e[i].id && !strcmp(pc->e[i].id, id)) return i;
+    return -1;
+}
+
+/* Remembers the first n tokens of src's cache for contexts of capacity
+ * n_ctx, unless an entry already holds them; id (or NULL) names it, if no
+ * entry has that name. Returns the entry or -1. */
+static int pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n, int64_t n_ctx,
+                     const char *id)
+{
+    if (id && (!id[0] || pc_named(pc, id) >= 0)) id = NULL;
+    for (int i = 0; i < pc->n; i++) {
+        pc_entry *e = &pc->e[i];
+        if (e->n < n || memcmp(e->tokens, ids, (size_t)n * sizeof *ids)) continue;
+        if (!id) return i;
+        if (!e->id && e->n == n) { /* the same prefix: it gets the name */
+            e->id = strdup(id);
+            return i;
+        }
+    }
     const size_t bytes = (size_t)n * sparq_model_n_layer(s->model) * sparq_model_n_kv_head(s->model) *
                          sparq_model_head_dim(s->model) * 2 * (s->cfg.kv_type == SPARQ_KV_F32 ? 4 : 2);
     if (bytes > pc->budget || pc_fit(pc, bytes)) return -1;
@@ -175,10 +197,11 @@ static int pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, 
         pc->cap = cap;
     }
     char err[256];
-    pc_entry e = { malloc((size_t)n * sizeof *ids), n, NULL, srv_now(), 0 };
-    if (!e.tokens || sparq_prefix_create(src, n, n_ctx, &e.p, err, sizeof err)) {
-        if (e.tokens) fprintf(stderr, "serve: prefix cache: %s\n", err);
+    pc_entry e = { malloc((size_t)n * sizeof *ids), n, id ? strdup(id) : NULL, NULL, srv_now(), 0 };
+    if (!e.tokens || (id && !e.id) || sparq_prefix_create(src, n, n_ctx, &e.p, err, sizeof err)) {
+        if (e.tokens && (!id || e.id)) fprintf(stderr, "serve: prefix cache: %s\n", err);
         free(e.tokens);
+        free(e.id);
         return -1;
     }
     memcpy(e.tokens, ids, (size_t)n * sizeof *ids);
@@ -186,6 +209,27 @@ static int pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, 
     pc->e[pc->n++] = e;
     pc->bytes += e.bytes;
     return pc->n - 1;
+}
+
+/* A request naming its document: the entry of that name holds what the
+ * requests naming it have in common (the document, to a chunk boundary:
+ * the first one stored its whole prompt's cut, question included), so it
+ * shrinks to what this prompt shares with it; a prompt that does not start
+ * with its first chunk has another document under that name now: the entry
+ * loses the name (a miss; this prompt's prefix takes the name once
+ * prefilled). */
+static void pc_name_check(prefix_cache *pc, const srv_request *r)
+{
+    const int i = pc_named(pc, r->prefix_id);
+    if (i < 0) return;
+    pc_entry *e = &pc->e[i];
+    const int l = common_len(e->tokens, r->prompt, e->n < r->n_prompt ? e->n : r->n_prompt);
+    if (l < pc->nb) {
+        free(e->id);
+        e->id = NULL;
+    } else if (l < e->n) {
+        e->n = l / pc->nb * pc->nb;
+    }
 }
 
 /* Maps the first u positions of entry i into the empty context c; 0 or -1.
@@ -359,12 +403,15 @@ static void slot_release(srv_server *s, slot *sl)
 }
 
 /* --kv-dir: saves the first n tokens of src's cache as a file, unless one
- * is there already (from this replica or another). */
-static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *src, const int32_t *ids, int n)
+ * is there already (from this replica or another); id: under that name
+ * (replace: even if there, when it holds another document). */
+static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *src, const int32_t *ids, int n,
+                           const char *id, int replace)
 {
     char path[PATH_MAX], err[256];
-    kvdir_path(kd, ids, n, path, sizeof path);
-    if (access(path, F_OK) == 0) return;
+    if (id) kvdir_path_named(kd, id, path, sizeof path);
+    else kvdir_path(kd, ids, n, path, sizeof path);
+    if (!replace && access(path, F_OK) == 0) return;
     sparq_context_params cp = sparq_context_default_params();
     cp.n_ctx = n;
     cp.n_threads = 1;
@@ -372,7 +419,7 @@ static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *sr
     sparq_context *c = NULL;
     int evicted = 0, rc = -1;
     if (!sparq_context_create(s->model, &cp, &c, err, sizeof err) && !sparq_context_copy_prefix(c, src, n, err, sizeof err))
-        rc = kvdir_save(kd, c, ids, n, &evicted, err, sizeof err);
+        rc = kvdir_save(kd, c, ids, n, id, replace, &evicted, err, sizeof err);
     sparq_context_free(c);
     if (rc < 0) fprintf(stderr, "serve: kv-dir: %s\n", err);
     pthread_mutex_lock(&s->lock);
@@ -393,36 +440,56 @@ static int req_shares(const srv_request *r)
     return 0;
 }
 
+/* A prefix file's first n positions go into sl's context: through the
+ * memory cache (mapped from there), or copied without one. 0 or -1. */
+static int use_file(srv_server *s, prefix_cache *pc, slot *sl, sparq_context *f, int n, const char *id)
+{
+    char err[256];
+    int ok = 0;
+    if (pc->budget) {
+        const int j = pc_insert(s, pc, f, sl->r->prompt, n, sparq_context_n_ctx(sl->c), id);
+        ok = j >= 0 && !pc_attach(pc, j, sl->c, n);
+    }
+    if (!ok) ok = !sparq_context_copy_prefix(sl->c, f, n, err, sizeof err);
+    sparq_context_free(f);
+    if (!ok) return -1;
+    sl->fed = n;
+    pthread_mutex_lock(&s->lock);
+    s->metrics.kv_dir_hits++;
+    s->metrics.kv_dir_tokens += n;
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
 /* A cached prefix of the prompt goes into the new context: the longest of
- * the in-memory entries and, with --kv-dir, the files of its cuts (longest
- * first, only those longer than the memory's). A file's prefix enters the
- * memory cache and is mapped from there (copied in without a cache). */
+ * the in-memory entries and, with --kv-dir, the file of the document's
+ * name (prefix_id) or the files of its cuts (longest first, only those
+ * longer than the memory's). A file's prefix enters the memory cache and
+ * is mapped from there (copied in without a cache). */
 static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, srv_kvdir *kd, slot *sl)
 {
     const srv_request *r = sl->r;
     if ((!pc->budget && !kd) || !req_shares(r)) return;
+    const char *id = r->prefix_id[0] ? r->prefix_id : NULL;
+    if (id && pc->budget) pc_name_check(pc, r);
     int use = 0;
-    const int i = pc->budget ? pc_find(pc, r->prompt, r->n_prompt, &use) : -1;
-    char err[256];
+    if (pc->budget) pc_find(pc, r->prompt, r->n_prompt, &use);
     const int nb = pc->nb;
+    if (kd && id && pc_named(pc, id) < 0) {
+        int fu = 0;
+        sparq_context *f = kvdir_load_named(kd, s->model, id, r->prompt, r->n_prompt, nb, &fu, &sl->id_stale);
+        if (f && fu > use) {
+            if (!use_file(s, pc, sl, f, fu, id)) return;
+        } else {
+            sparq_context_free(f);
+        }
+    }
     for (int cut = (r->n_prompt - 1) / nb * nb; kd && cut > use; cut -= nb) {
         sparq_context *f = kvdir_load(kd, s->model, r->prompt, cut);
-        if (!f) continue;
-        int ok = 0;
-        if (pc->budget) {
-            const int j = pc_insert(s, pc, f, r->prompt, cut, sparq_context_n_ctx(sl->c));
-            ok = j >= 0 && !pc_attach(pc, j, sl->c, cut);
-        }
-        if (!ok) ok = !sparq_context_copy_prefix(sl->c, f, cut, err, sizeof err);
-        sparq_context_free(f);
-        if (!ok) continue;
-        sl->fed = cut;
-        pthread_mutex_lock(&s->lock);
-        s->metrics.kv_dir_hits++;
-        s->metrics.kv_dir_tokens += cut;
-        pthread_mutex_unlock(&s->lock);
-        return;
+        if (f && !use_file(s, pc, sl, f, cut, NULL)) return;
     }
+    /* found again: a file's insertion may have evicted entries */
+    const int i = pc->budget ? pc_find(pc, r->prompt, r->n_prompt, &use) : -1;
     if (i < 0 || pc_attach(pc, i, sl->c, use)) return;
     sl->fed = use;
     pthread_mutex_lock(&s->lock);
@@ -477,7 +544,7 @@ static void pc_serve_waiters(srv_server *s, prefix_cache *pc, slot *slots, int P
     if (!np) return;
     pthread_mutex_unlock(&s->lock);
     for (int k = 0; k < np; k++)
-        pc_insert(s, pc, slots[pj[k]].c, slots[pj[k]].r->prompt, pw[k], sparq_context_n_ctx(slots[pj[k]].c));
+        pc_insert(s, pc, slots[pj[k]].c, slots[pj[k]].r->prompt, pw[k], sparq_context_n_ctx(slots[pj[k]].c), NULL);
     pthread_mutex_lock(&s->lock);
 }
 
@@ -696,8 +763,9 @@ void *srv_sched_main(void *arg)
             const double t1 = srv_now();
             if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
                 const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
-                if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c));
-                if (cut > 0 && kd) kv_save_prefix(s, kd, sl->c, sl->r->prompt, cut);
+                const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
+                if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
+                if (cut > 0 && kd) kv_save_prefix(s, kd, sl->c, sl->r->prompt, cut, id, sl->id_stale);
             }
             pthread_mutex_lock(&s->lock);
             s->metrics.prefill_tokens += sl->fed - fed0;

@@ -9,7 +9,7 @@
 
 #include <pthread.h>
 
-enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20, SRV_MAX_POLICIES = 32 };
+enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20, SRV_MAX_POLICIES = 32, SRV_MAX_PREFIX_ID = 128 };
 enum { REQ_QUEUED = 0, REQ_RUNNING = 1, REQ_DONE = 2 };
 
 /* One generated (or, with echo, prompt) token as the client sees it. */
@@ -38,6 +38,7 @@ typedef struct srv_request {
     int      logprobs;          /* -1: none; else top alternatives per token */
     double   deadline;          /* monotonic seconds                        */
     int      waited;            /* [sched] counted once in prefix_waits      */
+    char     prefix_id[SRV_MAX_PREFIX_ID + 1]; /* "sparq.prefix_id", or ""  */
     /* [lock] progress published by the scheduler */
     int      state;
     int      cancelled;         /* client gone, timeout or shutdown          */
