@@ -8,7 +8,8 @@
  * reader never sees half a file, and two replicas writing the same prefix
  * at once each rename a complete file. A reader maps the file
  * (sparq_context_load_kv, checksums verified), copies the prefix into
- * memory at once and unmaps it, so this process holds no mapping between
+ * memory at once (the prefix cache's shared copy, or the request's
+ * context without one) and unmaps it, so this process holds no mapping between
  * requests; a file another replica deletes meanwhile stays valid for a
  * reader that has it open (Unix unlink semantics), so the size budget can
  * delete least recently used files (mtime, touched on every use) freely.

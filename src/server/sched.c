@@ -14,7 +14,10 @@
  *   publish_token      text, stop strings, held-back bytes, log-probs
  *   slot_start/finish  a request's context and its release
  *   pc_*               the prefix cache: prompt prefixes cut at multiples
- *                      of n_batch, copied into new contexts (LRU, budget)
+ *                      of n_batch, one shared copy each, mapped copy-on-write
+ *                      into new contexts (LRU, budget); named by prefix_id
+ *   wait_target        in-flight sharing: a queued request waits for the
+ *                      sequence prefilling its prefix (pc_serve_waiters)
  *   kv_*               --kv-dir: the same prefixes as files shared with
  *                      other replicas (kvdir.h)
  *   srv_sched_main     the loop
