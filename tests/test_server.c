@@ -712,6 +712,60 @@ static void named_document(const char *model, int port)
     CHECK(system(cmd) == 0, "rm %s", dir);
 }
 
+/* A request waiting for another sequence's prefill leaves the queue as
+ * soon as its client hangs up (counted as cancelled while the prefill it
+ * waited for still runs); the prefilling request is unaffected. */
+static void waiting_disconnect(const char *tiny)
+{
+    server s;
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -c 8192 -b 64 -t 1 --parallel 4 --api-key %s", tiny, key);
+    CHECK(start_server(&s, args) == 0, "waiting server did not start");
+    if (s.pid <= 0) return;
+    text_buf doc = { 0 };
+    for (int i = 0; i < 880; i++) text_append(&doc, "hello world ", 12); /* ~8000 tokens: seconds of prefill */
+    char *body_a = malloc(doc.len + 256), *body_b = malloc(doc.len + 256);
+    if (!body_a || !body_b) return;
+    snprintf(body_a, doc.len + 256, "{\"prompt\": \"%s\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
+    snprintf(body_b, doc.len + 256, "{\"prompt\": \"%s again\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
+    int fa = dial(s.port), fb = -1;
+    char head[512];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n", key, strlen(body_a));
+    CHECK(fa >= 0 && !send_all(fa, head, (size_t)n) && !send_all(fa, body_a, strlen(body_a)), "send A");
+    /* B once A is prefilling */
+    for (double t0 = now(); now() - t0 < 20 && metric(s.port, "active_sequences") < 1;) usleep(20000);
+    fb = dial(s.port);
+    n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n", key, strlen(body_b));
+    CHECK(fb >= 0 && !send_all(fb, head, (size_t)n) && !send_all(fb, body_b, strlen(body_b)), "send B");
+    long long waits = 0;
+    for (double t0 = now(); now() - t0 < 20 && waits < 1; usleep(20000)) waits = metric(s.port, "prefix_cache_waits_total");
+    CHECK(waits == 1 && metric(s.port, "queue_depth") == 1, "B waits for A's prefill (%lld)", waits);
+    if (fb >= 0) close(fb);
+    long long cancelled = 0, active = 0;
+    int a_pending = 0;
+    for (double t0 = now(); now() - t0 < 20 && cancelled < 1; usleep(20000)) {
+        active = metric(s.port, "active_sequences");
+        cancelled = metric(s.port, "requests_cancelled_total");
+        struct pollfd p = { fa, POLLIN, 0 };
+        a_pending = fa >= 0 && poll(&p, 1, 0) == 0; /* A has not answered yet */
+    }
+    CHECK(cancelled == 1 && active == 1 && a_pending && metric(s.port, "queue_depth") == 0,
+          "the waiting request left the queue while A prefilled: cancelled %lld, active %lld, A pending %d", cancelled,
+          active, a_pending);
+    resp r;
+    CHECK(fa >= 0 && read_resp(fa, &r) == 0 && r.status == 200, "A after B left: %d", fa >= 0 ? r.status : -1);
+    if (fa >= 0 && r.head) resp_free(&r);
+    if (fa >= 0) close(fa);
+    CHECK(metric(s.port, "prefill_tokens_total") > 7000 && metric(s.port, "prefix_cache_hits_total") == 0,
+          "only A was prefilled");
+    free(body_a);
+    free(body_b);
+    free(doc.data);
+    CHECK(stop_server(&s) == 0, "waiting server: SIGTERM did not end it cleanly");
+}
+
 int main(void)
 {
     char model[1024];
@@ -788,6 +842,7 @@ int main(void)
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "gen-model tiny failed");
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) {
         overload_and_disconnect(tiny);
+        waiting_disconnect(tiny);
         request_timeout(tiny);
     }
     unlink(tiny);

@@ -501,12 +501,15 @@ static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, srv_kvdir *kd, sl
     pthread_mutex_unlock(&s->lock);
 }
 
-/* In-flight sharing: the sequence still prefilling a longer prefix of r's
- * prompt (at a multiple of n_batch) than the cache holds, or -1; *want is
- * that prefix's length. r then waits in the queue until the sequence has
- * prefilled those tokens and they are in the cache (pc_serve_waiters), so
- * concurrent requests about one document prefill it once. Lock held
- * (reads the slots' requests; slots are the scheduler's). */
+/* In-flight sharing: the running sequence whose prompt shares a longer
+ * prefix with r's (at a multiple of n_batch) than the cache holds, or -1;
+ * *want is that prefix's length. While the sequence is still prefilling
+ * it, r waits in the queue; once it has (fed >= want), pc_serve_waiters
+ * puts those positions into the cache and r maps them: concurrent requests
+ * about one document prefill it once, whatever their questions. A decoding
+ * sequence still holds its prompt's positions as prefilled (the server
+ * never shifts a context). Lock held (reads the slots' requests; slots are
+ * the scheduler's). */
 static int wait_target(const prefix_cache *pc, const slot *slots, int P, const srv_request *r, int *want)
 {
     *want = 0;
@@ -516,7 +519,7 @@ static int wait_target(const prefix_cache *pc, const slot *slots, int P, const s
     *want = have;
     for (int j = 0; j < P; j++) {
         const slot *sl = &slots[j];
-        if (!sl->r || sl->ready || sl->r->state == REQ_DONE || sl->r->cancelled) continue;
+        if (!sl->r || sl->r->state == REQ_DONE || sl->r->cancelled) continue;
         const int lim = r->n_prompt - 1 < sl->r->n_prompt ? r->n_prompt - 1 : sl->r->n_prompt;
         const int w = common_len(r->prompt, sl->r->prompt, lim) / pc->nb * pc->nb;
         if (w > *want) {
