@@ -221,8 +221,10 @@ SPARQ_API int sparq_context_copy_prefix(sparq_context *dst, const sparq_context 
  * sparq_context_attach_prefix makes the empty context dst hold the first
  * n <= sparq_prefix_pos(p) positions of p, with the guarantees of
  * sparq_context_copy_prefix (bit-identical logits when n is a multiple of
- * the prefill chunk and, for Q8_0, of 32); refused for a policy that
- * observes the prefill (h2o). What is per context: V sums (copied), policy
+ * the prefill chunk; for Q8_0 caches n must also be a multiple of 32, and
+ * a policy reading K^T (sparq) needs a src that had K^T: else K^T is
+ * quantized from K's rounded rows, as when a KV file is loaded); refused
+ * for a policy that observes the prefill (h2o). What is per context: V sums (copied), policy
  * state and top-k indexes (built by the context at its first decode step,
  * as after a copy). Reference counted: sparq_prefix_free drops the
  * caller's reference, and the memory goes when the last attached context
