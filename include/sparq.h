@@ -82,6 +82,10 @@ SPARQ_API sparq_attn_params sparq_attn_default_params(void);
 SPARQ_API int         sparq_attn_policy_count(void);
 SPARQ_API const char *sparq_attn_policy_name(int i);
 SPARQ_API const char *sparq_attn_policy_summary(int i);
+/* 1 if policy i observes the prefill (its state comes from the prompt's
+ * attention, e.g. h2o): such a context cannot start from a copied or shared
+ * prefix. 0 otherwise, -1 past the end. */
+SPARQ_API int         sparq_attn_policy_observes_prefill(int i);
 
 /* ---- model ----------------------------------------------------------- */
 
@@ -203,6 +207,40 @@ SPARQ_API int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, in
  * dst's policy observes the prefill (h2o). */
 SPARQ_API int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int64_t n, char *err,
                               size_t err_size);
+
+/* A shared prefix: one read-only copy of a context's first n cached
+ * positions (K, V, and K^T once a context that needs it attaches; V sums)
+ * that any number of contexts start from without copying it. Its memory is
+ * a memfd; each attached context maps it privately, so the prefix's pages
+ * exist once however many contexts use it, and only the pages a context
+ * writes after the prefix become its own (copy on write).
+ *
+ * sparq_prefix_create copies src's first n positions (n <= its position)
+ * laid out for contexts of capacity n_ctx (0: src's; n <= n_ctx): only
+ * contexts of exactly that capacity and src's KV type can attach.
+ * sparq_context_attach_prefix makes the empty context dst hold the first
+ * n <= sparq_prefix_pos(p) positions of p, with the guarantees of
+ * sparq_context_copy_prefix (bit-identical logits when n is a multiple of
+ * the prefill chunk; for Q8_0 caches n must also be a multiple of 32, and
+ * a policy reading K^T (sparq) needs a src that had K^T: else K^T is
+ * quantized from K's rounded rows, as when a KV file is loaded); refused
+ * for a policy that observes the prefill (h2o). What is per context: V sums (copied), policy
+ * state and top-k indexes (built by the context at its first decode step,
+ * as after a copy). Reference counted: sparq_prefix_free drops the
+ * caller's reference, and the memory goes when the last attached context
+ * is freed too. _bytes: the data held (K and V rows, K^T once built);
+ * _users: contexts attached now. Thread-safe for attaching from several
+ * threads; one context is still used by one thread at a time. */
+typedef struct sparq_prefix sparq_prefix;
+SPARQ_API int     sparq_prefix_create(const sparq_context *src, int64_t n, int64_t n_ctx, sparq_prefix **out,
+                                      char *err, size_t err_size);
+SPARQ_API void    sparq_prefix_free(sparq_prefix *p);
+SPARQ_API int64_t sparq_prefix_pos(const sparq_prefix *p);
+SPARQ_API int64_t sparq_prefix_n_ctx(const sparq_prefix *p);
+SPARQ_API size_t  sparq_prefix_bytes(const sparq_prefix *p);
+SPARQ_API int     sparq_prefix_users(const sparq_prefix *p);
+SPARQ_API int     sparq_context_attach_prefix(sparq_context *dst, const sparq_prefix *p, int64_t n, char *err,
+                                              size_t err_size);
 
 SPARQ_API int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
 SPARQ_API int64_t sparq_context_n_ctx(const sparq_context *c);

@@ -1,8 +1,20 @@
 /* test_kvcache.c - the KV cache layout: rows, K^T copy and V sums agree
- * with what was written, for both element types. */
+ * with what was written, for both element types; shared prefixes
+ * (kv_shared / sparq_prefix): a copy-on-write cache over one equals a cache
+ * that wrote the same positions itself, byte for byte, and leaves the
+ * shared copy and its other users alone; contexts attached to a prefix
+ * give the logits of a fresh prefill bit for bit (stories260K); and 16 of
+ * them over a long prefix cost about one copy of it in the process's
+ * memory (/proc/self/smaps_rollup), where copying costs one each. */
 #include "test.h"
 #include "core/kvcache.h"
+#include "sparq.h"
 #include "tensor/quant.h"
+#include "util/paths.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static float value(int layer, int head, int64_t pos, int j, int is_v)
 {
@@ -61,10 +73,273 @@ static void check_type(int elem)
     kv_free(&c); /* idempotent */
 }
 
+/* Writes positions [from, to) of the test values into c (and advances n). */
+static void write_positions(kv_cache *c, int64_t from, int64_t to, int salt)
+{
+    float k[3 * 8], v[3 * 8];
+    for (int64_t p = from; p < to; p++) {
+        for (int l = 0; l < c->n_layer; l++) {
+            for (int h = 0; h < c->n_kv_head; h++)
+                for (int j = 0; j < c->d; j++) {
+                    k[h * c->d + j] = value(l, h, p + salt, j, 0) * 1.37f;
+                    v[h * c->d + j] = value(l, h, p + salt, j, 1) * 0.61f;
+                }
+            kv_write(c, l, p, k, v);
+        }
+        c->n++;
+    }
+}
+
+/* Every byte a cache exposes for positions [0, n): K, V rows, K^T columns
+ * (Q8_0: whole blocks up to n's) and V sums. 0 if a and b agree. */
+static int cache_diff(const kv_cache *a, const kv_cache *b, int64_t n)
+{
+    int bad = 0;
+    for (int l = 0; l < a->n_layer; l++)
+        for (int h = 0; h < a->n_kv_head; h++) {
+            attn_kv_view x, y;
+            kv_view(a, l, h, n, &x);
+            kv_view(b, l, h, n, &y);
+            bad += memcmp(x.K, y.K, (size_t)n * a->row_bytes) != 0;
+            bad += memcmp(x.V, y.V, (size_t)n * a->row_bytes) != 0;
+            if (x.KT || y.KT) {
+                if (!x.KT || !y.KT) return -1;
+                for (int j = 0; j < a->d; j++)
+                    bad += memcmp((const uint8_t *)x.KT + (size_t)j * a->kt_row_bytes,
+                                  (const uint8_t *)y.KT + (size_t)j * b->kt_row_bytes, attn_kv_row_bytes(a->elem, n)) != 0;
+            }
+            if (x.v_sum || y.v_sum) {
+                if (!x.v_sum || !y.v_sum) return -1;
+                bad += memcmp(x.v_sum, y.v_sum, (size_t)a->d * sizeof(float)) != 0;
+            }
+        }
+    return bad;
+}
+
+/* A source of n positions shared; caches over it at n and at a shorter m,
+ * each then writing its own suffix, equal fresh caches that wrote it all;
+ * the shared copy and the other user are untouched. */
+static void check_shared(int elem)
+{
+    const int L = 2, H = 3, d = 8;
+    const int64_t cap = 2048, n = 1024, m = 512, more = 300; /* 512: a Q8_0 block boundary */
+    char err[256];
+    kv_cache src, ref_n, ref_m, a, b;
+    /* another capacity; Q8_0's K^T comes from the source (f32, f16: built) */
+    CHECK(kv_create(&src, L, H, d, 1500, elem, elem == KV_Q8_0, 0, err, sizeof err) == 0, "%s", err);
+    CHECK(kv_create(&ref_n, L, H, d, cap, elem, 1, 1, err, sizeof err) == 0, "%s", err);
+    CHECK(kv_create(&ref_m, L, H, d, cap, elem, 1, 1, err, sizeof err) == 0, "%s", err);
+    write_positions(&src, 0, n, 0);
+    write_positions(&ref_n, 0, n, 0);
+    write_positions(&ref_m, 0, m, 0);
+    kv_shared *s = NULL;
+    CHECK(kv_shared_create(&src, n, cap, &s, err, sizeof err) == 0, "kv_shared_create: %s", err);
+    if (!s) return;
+    CHECK(kv_shared_n(s) == n && kv_shared_cap(s) == cap && kv_shared_users(s) == 0 &&
+              kv_shared_bytes(s) == (size_t)(2 * L * H * n) * src.row_bytes +
+                                        (elem == KV_Q8_0 ? (size_t)(L * H * d) * attn_kv_row_bytes(elem, n) : 0),
+          "shared prefix fields");
+    CHECK(kv_create_cow(&a, s, L, H, d, n, 1, 1, err, sizeof err) == 0, "cow of n: %s", err);
+    CHECK(kv_create_cow(&b, s, L, H, d, m, 0, 1, err, sizeof err) == 0, "cow of m: %s", err);
+    CHECK(kv_shared_users(s) == 2 &&
+              kv_shared_bytes(s) == (size_t)(2 * L * H * n) * src.row_bytes + (size_t)(L * H * d) * attn_kv_row_bytes(elem, n),
+          "two users, K^T built once");
+    CHECK(cache_diff(&a, &ref_n, n) == 0, "elem %d: a cache over the shared prefix differs from a fresh one", elem);
+    kv_cache tmp;
+    CHECK(kv_create_cow(&tmp, s, L, H, d + 1, m, 0, 0, err, sizeof err) != 0, "a shape mismatch is refused");
+    CHECK(kv_create_cow(&tmp, s, L, H, d, n + 1, 0, 0, err, sizeof err) != 0, "more than the prefix is refused");
+    /* each writes its own suffix (b over positions the prefix holds) */
+    write_positions(&a, n, n + more, 5);
+    write_positions(&ref_n, n, n + more, 5);
+    write_positions(&b, m, m + more, 9);
+    write_positions(&ref_m, m, m + more, 9);
+    kv_free(&ref_m); /* b's reference without K^T: compare rows and sums */
+    CHECK(kv_create(&ref_m, L, H, d, cap, elem, 0, 1, err, sizeof err) == 0, "%s", err);
+    write_positions(&ref_m, 0, m, 0);
+    write_positions(&ref_m, m, m + more, 9);
+    CHECK(cache_diff(&a, &ref_n, n + more) == 0, "elem %d: after its suffix, the first cache differs", elem);
+    CHECK(cache_diff(&b, &ref_m, m + more) == 0, "elem %d: after its suffix, the second cache differs", elem);
+    kv_cache c;
+    CHECK(kv_create_cow(&c, s, L, H, d, n, 1, 1, err, sizeof err) == 0, "cow after others wrote: %s", err);
+    kv_shared_unref(s); /* the owner lets go: the users keep it alive */
+    kv_free(&a); /* users leaving punch the holes past the prefix: c keeps reading */
+    kv_free(&b);
+    kv_cache fresh;
+    CHECK(kv_create(&fresh, L, H, d, cap, elem, 1, 1, err, sizeof err) == 0, "%s", err);
+    write_positions(&fresh, 0, n, 0);
+    CHECK(cache_diff(&c, &fresh, n) == 0, "elem %d: the shared copy changed under its users' writes", elem);
+    write_positions(&c, n, n + more, 5);
+    write_positions(&fresh, n, n + more, 5);
+    CHECK(cache_diff(&c, &fresh, n + more) == 0, "elem %d: a user after others left differs", elem);
+    kv_free(&fresh);
+    kv_free(&c); /* the last user: the memfd goes (ASan/valgrind see the rest) */
+    kv_free(&ref_n);
+    kv_free(&ref_m);
+    kv_free(&src);
+}
+
+/* ---- contexts over a shared prefix (the library) ----------------------------- */
+
+enum { NB = 32, PROMPT = 150, STEPS = 4 };
+
+static sparq_attn_params policy(const char *name)
+{
+    sparq_attn_params p = sparq_attn_default_params();
+    p.policy = name;
+    if (!strcmp(name, "sparq")) { p.r = 4; p.k = 16; p.l = 4; }
+    else if (!strcmp(name, "topk")) p.k = 16;
+    return p;
+}
+
+static sparq_context *make_ctx(sparq_model *m, const char *pol, int kv_type, int64_t n_ctx)
+{
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_threads = 1;
+    cp.n_batch = NB;
+    cp.kv_type = kv_type;
+    cp.attn = policy(pol);
+    sparq_context *c = NULL;
+    char err[256];
+    if (sparq_context_create(m, &cp, &c, err, sizeof err)) fprintf(stderr, "context: %s\n", err);
+    return c;
+}
+
+/* Prompt tokens [from, PROMPT) in chunks aligned to NB, then STEPS decode
+ * steps; rows[1 + STEPS][V]. 0 or -1. */
+static int finish_run(sparq_context *c, const int32_t *prompt, int from, const int32_t *next, float *rows, int V)
+{
+    for (int at = from; at < PROMPT; at += NB) {
+        const int nb = PROMPT - at < NB ? PROMPT - at : NB;
+        if (sparq_eval_prefill(c, prompt + at, nb, rows)) return -1;
+    }
+    for (int t = 0; t < STEPS; t++)
+        if (sparq_decode_batch(&c, &next[t], 1, rows + (size_t)(1 + t) * V)) return -1;
+    return 0;
+}
+
+static void check_attach(sparq_model *m, const char *pol, int kv_type)
+{
+    const int V = sparq_model_n_vocab(m);
+    int32_t prompt[PROMPT], next[STEPS];
+    for (int i = 0; i < PROMPT; i++) prompt[i] = 3 + (i * 37 + 11) % (V - 3);
+    for (int t = 0; t < STEPS; t++) next[t] = 5 + t * 13;
+    float *ref = malloc((size_t)(1 + STEPS) * V * sizeof(float)), *row = malloc((size_t)(1 + STEPS) * V * sizeof(float));
+    /* the source runs another policy (prefill does not depend on it); for
+     * Q8_0 one with K^T, whose blocks a rebuild from K would not match */
+    const char *src_pol = kv_type == SPARQ_KV_Q8_0 ? "sparq" : strcmp(pol, "dense") ? "dense" : "streaming";
+    sparq_context *fresh = make_ctx(m, pol, kv_type, 256), *src = make_ctx(m, src_pol, kv_type, 200);
+    int ok = ref && row && fresh && src && finish_run(fresh, prompt, 0, next, ref, V) == 0 &&
+             sparq_eval(src, prompt, PROMPT, NULL) == 0;
+    CHECK(ok, "%s: the fresh run failed", pol);
+    char err[256] = "";
+    sparq_prefix *p = NULL;
+    const int P = (PROMPT - 1) / NB * NB; /* 128 */
+    ok = ok && sparq_prefix_create(src, P, 256, &p, err, sizeof err) == 0;
+    CHECK(ok && sparq_prefix_pos(p) == P && sparq_prefix_n_ctx(p) == 256, "%s: prefix_create: %s", pol, err);
+    sparq_context_free(src); /* the prefix is its own copy */
+    if (!ok) goto done;
+    /* two contexts at once, at the whole prefix and at a shorter chunk boundary */
+    sparq_context *a = make_ctx(m, pol, kv_type, 256), *b = make_ctx(m, pol, kv_type, 256);
+    const int ra = a ? sparq_context_attach_prefix(a, p, P, err, sizeof err) : -1;
+    if (!strcmp(pol, "h2o")) {
+        CHECK(ra == -1 && strstr(err, "observes the prefill"), "h2o: attach refused: %s", err);
+    } else {
+        CHECK(ra == 0 && sparq_context_pos(a) == P, "%s: attach: %s", pol, err);
+        const int rb = b ? sparq_context_attach_prefix(b, p, P - 2 * NB, err, sizeof err) : -1;
+        CHECK(rb == 0 && sparq_prefix_users(p) == 2, "%s: second attach: %s", pol, err);
+        sparq_prefix_free(p); /* the contexts keep it */
+        p = NULL;
+        int da = -1, db = -1;
+        if (!ra && !finish_run(a, prompt, P, next, row, V)) da = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
+        if (!rb && !finish_run(b, prompt, P - 2 * NB, next, row, V))
+            db = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
+        CHECK(da == 0 && db == 0, "%s kv %d: logits over a shared prefix differ from a fresh prefill (%d, %d)", pol,
+              kv_type, da, db);
+    }
+    sparq_context_free(a);
+    sparq_context_free(b);
+done:
+    sparq_prefix_free(p);
+    sparq_context_free(fresh);
+    free(ref);
+    free(row);
+}
+
+/* Pss and Private_Dirty of the process, in bytes. */
+static void mem_now(double *pss, double *priv)
+{
+    *pss = *priv = -1;
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return;
+    char line[256];
+    double v;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "Pss: %lf", &v) == 1) *pss = v * 1024;
+        if (sscanf(line, "Private_Dirty: %lf", &v) == 1) *priv = v * 1024;
+    }
+    fclose(f);
+}
+
+/* 16 contexts decoding over one long shared prefix: the process grows by
+ * about one copy of it (Pss: each page counted once however many map it),
+ * and its private dirty memory by less than one copy; 4 contexts with
+ * their own copies (sparq_context_copy_prefix) grow it by 4. */
+static void check_memory(sparq_model *m, const char *pol)
+{
+    enum { N = 16, S = 65536, CAP = S + 64 };
+    double pss0, prv0, pss1, prv1, pss2, prv2, pss3, prv3;
+    sparq_context *src = make_ctx(m, "dense", SPARQ_KV_F16, CAP), *ctx[N] = { 0 };
+    char err[256] = "";
+    const int32_t tok = 7;
+    if (!src || sparq_context_fill_random(src, S, 42)) {
+        CHECK(0, "memory: source context");
+        sparq_context_free(src);
+        return;
+    }
+    mem_now(&pss0, &prv0);
+    sparq_prefix *p = NULL;
+    int ok = sparq_prefix_create(src, S, 0, &p, err, sizeof err) == 0;
+    for (int i = 0; ok && i < N; i++) {
+        ctx[i] = make_ctx(m, pol, SPARQ_KV_F16, CAP);
+        ok = ctx[i] && sparq_context_attach_prefix(ctx[i], p, S, err, sizeof err) == 0 &&
+             sparq_eval(ctx[i], &tok, 1, NULL) == 0 && sparq_eval(ctx[i], &tok, 1, NULL) == 0;
+    }
+    CHECK(ok, "memory %s: attach and decode: %s", pol, err);
+    const double copy = ok ? (double)sparq_prefix_bytes(p) : 1; /* K and V (and K^T for sparq) */
+    mem_now(&pss1, &prv1);
+    for (int i = 0; i < N; i++) sparq_context_free(ctx[i]);
+    sparq_prefix_free(p);
+    mem_now(&pss2, &prv2);
+    /* the control: copies */
+    for (int i = 0; ok && i < 4; i++) {
+        ctx[i] = make_ctx(m, pol, SPARQ_KV_F16, CAP);
+        ok = ctx[i] && sparq_context_copy_prefix(ctx[i], src, S, err, sizeof err) == 0 &&
+             sparq_eval(ctx[i], &tok, 1, NULL) == 0;
+    }
+    mem_now(&pss3, &prv3);
+    for (int i = 0; i < 4; i++) sparq_context_free(ctx[i]);
+    sparq_context_free(src);
+    fprintf(stderr, "memory %s: one copy %.1f MiB; %d sharing contexts: Pss +%.2f copies, Private_Dirty +%.2f; "
+            "freed: Pss -%.2f; 4 copying contexts: Pss +%.2f copies\n", pol, copy / 1048576, N, (pss1 - pss0) / copy,
+            (prv1 - prv0) / copy, (pss1 - pss2) / copy, (pss3 - pss2) / copy);
+    CHECK(pss0 > 0 && prv0 > 0, "smaps_rollup unreadable");
+    CHECK(pss1 - pss0 > 0.9 * copy && pss1 - pss0 < 2.0 * copy, "%s: %d contexts over a shared prefix grew Pss by "
+          "%.2f copies", pol, N, (pss1 - pss0) / copy);
+    CHECK(prv1 - prv0 < 1.0 * copy, "%s: private dirty memory grew by %.2f copies", pol, (prv1 - prv0) / copy);
+    CHECK(pss1 - pss2 > 0.9 * copy, "%s: freeing the contexts and the prefix returned only %.2f copies", pol,
+          (pss1 - pss2) / copy);
+    CHECK(pss3 - pss2 > 3.5 * copy, "%s: 4 copies grew Pss by only %.2f copies: the measure is blind", pol,
+          (pss3 - pss2) / copy);
+}
+
 int main(void)
 {
     check_type(KV_F32);
     check_type(KV_F16);
+    check_shared(KV_F32);
+    check_shared(KV_F16);
+    check_shared(KV_Q8_0);
     kv_cache c;
     char err[256];
     CHECK(kv_create(&c, 1, 1, 8, 0, KV_F16, 0, 0, err, sizeof err) != 0, "zero capacity rejected");
@@ -73,5 +348,20 @@ int main(void)
     /* a large reservation costs address space only */
     CHECK(kv_create(&c, 16, 8, 64, 1 << 20, KV_F16, 1, 1, err, sizeof err) == 0, "1M-token reserve: %s", err);
     kv_free(&c);
+    char model[1024];
+    if (path_find("stories260K.gguf", model, sizeof model)) {
+        test_skip("stories260K.gguf not found: shared prefixes in contexts not checked");
+        return test_summary("test_kvcache");
+    }
+    sparq_model *mdl = NULL;
+    CHECK(sparq_model_load(model, &mdl, err, sizeof err) == 0, "load %s: %s", model, err);
+    if (!mdl) return test_summary("test_kvcache");
+    static const char *pols[] = { "dense", "sparq", "topk", "streaming", "h2o" };
+    for (int i = 0; i < 5; i++) check_attach(mdl, pols[i], SPARQ_KV_F16);
+    check_attach(mdl, "dense", SPARQ_KV_F32);
+    check_attach(mdl, "sparq", SPARQ_KV_Q8_0);
+    check_memory(mdl, "dense");
+    check_memory(mdl, "sparq");
+    sparq_model_free(mdl);
     return test_summary("test_kvcache");
 }

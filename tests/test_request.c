@@ -214,6 +214,24 @@ static void test_fields(void)
           "sparq: r %d k %d l %d", r->attn.r, r->attn.k, r->attn.l);
     srv_request_release(r);
 
+    /* prefix_id: the document's name, alone (server's attention) or with a policy */
+    r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"prefix_id\":\"doc-42\"}}");
+    CHECK(!strcmp(r->prefix_id, "doc-42") && !strcmp(r->policy, "dense"), "prefix_id '%s' policy %s", r->prefix_id,
+          r->policy);
+    srv_request_release(r);
+    r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"prefix_id\":\"d\",\"attn\":\"sparq\"}}");
+    CHECK(!strcmp(r->prefix_id, "d") && !strcmp(r->policy, "sparq"), "prefix_id with a policy: %s", r->policy);
+    srv_request_release(r);
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"prefix_id\":\"\"}}", SRV_PARSE_INVALID, "prefix_id");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"prefix_id\":\"a\\nb\"}}", SRV_PARSE_INVALID,
+            "printable ASCII");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"prefix_id\":7}}", SRV_PARSE_INVALID, "prefix_id");
+    {
+        char big[400];
+        snprintf(big, sizeof big, "{\"prompt\":[1],\"sparq\":{\"prefix_id\":\"%0129d\"}}", 0);
+        refused(SRV_EP_COMPLETIONS, big, SRV_PARSE_INVALID, "1 to 128");
+    }
+
     /* logit_bias: OpenAI's object of "id": bias, kept in order */
     r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"3\":-100,\"511\":2.5,\"0\":100}}");
     CHECK(r->n_bias == 3 && r->bias_ids[0] == 3 && r->bias[0] == -100.0f && r->bias_ids[1] == 511 &&

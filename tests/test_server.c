@@ -485,6 +485,307 @@ static void overload_and_disconnect(const char *tiny)
     }
 }
 
+/* A metric's value from a /metrics body, or -1. */
+static long long metric(int port, const char *name)
+{
+    resp r;
+    if (http(port, "GET", "/metrics", NULL, 0, 1, &r)) return -1;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\nsparq_%s ", name);
+    const char *p = strstr(r.body, pat);
+    long long v = p ? atoll(p + strlen(pat)) : -1;
+    resp_free(&r);
+    return v;
+}
+
+enum { DOC = 1024, NQ = 16 };
+
+/* The body of question q about the document: token ids, greedy. */
+static char *doc_request(const int32_t *doc, int n_doc, int q, int *n_suffix, const char *extra)
+{
+    text_buf t = { 0 };
+    char num[32];
+    text_append(&t, "{\"prompt\": [", 12);
+    for (int i = 0; i < n_doc; i++) {
+        int n = snprintf(num, sizeof num, "%s%d", i ? "," : "", doc[i]);
+        text_append(&t, num, (size_t)n);
+    }
+    /* questions of 3..9 tokens, each starting differently */
+    const int len = 3 + q % 7;
+    uint32_t st = 977u * (uint32_t)(q + 1);
+    for (int i = 0; i < len; i++) {
+        st = st * 1664525u + 1013904223u;
+        int n = snprintf(num, sizeof num, ",%d", i == 0 ? 40 + 7 * q : 3 + (int)(st >> 8) % 400);
+        text_append(&t, num, (size_t)n);
+    }
+    char tail[256];
+    int n = snprintf(tail, sizeof tail, "], \"max_tokens\": 8, \"temperature\": 0%s}", extra ? extra : "");
+    text_append(&t, tail, (size_t)n);
+    *n_suffix = len;
+    return t.data;
+}
+
+/* 16 requests sent at once: every body's last byte goes out only once all
+ * are nearly sent, so they reach the scheduler together. Texts into out. */
+static void send_together(int port, char **bodies, int n, char **out, int *status)
+{
+    int fd[NQ];
+    for (int q = 0; q < n; q++) {
+        const size_t len = strlen(bodies[q]);
+        char head[512];
+        int hn = snprintf(head, sizeof head,
+                          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer %s\r\n"
+                          "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", key, len);
+        fd[q] = dial(port);
+        if (fd[q] >= 0 && (send_all(fd[q], head, (size_t)hn) || send_all(fd[q], bodies[q], len - 1))) {
+            close(fd[q]);
+            fd[q] = -1;
+        }
+    }
+    for (int q = 0; q < n; q++)
+        if (fd[q] >= 0) send_all(fd[q], bodies[q] + strlen(bodies[q]) - 1, 1);
+    for (int q = 0; q < n; q++) {
+        resp r;
+        out[q] = NULL;
+        status[q] = -1;
+        if (fd[q] < 0) continue;
+        if (read_resp(fd[q], &r) == 0) {
+            status[q] = r.status;
+            out[q] = r.status == 200 ? completion_text(r.body) : strdup(r.body);
+            resp_free(&r);
+        }
+        close(fd[q]);
+    }
+}
+
+/* In-flight sharing: 16 questions about one document sent at once cost
+ * one prefill of the document plus the 16 questions, and each answer is
+ * the one the question gets alone on a server without a prefix cache. */
+static void shared_document(const char *model)
+{
+    int32_t doc[DOC];
+    uint32_t st = 12345;
+    doc[0] = 1; /* BOS */
+    for (int i = 1; i < DOC; i++) {
+        st = st * 1664525u + 1013904223u;
+        doc[i] = 3 + (int)(st >> 8) % 480;
+    }
+    char *bodies[NQ], *alone[NQ], *together[NQ];
+    int suffix[NQ], status[NQ], sum_suffix = 0;
+    for (int q = 0; q < NQ; q++) {
+        bodies[q] = doc_request(doc, DOC, q, &suffix[q], NULL);
+        sum_suffix += suffix[q];
+        alone[q] = together[q] = NULL;
+    }
+    server ref, srv;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 1100 -b 16 -t 1 --parallel 1 --queue 4 --prefix-cache 0 --api-key %s", model, key);
+    CHECK(start_server(&ref, args) == 0, "reference server did not start");
+    for (int q = 0; ref.pid > 0 && q < NQ; q++) {
+        resp r;
+        if (http(ref.port, "POST", "/v1/completions", bodies[q], strlen(bodies[q]), 1, &r) == 0) {
+            alone[q] = r.status == 200 ? completion_text(r.body) : NULL;
+            resp_free(&r);
+        }
+        CHECK(alone[q] != NULL, "question %d alone failed", q);
+    }
+    if (ref.pid > 0) {
+        CHECK(metric(ref.port, "prefill_tokens_total") == (long long)NQ * DOC + sum_suffix,
+              "without a cache every prompt is prefilled whole: %lld", metric(ref.port, "prefill_tokens_total"));
+        CHECK(stop_server(&ref) == 0, "reference server: SIGTERM did not end it cleanly");
+    }
+    snprintf(args, sizeof args, "-m %s -c 1100 -b 16 -t 1 --parallel 16 --queue 32 --api-key %s", model, key);
+    CHECK(start_server(&srv, args) == 0, "shared-document server did not start");
+    if (srv.pid > 0) {
+        send_together(srv.port, bodies, NQ, together, status);
+        for (int q = 0; q < NQ; q++)
+            CHECK(status[q] == 200 && together[q] && alone[q] && !strcmp(together[q], alone[q]),
+                  "question %d together (%d) '%s' vs alone '%s'", q, status[q], together[q] ? together[q] : "",
+                  alone[q] ? alone[q] : "");
+        const long long pre = metric(srv.port, "prefill_tokens_total"), hits = metric(srv.port, "prefix_cache_hits_total");
+        const long long waits = metric(srv.port, "prefix_cache_waits_total");
+        CHECK(pre == DOC + sum_suffix, "prefilled %lld tokens; the document once and the questions are %d", pre,
+              DOC + sum_suffix);
+        CHECK(hits == NQ - 1 && metric(srv.port, "prefix_cache_tokens_total") == (long long)(NQ - 1) * DOC,
+              "prefix hits %lld (want %d)", hits, NQ - 1);
+        CHECK(waits >= 1 && waits <= NQ - 1, "requests that waited for the prefill: %lld", waits);
+        CHECK(metric(srv.port, "prefix_cache_entries") >= 1 && metric(srv.port, "prefix_cache_sequences") == 0 &&
+                  metric(srv.port, "prefix_cache_bytes") > 0, "prefix cache gauges after the requests");
+        fprintf(stderr, "shared document: %lld tokens prefilled, %lld hits, %lld waited\n", pre, hits, waits);
+        CHECK(stop_server(&srv) == 0, "shared-document server: SIGTERM did not end it cleanly");
+    }
+    for (int q = 0; q < NQ; q++) {
+        free(bodies[q]);
+        free(alone[q]);
+        free(together[q]);
+    }
+}
+
+/* A completion of body on port: its text (malloc'ed) or NULL. */
+static char *complete(int port, const char *body)
+{
+    resp r;
+    if (http(port, "POST", "/v1/completions", body, strlen(body), 1, &r)) return NULL;
+    char *t = r.status == 200 ? completion_text(r.body) : NULL;
+    if (!t) fprintf(stderr, "completion: %d %s\n", r.status, r.body);
+    resp_free(&r);
+    return t;
+}
+
+/* "sparq": {"prefix_id": ...}: validated; a document named by one server
+ * in --kv-dir is found by name by the next (whose prompts share only the
+ * document with the stored one, so no token-named file could match), and
+ * used up to the last chunk boundary the prompt shares with it; a prompt
+ * under that name that does not start with it is a miss, not an error.
+ * Answers equal those of a server without any cache. */
+static void named_document(const char *model, int port)
+{
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": \"\"}}", 1, 400,
+                 "prefix_id", "empty prefix_id");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": 7}}", 1, 400,
+                 "prefix_id", "prefix_id of a wrong type");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": \"a\\u0001b\"}}", 1,
+                 400, "printable", "unprintable prefix_id");
+    char longid[300] = "{\"prompt\": \"x\", \"sparq\": {\"prefix_id\": \"";
+    size_t at = strlen(longid);
+    memset(longid + at, 'a', 129);
+    snprintf(longid + at + 129, sizeof longid - at - 129, "\"}}");
+    expect_error(port, "POST", "/v1/completions", longid, 1, 400, "128", "prefix_id of 129 characters");
+
+    enum { D = 1000, NB = 16 }; /* not a multiple of NB: the name is used to 992 */
+    int32_t doc[D], doc2[D];
+    uint32_t st = 777;
+    doc[0] = doc2[0] = 1;
+    for (int i = 1; i < D; i++) {
+        st = st * 1664525u + 1013904223u;
+        doc[i] = 3 + (int)(st >> 8) % 480;
+        doc2[i] = 3 + (int)(st >> 12) % 470;
+    }
+    static const char *ext[] = { ", \"sparq\": {\"prefix_id\": \"doc-1\"}", "",
+                                 ", \"sparq\": {\"prefix_id\": \"doc-1\", \"attn\": \"sparq\", \"ratio\": \"1/2\"}" };
+    /* A: doc + q0 named; B: doc + q1 named (sparq), C: doc + q2 unnamed;
+     * E: doc2 + q3 under the same name */
+    int sfx[4];
+    char *body_a = doc_request(doc, D, 0, &sfx[0], ext[0]), *body_b = doc_request(doc, D, 1, &sfx[1], ext[2]);
+    char *body_c = doc_request(doc, D, 2, &sfx[2], ext[1]), *body_e = doc_request(doc2, D, 3, &sfx[3], ext[0]);
+    char *body_b0 = doc_request(doc, D, 1, &sfx[1], ", \"sparq\": {\"attn\": \"sparq\", \"ratio\": \"1/2\"}");
+    char *ref[4] = { 0 }, *got[4] = { 0 };
+    char dir[] = "/tmp/sparq_test_server_kvdir_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    server s;
+    char args[2048];
+    /* the reference: no cache at all */
+    snprintf(args, sizeof args, "-m %s -c 1100 -b %d -t 1 --parallel 2 --prefix-cache 0 --api-key %s", model, NB, key);
+    if (start_server(&s, args) == 0) {
+        char *bodies[4] = { body_a, body_b, body_c, body_e };
+        for (int i = 0; i < 4; i++) ref[i] = complete(s.port, bodies[i]);
+        stop_server(&s);
+    }
+    CHECK(ref[0] && ref[1] && ref[2] && ref[3], "reference answers");
+    /* 1: A names the document and leaves it in the directory */
+    snprintf(args, sizeof args, "-m %s -c 1100 -b %d -t 1 --parallel 2 --kv-dir %s --api-key %s", model, NB, dir, key);
+    if (start_server(&s, args) == 0) {
+        got[0] = complete(s.port, body_a);
+        CHECK(metric(s.port, "kv_dir_writes_total") == 1, "the named document was written to --kv-dir");
+        stop_server(&s);
+    }
+    /* 2: B without the name finds no file (its cuts hold other tokens) */
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body_b0);
+        CHECK(t && ref[1] && !strcmp(t, ref[1]) && metric(s.port, "kv_dir_hits_total") == 0,
+              "without prefix_id, no file matches the new question");
+        free(t);
+        stop_server(&s);
+    }
+    /* 3: B with the name maps the file's first 992 positions; C (no name)
+     * then hits the memory entry; E names another document: a miss */
+    if (start_server(&s, args) == 0) {
+        got[1] = complete(s.port, body_b);
+        const long long hits = metric(s.port, "kv_dir_hits_total"), toks = metric(s.port, "kv_dir_tokens_total");
+        const long long pre1 = metric(s.port, "prefill_tokens_total");
+        CHECK(hits == 1 && toks == D / NB * NB && pre1 == D + sfx[1] - D / NB * NB,
+              "named file: %lld hits, %lld tokens, %lld prefilled", hits, toks, pre1);
+        got[2] = complete(s.port, body_c);
+        const long long pre2 = metric(s.port, "prefill_tokens_total");
+        CHECK(metric(s.port, "prefix_cache_hits_total") == 1 && pre2 - pre1 == D + sfx[2] - D / NB * NB,
+              "the named entry serves an unnamed prompt too: %lld prefilled", pre2 - pre1);
+        got[3] = complete(s.port, body_e);
+        const long long pre3 = metric(s.port, "prefill_tokens_total");
+        CHECK(pre3 - pre2 == D + sfx[3] && metric(s.port, "prefix_cache_hits_total") == 1 &&
+                  metric(s.port, "kv_dir_hits_total") == 1,
+              "another document under the name is a miss: %lld prefilled", pre3 - pre2);
+        stop_server(&s);
+    }
+    for (int i = 0; i < 4; i++) {
+        CHECK(got[i] && ref[i] && !strcmp(got[i], ref[i]), "named document, request %d: '%s' vs '%s'", i,
+              got[i] ? got[i] : "(none)", ref[i] ? ref[i] : "(none)");
+        free(got[i]);
+        free(ref[i]);
+    }
+    free(body_a);
+    free(body_b);
+    free(body_b0);
+    free(body_c);
+    free(body_e);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "rm %s", dir);
+}
+
+/* A request waiting for another sequence's prefill leaves the queue as
+ * soon as its client hangs up (counted as cancelled while the prefill it
+ * waited for still runs); the prefilling request is unaffected. */
+static void waiting_disconnect(const char *tiny)
+{
+    server s;
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -c 8192 -b 64 -t 1 --parallel 4 --api-key %s", tiny, key);
+    CHECK(start_server(&s, args) == 0, "waiting server did not start");
+    if (s.pid <= 0) return;
+    text_buf doc = { 0 };
+    for (int i = 0; i < 880; i++) text_append(&doc, "hello world ", 12); /* ~8000 tokens: seconds of prefill */
+    char *body_a = malloc(doc.len + 256), *body_b = malloc(doc.len + 256);
+    if (!body_a || !body_b) return;
+    snprintf(body_a, doc.len + 256, "{\"prompt\": \"%s\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
+    snprintf(body_b, doc.len + 256, "{\"prompt\": \"%s again\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
+    int fa = dial(s.port), fb = -1;
+    char head[512];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n", key, strlen(body_a));
+    CHECK(fa >= 0 && !send_all(fa, head, (size_t)n) && !send_all(fa, body_a, strlen(body_a)), "send A");
+    /* B once A is prefilling */
+    for (double t0 = now(); now() - t0 < 20 && metric(s.port, "active_sequences") < 1;) usleep(20000);
+    fb = dial(s.port);
+    n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n", key, strlen(body_b));
+    CHECK(fb >= 0 && !send_all(fb, head, (size_t)n) && !send_all(fb, body_b, strlen(body_b)), "send B");
+    long long waits = 0;
+    for (double t0 = now(); now() - t0 < 20 && waits < 1; usleep(20000)) waits = metric(s.port, "prefix_cache_waits_total");
+    CHECK(waits == 1 && metric(s.port, "queue_depth") == 1, "B waits for A's prefill (%lld)", waits);
+    if (fb >= 0) close(fb);
+    long long cancelled = 0, active = 0;
+    int a_pending = 0;
+    for (double t0 = now(); now() - t0 < 20 && cancelled < 1; usleep(20000)) {
+        active = metric(s.port, "active_sequences");
+        cancelled = metric(s.port, "requests_cancelled_total");
+        struct pollfd p = { fa, POLLIN, 0 };
+        a_pending = fa >= 0 && poll(&p, 1, 0) == 0; /* A has not answered yet */
+    }
+    CHECK(cancelled == 1 && active == 1 && a_pending && metric(s.port, "queue_depth") == 0,
+          "the waiting request left the queue while A prefilled: cancelled %lld, active %lld, A pending %d", cancelled,
+          active, a_pending);
+    resp r;
+    CHECK(fa >= 0 && read_resp(fa, &r) == 0 && r.status == 200, "A after B left: %d", fa >= 0 ? r.status : -1);
+    if (fa >= 0 && r.head) resp_free(&r);
+    if (fa >= 0) close(fa);
+    CHECK(metric(s.port, "prefill_tokens_total") > 7000 && metric(s.port, "prefix_cache_hits_total") == 0,
+          "only A was prefilled");
+    free(body_a);
+    free(body_b);
+    free(doc.data);
+    CHECK(stop_server(&s) == 0, "waiting server: SIGTERM did not end it cleanly");
+}
+
 int main(void)
 {
     char model[1024];
@@ -543,6 +844,15 @@ int main(void)
         for (int i = 0; i < 16; i++) free(cases[i].text);
         CHECK(stop_server(&s) == 0, "SIGTERM did not end the server cleanly");
     }
+    shared_document(model);
+    if (s.pid > 0) {
+        /* validation needs a running server: a fresh one */
+        snprintf(args, sizeof args, "-m %s -c 256 -t 1 --api-key %s", model, key);
+        if (start_server(&s, args) == 0) {
+            named_document(model, s.port);
+            CHECK(stop_server(&s) == 0, "named-document server: SIGTERM did not end it cleanly");
+        }
+    }
     /* a model slow enough that one stream outlives the checks around it */
     char tiny[64];
     snprintf(tiny, sizeof tiny, "/tmp/sparq_test_server_tiny_%d.gguf", (int)getpid());
@@ -552,6 +862,7 @@ int main(void)
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "gen-model tiny failed");
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) {
         overload_and_disconnect(tiny);
+        waiting_disconnect(tiny);
         request_timeout(tiny);
     }
     unlink(tiny);

@@ -36,7 +36,8 @@ static const cli_opt serve_table[] = {
       "chat template when the GGUF has none: llama3, chatml, phi3, mistral, gemma" },
     { "--alias", NULL, OPT_STR, OFF(alias), "NAME", "model id reported (default: the file name)" },
     { "--prefix-cache", NULL, OPT_INT, OFF(prefix_mb), "MIB",
-      "memory for cached prompt prefixes, reused by later requests (default 256; 0 = off)" },
+      "memory for cached prompt prefixes (one shared copy each), reused by later and concurrent requests; "
+      "a request may name its document: \"sparq\": {\"prefix_id\": ID} (default 256; 0 = off)" },
     { "--kv-dir", NULL, OPT_STR, OFF(kv_dir), "DIR",
       "also save cached prefixes as KV files in DIR and load other replicas' from it (a shared directory)" },
     { "--kv-dir-max", NULL, OPT_INT, OFF(kv_dir_mb), "MIB", "size budget of --kv-dir, least recently used files deleted (default 4096; 0 = none)" },

@@ -54,6 +54,12 @@ const char *sparq_attn_policy_summary(int i)
     return p ? p->summary : NULL;
 }
 
+int sparq_attn_policy_observes_prefill(int i)
+{
+    const attn_policy *p = attn_policy_at(i);
+    return p ? p->observe_prefill != NULL : -1;
+}
+
 sparq_context_params sparq_context_default_params(void)
 {
     sparq_context_params p;
@@ -442,4 +448,72 @@ int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexe
         return -1;
     if (tokens) kvf_writer_tokens(w, tokens);
     return kvf_write_heads(w, c->n_threads, &c->params.attn, save_rows, (void *)kv, NULL, err, err_size);
+}
+
+/* ---- shared prefixes (the server's prefix cache) ------------------------------ */
+
+struct sparq_prefix {
+    const sparq_model *model;
+    kv_shared         *kv;
+};
+
+int sparq_prefix_create(const sparq_context *src, int64_t n, int64_t n_ctx, sparq_prefix **out, char *err,
+                        size_t err_size)
+{
+    *out = NULL;
+    if (!src || n_ctx < 0) {
+        snprintf(err, err_size, "prefix: no source context, or a negative n_ctx");
+        return -1;
+    }
+    sparq_prefix *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, err_size, "prefix: out of memory");
+        return -1;
+    }
+    p->model = src->model;
+    if (kv_shared_create(&src->kv, n, n_ctx ? n_ctx : src->kv.cap, &p->kv, err, err_size)) {
+        free(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
+void sparq_prefix_free(sparq_prefix *p)
+{
+    if (!p) return;
+    kv_shared_unref(p->kv); /* contexts mapping it hold their own references */
+    free(p);
+}
+
+int64_t sparq_prefix_pos(const sparq_prefix *p) { return kv_shared_n(p->kv); }
+int64_t sparq_prefix_n_ctx(const sparq_prefix *p) { return kv_shared_cap(p->kv); }
+size_t  sparq_prefix_bytes(const sparq_prefix *p) { return kv_shared_bytes(p->kv); }
+int     sparq_prefix_users(const sparq_prefix *p) { return kv_shared_users(p->kv); }
+
+int sparq_context_attach_prefix(sparq_context *dst, const sparq_prefix *p, int64_t n, char *err, size_t err_size)
+{
+    if (!dst || !p || dst->model != p->model) {
+        snprintf(err, err_size, "attach_prefix: the prefix and the context must be of one model");
+        return -1;
+    }
+    if (dst->kv.n != 0 || dst->kv.cap != kv_shared_cap(p->kv) || dst->kv.elem != kv_shared_elem(p->kv) || n < 0 ||
+        n > kv_shared_n(p->kv)) {
+        snprintf(err, err_size, "attach_prefix: cannot attach %lld of %lld positions (capacity %lld) to a context "
+                 "holding %lld of %lld (it must be empty, of the same capacity and KV type)", (long long)n,
+                 (long long)kv_shared_n(p->kv), (long long)kv_shared_cap(p->kv), (long long)dst->kv.n,
+                 (long long)dst->kv.cap);
+        return -1;
+    }
+    if (dst->policy->observe_prefill) { /* as sparq_context_copy_prefix */
+        snprintf(err, err_size, "attach_prefix: the %s policy observes the prefill; prefill instead", dst->policy->name);
+        return -1;
+    }
+    kv_cache kv;
+    if (kv_create_cow(&kv, p->kv, dst->kv.n_layer, dst->kv.n_kv_head, dst->kv.d, n, dst->kv.kt != NULL,
+                      dst->kv.v_sum != NULL, err, err_size))
+        return -1;
+    kv_free(&dst->kv); /* the context's own (still empty) reservation */
+    dst->kv = kv;
+    return 0;
 }

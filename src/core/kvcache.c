@@ -3,10 +3,13 @@
 #include "tensor/quant.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 static void *reserve(size_t bytes)
 {
@@ -356,5 +359,234 @@ int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, in
         }
     free(x);
     c->n = n_new;
+    return 0;
+}
+
+/* ---- shared read-only prefixes (kvcache.h) ---------------------------------- */
+
+struct kv_shared {
+    pthread_mutex_t mu;
+    int      refs, users;     /* [mu] owner + mapping caches; mapping caches */
+    int      fd;              /* the memfd                                   */
+    uint8_t *base;            /* MAP_SHARED, total bytes                     */
+    size_t   total, off_v, off_kt;
+    kv_cache view;            /* shape, and k / v / kt pointing into base    */
+    int      kt_built;        /* [mu]                                        */
+    float   *v_sum;           /* [n_layer][n_kv_head][d] over the n positions */
+};
+
+static size_t page_up(size_t x)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return (x + pg - 1) / pg * pg;
+}
+
+static size_t page_down(size_t x)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return x / pg * pg;
+}
+
+int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **out, char *err, size_t err_size)
+{
+    *out = NULL;
+    if (!src || n < 0 || n > src->n || n > cap) {
+        snprintf(err, err_size, "shared prefix: cannot share %lld of %lld positions in a cache of capacity %lld",
+                 (long long)n, src ? (long long)src->n : 0LL, (long long)cap);
+        return -1;
+    }
+    kv_shared *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_size, "shared prefix: out of memory");
+        return -1;
+    }
+    s->fd = -1;
+    if (kv_shape(&s->view, src->n_layer, src->n_kv_head, src->d, cap, src->elem, err, err_size)) {
+        free(s);
+        return -1;
+    }
+    kv_cache *v = &s->view;
+    const size_t heads = (size_t)v->n_layer * v->n_kv_head;
+    v->kt_bytes = heads * v->kt_head_bytes;
+    s->off_v = page_up(v->kv_bytes);
+    s->off_kt = s->off_v + page_up(v->kv_bytes);
+    s->total = s->off_kt + page_up(v->kt_bytes);
+    pthread_mutex_init(&s->mu, NULL);
+    s->refs = 1;
+    s->v_sum = calloc(heads * (size_t)v->d, sizeof(float));
+    /* a memfd, not anonymous memory: other mappings of the same pages
+     * must be private (copy on write), which only a file offers */
+    s->fd = memfd_create("sparq-prefix", MFD_CLOEXEC);
+    if (!s->v_sum || s->fd < 0 || ftruncate(s->fd, (off_t)s->total) != 0 ||
+        (s->base = mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, s->fd, 0)) == MAP_FAILED) {
+        snprintf(err, err_size, "shared prefix: cannot create %.1f MiB of shared memory: %s",
+                 (double)s->total / 1048576.0, strerror(errno));
+        if (s->base == MAP_FAILED) s->base = NULL;
+        kv_shared_unref(s);
+        return -1;
+    }
+    v->k = s->base;
+    v->v = s->base + s->off_v;
+    v->kt = s->base + s->off_kt;
+    v->n = n;
+    const size_t row = v->row_bytes;
+    for (size_t hh = 0; hh < heads; hh++) { /* rows are contiguous per head in both layouts */
+        memcpy(v->k + hh * (size_t)cap * row, src->k + hh * (size_t)src->cap * row, (size_t)n * row);
+        memcpy(v->v + hh * (size_t)cap * row, src->v + hh * (size_t)src->cap * row, (size_t)n * row);
+        float *sum = s->v_sum + hh * v->d; /* in position order from the stored values, as kv_write sums */
+        const uint8_t *vh = v->v + hh * (size_t)cap * row;
+        for (int64_t p = 0; p < n; p++)
+            for (int j = 0; j < v->d; j++) sum[j] += attn_kv_at(vh, v->elem, v->d, p, j);
+    }
+    /* src's own K^T, when whole for [0, n) (Q8_0: complete blocks), is
+     * kept: it is what a prefill made (Q8_0 K^T blocks are quantized from
+     * the keys as they came, not from K's rounded rows as a rebuild is) */
+    if (src->kt && (v->elem != KV_Q8_0 || n % ATTN_Q8_BLOCK == 0)) {
+        const size_t used = attn_kv_row_bytes(v->elem, n);
+        for (size_t r = 0; r < heads * (size_t)v->d; r++)
+            memcpy(v->kt + r * v->kt_row_bytes, src->kt + r * src->kt_row_bytes, used);
+        s->kt_built = 1;
+    }
+    *out = s;
+    return 0;
+}
+
+void kv_shared_unref(kv_shared *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    const int left = --s->refs;
+    pthread_mutex_unlock(&s->mu);
+    if (left > 0) return;
+    if (s->base) munmap(s->base, s->total);
+    if (s->fd >= 0) close(s->fd);
+    free(s->v_sum);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+int64_t kv_shared_n(const kv_shared *s) { return s->view.n; }
+int64_t kv_shared_cap(const kv_shared *s) { return s->view.cap; }
+int     kv_shared_elem(const kv_shared *s) { return s->view.elem; }
+
+size_t kv_shared_bytes(const kv_shared *s)
+{
+    kv_shared *m = (kv_shared *)s; /* the mutex only */
+    const kv_cache *v = &s->view;
+    const size_t heads = (size_t)v->n_layer * v->n_kv_head;
+    size_t b = 2 * heads * (size_t)v->n * v->row_bytes;
+    pthread_mutex_lock(&m->mu);
+    if (s->kt_built) b += heads * (size_t)v->d * attn_kv_row_bytes(v->elem, v->n);
+    pthread_mutex_unlock(&m->mu);
+    return b;
+}
+
+int kv_shared_users(const kv_shared *s)
+{
+    kv_shared *m = (kv_shared *)s;
+    pthread_mutex_lock(&m->mu);
+    const int u = s->users;
+    pthread_mutex_unlock(&m->mu);
+    return u;
+}
+
+/* A private write fault on a page the memfd has no data for (a suffix
+ * position) makes tmpfs allocate that page in the file before copying it:
+ * zero pages nobody needs, shared, up to a whole context. Punching the
+ * holes again when a user leaves keeps the file at its data; it is safe
+ * while others map it (the range holds zeros, and pages a cache already
+ * copied privately are its own). */
+static void shared_trim(kv_shared *s, int with_kt)
+{
+    const kv_cache *v = &s->view;
+    const size_t heads = (size_t)v->n_layer * v->n_kv_head;
+    const size_t row = v->row_bytes, span = (size_t)v->cap * row;
+    for (size_t hh = 0; hh < heads; hh++)
+        for (int kv = 0; kv < 2; kv++) {
+            const size_t off = (kv ? s->off_v : 0) + hh * span;
+            const size_t a = page_up(off + (size_t)v->n * row), b = page_down(off + span);
+            if (b > a) fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, (off_t)(b - a));
+        }
+    if (!with_kt) return;
+    const size_t used = attn_kv_row_bytes(v->elem, v->n);
+    for (size_t r = 0; r < heads * (size_t)v->d; r++) {
+        const size_t off = s->off_kt + r * v->kt_row_bytes;
+        const size_t a = page_up(off + used), b = page_down(off + v->kt_row_bytes);
+        if (b > a) fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, (off_t)(b - a));
+    }
+}
+
+typedef struct cow_map {
+    kv_shared *s;
+    uint8_t   *k, *v, *kt;
+    size_t     kv_bytes, kt_bytes;
+} cow_map;
+
+static void cow_unmap(void *p)
+{
+    cow_map *m = p;
+    if (m->k) munmap(m->k, m->kv_bytes);
+    if (m->v) munmap(m->v, m->kv_bytes);
+    if (m->kt) munmap(m->kt, m->kt_bytes);
+    pthread_mutex_lock(&m->s->mu);
+    m->s->users--;
+    const int kt = m->s->kt_built;
+    pthread_mutex_unlock(&m->s->mu);
+    shared_trim(m->s, kt);
+    kv_shared_unref(m->s);
+    free(m);
+}
+
+static uint8_t *map_private(const kv_shared *s, size_t off, size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, s->fd, (off_t)off);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, int64_t n,
+                  int with_kt, int with_vsum, char *err, size_t err_size)
+{
+    memset(c, 0, sizeof *c);
+    const kv_cache *v = &s->view;
+    if (n_layer != v->n_layer || n_kv_head != v->n_kv_head || d != v->d || n < 0 || n > v->n) {
+        snprintf(err, err_size, "shared prefix: shape or length (%lld of %lld positions) does not match",
+                 (long long)n, (long long)v->n);
+        return -1;
+    }
+    int kt_failed = 0;
+    pthread_mutex_lock(&s->mu);
+    if (with_kt && !s->kt_built) { /* no cache maps K^T yet: built in place, once */
+        for (int l = 0; l < v->n_layer && !kt_failed; l++)
+            for (int h = 0; h < v->n_kv_head && !kt_failed; h++) kt_failed = kt_rebuild(&s->view, l, h, 0, v->n, NULL);
+        s->kt_built = !kt_failed;
+    }
+    s->refs++;
+    s->users++;
+    pthread_mutex_unlock(&s->mu);
+    cow_map *m = calloc(1, sizeof *m);
+    if (m) {
+        m->s = s;
+        m->kv_bytes = v->kv_bytes;
+        m->kt_bytes = v->kt_bytes;
+        m->k = map_private(s, 0, v->kv_bytes);
+        m->v = map_private(s, s->off_v, v->kv_bytes);
+        if (with_kt && !kt_failed) m->kt = map_private(s, s->off_kt, v->kt_bytes);
+    }
+    if (!m || !m->k || !m->v || (with_kt && !m->kt)) {
+        snprintf(err, err_size, "shared prefix: cannot map it: %s", kt_failed ? "out of memory for K^T" : strerror(errno));
+        if (m) cow_unmap(m);
+        else { /* undo the references taken above */
+            pthread_mutex_lock(&s->mu);
+            s->users--;
+            pthread_mutex_unlock(&s->mu);
+            kv_shared_unref(s);
+        }
+        return -1;
+    }
+    if (kv_create_borrowed(c, v->n_layer, v->n_kv_head, v->d, v->cap, v->elem, m->k, m->v, m->kt, n,
+                           n == v->n ? s->v_sum : NULL, with_kt, with_vsum, m, cow_unmap, err, err_size)) {
+        cow_unmap(m);
+        return -1;
+    }
     return 0;
 }

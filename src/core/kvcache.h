@@ -63,6 +63,39 @@ int  kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t 
                         int with_kt, int with_vsum, void *owner, void (*owner_free)(void *),
                         char *err, size_t err_size);
 
+/* ---- shared read-only prefixes ---------------------------------------------
+ * kv_shared holds the first n positions of a cache, laid out exactly as a
+ * cache of capacity cap (k, v, and K^T once a user needs it), in one memfd
+ * mapped MAP_SHARED by its creator. kv_create_cow gives a cache a
+ * MAP_PRIVATE mapping of it: the prefix pages are the memfd's pages (one
+ * physical copy however many caches map it), pages the cache writes past
+ * the prefix become private (copy on write). v_sum is computed once and
+ * copied (it is small). Reference counted: every cache mapping it holds a
+ * reference, so kv_shared_unref by its owner never pulls pages from under
+ * a live cache. K^T is src's when it has one (Q8_0: when n is a multiple
+ * of 32), else built from K in the shared memory by the first user that
+ * asks for it (under the object's mutex; for Q8_0 then from K's rounded
+ * rows, as kv_create_borrowed does), never written afterwards. */
+typedef struct kv_shared kv_shared;
+
+/* A shared copy of src's first n positions for caches of capacity cap
+ * (n <= src->n, n <= cap). 0, or -1 with a message. */
+int     kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **out, char *err, size_t err_size);
+void    kv_shared_unref(kv_shared *s);
+int64_t kv_shared_n(const kv_shared *s);
+int64_t kv_shared_cap(const kv_shared *s);
+int     kv_shared_elem(const kv_shared *s);
+/* Bytes of the shared memory holding data (K and V rows, K^T once built). */
+size_t  kv_shared_bytes(const kv_shared *s);
+/* Caches currently mapping s. */
+int     kv_shared_users(const kv_shared *s);
+/* A cache over a private (copy-on-write) mapping of s holding its first
+ * n <= kv_shared_n(s) positions; shape must match s's. with_kt maps the
+ * shared K^T (built first if no user needed it yet); with_vsum copies or
+ * sums V. On failure c is zeroed. */
+int     kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, int64_t n,
+                      int with_kt, int with_vsum, char *err, size_t err_size);
+
 /* Stores position `pos` of `layer`: k[n_kv_head][d], v[n_kv_head][d]
  * (f32; rounded to the cache element type). Updates kt and v_sum. The
  * caller advances c->n once every layer has been written. */

@@ -53,6 +53,17 @@ void kvdir_path(const srv_kvdir *kd, const int32_t *tokens, int n, char *path, s
     snprintf(path, size, "%s/%016llx%016llx.kv", kd->dir, (unsigned long long)h[0], (unsigned long long)h[1]);
 }
 
+void kvdir_path_named(const srv_kvdir *kd, const char *id, char *path, size_t size)
+{
+    uint64_t h[2];
+    const int tag = -1; /* token names start with their count, never -1 */
+    for (int k = 0; k < 2; k++) {
+        h[k] = fnv(kd->salt[k], &tag, sizeof tag);
+        h[k] = fnv(h[k], id, strlen(id) + 1);
+    }
+    snprintf(path, size, "%s/%016llx%016llx.kv", kd->dir, (unsigned long long)h[0], (unsigned long long)h[1]);
+}
+
 static int is_kv_name(const char *name)
 {
     const size_t n = strlen(name);
@@ -113,12 +124,14 @@ static int kvdir_sweep(const srv_kvdir *kd, const char *keep)
     return deleted;
 }
 
-int kvdir_save(srv_kvdir *kd, sparq_context *c, const int32_t *tokens, int n, int *evicted, char *err, size_t err_size)
+int kvdir_save(srv_kvdir *kd, sparq_context *c, const int32_t *tokens, int n, const char *id, int replace,
+               int *evicted, char *err, size_t err_size)
 {
     char path[PATH_MAX], part[PATH_MAX];
     *evicted = 0;
-    kvdir_path(kd, tokens, n, path, sizeof path);
-    if (access(path, F_OK) == 0) return 0;
+    if (id) kvdir_path_named(kd, id, path, sizeof path);
+    else kvdir_path(kd, tokens, n, path, sizeof path);
+    if (!replace && access(path, F_OK) == 0) return 0;
     /* unique per writer: save_kv writes part.tmp and renames it to part */
     snprintf(part, sizeof part, "%s/.%s.%ld.%u.part", kd->dir, strrchr(path, '/') + 1, (long)getpid(), kd->seq++);
     if (sparq_context_save_kv(c, part, NULL, tokens, n, err, err_size)) {
@@ -137,16 +150,25 @@ int kvdir_save(srv_kvdir *kd, sparq_context *c, const int32_t *tokens, int n, in
     return 1;
 }
 
-sparq_context *kvdir_load(const srv_kvdir *kd, sparq_model *m, const int32_t *tokens, int n)
+/* The context of the file at path if it holds token ids matching ids for
+ * at least `need` positions (*match: how many, up to the file's n); NULL
+ * otherwise (an unusable file is removed). */
+static sparq_context *load_path(const srv_kvdir *kd, sparq_model *m, const char *path, const int32_t *ids, int n,
+                                int need, int *match)
 {
-    char path[PATH_MAX], err[256];
-    kvdir_path(kd, tokens, n, path, sizeof path);
+    char err[256];
+    *match = 0;
     if (access(path, R_OK) != 0) return NULL;
     kvf_file *kf = NULL;
+    int64_t stored = -1;
     if (kvf_open(path, &kd->fp, KVF_VERIFY_AUTO, &kf, err, sizeof err) == 0) {
-        const int same = kf->n_tokens == n && !memcmp(kf->tokens, tokens, (size_t)n * sizeof *tokens);
+        const int lim = kf->n_tokens < n ? (int)kf->n_tokens : n;
+        int l = 0;
+        while (kf->tokens && l < lim && kf->tokens[l] == ids[l]) l++;
+        *match = l;
+        stored = kf->n_tokens;
         kvf_close(kf);
-        if (!same) return NULL; /* a collision: leave it to its owner, prefill */
+        if (l < need || need <= 0) return NULL; /* a collision or another document: prefill */
     }
     sparq_context_params cp = sparq_context_default_params();
     cp.n_threads = 1;
@@ -155,12 +177,45 @@ sparq_context *kvdir_load(const srv_kvdir *kd, sparq_model *m, const int32_t *to
         /* corrupt, or (a hash collision) another model's: nobody can use it */
         fprintf(stderr, "serve: kv-dir: removing unusable '%s': %s\n", path, err);
         unlink(path);
+        *match = 0;
         return NULL;
     }
-    if (sparq_context_pos(c) != n) {
+    if (sparq_context_pos(c) != stored) {
         sparq_context_free(c);
+        *match = 0;
         return NULL;
     }
     utimensat(AT_FDCWD, path, NULL, 0); /* most recently used */
+    return c;
+}
+
+sparq_context *kvdir_load(const srv_kvdir *kd, sparq_model *m, const int32_t *tokens, int n)
+{
+    char path[PATH_MAX];
+    int match;
+    kvdir_path(kd, tokens, n, path, sizeof path);
+    sparq_context *c = load_path(kd, m, path, tokens, n, n, &match);
+    if (c && sparq_context_pos(c) != n) { /* a file of n tokens holds n positions */
+        sparq_context_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+sparq_context *kvdir_load_named(const srv_kvdir *kd, sparq_model *m, const char *id, const int32_t *ids, int n,
+                                int nb, int *use, int *stale)
+{
+    char path[PATH_MAX];
+    int match;
+    *use = 0;
+    *stale = 0;
+    kvdir_path_named(kd, id, path, sizeof path);
+    const int lim = n - 1; /* the last prompt token is always prefilled */
+    sparq_context *c = load_path(kd, m, path, ids, lim, nb, &match);
+    if (!c) {
+        *stale = access(path, F_OK) == 0 && match < nb;
+        return NULL;
+    }
+    *use = match / nb * nb;
     return c;
 }

@@ -224,16 +224,30 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         const char *key = x->u.members[i].key;
         const size_t key_len = x->u.members[i].key_len;
         /* a NUL would let "attn\u0000x" pass as "attn" here, then be ignored */
-        int known = !memchr(key, 0, key_len) && !strcmp(key, "no_realloc");
+        int known = !memchr(key, 0, key_len) && (!strcmp(key, "no_realloc") || !strcmp(key, "prefix_id"));
         for (int j = 0; str_keys[j]; j++) known |= !memchr(key, 0, key_len) && !strcmp(key, str_keys[j]);
         for (int j = 0; int_keys[j]; j++) known |= !memchr(key, 0, key_len) && !strcmp(key, int_keys[j]);
         if (!known) {
             char q[300];
             snprintf(err, n, "'sparq' has an unknown field '%s' (known: attn ratio r k l attn_k select "
-                             "no_realloc n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef key_type)",
+                             "no_realloc n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef key_type prefix_id)",
                      quote(q, sizeof q, key, key_len, 64));
             return -1;
         }
+    }
+    /* the document's name: the prefix cache and --kv-dir find it by it */
+    const json_value *pid = json_get(x, "prefix_id");
+    if (pid && pid->type != JSON_NULL) {
+        int ok = pid->type == JSON_STRING && pid->n >= 1 && pid->n <= SRV_MAX_PREFIX_ID;
+        for (size_t i = 0; ok && i < pid->n; i++) ok = pid->u.str[i] >= 0x20 && pid->u.str[i] < 0x7f;
+        if (!ok) {
+            snprintf(err, n, "'sparq.prefix_id' must be a string of 1 to %d printable ASCII characters",
+                     SRV_MAX_PREFIX_ID);
+            return -1;
+        }
+        memcpy(r->prefix_id, pid->u.str, pid->n);
+        r->prefix_id[pid->n] = 0;
+        if (x->n == 1) goto copy; /* only the name: the server's attention */
     }
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);

@@ -14,7 +14,10 @@
  *   publish_token      text, stop strings, held-back bytes, log-probs
  *   slot_start/finish  a request's context and its release
  *   pc_*               the prefix cache: prompt prefixes cut at multiples
- *                      of n_batch, copied into new contexts (LRU, budget)
+ *                      of n_batch, one shared copy each, mapped copy-on-write
+ *                      into new contexts (LRU, budget); named by prefix_id
+ *   wait_target        in-flight sharing: a queued request waits for the
+ *                      sequence prefilling its prefix (pc_serve_waiters)
  *   kv_*               --kv-dir: the same prefixes as files shared with
  *                      other replicas (kvdir.h)
  *   srv_sched_main     the loop
@@ -76,36 +79,46 @@ typedef struct slot {
     int            ready;        /* logits are fresh                        */
     size_t         gen_start;    /* where generated text starts (after echo) */
     int            policy_ix;
+    int            id_stale;     /* --kv-dir holds another document under the
+                                  * request's prefix_id: replace it        */
     double         t_prefill;    /* seconds spent prefilling                */
 } slot;
 
 /* ---- prefix cache ------------------------------------------------------------
- * Owned by the scheduler thread alone. An entry is a dense context holding
- * exactly the first n tokens of some prompt, n a multiple of n_batch, so a
- * request that starts with those tokens copies them
- * (sparq_context_copy_prefix) and prefills only the rest, in the same
- * chunks it would have used: its logits stay bit-identical. Keyed by the
- * tokens (one server = one model, so the model fingerprint is implicit);
- * least recently used entries go when the budget is exceeded. */
+ * Owned by the scheduler thread alone. An entry is a shared prefix
+ * (sparq_prefix: one read-only copy in a memfd) holding the first n tokens
+ * of some prompt, n a multiple of n_batch. A request whose prompt shares
+ * u >= n_batch tokens with an entry's (u cut down to a multiple of
+ * n_batch, and short of the whole prompt: its last token's logits are
+ * needed) maps the entry's first u positions copy-on-write
+ * (sparq_context_attach_prefix) and prefills only the rest, in the chunks
+ * it would have used: its logits stay bit-identical. So one entry serves a
+ * document followed by any question. Keyed by the tokens (one server = one
+ * model and KV type, so the fingerprint is implicit); least recently used
+ * entries go when the budget is exceeded, never one a live sequence maps
+ * (the mapping would keep its pages anyway: the budget would lie). */
 
 typedef struct pc_entry {
-    int32_t       *tokens;
-    int            n;
-    sparq_context *c;
-    double         used;
-    size_t         bytes;
+    int32_t      *tokens;
+    int           n;
+    char         *id;       /* the document's name ("sparq.prefix_id") or NULL */
+    sparq_prefix *p;
+    double        used;
+    size_t        bytes;
 } pc_entry;
 
 typedef struct prefix_cache {
     pc_entry *e;
     int       n, cap;
     size_t    bytes, budget;
+    int       nb;          /* the prefill chunk: entries are cut at its multiples */
 } prefix_cache;
 
 static void pc_drop(prefix_cache *pc, int i)
 {
-    sparq_context_free(pc->e[i].c);
+    sparq_prefix_free(pc->e[i].p);
     free(pc->e[i].tokens);
+    free(pc->e[i].id);
     pc->bytes -= pc->e[i].bytes;
     pc->e[i] = pc->e[--pc->n];
 }
@@ -116,55 +129,137 @@ static void pc_free(prefix_cache *pc)
     free(pc->e);
 }
 
-/* The longest entry that is a proper prefix of ids[n] (at least one token
- * left to prefill: its logits are needed), or -1. */
-static int pc_find(const prefix_cache *pc, const int32_t *ids, int n)
+/* Tokens a and b share, at most lim. */
+static int common_len(const int32_t *a, const int32_t *b, int lim)
+{
+    int l = 0;
+    while (l < lim && a[l] == b[l]) l++;
+    return l;
+}
+
+/* The entry giving ids[n] the longest usable prefix (*use tokens), or -1. */
+static int pc_find(const prefix_cache *pc, const int32_t *ids, int n, int *use)
 {
     int best = -1;
+    *use = 0;
     for (int i = 0; i < pc->n; i++) {
         const pc_entry *e = &pc->e[i];
-        if (e->n < n && (best < 0 || e->n > pc->e[best].n) && !memcmp(e->tokens, ids, (size_t)e->n * sizeof *ids))
+        const int u = common_len(e->tokens, ids, e->n < n - 1 ? e->n : n - 1) / pc->nb * pc->nb;
+        if (u > *use) {
+            *use = u;
             best = i;
+        }
     }
     return best;
 }
 
-/* Remembers the first n tokens of src's cache (if not already there). */
-static void pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n)
+/* Evicts unused entries, least recently used first, until `extra` more
+ * bytes fit; 0 if they do. */
+static int pc_fit(prefix_cache *pc, size_t extra)
 {
-    for (int i = 0; i < pc->n; i++)
-        if (pc->e[i].n == n && !memcmp(pc->e[i].tokens, ids, (size_t)n * sizeof *ids)) return;
-    const size_t bytes = (size_t)n * sparq_model_n_layer(s->model) * sparq_model_n_kv_head(s->model) *
-                         sparq_model_head_dim(s->model) * 2 * (s->cfg.kv_type == SPARQ_KV_F32 ? 4 : 2);
-    if (bytes > pc->budget) return;
-    while (pc->n && pc->bytes + bytes > pc->budget) { /* least recently used first */
-        int lru = 0;
-        for (int i = 1; i < pc->n; i++)
-            if (pc->e[i].used < pc->e[lru].used) lru = i;
+    while (pc->bytes + extra > pc->budget) {
+        int lru = -1;
+        for (int i = 0; i < pc->n; i++)
+            if (!sparq_prefix_users(pc->e[i].p) && (lru < 0 || pc->e[i].used < pc->e[lru].used)) lru = i;
+        if (lru < 0) return -1;
         pc_drop(pc, lru);
     }
+    return 0;
+}
+
+/* The entry named id, or -1. */
+static int pc_named(const prefix_cache *pc, const char *id)
+{
+    for (int i = 0; id && id[0] && i < pc->n; i++)
+        if (pc->e[i].id && !strcmp(pc->e[i].id, id)) return i;
+    return -1;
+}
+
+/* Remembers the first n tokens of src's cache for contexts of capacity
+ * n_ctx, unless an entry already holds them; id (or NULL) names it, if no
+ * entry has that name. Returns the entry or -1. */
+static int pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n, int64_t n_ctx,
+                     const char *id)
+{
+    if (id && (!id[0] || pc_named(pc, id) >= 0)) id = NULL;
+    for (int i = 0; i < pc->n; i++) {
+        pc_entry *e = &pc->e[i];
+        if (e->n < n || memcmp(e->tokens, ids, (size_t)n * sizeof *ids)) continue;
+        if (!id) return i;
+        if (!e->id && e->n == n) { /* the same prefix: it gets the name */
+            e->id = strdup(id);
+            return i;
+        }
+    }
+    const size_t bytes = (size_t)n * sparq_model_n_layer(s->model) * sparq_model_n_kv_head(s->model) *
+                         sparq_model_head_dim(s->model) * 2 * (s->cfg.kv_type == SPARQ_KV_F32 ? 4 : 2);
+    if (bytes > pc->budget || pc_fit(pc, bytes)) return -1;
     if (pc->n == pc->cap) {
         int cap = pc->cap ? 2 * pc->cap : 16;
         pc_entry *e = realloc(pc->e, (size_t)cap * sizeof *e);
-        if (!e) return;
+        if (!e) return -1;
         pc->e = e;
         pc->cap = cap;
     }
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = n;
-    cp.n_threads = 1;
-    cp.kv_type = s->cfg.kv_type;
     char err[256];
-    pc_entry e = { malloc((size_t)n * sizeof *ids), n, NULL, srv_now(), bytes };
-    if (!e.tokens || sparq_context_create(s->model, &cp, &e.c, err, sizeof err) ||
-        sparq_context_copy_prefix(e.c, src, n, err, sizeof err)) {
+    pc_entry e = { malloc((size_t)n * sizeof *ids), n, id ? strdup(id) : NULL, NULL, srv_now(), 0 };
+    if (!e.tokens || (id && !e.id) || sparq_prefix_create(src, n, n_ctx, &e.p, err, sizeof err)) {
+        if (e.tokens && (!id || e.id)) fprintf(stderr, "serve: prefix cache: %s\n", err);
         free(e.tokens);
-        sparq_context_free(e.c);
-        return;
+        free(e.id);
+        return -1;
     }
     memcpy(e.tokens, ids, (size_t)n * sizeof *ids);
+    e.bytes = sparq_prefix_bytes(e.p);
     pc->e[pc->n++] = e;
-    pc->bytes += bytes;
+    pc->bytes += e.bytes;
+    return pc->n - 1;
+}
+
+/* A request naming its document: the entry of that name holds what the
+ * requests naming it have in common (the document, to a chunk boundary:
+ * the first one stored its whole prompt's cut, question included), so it
+ * shrinks to what this prompt shares with it; a prompt that does not start
+ * with its first chunk has another document under that name now: the entry
+ * loses the name (a miss; this prompt's prefix takes the name once
+ * prefilled). */
+static void pc_name_check(prefix_cache *pc, const srv_request *r)
+{
+    const int i = pc_named(pc, r->prefix_id);
+    if (i < 0) return;
+    pc_entry *e = &pc->e[i];
+    const int l = common_len(e->tokens, r->prompt, e->n < r->n_prompt ? e->n : r->n_prompt);
+    if (l < pc->nb) {
+        free(e->id);
+        e->id = NULL;
+    } else if (l < e->n) {
+        e->n = l / pc->nb * pc->nb;
+    }
+}
+
+/* Maps the first u positions of entry i into the empty context c; 0 or -1.
+ * A K^T built for it grows the entry: the budget follows. */
+static int pc_attach(prefix_cache *pc, int i, sparq_context *c, int u)
+{
+    char err[256];
+    pc_entry *e = &pc->e[i];
+    if (sparq_context_attach_prefix(c, e->p, u, err, sizeof err)) return -1;
+    e->used = srv_now();
+    const size_t b = sparq_prefix_bytes(e->p);
+    pc->bytes += b - e->bytes;
+    e->bytes = b;
+    pc_fit(pc, 0); /* e is in use now: others go, if any can */
+    return 0;
+}
+
+/* The /metrics gauges of the cache. Lock held. */
+static void pc_publish(srv_server *s, const prefix_cache *pc)
+{
+    int64_t users = 0;
+    for (int i = 0; i < pc->n; i++) users += sparq_prefix_users(pc->e[i].p);
+    s->metrics.prefix_entries = pc->n;
+    s->metrics.prefix_bytes = (int64_t)pc->bytes;
+    s->metrics.prefix_users = users;
 }
 
 /* ---- sampling ------------------------------------------------------------- */
@@ -313,12 +408,15 @@ static void slot_release(srv_server *s, slot *sl)
 }
 
 /* --kv-dir: saves the first n tokens of src's cache as a file, unless one
- * is there already (from this replica or another). */
-static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *src, const int32_t *ids, int n)
+ * is there already (from this replica or another); id: under that name
+ * (replace: even if there, when it holds another document). */
+static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *src, const int32_t *ids, int n,
+                           const char *id, int replace)
 {
     char path[PATH_MAX], err[256];
-    kvdir_path(kd, ids, n, path, sizeof path);
-    if (access(path, F_OK) == 0) return;
+    if (id) kvdir_path_named(kd, id, path, sizeof path);
+    else kvdir_path(kd, ids, n, path, sizeof path);
+    if (!replace && access(path, F_OK) == 0) return;
     sparq_context_params cp = sparq_context_default_params();
     cp.n_ctx = n;
     cp.n_threads = 1;
@@ -326,7 +424,7 @@ static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *sr
     sparq_context *c = NULL;
     int evicted = 0, rc = -1;
     if (!sparq_context_create(s->model, &cp, &c, err, sizeof err) && !sparq_context_copy_prefix(c, src, n, err, sizeof err))
-        rc = kvdir_save(kd, c, ids, n, &evicted, err, sizeof err);
+        rc = kvdir_save(kd, c, ids, n, id, replace, &evicted, err, sizeof err);
     sparq_context_free(c);
     if (rc < 0) fprintf(stderr, "serve: kv-dir: %s\n", err);
     pthread_mutex_lock(&s->lock);
@@ -336,39 +434,126 @@ static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *sr
     pthread_mutex_unlock(&s->lock);
 }
 
-/* A cached prefix of the prompt goes into the new context (not with echo
- * and logprobs: those need every prompt position's logits): the longest of
- * the in-memory entries and, with --kv-dir, the files of its cuts (longest
- * first, only those longer than the memory's). A file's prefix also enters
- * the memory cache. */
+/* Whether r can start from a cached prefix: not with echo and logprobs
+ * (every prompt position's logits are needed), not with a policy that
+ * observes the prefill (h2o). */
+static int req_shares(const srv_request *r)
+{
+    if (r->echo && r->logprobs >= 0) return 0;
+    for (int i = 0; sparq_attn_policy_name(i); i++)
+        if (!strcmp(sparq_attn_policy_name(i), r->policy)) return sparq_attn_policy_observes_prefill(i) == 0;
+    return 0;
+}
+
+/* A prefix file's first n positions go into sl's context: through the
+ * memory cache (mapped from there), or copied without one. 0 or -1. */
+static int use_file(srv_server *s, prefix_cache *pc, slot *sl, sparq_context *f, int n, const char *id)
+{
+    char err[256];
+    int ok = 0;
+    if (pc->budget) {
+        const int j = pc_insert(s, pc, f, sl->r->prompt, n, sparq_context_n_ctx(sl->c), id);
+        ok = j >= 0 && !pc_attach(pc, j, sl->c, n);
+    }
+    if (!ok) ok = !sparq_context_copy_prefix(sl->c, f, n, err, sizeof err);
+    sparq_context_free(f);
+    if (!ok) return -1;
+    sl->fed = n;
+    pthread_mutex_lock(&s->lock);
+    s->metrics.kv_dir_hits++;
+    s->metrics.kv_dir_tokens += n;
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+/* A cached prefix of the prompt goes into the new context: the longest of
+ * the in-memory entries and, with --kv-dir, the file of the document's
+ * name (prefix_id) or the files of its cuts (longest first, only those
+ * longer than the memory's). A file's prefix enters the memory cache and
+ * is mapped from there (copied in without a cache). */
 static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, srv_kvdir *kd, slot *sl)
 {
     const srv_request *r = sl->r;
-    if ((!pc->budget && !kd) || sl->prompt_logits) return;
-    const int i = pc->budget ? pc_find(pc, r->prompt, r->n_prompt) : -1;
-    char err[256];
-    const int nb = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
-    for (int cut = (r->n_prompt - 1) / nb * nb; kd && cut > (i >= 0 ? pc->e[i].n : 0); cut -= nb) {
-        sparq_context *f = kvdir_load(kd, s->model, r->prompt, cut);
-        if (!f) continue;
-        const int ok = !sparq_context_copy_prefix(sl->c, f, cut, err, sizeof err);
-        if (ok && pc->budget) pc_insert(s, pc, f, r->prompt, cut);
-        sparq_context_free(f);
-        if (!ok) continue;
-        sl->fed = cut;
-        pthread_mutex_lock(&s->lock);
-        s->metrics.kv_dir_hits++;
-        s->metrics.kv_dir_tokens += cut;
-        pthread_mutex_unlock(&s->lock);
-        return;
+    if ((!pc->budget && !kd) || !req_shares(r)) return;
+    const char *id = r->prefix_id[0] ? r->prefix_id : NULL;
+    if (id && pc->budget) pc_name_check(pc, r);
+    int use = 0;
+    if (pc->budget) pc_find(pc, r->prompt, r->n_prompt, &use);
+    const int nb = pc->nb;
+    if (kd && id && pc_named(pc, id) < 0) {
+        int fu = 0;
+        sparq_context *f = kvdir_load_named(kd, s->model, id, r->prompt, r->n_prompt, nb, &fu, &sl->id_stale);
+        if (f && fu > use) {
+            if (!use_file(s, pc, sl, f, fu, id)) return;
+        } else {
+            sparq_context_free(f);
+        }
     }
-    if (i < 0 || sparq_context_copy_prefix(sl->c, pc->e[i].c, pc->e[i].n, err, sizeof err)) return;
-    sl->fed = pc->e[i].n;
-    pc->e[i].used = srv_now();
+    for (int cut = (r->n_prompt - 1) / nb * nb; kd && cut > use; cut -= nb) {
+        sparq_context *f = kvdir_load(kd, s->model, r->prompt, cut);
+        if (f && !use_file(s, pc, sl, f, cut, NULL)) return;
+    }
+    /* found again: a file's insertion may have evicted entries */
+    const int i = pc->budget ? pc_find(pc, r->prompt, r->n_prompt, &use) : -1;
+    if (i < 0 || pc_attach(pc, i, sl->c, use)) return;
+    sl->fed = use;
     pthread_mutex_lock(&s->lock);
     s->metrics.prefix_hits++;
-    s->metrics.prefix_tokens += pc->e[i].n;
+    s->metrics.prefix_tokens += use;
     pthread_mutex_unlock(&s->lock);
+}
+
+/* In-flight sharing: the running sequence whose prompt shares a longer
+ * prefix with r's (at a multiple of n_batch) than the cache holds, or -1;
+ * *want is that prefix's length. While the sequence is still prefilling
+ * it, r waits in the queue; once it has (fed >= want), pc_serve_waiters
+ * puts those positions into the cache and r maps them: concurrent requests
+ * about one document prefill it once, whatever their questions. A decoding
+ * sequence still holds its prompt's positions as prefilled (the server
+ * never shifts a context). Lock held (reads the slots' requests; slots are
+ * the scheduler's). */
+static int wait_target(const prefix_cache *pc, const slot *slots, int P, const srv_request *r, int *want)
+{
+    *want = 0;
+    if (!pc->budget || !req_shares(r)) return -1;
+    int best = -1, have;
+    pc_find(pc, r->prompt, r->n_prompt, &have);
+    *want = have;
+    for (int j = 0; j < P; j++) {
+        const slot *sl = &slots[j];
+        if (!sl->r || sl->r->state == REQ_DONE || sl->r->cancelled) continue;
+        const int lim = r->n_prompt - 1 < sl->r->n_prompt ? r->n_prompt - 1 : sl->r->n_prompt;
+        const int w = common_len(r->prompt, sl->r->prompt, lim) / pc->nb * pc->nb;
+        if (w > *want) {
+            *want = w;
+            best = j;
+        }
+    }
+    return best;
+}
+
+/* Puts into the cache what waiting requests wait for once their sequence
+ * has prefilled it. Called with the lock held; drops it while copying. */
+static void pc_serve_waiters(srv_server *s, prefix_cache *pc, slot *slots, int P)
+{
+    enum { MAX_PENDING = 16 };
+    int pj[MAX_PENDING], pw[MAX_PENDING], np = 0;
+    for (const srv_request *r = s->queue_head; r && np < MAX_PENDING; r = r->next) {
+        int want;
+        const int j = wait_target(pc, slots, P, r, &want);
+        if (j < 0 || !slots[j].c || slots[j].fed < want) continue;
+        int dup = 0;
+        for (int k = 0; k < np; k++) dup |= pj[k] == j && pw[k] == want;
+        if (!dup) {
+            pj[np] = j;
+            pw[np++] = want;
+        }
+    }
+    if (!np) return;
+    pthread_mutex_unlock(&s->lock);
+    for (int k = 0; k < np; k++)
+        pc_insert(s, pc, slots[pj[k]].c, slots[pj[k]].r->prompt, pw[k], sparq_context_n_ctx(slots[pj[k]].c), NULL);
+    pthread_mutex_lock(&s->lock);
 }
 
 /* Creates the request's context and sampler; 0, or -1 with the message. */
@@ -474,7 +659,7 @@ void *srv_sched_main(void *arg)
     int *bslot = malloc((size_t)P * sizeof *bslot);
     int rr = 0;
     char err[512], piece[256];
-    prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes };
+    prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes, s->cfg.n_batch > 0 ? s->cfg.n_batch : 512 };
     srv_kvdir kvd, *kd = NULL;
     if (s->cfg.kv_dir) {
         kvdir_init(&kvd, s->cfg.kv_dir, s->cfg.kv_dir_bytes, s->model, s->cfg.kv_type);
@@ -508,17 +693,47 @@ void *srv_sched_main(void *arg)
             }
             active++;
         }
-        for (int i = 0; slots && i < P && s->queue_head && s->stopping < 2; i++) {
-            if (slots[i].r) continue;
-            srv_request *r = s->queue_head;
-            s->queue_head = r->next;
-            if (!s->queue_head) s->queue_tail = NULL;
+        /* admissions, in queue order; a request whose prompt another
+         * sequence is prefilling waits for it, the rest go past it */
+        int n_free = 0;
+        for (int i = 0; slots && i < P; i++) n_free += !slots[i].r;
+        if (slots && n_free && s->queue_head && s->stopping < 2) pc_serve_waiters(s, &pc, slots, P);
+        for (srv_request *r = slots ? s->queue_head : NULL, *prev = NULL, *next; r && s->stopping < 2; r = next) {
+            next = r->next;
+            const int gone = r->cancelled, late = now > r->deadline;
+            int i = -1, want = 0;
+            if (!gone && !late) {
+                if (!n_free) break;
+                for (i = 0; slots[i].r; i++) {}
+                const int j = wait_target(&pc, slots, P, r, &want);
+                if (j >= 0 && slots[j].fed < want) {
+                    if (!r->waited) s->metrics.prefix_waits++;
+                    r->waited = 1;
+                    prev = r;
+                    continue;
+                }
+            }
+            if (prev) prev->next = next;
+            else s->queue_head = next;
+            if (s->queue_tail == r) s->queue_tail = prev;
             s->n_queued--;
+            if (gone || late) { /* left while queued (or waiting): answered now */
+                r->err_status = gone ? 499 : 504;
+                snprintf(r->error, sizeof r->error, "%s", gone ? "cancelled" : "request timed out");
+                r->finish = gone ? "stop" : "length";
+                r->state = REQ_DONE;
+                s->metrics.errors++;
+                s->metrics.cancelled += gone;
+                srv_request_release(r);
+                continue;
+            }
             s->n_active++;
             r->state = REQ_RUNNING;
             slots[i].r = r;
+            n_free--;
             active++;
         }
+        pc_publish(s, &pc);
         while (s->stopping == 2 && s->queue_head) { /* shutdown: drop the queue */
             srv_request *r = s->queue_head;
             s->queue_head = r->next;
@@ -558,10 +773,10 @@ void *srv_sched_main(void *arg)
             int rc = slot_prefill_chunk(s, sl);
             const double t1 = srv_now();
             if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
-                const int nb_max = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
-                const int cut = (sl->r->n_prompt - 1) / nb_max * nb_max;
-                if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut);
-                if (cut > 0 && kd) kv_save_prefix(s, kd, sl->c, sl->r->prompt, cut);
+                const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
+                const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
+                if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
+                if (cut > 0 && kd) kv_save_prefix(s, kd, sl->c, sl->r->prompt, cut, id, sl->id_stale);
             }
             pthread_mutex_lock(&s->lock);
             s->metrics.prefill_tokens += sl->fed - fed0;

@@ -535,8 +535,15 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
            m.decode_seconds > 0 ? m.decode_tokens / m.decode_seconds : 0.0);
     METRIC("prefix_cache_hits_total", "counter", "Prompts that started from a cached prefix.", "%lld",
            (long long)m.prefix_hits);
-    METRIC("prefix_cache_tokens_total", "counter", "Prompt tokens copied from the prefix cache, not prefilled.",
+    METRIC("prefix_cache_tokens_total", "counter", "Prompt tokens mapped from the prefix cache, not prefilled.",
            "%lld", (long long)m.prefix_tokens);
+    METRIC("prefix_cache_waits_total", "counter", "Requests that waited for another sequence to prefill their prefix.",
+           "%lld", (long long)m.prefix_waits);
+    METRIC("prefix_cache_entries", "gauge", "Prefixes in the cache.", "%lld", (long long)m.prefix_entries);
+    METRIC("prefix_cache_bytes", "gauge", "Bytes the cached prefixes hold (one shared copy each).", "%lld",
+           (long long)m.prefix_bytes);
+    METRIC("prefix_cache_sequences", "gauge", "Sequences mapping a cached prefix now.", "%lld",
+           (long long)m.prefix_users);
     METRIC("kv_dir_hits_total", "counter", "Prompts that started from a prefix file in --kv-dir.", "%lld",
            (long long)m.kv_dir_hits);
     METRIC("kv_dir_tokens_total", "counter", "Prompt tokens loaded from --kv-dir files, not prefilled.", "%lld",

@@ -9,7 +9,7 @@
 
 #include <pthread.h>
 
-enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20, SRV_MAX_POLICIES = 32 };
+enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20, SRV_MAX_POLICIES = 32, SRV_MAX_PREFIX_ID = 128 };
 enum { REQ_QUEUED = 0, REQ_RUNNING = 1, REQ_DONE = 2 };
 
 /* One generated (or, with echo, prompt) token as the client sees it. */
@@ -40,6 +40,8 @@ typedef struct srv_request {
     float   *bias;
     int      n_bias;
     double   deadline;          /* monotonic seconds                        */
+    int      waited;            /* [sched] counted once in prefix_waits      */
+    char     prefix_id[SRV_MAX_PREFIX_ID + 1]; /* "sparq.prefix_id", or ""  */
     /* [lock] progress published by the scheduler */
     int      state;
     int      cancelled;         /* client gone, timeout or shutdown          */
@@ -62,6 +64,8 @@ typedef struct srv_metrics {
     int64_t prefill_tokens, decode_tokens;
     double  prefill_seconds, decode_seconds;
     int64_t prefix_hits, prefix_tokens;
+    int64_t prefix_waits;       /* requests that waited for an in-flight prefill */
+    int64_t prefix_entries, prefix_bytes, prefix_users; /* gauges: the cache now */
     int64_t kv_dir_hits, kv_dir_tokens, kv_dir_writes, kv_dir_evictions, kv_dir_errors;
     int64_t attn_bytes[SRV_MAX_POLICIES]; /* by policy, in registry order */
 } srv_metrics;
