@@ -44,8 +44,8 @@ double bench_quantile_sorted(const double *sorted, int n, double p);
 
 /* ---- transfer arithmetic -------------------------------------------------- */
 
-/* KV element types: kv_elem is attn.h's KV_F32, KV_F16 or KV_Q8_0. */
-/* Bytes of `elements` cache elements of kv_elem, counted as the cache
+/* kv_elem below is attn.h's KV_F32, KV_F16 or KV_Q8_0.
+ * Bytes of `elements` cache elements of kv_elem, counted as the cache
  * counts them (kv_bytes_of): 4 or 2 each, Q8_0 34 per 32 rounded up. */
 int64_t bench_kv_bytes(int kv_elem, int64_t elements);
 /* Bytes per element: 4, 2 or 34/32 = 1.0625 (NAN for an unknown type). */

@@ -3,7 +3,9 @@
  *   attn    the decode attention operation alone, as the SparQ paper's
  *           microbenchmarks (section 6, appendix F): a KV cache of B
  *           sequences (one cache "layer" per batch element) filled with
- *           N(0,1) keys and values, one call = every (b, kv_head) pair
+ *           N(0,1) keys and values (bench_fill_kv: stored as each
+ *           --kv-type stores them, Q8_0 blocks included; byte columns in
+ *           that type's bytes), one call = every (b, kv_head) pair
  *           through policy->attend, spread over threads with OpenMP as the
  *           model's decode step does; warm-up, then timed repetitions with
  *           a fresh random query each.
