@@ -119,10 +119,12 @@ fi
 if [ "$QUICK" = 1 ]; then
   REPS=5; S_SWEEP=1k,4k,16k,32k,128k; B_S=4k,32k; RK_R=8,16,32; RK_K=64,128,256
   SMOL_DEPTHS=0,4k,32k; L1B_DEPTHS=0,16k; LB_SMOL=0,8192; LB_L1B=0,4096; NGEN=16
+  KVQ8_DEPTHS=0,8k,32k # llama.cpp's quick depth (8192) and the target depth
 else
   REPS=10; S_SWEEP=1k,2k,4k,8k,16k,32k,64k,128k,256k,512k,1M; B_S=4k,16k,32k
   RK_R=8,16,32,64; RK_K=64,128,256,512
   SMOL_DEPTHS=0,4k,8k,32k; L1B_DEPTHS=0,4k,16k; LB_SMOL=0,32768; LB_L1B=0,16384; NGEN=32
+  KVQ8_DEPTHS=0,32k
 fi
 TGT="--H 32 --kv-heads 8 --d 128 --kv-type f16"
 
@@ -139,7 +141,7 @@ run attn_B "$SPARQ" bench attn $TGT --B 1,4,16 --S "$B_S" --attn dense,sparq --s
   -t "$THREADS" --reps "$REPS" --json
 run attn_rk "$SPARQ" bench attn $TGT --S 32k --attn dense,sparq --sparq-r "$RK_R" --sparq-k "$RK_K" \
   -t "$THREADS" --reps "$REPS" --json
-run attn_kv "$SPARQ" bench attn --H 32 --kv-heads 8 --d 128 --kv-type f16,f32 --S 4k,32k --attn dense,sparq \
+run attn_kv "$SPARQ" bench attn --H 32 --kv-heads 8 --d 128 --kv-type f16,f32,q8_0 --S 4k,32k --attn dense,sparq \
   --sparq-r 16 --sparq-k 128 -t 1,"$THREADS" --reps "$REPS" --json
 run attn_policies "$SPARQ" bench attn $TGT --S 4k,32k --attn dense,sparq,oracle,flexgen,h2o,streaming \
   --sparq-r 16 --sparq-k 128 --attn-k 128 -t "$THREADS" --reps "$REPS" --json
@@ -151,6 +153,10 @@ run decode_smol_rk "$SPARQ" bench decode -m "$SMOL" --depth "$SMOL_DEPTHS" --att
   --fill random -n "$NGEN" -t "$THREADS" --json
 run decode_l1b "$SPARQ" bench decode -m "$L1B" --depth "$L1B_DEPTHS" --attn dense,sparq --sparq-ratio 1/8 \
   --fill random -n "$NGEN" -t "$THREADS" --json
+# the quantized KV cache: f16 and q8_0 KV in one step (the target is their
+# ratio at 32k), dense and SparQ 1/8 on each
+run decode_smol_kvq8 "$SPARQ" bench decode -m "$SMOL" --depth "$KVQ8_DEPTHS" --attn dense,sparq --sparq-ratio 1/8 \
+  --kv-type f16,q8_0 --fill random -n "$NGEN" -t "$THREADS" --json
 # weights-bound decode (depth 0) at 1 thread and all threads, both quant types
 run decode_weights "$SPARQ" bench decode -m "$L1B" --depth 0 --attn dense -n "$NGEN" -t 1,"$THREADS" --json
 run decode_weights_q4 "$SPARQ" bench decode -m "$L1B_Q4" --depth 0 --attn dense -n "$NGEN" -t 1,"$THREADS" --json
@@ -163,6 +169,9 @@ if [ -n "$LLAMA_BENCH" ]; then
   if [ -x "$LLAMA_BENCH" ]; then
     run llama_smol "$LLAMA_BENCH" -m "$SMOL" -p 0 -n "$NGEN" -d "$LB_SMOL" -fa 0,1 -t "$THREADS" -r 3 --progress -o json
     run llama_l1b "$LLAMA_BENCH" -m "$L1B" -p 0 -n "$NGEN" -d "$LB_L1B" -fa 0,1 -t "$THREADS" -r 3 --progress -o json
+    # its quantized KV cache (llama.cpp needs flash attention for a quantized V)
+    run llama_smol_kvq8 "$LLAMA_BENCH" -m "$SMOL" -p 0 -n "$NGEN" -d "$LB_SMOL" -ctk q8_0 -ctv q8_0 -fa 1 \
+      -t "$THREADS" -r 3 --progress -o json
     run llama_weights "$LLAMA_BENCH" -m "$L1B" -p 0 -n "$NGEN" -fa 0 -t 1,"$THREADS" -r 3 -o json
     run llama_weights_q4 "$LLAMA_BENCH" -m "$L1B_Q4" -p 0 -n "$NGEN" -fa 0 -t 1,"$THREADS" -r 3 -o json
   else
@@ -260,12 +269,13 @@ def attn_rows(rows, pct=False):
 def decode_rows(rows):
     if not rows:
         return "_not measured (the run failed or was skipped)_\n"
-    head = ["model", "policy", "r", "k", "fill", "depth", "tok/s (median)", "tok/s (mean)", "ms/token",
+    head = ["model", "policy", "r", "k", "kv", "fill", "depth", "tok/s (median)", "tok/s (mean)", "ms/token",
             "ms weights (depth 0)", "ms attention (rest)", "attention MB/token", "attention GB/s",
             "transfer ratio", "speed-up vs dense", "RSS MiB", "peak RSS MiB"]
     out_rows = []
     for r in rows:
-        out_rows.append([r["model"], r["policy"], r["r"] or "-", r["k"] or "-", r["fill"], r["depth"],
+        out_rows.append([r["model"], r["policy"], r["r"] or "-", r["k"] or "-", r.get("kv_type", "f16"), r["fill"],
+                         r["depth"],
                          fmt(r["tok_s"]), fmt(r["tok_s_mean"]), fmt(r["ms_token"], 3), fmt(r["ms_weights"], 3),
                          fmt(r["ms_attn"], 3), fmt(r["bytes_counted"] / 1e6, 2), fmt(r["gbps"]),
                          fmt(r["theoretical_ratio"], 4), fmt(r["speedup_vs_dense"]),
@@ -291,6 +301,7 @@ membw = load("membw")
 tgt = load("attn_target")
 smol, l1b = load("decode_smol"), load("decode_l1b")
 lsmol, ll1b = load("llama_smol"), load("llama_l1b")
+kvq8, lkvq8 = load("decode_smol_kvq8"), load("llama_smol_kvq8")
 threads = int(machine.get("threads", "2"))
 
 def bw(t):
@@ -341,6 +352,16 @@ def e2e(name, ours, theirs, depth, need_dense, need_sparq, steps):
 
 e2e("smollm2-135m", smol, lsmol, 32768, 2.5, 6, ("decode_smol", "llama_smol"))
 e2e("llama-3.2-1b", l1b, ll1b, 16384, 1.5, 3, ("decode_l1b", "llama_l1b"))
+
+# q8_0 KV against f16 KV, both dense, from the same step (issue 18)
+qd = pick(kvq8, policy="dense", depth=32768, kv_type="q8_0")
+fd = pick(kvq8, policy="dense", depth=32768, kv_type="f16")
+if qd and fd:
+    x = qd["tok_s_mean"] / fd["tok_s_mean"]
+    targets.append(["smollm2-135m Q8_0 decode at depth 32768: dense, q8_0 KV cache", ">= 1.6x dense with f16 KV",
+                    f'{fmt(qd["tok_s_mean"])} vs {fmt(fd["tok_s_mean"])} tok/s = {x:.2f}x '
+                    f'(attention {fmt(qd["bytes_counted"] / 1e6, 1)} vs {fmt(fd["bytes_counted"] / 1e6, 1)} MB/token)',
+                    status(x >= 1.6, "decode_smol_kvq8")])
 
 def weights_pairs(ours, theirs):
     """(threads, our row, llama.cpp row) at depth 0 for every thread count both ran."""
@@ -454,6 +475,11 @@ w("Tokens/s of the real decode path (one token per step, logits computed) after 
   "Sparq 1/8 = `--sparq-ratio 1/8` (r and k picked for one eighth of dense's transfer at the depth).\n")
 w("### smollm2-135m Q8_0\n")
 w(decode_rows((smol or []) + (load("decode_smol_rk") or [])))
+w("#### q8_0 KV cache (`--kv-type q8_0`) beside f16, in one step\n")
+w("K, V and SparQ's K^T in Q8_0 blocks (32 values, an f16 scale: 34 bytes where f16 takes 64); "
+  "attention MB/token is the bytes of that type. llama.cpp's counterpart is `-ctk q8_0 -ctv q8_0 -fa 1` "
+  "(rows with type_k q8_0 below).\n")
+w(decode_rows(kvq8))
 w("Random fill vs real prefill at depth 4k:\n")
 w(decode_rows(load("decode_smol_prefill")))
 w("### llama-3.2-1b Q8_0\n")
@@ -463,24 +489,29 @@ w("Interleaved with llama-bench in the same run (llama.cpp rows below); at depth
   "matmuls, so this compares the quant kernels and the threading.\n")
 w(decode_rows((wq8 or []) + (wq4 or [])))
 w("### llama.cpp (llama-bench -p 0 -d DEPTH, the same GGUF files)\n")
-lrows = [r for r in (lsmol or []) + (ll1b or []) + (lwq8 or []) + (lwq4 or []) if r.get("n_gen", 0) > 0]
+lrows = [r for r in (lsmol or []) + (lkvq8 or []) + (ll1b or []) + (lwq8 or []) + (lwq4 or [])
+         if r.get("n_gen", 0) > 0]
 if lrows:
-    w(table(["model", "flash_attn", "depth", "n_gen", "threads", "tok/s (mean)", "stddev"], left=1, rows=
-            [[os.path.basename(r["model_filename"]), r["flash_attn"], r["n_depth"], r["n_gen"], r["n_threads"],
-              fmt(r["avg_ts"]), fmt(r["stddev_ts"])] for r in lrows]))
+    w(table(["model", "flash_attn", "type_k/type_v", "depth", "n_gen", "threads", "tok/s (mean)", "stddev"], left=1,
+            rows=[[os.path.basename(r["model_filename"]), r["flash_attn"],
+                   f'{r.get("type_k", "f16")}/{r.get("type_v", "f16")}', r["n_depth"], r["n_gen"], r["n_threads"],
+                   fmt(r["avg_ts"]), fmt(r["stddev_ts"])] for r in lrows]))
 else:
     w("_not measured: run with LLAMA_BENCH=/path/to/llama-bench_\n")
 
 w("### Comparison with llama.cpp at every depth both measured\n")
 cmp_rows = []
-for ours, theirs in ((smol, lsmol), (l1b, ll1b)):
+# each KV type against llama.cpp's run with the same cache type
+kvq8_q8 = [r for r in kvq8 or [] if r.get("kv_type") == "q8_0"]
+for ours, theirs in ((smol, lsmol), (kvq8_q8, lkvq8), (l1b, ll1b)):
     for o in ours or []:
         ld = llama_best(theirs, o["depth"])
         if ld:
-            cmp_rows.append([o["model"], o["policy"], o["depth"], fmt(o["tok_s_mean"]), fmt(ld["avg_ts"]),
-                             "1" if ld["flash_attn"] == 1 else "0", fmt(o["tok_s_mean"] / ld["avg_ts"])])
-w(table(["model", "policy", "depth", "sparq tok/s (mean)", "llama.cpp best tok/s", "llama.cpp -fa",
-         "ratio"], cmp_rows, left=2) if cmp_rows else "_no depth measured by both_\n")
+            cmp_rows.append([o["model"], o["policy"], o.get("kv_type", "f16"), o["depth"], fmt(o["tok_s_mean"]),
+                             fmt(ld["avg_ts"]), "1" if ld["flash_attn"] == 1 else "0",
+                             fmt(o["tok_s_mean"] / ld["avg_ts"])])
+w(table(["model", "policy", "kv", "depth", "sparq tok/s (mean)", "llama.cpp best tok/s", "llama.cpp -fa",
+         "ratio"], cmp_rows, left=3) if cmp_rows else "_no depth measured by both_\n")
 
 w("## Analysis (derived from the numbers above)\n")
 notes = []

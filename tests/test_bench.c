@@ -1,9 +1,13 @@
-/* test_bench.c - the benchmark arithmetic and output formats (bench.h).
+/* test_bench.c - the benchmark arithmetic and output formats (bench.h),
+ * and `sparq bench decode | attn` rows for each KV element type.
  *
  * No timing is asserted: the statistics, byte counts, GB/s, ratios, list
- * parsing, test data, the read kernel twins and the JSON / CSV / gnuplot
- * writers are checked against hand-computed values and an independent
- * parse of the output (json.h).
+ * parsing, test data, the KV cache fill, the read kernel twins and the
+ * JSON / CSV / gnuplot writers are checked against hand-computed values and
+ * an independent parse of the output (json.h). The bench runs (binary from
+ * $SPARQ_BUILD, default build/, on a `gen-model --shape tiny` file) are
+ * checked for the bytes their rows report, against the transfer formula
+ * written out here with Q8_0's 34 bytes per 32 elements.
  */
 #include "bench/bench.h"
 #include "util/json.h"
@@ -14,6 +18,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_stats(void)
 {
@@ -60,9 +66,14 @@ static int64_t fake_formula(const sparq_attn_params *p, int64_t S, int d, int g)
 static void test_transfer(void)
 {
     attn_counts c[3] = { { 10, 2 }, { 10, 2 }, { 7, 1 } };
-    CHECK(bench_counted_bytes(c, 3, 2) == 2 * (12 + 12 + 8), "counted f16 = %lld",
-          (long long)bench_counted_bytes(c, 3, 2));
-    CHECK(bench_counted_bytes(c, 2, 4) == 4 * 24, "counted f32 = %lld", (long long)bench_counted_bytes(c, 2, 4));
+    CHECK(bench_counted_bytes(c, 3, KV_F16) == 2 * (12 + 12 + 8), "counted f16 = %lld",
+          (long long)bench_counted_bytes(c, 3, KV_F16));
+    CHECK(bench_counted_bytes(c, 2, KV_F32) == 4 * 24, "counted f32 = %lld",
+          (long long)bench_counted_bytes(c, 2, KV_F32));
+    /* Q8_0: 34 bytes per 32 elements; 64 elements = two blocks */
+    attn_counts cq[2] = { { 40, 8 }, { 16, 0 } };
+    CHECK(bench_counted_bytes(cq, 2, KV_Q8_0) == 2 * 34, "counted q8_0 = %lld",
+          (long long)bench_counted_bytes(cq, 2, KV_Q8_0));
 
     attn_policy fake = { 0 };
     fake.name = "fake";
@@ -73,19 +84,25 @@ static void test_transfer(void)
     /* paper-shaped target point: S = 32k, d = 128, 8 KV heads, f16 */
     const int64_t S = 32768;
     const int64_t sparq_el = S * 16 + 2 * 128 * 128 + 4 * 128; /* 557568 */
-    CHECK(bench_formula_bytes(&fake, &p, S, 128, 4, 8, 2) == 8 * sparq_el * 2, "fake formula bytes");
+    CHECK(bench_formula_bytes(&fake, &p, S, 128, 4, 8, KV_F16) == 8 * sparq_el * 2, "fake formula bytes");
+    CHECK(bench_formula_bytes(&fake, &p, S, 128, 4, 8, KV_Q8_0) == 8 * sparq_el / 32 * 34, "fake formula q8_0");
 
     const attn_policy *dense = attn_policy_find("dense"), *sparq = attn_policy_find("sparq");
     CHECK(dense && sparq, "dense and sparq registered");
     if (!dense || !sparq) return;
     const int64_t dense_el = 2 * S * 128 + 2 * 128; /* 8388864 */
-    int64_t db = bench_formula_bytes(dense, &p, S, 128, 4, 8, 2);
-    int64_t sb = bench_formula_bytes(sparq, &p, S, 128, 4, 8, 2);
+    int64_t db = bench_formula_bytes(dense, &p, S, 128, 4, 8, KV_F16);
+    int64_t sb = bench_formula_bytes(sparq, &p, S, 128, 4, 8, KV_F16);
     CHECK(db == 8 * dense_el * 2, "dense formula bytes %lld", (long long)db);
     CHECK(sb == 8 * sparq_el * 2, "sparq formula bytes %lld", (long long)sb);
     CHECK_NEAR(bench_ratio((double)sb, (double)db), 557568.0 / 8388864.0, 1e-15);
     CHECK_NEAR(1.0 / bench_ratio((double)sb, (double)db), 15.045, 1e-3);
     CHECK(isnan(bench_ratio(1, 0)), "ratio with no dense bytes is NAN");
+    /* the same call with a Q8_0 cache moves 34/64 of f16's bytes (d = 128:
+     * whole blocks, so exactly) */
+    int64_t dq = bench_formula_bytes(dense, &p, S, 128, 4, 8, KV_Q8_0);
+    CHECK(dq == 8 * dense_el * 34 / 32, "dense formula q8_0 bytes %lld", (long long)dq);
+    CHECK_NEAR((double)dq / (double)db, 34.0 / 64.0, 1e-15);
 
     /* 1e9 bytes in one second is 1 GB/s; 4.198e6 bytes in 319.3 us */
     CHECK_NEAR(bench_gbps(1e9, 1e6), 1.0, 1e-12);
@@ -97,13 +114,13 @@ static void test_transfer(void)
 
 /* The counted bytes of real calls through a cache equal the formula (what
  * `bench attn` reports as counted vs formula), for dense and sparq. */
-static void test_counted_matches_formula(void)
+static void counted_matches_formula(int elem)
 {
     const int B = 2, kvh = 2, g = 2, d = 16;
     const int64_t S = 300;
     kv_cache kv;
     char err[256];
-    if (kv_create(&kv, B, kvh, d, S, KV_F16, 1, 1, err, sizeof err)) {
+    if (kv_create(&kv, B, kvh, d, S, elem, 1, 1, err, sizeof err)) {
         CHECK(0, "kv_create: %s", err);
         return;
     }
@@ -139,14 +156,134 @@ static void test_counted_matches_formula(void)
             CHECK(pol->attend(NULL, &p, i / kvh, i % kvh, &v, q, g, out, &s, &c[i], NULL) == 0,
                   "%s: attend failed", names[ip]);
         }
-        int64_t counted = bench_counted_bytes(c, B * kvh, 2);
-        int64_t formula = bench_formula_bytes(pol, &p, S, d, g, B * kvh, 2);
-        CHECK(counted == formula, "%s counted %lld != formula %lld", names[ip], (long long)counted,
-              (long long)formula);
+        int64_t counted = bench_counted_bytes(c, B * kvh, elem);
+        int64_t formula = bench_formula_bytes(pol, &p, S, d, g, B * kvh, elem);
+        CHECK(counted == formula, "%s %s counted %lld != formula %lld", names[ip], bench_kv_name(elem),
+              (long long)counted, (long long)formula);
+        /* and in the cache's own byte count */
+        int64_t el = 0;
+        for (int i = 0; i < B * kvh; i++) el += c[i].read + c[i].written;
+        CHECK(counted == kv_bytes_of(&kv, el), "%s %s: bench bytes %lld, kv_bytes_of %lld", names[ip],
+              bench_kv_name(elem), (long long)counted, (long long)kv_bytes_of(&kv, el));
         free(sf);
         free(si);
     }
     kv_free(&kv);
+}
+
+static void test_counted_matches_formula(void)
+{
+    counted_matches_formula(KV_F16);
+    counted_matches_formula(KV_Q8_0);
+}
+
+/* Bytes per KV element type, as the cache counts them (kv_bytes_of). */
+static void test_kv_bytes(void)
+{
+    CHECK(bench_kv_bytes(KV_F32, 10) == 40 && bench_kv_bytes(KV_F16, 10) == 20, "f32/f16 bytes");
+    CHECK(bench_kv_bytes(KV_Q8_0, 32) == 34 && bench_kv_bytes(KV_Q8_0, 64 * 1000) == 68000, "q8_0 bytes");
+    CHECK(bench_kv_bytes(KV_Q8_0, 33) == 36, "q8_0 rounds up: %lld", (long long)bench_kv_bytes(KV_Q8_0, 33));
+    CHECK(bench_kv_elem_bytes(KV_F32) == 4 && bench_kv_elem_bytes(KV_F16) == 2 &&
+              bench_kv_elem_bytes(KV_Q8_0) == 1.0625 && isnan(bench_kv_elem_bytes(7)), "bytes per element");
+    CHECK(strcmp(bench_kv_name(KV_F32), "f32") == 0 && strcmp(bench_kv_name(KV_F16), "f16") == 0 &&
+              strcmp(bench_kv_name(KV_Q8_0), "q8_0") == 0, "kv names");
+    const int elems[3] = { KV_F32, KV_F16, KV_Q8_0 };
+    for (int e = 0; e < 3; e++) {
+        kv_cache kv;
+        char err[256];
+        if (kv_create(&kv, 1, 1, 64, 64, elems[e], 0, 0, err, sizeof err)) {
+            CHECK(0, "kv_create: %s", err);
+            continue;
+        }
+        int bad = 0;
+        for (int64_t n = 0; n < 200; n += 7) bad += bench_kv_bytes(elems[e], n) != kv_bytes_of(&kv, n);
+        CHECK(bad == 0, "%s: %d counts differ from kv_bytes_of", bench_kv_name(elems[e]), bad);
+        kv_free(&kv);
+    }
+}
+
+/* |x - y| <= 0.6 x (a Q8_0 block's step) + a rounding floor: q = round(x /
+ * scale) is within half a step, and the f16 scale adds at most 127 x 2^-11
+ * of one step. */
+static int q8_close(float x, float y, float block_amax)
+{
+    return fabsf(x - y) <= 0.6f * block_amax / 127.0f + 1e-6f;
+}
+
+/* The fill `bench attn` times over: a Q8_0 cache gets valid blocks for K,
+ * V and K^T (each value within half a quantization step of the f32 cache's
+ * value from the same seed), V sums of what V stores, and the same bytes
+ * however the fill is split into calls. */
+static void test_fill_kv(void)
+{
+    const int L = 2, kvh = 2, d = 40; /* d: one full block and a short one */
+    const int64_t S = 100;             /* K^T: three full blocks and a short one */
+    kv_cache f, q, q2;
+    char err[256];
+    if (kv_create(&f, L, kvh, d, S, KV_F32, 1, 1, err, sizeof err)) { CHECK(0, "kv_create: %s", err); return; }
+    if (kv_create(&q, L, kvh, d, S, KV_Q8_0, 1, 1, err, sizeof err)) {
+        CHECK(0, "kv_create q8_0: %s", err);
+        kv_free(&f);
+        return;
+    }
+    if (kv_create(&q2, L, kvh, d, S, KV_Q8_0, 1, 1, err, sizeof err)) {
+        CHECK(0, "kv_create q8_0: %s", err);
+        kv_free(&f);
+        kv_free(&q);
+        return;
+    }
+    CHECK(bench_fill_kv(&f, 0, S, 5, 2) == 0 && f.n == S, "f32 fill");
+    CHECK(bench_fill_kv(&q, 0, S, 5, 2) == 0 && q.n == S, "q8_0 fill");
+    /* split mid-block, and a chunk per call */
+    CHECK(bench_fill_kv(&q2, 0, 37, 5, 1) == 0 && bench_fill_kv(&q2, 37, 38, 5, 2) == 0 &&
+              bench_fill_kv(&q2, 38, S, 5, 2) == 0 && q2.n == S, "split q8_0 fill");
+    CHECK(memcmp(q.k, q2.k, q.kv_bytes) == 0 && memcmp(q.v, q2.v, q.kv_bytes) == 0 &&
+              memcmp(q.kt, q2.kt, q.kt_bytes) == 0, "split fill stores the same bytes");
+    int bad_k = 0, bad_v = 0, bad_kt = 0, bad_sum = 0;
+    double sq = 0;
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < kvh; h++) {
+            attn_kv_view vf, vq;
+            kv_view(&f, l, h, S, &vf);
+            kv_view(&q, l, h, S, &vq);
+            for (int64_t s = 0; s < S; s++)
+                for (int b0 = 0; b0 < d; b0 += 32) { /* blocks along d: K and V rows */
+                    const int b1 = b0 + 32 < d ? b0 + 32 : d;
+                    float ak = 0, av = 0;
+                    for (int j = b0; j < b1; j++) {
+                        ak = fmaxf(ak, fabsf(attn_kv_at(vf.K, KV_F32, d, s, j)));
+                        av = fmaxf(av, fabsf(attn_kv_at(vf.V, KV_F32, d, s, j)));
+                    }
+                    for (int j = b0; j < b1; j++) {
+                        const float x = attn_kv_at(vf.K, KV_F32, d, s, j);
+                        sq += (double)x * x;
+                        bad_k += !q8_close(x, attn_kv_at(vq.K, KV_Q8_0, d, s, j), ak);
+                        bad_v += !q8_close(attn_kv_at(vf.V, KV_F32, d, s, j), attn_kv_at(vq.V, KV_Q8_0, d, s, j), av);
+                    }
+                }
+            for (int j = 0; j < d; j++) {
+                for (int64_t s0 = 0; s0 < S; s0 += 32) { /* blocks along positions: K^T rows */
+                    const int64_t s1 = s0 + 32 < S ? s0 + 32 : S;
+                    float a = 0;
+                    for (int64_t s = s0; s < s1; s++) a = fmaxf(a, fabsf(attn_kv_at(vf.K, KV_F32, d, s, j)));
+                    for (int64_t s = s0; s < s1; s++)
+                        bad_kt += !q8_close(attn_kv_at(vf.K, KV_F32, d, s, j),
+                                            attn_kv_at(vq.KT, KV_Q8_0, vq.kt_stride, j, s), a);
+                }
+                double sum = 0;
+                for (int64_t s = 0; s < S; s++) sum += attn_kv_at(vq.V, KV_Q8_0, d, s, j);
+                bad_sum += fabs(vq.v_sum[j] - sum) > 1e-4 * (1 + fabs(sum));
+            }
+        }
+    CHECK(bad_k == 0 && bad_v == 0, "q8_0 K/V values off the f32 fill: %d, %d", bad_k, bad_v);
+    CHECK(bad_kt == 0, "q8_0 K^T values off the f32 keys: %d", bad_kt);
+    CHECK(bad_sum == 0, "q8_0 V sums off the stored V: %d", bad_sum);
+    /* the f32 fill is N(0,1): mean square near 1 over 8000 values */
+    sq /= (double)L * kvh * d * S;
+    CHECK(fabs(sq - 1) < 0.06, "fill mean square %g", sq);
+    kv_free(&f);
+    kv_free(&q);
+    kv_free(&q2);
 }
 
 static void test_lists(void)
@@ -473,16 +610,199 @@ static void test_table_and_plot(void)
     free(buf);
 }
 
+/* ---- sparq bench decode | attn with each KV type ------------------------------- */
+
+static char bin[1024];
+static char tmpdir[] = "/tmp/sparq_bench_XXXXXX"; /* mkdtemp: suites may run at once */
+
+/* Runs `sparq ARGS` with stdout captured into *out (stderr to a file);
+ * returns the exit code. */
+static int run_sparq(const char *args, char **out, char **err_out)
+{
+    char cmd[4096], po[300], pe[300];
+    snprintf(po, sizeof po, "%s/out.txt", tmpdir);
+    snprintf(pe, sizeof pe, "%s/err.txt", tmpdir);
+    snprintf(cmd, sizeof cmd, "timeout 120 %s %s >%s 2>%s", bin, args, po, pe);
+    int st = system(cmd);
+    size_t n;
+    *out = test_read_file(po, &n);
+    if (!*out) *out = calloc(1, 1);
+    if (err_out) {
+        *err_out = test_read_file(pe, &n);
+        if (!*err_out) *err_out = calloc(1, 1);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static const char *str_of(const json_value *o, const char *key)
+{
+    const char *s = json_get_str(o, key, NULL);
+    return s ? s : "";
+}
+
+/* The row of `kind` with this policy, kv_type and S (decode: depth). */
+static const json_value *find_row(const json_value *root, const char *policy, const char *kv, int64_t S)
+{
+    for (size_t i = 0; i < json_len(root); i++) {
+        const json_value *r = json_at(root, i);
+        if (strcmp(str_of(r, "policy"), policy) == 0 && strcmp(str_of(r, "kv_type"), kv) == 0 &&
+            num_of(r, "S") == (double)S)
+            return r;
+    }
+    return NULL;
+}
+
+/* Dense decode transfer, elements per token, written out: each of the
+ * n_layer x n_kv_head heads reads S rows of K and of V (d each) and
+ * appends one of each, S = position + 1. After the fill to `depth` come
+ * `warm` untimed tokens, then n timed ones at S = depth + warm + 1 ...
+ * depth + warm + n; the row reports their total over n. */
+static double dense_decode_elements(int n_layer, int kvh, int d, int64_t depth, int warm, int n)
+{
+    double total = 0;
+    for (int i = 1; i <= n; i++) total += 2.0 * (double)(depth + warm + i) * d + 2.0 * d;
+    return total * n_layer * kvh / n;
+}
+
+static void test_bench_decode_kv(const char *model)
+{
+    /* tiny: 2 layers, 2 KV heads, head size 32 (whole Q8_0 blocks, so the
+     * byte counts are exact); n = 3 makes every total divide by n */
+    const int n_layer = 2, n = 3, warm = 1;
+    const int64_t depth = 96;
+    char args[2048], *out, *err, e[256];
+    snprintf(args, sizeof args, "bench decode -m %s --depth %lld --attn dense,sparq --sparq-r 8 --sparq-k 16 "
+             "--kv-type f16,q8_0 --fill random -n %d --warmup %d -t 1 --json", model, (long long)depth, n, warm);
+    int rc = run_sparq(args, &out, &err);
+    CHECK(rc == 0, "bench decode --kv-type f16,q8_0: exit %d: %s", rc, err);
+    json_doc *doc = json_parse(out, strlen(out), 0, e, sizeof e);
+    CHECK(doc != NULL, "bench decode --json is JSON: %s", e);
+    if (doc) {
+        const json_value *root = json_root(doc);
+        CHECK(json_len(root) == 8, "2 kv types x 2 policies x depths 0 and %lld: %zu rows", (long long)depth,
+              json_len(root));
+        const json_value *df = find_row(root, "dense", "f16", depth), *dq = find_row(root, "dense", "q8_0", depth);
+        const json_value *sq = find_row(root, "sparq", "q8_0", depth), *z = find_row(root, "dense", "q8_0", 0);
+        CHECK(df && dq && sq && z, "rows dense f16, dense q8_0, sparq q8_0 at depth %lld, dense q8_0 at 0",
+              (long long)depth);
+        if (df && dq && sq && z) {
+            const int kvh = (int)num_of(dq, "kv_heads"), d = (int)num_of(dq, "d");
+            CHECK(kvh == 2 && d == 32, "tiny's shape: %d KV heads, d %d", kvh, d);
+            const double el = dense_decode_elements(n_layer, kvh, d, depth, warm, n);
+            const double want_q8 = el * 34 / 32, want_f16 = el * 2;
+            CHECK(num_of(dq, "bytes_counted") == want_q8, "dense q8_0 counted %.0f bytes/token, want %.0f",
+                  num_of(dq, "bytes_counted"), want_q8);
+            CHECK(num_of(dq, "bytes_dense") == want_q8 && num_of(dq, "bytes_formula") == want_q8,
+                  "dense q8_0 formula %.0f, dense %.0f, want %.0f", num_of(dq, "bytes_formula"),
+                  num_of(dq, "bytes_dense"), want_q8);
+            CHECK(num_of(df, "bytes_counted") == want_f16, "dense f16 counted %.0f, want %.0f",
+                  num_of(df, "bytes_counted"), want_f16);
+            CHECK(num_of(dq, "kv_elem_bytes") == 1.0625 && num_of(df, "kv_elem_bytes") == 2, "kv_elem_bytes");
+            const double want0 = dense_decode_elements(n_layer, kvh, d, 0, warm, n) * 34 / 32;
+            CHECK(num_of(z, "bytes_counted") == want0, "depth 0 q8_0: %.0f, want %.0f", num_of(z, "bytes_counted"),
+                  want0);
+            /* SparQ on the q8_0 cache: the same dense reference, a fraction of it moved */
+            CHECK(num_of(sq, "bytes_dense") == want_q8, "sparq q8_0 dense reference %.0f", num_of(sq, "bytes_dense"));
+            CHECK(num_of(sq, "bytes_counted") > 0 && num_of(sq, "bytes_counted") < 0.5 * want_q8 &&
+                      fabs(num_of(sq, "bytes_counted") / num_of(sq, "bytes_formula") - 1) < 0.01,
+                  "sparq q8_0 counted %.0f, formula %.0f", num_of(sq, "bytes_counted"), num_of(sq, "bytes_formula"));
+            const json_value *g = json_get(dq, "gbps");
+            if (g && g->type == JSON_NUMBER) /* attention time > 0: GB/s of the real bytes */
+                CHECK_NEAR(g->u.number, want_q8 / (num_of(dq, "ms_attn") * 1e6), 2e-4 * g->u.number);
+        }
+        json_free(doc);
+    }
+    free(out);
+    free(err);
+
+    /* CSV carries the type too */
+    snprintf(args, sizeof args, "bench decode -m %s --depth 0 --attn dense --kv-type q8_0 -n 1 --warmup 0 -t 1 --csv",
+             model);
+    rc = run_sparq(args, &out, NULL);
+    CHECK(rc == 0 && strstr(out, ",kv_type,kv_elem_bytes,") && strstr(out, ",q8_0,1.0625,"), "decode CSV: %s", out);
+    free(out);
+    snprintf(args, sizeof args, "bench decode -m %s --depth 0 --kv-type q4", model);
+    rc = run_sparq(args, &out, &err);
+    CHECK(rc != 0 && strstr(err, "'q4' is not f16, f32 or q8_0"), "--kv-type q4: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+
+static void test_bench_attn_kv(void)
+{
+    const int64_t S = 256;
+    const int d = 64, kvh = 2;
+    char args[1024], *out, *err, e[256];
+    snprintf(args, sizeof args, "bench attn --S %lld --H 4 --kv-heads %d --d %d --kv-type f16,q8_0 "
+             "--attn dense,sparq --sparq-r 8 --sparq-k 32 --reps 1 --warmup 1 --min-sample-us 0 -t 1 --json",
+             (long long)S, kvh, d);
+    int rc = run_sparq(args, &out, &err);
+    CHECK(rc == 0, "bench attn --kv-type f16,q8_0: exit %d: %s", rc, err);
+    json_doc *doc = json_parse(out, strlen(out), 0, e, sizeof e);
+    CHECK(doc != NULL, "bench attn --json is JSON: %s", e);
+    if (doc) {
+        const json_value *root = json_root(doc);
+        const json_value *df = find_row(root, "dense", "f16", S), *dq = find_row(root, "dense", "q8_0", S);
+        const json_value *sf = find_row(root, "sparq", "f16", S), *sq = find_row(root, "sparq", "q8_0", S);
+        CHECK(json_len(root) == 4 && df && dq && sf && sq, "dense and sparq rows for f16 and q8_0 (%zu rows)",
+              json_len(root));
+        if (df && dq && sf && sq) {
+            /* one call, B = 1: kvh heads, each S rows of K and V plus the append */
+            const double el = (double)kvh * (2.0 * S * d + 2.0 * d);
+            CHECK(num_of(df, "bytes_counted") == el * 2 && num_of(dq, "bytes_counted") == el * 34 / 32,
+                  "dense bytes f16 %.0f (want %.0f), q8_0 %.0f (want %.0f)", num_of(df, "bytes_counted"), el * 2,
+                  num_of(dq, "bytes_counted"), el * 34 / 32);
+            CHECK_NEAR(num_of(dq, "bytes_counted") / num_of(df, "bytes_counted"), 34.0 / 64.0, 1e-12);
+            CHECK_NEAR(num_of(sq, "bytes_counted") / num_of(sf, "bytes_counted"), 34.0 / 64.0, 0.01);
+            CHECK(num_of(sq, "bytes_dense") == el * 34 / 32, "sparq q8_0 dense reference %.0f",
+                  num_of(sq, "bytes_dense"));
+            CHECK_NEAR(num_of(dq, "gbps"), num_of(dq, "bytes_counted") / (num_of(dq, "median_us") * 1e3),
+                       2e-4 * num_of(dq, "gbps"));
+            CHECK(num_of(dq, "kv_elem_bytes") == 1.0625, "q8_0 bytes per element");
+        }
+        json_free(doc);
+    }
+    free(out);
+    free(err);
+}
+
+static void test_bench_runs(void)
+{
+    const char *b = getenv("SPARQ_BUILD");
+    snprintf(bin, sizeof bin, "%s/sparq", b ? b : "build");
+    if (access(bin, X_OK) != 0) {
+        CHECK(0, "%s not built", bin);
+        return;
+    }
+    if (!mkdtemp(tmpdir)) {
+        CHECK(0, "mkdtemp failed");
+        return;
+    }
+    char model[300], args[1024], *out;
+    snprintf(model, sizeof model, "%s/tiny.gguf", tmpdir);
+    snprintf(args, sizeof args, "gen-model --shape tiny --type Q8_0 --seed 3 -o %s", model);
+    CHECK(run_sparq(args, &out, NULL) == 0, "gen-model tiny");
+    free(out);
+    test_bench_decode_kv(model);
+    test_bench_attn_kv();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+}
+
 int main(void)
 {
     test_stats();
     test_transfer();
     test_counted_matches_formula();
+    test_kv_bytes();
+    test_fill_kv();
     test_lists();
     test_data();
     test_sum_kernels();
     test_json();
     test_csv();
     test_table_and_plot();
+    test_bench_runs();
     return test_summary("test_bench");
 }

@@ -1,11 +1,13 @@
 /* bench.c - benchmark arithmetic and reporting (see bench.h).
  *
- * Map: statistics | transfer arithmetic | list parsing | test data |
- * read-bandwidth kernels | rows -> table / JSON / CSV | gnuplot script.
+ * Map: statistics | transfer arithmetic (bytes per KV element type) | list
+ * parsing | test data and the KV cache fill | read-bandwidth kernels |
+ * rows -> table / JSON / CSV | gnuplot script.
  */
 #include "bench/bench.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__
@@ -53,17 +55,43 @@ void bench_stats_of(const double *x, int n, double *work, bench_stats *out)
 
 /* ---- transfer arithmetic ----------------------------------------------------- */
 
-int64_t bench_counted_bytes(const attn_counts *c, int64_t pairs, size_t elem_size)
+int64_t bench_kv_bytes(int kv_elem, int64_t elements)
+{
+    /* ask the cache itself, so bench rows and the context's counters
+     * (forward.c adds kv_bytes_of to sparq_attn_stats.bytes) agree */
+    kv_cache shape;
+    memset(&shape, 0, sizeof shape);
+    shape.elem = kv_elem;
+    shape.elem_size = kv_elem == KV_F32 ? 4 : kv_elem == KV_F16 ? 2 : 1;
+    return kv_bytes_of(&shape, elements);
+}
+
+double bench_kv_elem_bytes(int kv_elem)
+{
+    switch (kv_elem) {
+    case KV_F32: return 4;
+    case KV_F16: return 2;
+    case KV_Q8_0: return (double)ATTN_Q8_BLOCK_BYTES / ATTN_Q8_BLOCK;
+    default: return NAN;
+    }
+}
+
+const char *bench_kv_name(int kv_elem)
+{
+    return kv_elem == KV_F32 ? "f32" : kv_elem == KV_F16 ? "f16" : kv_elem == KV_Q8_0 ? "q8_0" : "?";
+}
+
+int64_t bench_counted_bytes(const attn_counts *c, int64_t pairs, int kv_elem)
 {
     int64_t el = 0;
     for (int64_t i = 0; i < pairs; i++) el += c[i].read + c[i].written;
-    return el * (int64_t)elem_size;
+    return bench_kv_bytes(kv_elem, el);
 }
 
 int64_t bench_formula_bytes(const attn_policy *pol, const sparq_attn_params *p, int64_t S, int d,
-                            int g, int64_t pairs, size_t elem_size)
+                            int g, int64_t pairs, int kv_elem)
 {
-    return pairs * pol->transfer_formula(p, S, d, g) * (int64_t)elem_size;
+    return bench_kv_bytes(kv_elem, pairs * pol->transfer_formula(p, S, d, g));
 }
 
 double bench_gbps(double bytes, double us)
@@ -199,6 +227,38 @@ void bench_query(bench_rng *r, float *q, int n_heads, int d, int heavy)
     }
 }
 
+/* Generating the numbers is the slow part and runs on all threads, a chunk
+ * of positions at a time; kv_write keeps per-layer state (the running V
+ * sum, Q8_0 K^T's partial block), so each layer's rows are then stored by
+ * one thread, in position order. */
+int bench_fill_kv(kv_cache *kv, int64_t from, int64_t to, uint64_t seed, int threads)
+{
+    const size_t row = (size_t)kv->n_kv_head * kv->d, B = (size_t)kv->n_layer;
+    int64_t chunk = (int64_t)(((size_t)8 << 20) / (B * 2 * row)); /* ~32 MiB of f32 */
+    if (chunk < 1) chunk = 1;
+    float *buf = malloc((size_t)chunk * B * 2 * row * sizeof(float));
+    if (!buf) return -1;
+    for (int64_t p0 = from; p0 < to; p0 += chunk) {
+        const int64_t n = to - p0 < chunk ? to - p0 : chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n * (int64_t)B; i++) {
+            const int64_t b = i / n, p = p0 + i % n;
+            bench_rng r;
+            bench_rng_seed(&r, seed ^ ((uint64_t)p * 0xD1B54A32D192ED03ull) ^ ((uint64_t)b << 48));
+            bench_randn(&r, buf + (size_t)i * 2 * row, 2 * row);
+        }
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int b = 0; b < (int)B; b++)
+            for (int64_t i = 0; i < n; i++) {
+                const float *k = buf + ((size_t)b * n + i) * 2 * row;
+                kv_write(kv, b, p0 + i, k, k + row);
+            }
+    }
+    free(buf);
+    kv->n = to;
+    return 0;
+}
+
 /* ---- read-bandwidth kernels ------------------------------------------------------- */
 
 float bench_sum_f32_ref(const float *x, size_t n)
@@ -245,7 +305,7 @@ void bench_row_init(bench_row *r, bench_kind kind)
 {
     memset(r, 0, sizeof *r);
     r->kind = kind;
-    r->elem_size = 2;
+    r->kv_elem = KV_F16;
     r->us.median = r->us.q1 = r->us.q3 = r->us.min = r->us.max = r->us.mean = NAN;
     r->gbps = r->speedup_vs_dense = r->theoretical_ratio = r->pct_bw = NAN;
     r->tok_s = r->tok_s_mean = r->ms_weights = r->ms_attn = NAN;
@@ -255,8 +315,6 @@ const char *bench_kind_name(bench_kind k)
 {
     return k == BENCH_ATTN ? "attn" : k == BENCH_MEMBW ? "membw" : "decode";
 }
-
-static const char *kv_name(int elem_size) { return elem_size == 4 ? "f32" : "f16"; }
 
 /* One column of the JSON / CSV output. Computed columns have kind F_FN. */
 typedef enum { F_INT, F_I64, F_DBL, F_STR, F_FN } field_kind;
@@ -282,6 +340,7 @@ static const field fields[] = {
     RF("l", F_INT, l),
     RF("threads", F_INT, threads),
     { "kv_type", F_FN, 0 },
+    { "kv_elem_bytes", F_FN, 0 },
     RF("heavy_query", F_INT, heavy_query),
     RF("inner", F_INT, inner),
     RF("n_samples", F_INT, us.n),
@@ -324,7 +383,8 @@ static double field_value(const bench_row *r, const field *f, const char **str)
     case F_FN: break;
     }
     if (strcmp(f->name, "kind") == 0) { *str = bench_kind_name(r->kind); return 0; }
-    if (strcmp(f->name, "kv_type") == 0) { *str = kv_name(r->elem_size); return 0; }
+    if (strcmp(f->name, "kv_type") == 0) { *str = bench_kv_name(r->kv_elem); return 0; }
+    if (strcmp(f->name, "kv_elem_bytes") == 0) return bench_kv_elem_bytes(r->kv_elem);
     if (strcmp(f->name, "theoretical_speedup") == 0)
         return r->theoretical_ratio > 0 ? 1.0 / r->theoretical_ratio : NAN;
     if (strcmp(f->name, "ms_token") == 0) return r->kind == BENCH_DECODE ? r->us.median / 1e3 : NAN;
@@ -430,7 +490,7 @@ static const char *num(char *buf, size_t size, double v, int prec)
 
 static void table_attn(FILE *f, const bench_row *rows, int n)
 {
-    fprintf(f, "%-10s %4s %5s %3s %4s %4s %4s %8s %2s %3s %11s %21s %9s %9s %7s %5s %8s %8s\n", "policy",
+    fprintf(f, "%-10s %4s %5s %3s %4s %4s %4s %8s %2s %4s %11s %21s %9s %9s %7s %5s %8s %8s\n", "policy",
             "r", "k", "B", "H", "kvh", "d", "S", "t", "kv", "median_us", "iqr_us", "MB/call", "MB/formula",
             "GB/s", "%bw", "speedup", "theory");
     for (int i = 0; i < n; i++) {
@@ -438,9 +498,9 @@ static void table_attn(FILE *f, const bench_row *rows, int n)
         if (r->kind != BENCH_ATTN) continue;
         char a[32], b[32], c[32], e[32], g[32], h[32], iqr[80];
         snprintf(iqr, sizeof iqr, "%s..%s", num(a, sizeof a, r->us.q1, 1), num(b, sizeof b, r->us.q3, 1));
-        fprintf(f, "%-10s %4d %5d %3d %4d %4d %4d %8lld %2d %3s %11s %21s %9.3f %9.3f %7s %5s %8s %8s\n",
+        fprintf(f, "%-10s %4d %5d %3d %4d %4d %4d %8lld %2d %4s %11s %21s %9.3f %9.3f %7s %5s %8s %8s\n",
                 r->policy, r->r, r->k, r->B, r->H, r->kv_heads, r->d, (long long)r->S, r->threads,
-                kv_name(r->elem_size), num(c, sizeof c, r->us.median, 1), iqr, r->bytes_counted / 1e6,
+                bench_kv_name(r->kv_elem), num(c, sizeof c, r->us.median, 1), iqr, r->bytes_counted / 1e6,
                 r->bytes_formula / 1e6, num(e, sizeof e, r->gbps, 2), num(g, sizeof g, r->pct_bw, 0),
                 num(h, sizeof h, r->speedup_vs_dense, 2),
                 num(a, sizeof a, r->theoretical_ratio > 0 ? 1.0 / r->theoretical_ratio : NAN, 2));
@@ -463,15 +523,15 @@ static void table_membw(FILE *f, const bench_row *rows, int n)
 
 static void table_decode(FILE *f, const bench_row *rows, int n)
 {
-    fprintf(f, "%-22s %-8s %3s %5s %7s %2s %3s %-7s %8s %8s %8s %8s %9s %8s %7s %8s %8s\n", "model", "policy", "r",
+    fprintf(f, "%-22s %-8s %3s %5s %7s %2s %4s %-7s %8s %8s %8s %8s %9s %8s %7s %8s %8s\n", "model", "policy", "r",
             "k", "depth", "t", "kv", "fill", "tok/s", "ms/tok", "ms_wts", "ms_attn", "attnMB/t", "speedup",
             "ratio", "RSS_MiB", "peak_MiB");
     for (int i = 0; i < n; i++) {
         const bench_row *r = &rows[i];
         if (r->kind != BENCH_DECODE) continue;
         char a[32], b[32], c[32], e[32], g[32], h[32];
-        fprintf(f, "%-22.22s %-8s %3d %5d %7lld %2d %3s %-7s %8s %8s %8s %8s %9.3f %8s %7s %8.0f %8.0f\n",
-                r->model, r->policy, r->r, r->k, (long long)r->depth, r->threads, kv_name(r->elem_size), r->fill,
+        fprintf(f, "%-22.22s %-8s %3d %5d %7lld %2d %4s %-7s %8s %8s %8s %8s %9.3f %8s %7s %8.0f %8.0f\n",
+                r->model, r->policy, r->r, r->k, (long long)r->depth, r->threads, bench_kv_name(r->kv_elem), r->fill,
                 num(a, sizeof a, r->tok_s, 2), num(b, sizeof b, r->us.median / 1e3, 3),
                 num(c, sizeof c, r->ms_weights, 3), num(e, sizeof e, r->ms_attn, 3), r->bytes_counted / 1e6,
                 num(g, sizeof g, r->speedup_vs_dense, 2), num(h, sizeof h, r->theoretical_ratio, 4),
@@ -503,7 +563,7 @@ void bench_series_label(const bench_row *rows, int n, const bench_row *r, char *
         vary_kv |= rows[i].kv_heads != first->kv_heads;
         vary_d |= rows[i].d != first->d;
         vary_t |= rows[i].threads != first->threads;
-        vary_e |= rows[i].elem_size != first->elem_size;
+        vary_e |= rows[i].kv_elem != first->kv_elem;
         vary_q |= rows[i].heavy_query != first->heavy_query;
     }
     size_t o = 0;
@@ -517,7 +577,7 @@ void bench_series_label(const bench_row *rows, int n, const bench_row *r, char *
     if (vary_kv) ADD(" kv=%d", r->kv_heads);
     if (vary_d) ADD(" d=%d", r->d);
     if (vary_t) ADD(" t=%d", r->threads);
-    if (vary_e) ADD(" %s", kv_name(r->elem_size));
+    if (vary_e) ADD(" %s", bench_kv_name(r->kv_elem));
     if (vary_q) ADD(" %s", r->heavy_query ? "heavy-q" : "normal-q");
 #undef ADD
 }
@@ -635,8 +695,8 @@ int bench_write_gnuplot_decode(FILE *f, const bench_row *rows, int n, const char
                 break;
             }
         for (int j = 0; j < n; j++)
-            if (rows[j].kind == BENCH_DECODE && rows[j].elem_size != r->elem_size) {
-                snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " %s", kv_name(r->elem_size));
+            if (rows[j].kind == BENCH_DECODE && rows[j].kv_elem != r->kv_elem) {
+                snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " %s", bench_kv_name(r->kv_elem));
                 break;
             }
         series_of[i] = series_index(labels, &n_series, MAX_SERIES, lab);

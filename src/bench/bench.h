@@ -4,9 +4,11 @@
  * be checked without a clock:
  *   - order statistics of repeated timings (median, quartiles, min/max);
  *   - bytes a decode-attention call moves, counted (the policy's own
- *     attn_counts) and by formula (attn_policy.transfer_formula), with
+ *     attn_counts) and by formula (attn_policy.transfer_formula), in the
+ *     cache's own bytes per element (f32 4, f16 2, Q8_0 34 per 32), with
  *     GB/s, speed-up and the theoretical transfer ratio derived from them;
- *   - comma lists of sizes ("1k,32k,1M"), deterministic N(0,1) test data;
+ *   - comma lists of sizes ("1k,32k,1M"), deterministic N(0,1) test data
+ *     and the KV cache fill `bench attn` times over (any element type);
  *   - the read-bandwidth kernel `bench membw` times (ref + AVX-512 twins);
  *   - writing result rows as a human table, JSON (an array of objects) or
  *     CSV, and a gnuplot script drawing speed-up over dense against S.
@@ -23,6 +25,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "attn/attn.h"
+#include "core/kvcache.h"
 
 /* ---- statistics ---------------------------------------------------------- */
 
@@ -41,13 +44,23 @@ double bench_quantile_sorted(const double *sorted, int n, double p);
 
 /* ---- transfer arithmetic -------------------------------------------------- */
 
+/* kv_elem below is attn.h's KV_F32, KV_F16 or KV_Q8_0.
+ * Bytes of `elements` cache elements of kv_elem, counted as the cache
+ * counts them (kv_bytes_of): 4 or 2 each, Q8_0 34 per 32 rounded up. */
+int64_t bench_kv_bytes(int kv_elem, int64_t elements);
+/* Bytes per element: 4, 2 or 34/32 = 1.0625 (NAN for an unknown type). */
+double bench_kv_elem_bytes(int kv_elem);
+/* "f32", "f16", "q8_0" ("?" for an unknown type). */
+const char *bench_kv_name(int kv_elem);
+
 /* Bytes the cache moved for `pairs` (batch element, KV head) calls whose
- * counts are c[0..pairs): sum of read + written elements x elem_size. */
-int64_t bench_counted_bytes(const attn_counts *c, int64_t pairs, size_t elem_size);
+ * counts are c[0..pairs): bench_kv_bytes of the summed read + written
+ * elements. */
+int64_t bench_counted_bytes(const attn_counts *c, int64_t pairs, int kv_elem);
 /* The policy's formula for one call over `pairs` KV heads, in bytes:
- * pairs x transfer_formula(p, S, d, g) x elem_size. */
+ * bench_kv_bytes of pairs x transfer_formula(p, S, d, g) elements. */
 int64_t bench_formula_bytes(const attn_policy *pol, const sparq_attn_params *p, int64_t S, int d,
-                            int g, int64_t pairs, size_t elem_size);
+                            int g, int64_t pairs, int kv_elem);
 /* 1e9 bytes per second for `bytes` moved in `us` microseconds (NAN if us <= 0). */
 double bench_gbps(double bytes, double us);
 /* How many times faster than the reference: ref_us / us (NAN if unknown). */
@@ -78,6 +91,13 @@ void bench_randn(bench_rng *r, float *x, size_t n);
  * all heads of the call, so a few components dominate |q| as in real
  * models' queries (what SparQ's component selection exploits). */
 void bench_query(bench_rng *r, float *q, int n_heads, int d, int heavy);
+/* Writes positions [from, to) of every cache "layer" (bench attn uses one
+ * layer per batch element) through kv_write, so every element type gets
+ * what the model's append stores (Q8_0 blocks, K^T, V sums): keys and
+ * values N(0,1), seeded per (layer, position) so the data does not depend
+ * on how the fill is split or on the element type. Sets kv->n = to.
+ * Returns 0, or -1 when out of memory. */
+int bench_fill_kv(kv_cache *kv, int64_t from, int64_t to, uint64_t seed, int threads);
 
 /* ---- read bandwidth kernel (bench membw) ----------------------------------- */
 
@@ -103,7 +123,8 @@ typedef struct bench_row {
     int64_t S;               /* attn: context length; decode: = depth         */
     int     r, k, l;         /* resolved policy parameters (0 = not used)     */
     int     threads;
-    int     elem_size;       /* KV element bytes: 2 (f16) or 4 (f32)          */
+    int     kv_elem;         /* KV_F16, KV_F32 or KV_Q8_0 (kv_type column;
+                              * bytes per element: bench_kv_elem_bytes)    */
     int     heavy_query;
     int     inner;           /* calls per timed sample                        */
     bench_stats us;          /* time per call / token / pass, microseconds    */
@@ -123,7 +144,7 @@ typedef struct bench_row {
     int64_t rss, peak_rss;   /* bytes: resident after the row; process peak   */
 } bench_row;
 
-/* A row with every double NAN, ints 0, elem_size 2. */
+/* A row with every double NAN, ints 0, kv_elem KV_F16. */
 void bench_row_init(bench_row *r, bench_kind kind);
 const char *bench_kind_name(bench_kind k);
 

@@ -3,7 +3,9 @@
  *   attn    the decode attention operation alone, as the SparQ paper's
  *           microbenchmarks (section 6, appendix F): a KV cache of B
  *           sequences (one cache "layer" per batch element) filled with
- *           N(0,1) keys and values, one call = every (b, kv_head) pair
+ *           N(0,1) keys and values (bench_fill_kv: stored as each
+ *           --kv-type stores them, Q8_0 blocks included; byte columns in
+ *           that type's bytes), one call = every (b, kv_head) pair
  *           through policy->attend, spread over threads with OpenMP as the
  *           model's decode step does; warm-up, then timed repetitions with
  *           a fresh random query each.
@@ -81,7 +83,7 @@ static const cli_opt shape_table[] = {
 
 static const cli_opt common_table[] = {
     { "-t", "--threads", OPT_STR, OFF(threads), "LIST", "thread counts, e.g. 1,2 (default: all cores)" },
-    { "--kv-type", NULL, OPT_STR, OFF(kv_type), "LIST", "KV element types f16,f32 (default f16)" },
+    { "--kv-type", NULL, OPT_STR, OFF(kv_type), "LIST", "KV element types f16,f32,q8_0 (default f16)" },
     { "--reps", NULL, OPT_INT, OFF(reps), "N", "timed samples (default 10; decode: see -n)" },
     { "--warmup", NULL, OPT_INT, OFF(warmup), "N", "untimed warm-up calls / tokens (default 2)" },
     { "--min-sample-us", NULL, OPT_INT, OFF(min_sample_us), "US",
@@ -346,6 +348,20 @@ static void row_params(bench_row *row, const attn_policy *pol, const sparq_attn_
     row->l = (sparq || strcmp(pol->name, "h2o") == 0) && p->l > 0 ? p->l : 0;
 }
 
+/* The attn.h element types of --kv-type's names; -1 naming a bad one. */
+static int kv_elem_list(const char *const *names, int n, int *out, char *err, size_t err_size)
+{
+    for (int i = 0; i < n; i++) {
+        const int t = cli_kv_type(names[i]);
+        if (t < 0) {
+            snprintf(err, err_size, "--kv-type: '%s' is not f16, f32 or q8_0", names[i]);
+            return -1;
+        }
+        out[i] = t == SPARQ_KV_F32 ? KV_F32 : t == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F16;
+    }
+    return 0;
+}
+
 /* ---- membw ------------------------------------------------------------------------ */
 
 /* Times `reps` sequential reads of `bytes` over `threads` threads, each
@@ -403,7 +419,7 @@ static int measure_membw(int64_t bytes, int threads, int streams, int reps, int 
     if (streams == 1) snprintf(row->policy, sizeof row->policy, "read");
     else snprintf(row->policy, sizeof row->policy, "read-x%d", streams);
     row->threads = threads;
-    row->elem_size = 4;
+    row->kv_elem = KV_F32; /* the array read is f32 */
     bench_stats_of(t, reps, t + reps, &row->us);
     row->bytes_counted = (int64_t)(n * sizeof(float));
     row->gbps = bench_gbps((double)row->bytes_counted, row->us.median);
@@ -413,39 +429,6 @@ static int measure_membw(int64_t bytes, int threads, int streams, int reps, int 
 }
 
 /* ---- attn ------------------------------------------------------------------------- */
-
-/* Writes positions [from, to) of every batch element: keys and values
- * N(0,1), seeded per (element, position) so the data does not depend on how
- * the fill is split. Generating the numbers is the slow part and runs on
- * all threads, a chunk of positions at a time; kv_write keeps a running V
- * sum per element, so each element's rows are then stored by one thread. */
-static int fill_kv(kv_cache *kv, int64_t from, int64_t to, uint64_t seed, int threads)
-{
-    const size_t row = (size_t)kv->n_kv_head * kv->d, B = (size_t)kv->n_layer;
-    int64_t chunk = (int64_t)(((size_t)8 << 20) / (B * 2 * row)); /* ~32 MiB of f32 */
-    if (chunk < 1) chunk = 1;
-    float *buf = malloc((size_t)chunk * B * 2 * row * sizeof(float));
-    if (!buf) return -1;
-    for (int64_t p0 = from; p0 < to; p0 += chunk) {
-        const int64_t n = to - p0 < chunk ? to - p0 : chunk;
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t i = 0; i < n * (int64_t)B; i++) {
-            const int64_t b = i / n, p = p0 + i % n;
-            bench_rng r;
-            bench_rng_seed(&r, seed ^ ((uint64_t)p * 0xD1B54A32D192ED03ull) ^ ((uint64_t)b << 48));
-            bench_randn(&r, buf + (size_t)i * 2 * row, 2 * row);
-        }
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int b = 0; b < (int)B; b++)
-            for (int64_t i = 0; i < n; i++) {
-                const float *k = buf + ((size_t)b * n + i) * 2 * row;
-                kv_write(kv, b, p0 + i, k, k + row);
-            }
-    }
-    free(buf);
-    kv->n = to;
-    return 0;
-}
 
 typedef struct attn_job {
     const attn_policy *pol;
@@ -497,7 +480,7 @@ static int attn_call(attn_job *j)
 }
 
 typedef struct attn_point {
-    int B, H, kvh, d, threads, elem_size;
+    int B, H, kvh, d, threads, kv_elem;
     int64_t S;
 } attn_point;
 
@@ -547,7 +530,7 @@ static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_poli
             goto done;
         }
         t_call = (cli_now() - t0) * 1e6;
-        if (w == 0) counted = bench_counted_bytes(j.counts, pairs, (size_t)pt->elem_size);
+        if (w == 0) counted = bench_counted_bytes(j.counts, pairs, pt->kv_elem);
     }
     int inner = t_call > 0 ? (int)ceil(o->min_sample_us / t_call) : 1;
     if (inner < 1 || o->flush) inner = 1;
@@ -577,14 +560,13 @@ static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_poli
     row->S = pt->S;
     row_params(row, pol, p);
     row->threads = pt->threads;
-    row->elem_size = pt->elem_size;
+    row->kv_elem = pt->kv_elem;
     row->heavy_query = o->heavy;
     row->inner = inner;
     bench_stats_of(t, o->reps, t + o->reps, &row->us);
     row->bytes_counted = counted;
-    row->bytes_formula = bench_formula_bytes(pol, p, pt->S, d, g, pairs, (size_t)pt->elem_size);
-    row->bytes_dense = bench_formula_bytes(attn_policy_find("dense"), p, pt->S, d, g, pairs,
-                                           (size_t)pt->elem_size);
+    row->bytes_formula = bench_formula_bytes(pol, p, pt->S, d, g, pairs, pt->kv_elem);
+    row->bytes_dense = bench_formula_bytes(attn_policy_find("dense"), p, pt->S, d, g, pairs, pt->kv_elem);
     row->gbps = bench_gbps((double)counted, row->us.median);
     row->theoretical_ratio = bench_ratio((double)row->bytes_formula, (double)row->bytes_dense);
     rc = 0;
@@ -632,7 +614,7 @@ static int sweep_S(const attn_sweep *w, kv_cache *kv, attn_point pt, int n_fit, 
     for (int iS = 0; iS < n_fit; iS++) {
         pt.S = w->S[iS];
         double t0 = cli_now();
-        if (fill_kv(kv, filled, pt.S, w->o->seed, omp_get_num_procs())) {
+        if (bench_fill_kv(kv, filled, pt.S, w->o->seed, omp_get_num_procs())) {
             snprintf(err, err_size, "attn: out of memory filling the cache");
             return -1;
         }
@@ -683,7 +665,7 @@ static int sweep_shape(const attn_sweep *w, attn_point pt, const char *kv_name, 
     /* K, V (and K^T) of every sequence, keeping 30% of the available
      * memory for everything else */
     const int with_kt = !!(w->needs & ATTN_NEEDS_KT);
-    const double per_pos = (double)pt.B * pt.kvh * pt.d * pt.elem_size * (2 + with_kt);
+    const double per_pos = (double)pt.B * pt.kvh * (double)attn_kv_row_bytes(pt.kv_elem, pt.d) * (2 + with_kt);
     const int64_t avail = mem_available();
     int n_fit = w->n_S;
     if (avail > 0)
@@ -694,7 +676,7 @@ static int sweep_shape(const attn_sweep *w, attn_point pt, const char *kv_name, 
                 (double)avail / (1 << 30));
     if (n_fit == 0) return 0;
     kv_cache kv;
-    if (kv_create(&kv, pt.B, pt.kvh, pt.d, w->S[n_fit - 1], pt.elem_size == 4 ? KV_F32 : KV_F16, with_kt,
+    if (kv_create(&kv, pt.B, pt.kvh, pt.d, w->S[n_fit - 1], pt.kv_elem, with_kt,
                   !!(w->needs & ATTN_NEEDS_VSUM), err, err_size))
         return -1;
     int rc = sweep_S(w, &kv, pt, n_fit, kv_name, rl, err, err_size);
@@ -719,11 +701,8 @@ static int bench_attn(const bench_opts *o, row_list *rl, char *err, size_t err_s
     nS = sort_unique(Ss, nS);
     int nkv = bench_split_names(o->kv_type ? o->kv_type : "f16", kv_buf, sizeof kv_buf, kv_names, 4, err, err_size);
     if (nkv < 0) return -1;
-    for (int i = 0; i < nkv; i++)
-        if (cli_kv_type(kv_names[i]) < 0 || cli_kv_type(kv_names[i]) == SPARQ_KV_Q8_0) { /* rows label 2 or 4 bytes */
-            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32 (bench has no q8_0 rows yet)", kv_names[i]);
-            return -1;
-        }
+    int kv_elems[4];
+    if (kv_elem_list(kv_names, nkv, kv_elems, err, err_size)) return -1;
     pol_cfg cfg[MAX_CFG];
     int ncfg = build_cfgs(o, cfg, names_buf, sizeof names_buf, ratio_buf, sizeof ratio_buf, err, err_size);
     if (ncfg < 0) return -1;
@@ -760,7 +739,7 @@ static int bench_attn(const bench_opts *o, row_list *rl, char *err, size_t err_s
                 for (int iK = 0; iK < nKV && rc == 0; iK++)
                     for (int id = 0; id < nd && rc == 0; id++) {
                         attn_point pt = { (int)Bs[iB], (int)Hs[iH], (int)KVs[iK], (int)ds[id], 0,
-                                          cli_kv_type(kv_names[ie]) == SPARQ_KV_F32 ? 4 : 2, 0 };
+                                          kv_elems[ie], 0 };
                         rc = sweep_shape(&w, pt, kv_names[ie], rl, err, err_size);
                     }
     free(w.flush);
@@ -810,10 +789,11 @@ static const char *base_name(const char *path)
 }
 
 /* Decodes warm-up then n timed tokens from the context's current position
- * (the depth); fills the row's timing, per-token transfer (elements for
- * the formula columns: the caller scales by the element size) and memory. */
+ * (the depth); fills the row's timing, per-token transfer in bytes of the
+ * cache's element type kv_elem (counted: the context's own byte counter;
+ * formula and dense: their element counts in the same bytes) and memory. */
 static int decode_point(sparq_context *ctx, const sparq_model *m, const bench_opts *o, int64_t depth,
-                        double *t, float *logits, bench_row *row, char *err, size_t err_size)
+                        int kv_elem, double *t, float *logits, bench_row *row, char *err, size_t err_size)
 {
     const int n_vocab = sparq_model_n_vocab(m), n = o->n_tokens;
     int32_t tok = (int32_t)((depth * 31 + 7) % n_vocab);
@@ -838,9 +818,10 @@ static int decode_point(sparq_context *ctx, const sparq_model *m, const bench_op
     row->S = row->depth = depth;
     row->inner = 1;
     bench_stats_of(t, n, t + n, &row->us);
+    row->kv_elem = kv_elem;
     row->bytes_counted = (s1.bytes - s0.bytes) / n;
-    row->bytes_formula = (s1.formula_elements - s0.formula_elements) / n;
-    row->bytes_dense = (s1.dense_elements - s0.dense_elements) / n;
+    row->bytes_formula = bench_kv_bytes(kv_elem, s1.formula_elements - s0.formula_elements) / n;
+    row->bytes_dense = bench_kv_bytes(kv_elem, s1.dense_elements - s0.dense_elements) / n;
     row->theoretical_ratio = bench_ratio((double)row->bytes_formula, (double)row->bytes_dense);
     row->tok_s = 1e6 / row->us.median;
     row->tok_s_mean = total > 0 ? n * 1e6 / total : NAN;
@@ -866,11 +847,8 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
     const int64_t max_depth = depths[n_depth - 1];
     int nkv = bench_split_names(o->kv_type ? o->kv_type : "f16", kv_buf, sizeof kv_buf, kv_names, 4, err, err_size);
     if (nkv < 0) return -1;
-    for (int i = 0; i < nkv; i++)
-        if (cli_kv_type(kv_names[i]) < 0 || cli_kv_type(kv_names[i]) == SPARQ_KV_Q8_0) { /* rows label 2 or 4 bytes */
-            snprintf(err, err_size, "--kv-type: '%s' is not f16 or f32 (bench has no q8_0 rows yet)", kv_names[i]);
-            return -1;
-        }
+    int kv_elems[4];
+    if (kv_elem_list(kv_names, nkv, kv_elems, err, err_size)) return -1;
     int random_fill = 0;
     if (o->fill && strcmp(o->fill, "random") == 0) random_fill = 1;
     else if (o->fill && strcmp(o->fill, "prefill") != 0) {
@@ -946,7 +924,7 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
                         (long long)depth, cli_now() - t0);
             bench_row *row = row_push(rl);
             if (!row) snprintf(err, err_size, "out of memory");
-            if (!row || decode_point(ctx, m, o, depth, t, logits, row, err, err_size)) {
+            if (!row || decode_point(ctx, m, o, depth, kv_elems[ie], t, logits, row, err, err_size)) {
                 sparq_context_free(ctx);
                 goto done;
             }
@@ -955,10 +933,6 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
             snprintf(row->fill, sizeof row->fill, "%s", random_fill ? "random" : "prefill");
             row_params(row, cfg[c].pol, &p);
             row->threads = (int)ts[it];
-            row->elem_size = cli_kv_type(kv_names[ie]) == SPARQ_KV_F32 ? 4 : 2;
-            /* per-token bytes from the context's counters (elements x size) */
-            row->bytes_formula *= row->elem_size;
-            row->bytes_dense *= row->elem_size;
             if (depth == 0) ms_weights = row->us.median / 1e3;
             row->ms_weights = ms_weights;
             row->ms_attn = row->us.median / 1e3 - ms_weights;
