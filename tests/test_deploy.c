@@ -282,6 +282,16 @@ static long long metric(int port, const char *name)
     return v;
 }
 
+/* A replica writes --kv-dir files on its writer thread, possibly after
+ * the answer that prefilled them returned: 0 once none is pending, -1
+ * after 30 s. */
+static int kv_settle(int port)
+{
+    for (double t0 = now(); now() - t0 < 30; usleep(20000))
+        if (metric(port, "sparq_kv_dir_pending") == 0) return 0;
+    return -1;
+}
+
 /* An OpenAI error object: {"error": {"message": "...", ...}}. */
 static int is_error_object(const char *body)
 {
@@ -565,6 +575,7 @@ static void kv_budget(const char *bin, const char *dir, const char *model, int32
         if (body && !ok) fprintf(stderr, "budget: request %d failed\n", k);
         if (body && r.head) resp_free(&r);
         free(body);
+        CHECK(kv_settle(p.port) == 0, "budget: document %d's write still pending after 30 s", k);
         const long long bytes = dir_kv_bytes(kvdir, &files);
         ok = ok && bytes <= (1 << 20);
         CHECK(bytes <= (1 << 20), "after document %d the kv dir holds %lld bytes > 1 MiB", k, bytes);
@@ -594,6 +605,7 @@ static void kv_budget(const char *bin, const char *dir, const char *model, int32
             body = request_body(doc, nd, doc + nd, 1, 0);
             if (body && http(p.port, "POST", "/v1/completions", NULL, body, &r) == 0) resp_free(&r);
             free(body);
+            CHECK(kv_settle(p.port) == 0, "budget: a write still pending after 30 s");
         }
         if (access(path1, F_OK) != 0 && path1[0]) break; /* the second one was evicted */
     }
@@ -746,6 +758,8 @@ int main(void)
             prefill_on[home[d]] += (q == 0 ? DOC_TOKENS : 0) + nq[q];
         }
     }
+    for (int i = 0; i < N_REP; i++) /* the documents' files are written (before the kill below) */
+        CHECK(kv_settle(rep[i].port) == 0, "replica %d: kv-dir writes still pending after 30 s", i);
     for (int i = 0; i < N_REP; i++) {
         const long long req = metric(rep[i].port, "sparq_requests_total"),
                         hits = metric(rep[i].port, "sparq_prefix_cache_hits_total"),

@@ -22,6 +22,7 @@
 #include "util/textbuf.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -498,6 +499,16 @@ static long long metric(int port, const char *name)
     return v;
 }
 
+/* --kv-dir files are written by the server's writer thread after the
+ * answer that prefilled them may have returned: 0 once none is pending
+ * (sparq_kv_dir_pending), -1 after 30 s. */
+static int kv_settle(int port)
+{
+    for (double t0 = now(); now() - t0 < 30; usleep(20000))
+        if (metric(port, "kv_dir_pending") == 0) return 0;
+    return -1;
+}
+
 enum { DOC = 1024, NQ = 16 };
 
 /* The body of question q about the document: token ids, greedy. */
@@ -686,6 +697,7 @@ static void named_document(const char *model, int port)
     snprintf(args, sizeof args, "-m %s -c 1100 -b %d -t 1 --parallel 2 --kv-dir %s --api-key %s", model, NB, dir, key);
     if (start_server(&s, args) == 0) {
         got[0] = complete(s.port, body_a);
+        CHECK(kv_settle(s.port) == 0, "the named document's write still pending after 30 s");
         CHECK(metric(s.port, "kv_dir_writes_total") == 1, "the named document was written to --kv-dir");
         stop_server(&s);
     }
@@ -730,6 +742,83 @@ static void named_document(const char *model, int port)
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0, "rm %s", dir);
+}
+
+/* --kv-dir writes leave the scheduler thread: 12 documents sent at once
+ * all get their answers; each prefix either becomes a file or is counted
+ * as skipped (the writer's queue was full), never an error; SIGTERM right
+ * after the answers exits cleanly with the queued writes finished and no
+ * temp file left; a second server on the directory loads every file and
+ * gives the same answers. */
+static void kv_dir_burst(const char *model)
+{
+    enum { N = 12, D = 200 };
+    int32_t doc[D];
+    char *bodies[N], *first[N], *again[N];
+    int status[N], sfx;
+    for (int k = 0; k < N; k++) {
+        uint32_t st = 4242u + 31u * (uint32_t)k;
+        doc[0] = 1;
+        for (int i = 1; i < D; i++) {
+            st = st * 1664525u + 1013904223u;
+            doc[i] = 3 + (int)(st >> 8) % 480;
+        }
+        doc[1] = 3 + k; /* distinct from the first chunk on */
+        bodies[k] = doc_request(doc, D, k, &sfx, NULL);
+        first[k] = again[k] = NULL;
+    }
+    char dir[] = "/tmp/sparq_test_server_burst_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    server s;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --parallel 8 --queue 16 --kv-dir %s --api-key %s", model, dir,
+             key);
+    long long skipped = -1, errors = -1;
+    if (start_server(&s, args) == 0) {
+        send_together(s.port, bodies, N, first, status);
+        for (int k = 0; k < N; k++) CHECK(status[k] == 200 && first[k], "burst request %d: %d", k, status[k]);
+        skipped = metric(s.port, "kv_dir_skipped_total");
+        errors = metric(s.port, "kv_dir_errors_total");
+        fprintf(stderr, "kv-dir burst: %lld written, %lld pending, %lld skipped at the last answer\n",
+                metric(s.port, "kv_dir_writes_total"), metric(s.port, "kv_dir_pending"), skipped);
+        CHECK(stop_server(&s) == 0, "burst server: SIGTERM did not end it cleanly");
+    }
+    int files = 0, other = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        const int kv = strlen(e->d_name) == 35 && !strcmp(e->d_name + 32, ".kv") &&
+                       strspn(e->d_name, "0123456789abcdef") == 32;
+        files += kv;
+        other += !kv;
+        if (!kv) fprintf(stderr, "kv-dir burst: left in the directory: %s\n", e->d_name);
+    }
+    if (d) closedir(d);
+    CHECK(other == 0, "%d temp or other files left in the kv dir after SIGTERM", other);
+    CHECK(errors == 0 && skipped >= 0 && files + skipped == N,
+          "kv-dir burst: %d files + %lld skipped, expected %d (errors %lld)", files, skipped, N, errors);
+    /* every file is complete and usable: a server without a memory cache
+     * loads each one it finds, and answers the same */
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --kv-dir %s --api-key %s", model, dir, key);
+    if (start_server(&s, args) == 0) {
+        for (int k = 0; k < N; k++) {
+            again[k] = complete(s.port, bodies[k]);
+            CHECK(again[k] && first[k] && !strcmp(again[k], first[k]), "burst document %d again: '%s' vs '%s'", k,
+                  again[k] ? again[k] : "", first[k] ? first[k] : "");
+        }
+        CHECK(metric(s.port, "kv_dir_hits_total") == files, "%lld files loaded, %d in the directory",
+              metric(s.port, "kv_dir_hits_total"), files);
+        CHECK(stop_server(&s) == 0, "burst reader: SIGTERM did not end it cleanly");
+    }
+    for (int k = 0; k < N; k++) {
+        free(bodies[k]);
+        free(first[k]);
+        free(again[k]);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "rm -rf %s", dir);
 }
 
 /* A request waiting for another sequence's prefill leaves the queue as
@@ -845,6 +934,7 @@ int main(void)
         CHECK(stop_server(&s) == 0, "SIGTERM did not end the server cleanly");
     }
     shared_document(model);
+    kv_dir_burst(model);
     if (s.pid > 0) {
         /* validation needs a running server: a fresh one */
         snprintf(args, sizeof args, "-m %s -c 256 -t 1 --api-key %s", model, key);

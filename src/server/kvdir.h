@@ -35,7 +35,7 @@ typedef struct srv_kvdir {
     size_t      budget;      /* bytes; 0 = unlimited                        */
     uint64_t    salt[2];     /* the model fingerprint and KV type, hashed   */
     kvf_fingerprint fp;      /* what a file must have been made with         */
-    unsigned    seq;         /* temp-name counter (scheduler thread only)   */
+    unsigned    seq;         /* temp-name counter (the writer thread only)  */
 } srv_kvdir;
 
 /* Hashes the model's fingerprint and kv_type into kd->salt. */

@@ -19,7 +19,7 @@
  *   wait_target        in-flight sharing: a queued request waits for the
  *                      sequence prefilling its prefix (pc_serve_waiters)
  *   kv_*               --kv-dir: the same prefixes as files shared with
- *                      other replicas (kvdir.h)
+ *                      other replicas (kvdir.h), written by a writer thread
  *   srv_sched_main     the loop
  */
 #include "server/srv_internal.h"
@@ -407,31 +407,175 @@ static void slot_release(srv_server *s, slot *sl)
     memset(sl, 0, sizeof *sl);
 }
 
-/* --kv-dir: saves the first n tokens of src's cache as a file, unless one
- * is there already (from this replica or another); id: under that name
- * (replace: even if there, when it holds another document). */
-static void kv_save_prefix(srv_server *s, srv_kvdir *kd, const sparq_context *src, const int32_t *ids, int n,
-                           const char *id, int replace)
+/* --kv-dir writes happen on one writer thread per server, so that neither
+ * the request whose prefill made the prefix (its first token) nor the other
+ * running sequences wait for hundreds of MiB to reach the disk. The
+ * scheduler hands over a private copy of the prefix (a memory copy, far
+ * cheaper than the file; the cache's shared copy is laid out for contexts
+ * of the server's capacity, and a file is written for exactly n positions)
+ * and continues. The queue is small and bounded: when it is full the write
+ * is skipped (counted), never waited for. At shutdown the writer finishes
+ * what is queued (at most KVW_QUEUE files) before the scheduler returns,
+ * but starts none later than KVW_DRAIN_SECONDS after the stop (those are
+ * counted as skipped): the replica's stop stays well within a supervisor's
+ * (systemd: 60 s) even on a slow shared filesystem. Each write goes to a
+ * temp name renamed into place (kvdir_save) and a write once started is
+ * finished or its temp file removed, so no file is ever seen half written
+ * and none is left behind. */
+enum { KVW_QUEUE = 4, KVW_DRAIN_SECONDS = 20 };
+
+typedef struct kv_job {
+    sparq_context *c;        /* exactly the n prefix positions, owned      */
+    int32_t       *ids;      /* owned copy of the n token ids              */
+    int            n, replace;
+    char           id[SRV_MAX_PREFIX_ID + 1]; /* "" : named by the tokens  */
+} kv_job;
+
+typedef struct kv_writer {
+    srv_server     *s;
+    srv_kvdir      *kd;
+    pthread_t       th;
+    int             started;
+    pthread_mutex_t mu;      /* guards q, head, n, stop, stop_at (never held with s->lock) */
+    pthread_cond_t  cv;
+    kv_job          q[KVW_QUEUE];
+    int             head, n, stop;
+    double          stop_at; /* srv_now() when stop was set             */
+} kv_writer;
+
+static void kv_job_free(kv_job *j)
 {
-    char path[PATH_MAX], err[256];
-    if (id) kvdir_path_named(kd, id, path, sizeof path);
-    else kvdir_path(kd, ids, n, path, sizeof path);
-    if (!replace && access(path, F_OK) == 0) return;
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = n;
-    cp.n_threads = 1;
-    cp.kv_type = s->cfg.kv_type;
-    sparq_context *c = NULL;
-    int evicted = 0, rc = -1;
-    if (!sparq_context_create(s->model, &cp, &c, err, sizeof err) && !sparq_context_copy_prefix(c, src, n, err, sizeof err))
-        rc = kvdir_save(kd, c, ids, n, id, replace, &evicted, err, sizeof err);
-    sparq_context_free(c);
+    sparq_context_free(j->c);
+    free(j->ids);
+    memset(j, 0, sizeof *j);
+}
+
+/* Writes one job's file and counts it. Any thread (the writer's, or the
+ * scheduler's when the writer could not start). */
+static void kv_job_run(srv_server *s, srv_kvdir *kd, kv_job *j)
+{
+    char err[256];
+    int evicted = 0;
+    const int rc = kvdir_save(kd, j->c, j->ids, j->n, j->id[0] ? j->id : NULL, j->replace, &evicted, err, sizeof err);
     if (rc < 0) fprintf(stderr, "serve: kv-dir: %s\n", err);
     pthread_mutex_lock(&s->lock);
     s->metrics.kv_dir_writes += rc > 0;
     s->metrics.kv_dir_errors += rc < 0;
     s->metrics.kv_dir_evictions += evicted;
     pthread_mutex_unlock(&s->lock);
+}
+
+static void *kv_writer_main(void *arg)
+{
+    kv_writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->n && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->n) break; /* stopping, and everything queued is written */
+        kv_job j = w->q[w->head];
+        memset(&w->q[w->head], 0, sizeof w->q[0]);
+        w->head = (w->head + 1) % KVW_QUEUE;
+        w->n--;
+        const int late = w->stop && srv_now() - w->stop_at > KVW_DRAIN_SECONDS;
+        pthread_mutex_unlock(&w->mu);
+        if (!late) kv_job_run(w->s, w->kd, &j);
+        kv_job_free(&j);
+        pthread_mutex_lock(&w->s->lock);
+        w->s->metrics.kv_dir_pending--;
+        w->s->metrics.kv_dir_skipped += late;
+        pthread_mutex_unlock(&w->s->lock);
+        pthread_mutex_lock(&w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* Starts the writer; without it (thread creation failed) writes happen on
+ * the scheduler thread, as they did before. */
+static void kv_writer_start(kv_writer *w, srv_server *s, srv_kvdir *kd)
+{
+    memset(w, 0, sizeof *w);
+    w->s = s;
+    w->kd = kd;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->started = pthread_create(&w->th, NULL, kv_writer_main, w) == 0;
+    if (!w->started) fprintf(stderr, "serve: kv-dir: no writer thread; files are written by the scheduler\n");
+}
+
+/* Finishes the queued writes (those it can start within
+ * KVW_DRAIN_SECONDS) and stops the writer. */
+static void kv_writer_stop(kv_writer *w)
+{
+    if (w->started) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        w->stop_at = srv_now();
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->th, NULL);
+    }
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+}
+
+/* --kv-dir: queues the first n tokens of src's cache to be saved as a
+ * file, unless one is there already (from this replica or another); id:
+ * under that name (replace: even if there, when it holds another
+ * document). Skipped (counted) if the writer's queue is full. */
+static void kv_save_prefix(srv_server *s, kv_writer *w, const sparq_context *src, const int32_t *ids, int n,
+                           const char *id, int replace)
+{
+    char path[PATH_MAX], err[256];
+    srv_kvdir *kd = w->kd;
+    if (id) kvdir_path_named(kd, id, path, sizeof path);
+    else kvdir_path(kd, ids, n, path, sizeof path);
+    if (!replace && access(path, F_OK) == 0) return;
+    if (w->started) { /* only this thread queues: a free place stays free */
+        pthread_mutex_lock(&w->mu);
+        const int full = w->n == KVW_QUEUE;
+        pthread_mutex_unlock(&w->mu);
+        if (full) {
+            pthread_mutex_lock(&s->lock);
+            s->metrics.kv_dir_skipped++;
+            pthread_mutex_unlock(&s->lock);
+            return;
+        }
+    }
+    kv_job j;
+    memset(&j, 0, sizeof j);
+    j.n = n;
+    j.replace = replace;
+    if (id) snprintf(j.id, sizeof j.id, "%s", id);
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = n;
+    cp.n_threads = 1;
+    cp.kv_type = s->cfg.kv_type;
+    j.ids = malloc((size_t)n * sizeof *ids);
+    if (!j.ids) snprintf(err, sizeof err, "out of memory for a prefix file's token ids");
+    if (!j.ids || sparq_context_create(s->model, &cp, &j.c, err, sizeof err) ||
+        sparq_context_copy_prefix(j.c, src, n, err, sizeof err)) {
+        fprintf(stderr, "serve: kv-dir: %s\n", err);
+        kv_job_free(&j);
+        pthread_mutex_lock(&s->lock);
+        s->metrics.kv_dir_errors++;
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    memcpy(j.ids, ids, (size_t)n * sizeof *ids);
+    if (!w->started) {
+        kv_job_run(s, kd, &j);
+        kv_job_free(&j);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->metrics.kv_dir_pending++; /* before the writer can finish it */
+    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_lock(&w->mu);
+    w->q[(w->head + w->n) % KVW_QUEUE] = j;
+    w->n++;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 /* Whether r can start from a cached prefix: not with echo and logprobs
@@ -661,9 +805,11 @@ void *srv_sched_main(void *arg)
     char err[512], piece[256];
     prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes, s->cfg.n_batch > 0 ? s->cfg.n_batch : 512 };
     srv_kvdir kvd, *kd = NULL;
+    kv_writer kvw;
     if (s->cfg.kv_dir) {
         kvdir_init(&kvd, s->cfg.kv_dir, s->cfg.kv_dir_bytes, s->model, s->cfg.kv_type);
         kd = &kvd;
+        kv_writer_start(&kvw, s, kd);
     }
     pthread_mutex_lock(&s->lock);
     if (!slots || !blogits || !bc || !btok || !bslot) {
@@ -776,7 +922,7 @@ void *srv_sched_main(void *arg)
                 const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
                 const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
                 if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
-                if (cut > 0 && kd) kv_save_prefix(s, kd, sl->c, sl->r->prompt, cut, id, sl->id_stale);
+                if (cut > 0 && kd) kv_save_prefix(s, &kvw, sl->c, sl->r->prompt, cut, id, sl->id_stale);
             }
             pthread_mutex_lock(&s->lock);
             s->metrics.prefill_tokens += sl->fed - fed0;
@@ -844,6 +990,7 @@ void *srv_sched_main(void *arg)
         pthread_mutex_lock(&s->lock);
     }
     pthread_mutex_unlock(&s->lock);
+    if (kd) kv_writer_stop(&kvw); /* its queued files are written before the server stops */
     for (int i = 0; slots && i < P; i++) slot_release(s, &slots[i]);
     pc_free(&pc);
     free(slots);

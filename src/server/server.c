@@ -553,6 +553,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
            (long long)m.kv_dir_evictions);
     METRIC("kv_dir_errors_total", "counter", "Prefix files that could not be written to --kv-dir.", "%lld",
            (long long)m.kv_dir_errors);
+    METRIC("kv_dir_skipped_total", "counter", "Prefix files not written: the writer's queue was full.", "%lld",
+           (long long)m.kv_dir_skipped);
+    METRIC("kv_dir_pending", "gauge", "Prefix files queued for --kv-dir or being written now.", "%lld",
+           (long long)m.kv_dir_pending);
 #undef METRIC
     fputs("# HELP sparq_attn_bytes_read_total KV-cache bytes read and written by decode attention, by policy.\n"
           "# TYPE sparq_attn_bytes_read_total counter\n", f);

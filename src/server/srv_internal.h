@@ -67,6 +67,8 @@ typedef struct srv_metrics {
     int64_t prefix_waits;       /* requests that waited for an in-flight prefill */
     int64_t prefix_entries, prefix_bytes, prefix_users; /* gauges: the cache now */
     int64_t kv_dir_hits, kv_dir_tokens, kv_dir_writes, kv_dir_evictions, kv_dir_errors;
+    int64_t kv_dir_skipped;     /* writes not queued: the writer's queue was full */
+    int64_t kv_dir_pending;     /* gauge: writes queued or being written now   */
     int64_t attn_bytes[SRV_MAX_POLICIES]; /* by policy, in registry order */
 } srv_metrics;
 
