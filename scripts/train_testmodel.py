@@ -242,14 +242,16 @@ def check_export(model, ggufs, ids):
     """sparq's logits for a held-out sequence against this file's own forward
     pass: the F32 file must agree to float rounding (a transposed tensor, a
     RoPE pair layout or a norm epsilon off would show at once), the F16 file
-    to F16 rounding. Returns {type: (max |diff|, top-1 agreement)}."""
+    to F16 rounding (F16 weights and KV cache). Returns {type: (max |diff|, top-1 agreement)}."""
     import numpy as np
     import sparq
     model.eval()
     ref = model(ids[None, :])[0].numpy()
     res = {}
     for typ, path in ggufs.items():
-        with sparq.Model(path) as m, sparq.Context(m, n_ctx=len(ids), n_threads=2) as c:
+        # F32 weights with an f32 KV cache: nothing rounds but the order of sums
+        kv = "f32" if typ == "F32" else "f16"
+        with sparq.Model(path) as m, sparq.Context(m, n_ctx=len(ids), n_threads=2, kv_type=kv) as c:
             got = np.asarray(c.eval_all(ids.tolist()), dtype=np.float32).reshape(ref.shape)
         res[typ] = (float(np.abs(got - ref).max()), float((got.argmax(-1) == ref.argmax(-1)).mean()))
         print(f"check {typ}: max |logit diff| {res[typ][0]:.2e}, top-1 agreement {res[typ][1]:.4f} "
