@@ -37,6 +37,9 @@ def fidelity(d, name, title):
     print("| policy | setting | top-1 | KL (nats) | first div. | transfer |")
     print("|---|---|---|---|---|---|")
     for r in j["rows"]:
+        if r.get("value") is None:
+            print(f"| {r['policy']} | {r['params']} | n/a: {r.get('skip_reason', 'not run')} | | | |")
+            continue
         print(f"| {r['policy']} | {r['params']} | {fmt(r['top1_agreement'], r['stderr'])} | "
               f"{fmt(r['kl_mean'], r['kl_stderr'], 5)} | {fmt(r['first_divergence'], r['first_divergence_stderr'], 1)} | "
               f"{r['transfer_ratio']:.4f} |")
@@ -54,6 +57,9 @@ def task(d, name, title):
     print("| policy | setting | value | vs dense | transfer |")
     print("|---|---|---|---|---|")
     for r in rows:
+        if r.get("value") is None:
+            print(f"| {r['policy']} | {r['params']} | n/a: {r.get('skip_reason', 'not run')} | | |")
+            continue
         delta = fmt(r.get("delta_vs_dense"), r.get("delta_stderr")) if "delta_vs_dense" in r else ""
         print(f"| {r['policy']} | {r['params']} | {fmt(r['value'], r['stderr'])} | {delta} | "
               f"{r['transfer_ratio']:.4f} |")
