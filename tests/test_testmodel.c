@@ -74,7 +74,8 @@ int main(void)
           sparq_model_n_kv_head(m), sparq_model_n_layer(m), (long long)sparq_model_n_ctx_train(m),
           sparq_model_n_vocab(m));
 
-    enum { N = 1024, P = 900, STEPS = 48 };
+    /* the sanitizer run (test_quick) scores and decodes fewer tokens */
+    const int N = test_quick() ? 512 : 1024, P = test_quick() ? 400 : 900, STEPS = test_quick() ? 16 : 48;
     static int32_t ids[8192];
     const int n = tokens_of_heldout(m, ids, 8192);
     if (n < 0) {
