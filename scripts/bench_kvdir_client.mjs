@@ -26,57 +26,15 @@
 //   report --dir DIR
 //       the markdown table over DIR/<model>-<D>-r<rep>/ (see bench_kvdir.sh).
 import fs from 'node:fs';
-import http from 'node:http';
 import path from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
+import { die, parseArgs, parseIds, request, setProgName, tokenize } from './bench_http.mjs';
 
-function die(msg) {
-  process.stderr.write(`bench_kvdir_client: ${msg}\n`);
-  process.exit(1);
-}
+setProgName('bench_kvdir_client');
 
-function parseArgs(argv) {
-  const a = { _: [] };
-  for (let i = 0; i < argv.length; i++) {
-    const s = argv[i];
-    if (s.startsWith('--')) {
-      const k = s.slice(2);
-      if (i + 1 < argv.length && !argv[i + 1].startsWith('--')) a[k] = argv[++i];
-      else a[k] = true;
-    } else a._.push(s);
-  }
-  return a;
-}
 
-const agent = new http.Agent({ keepAlive: false });
 
-// One HTTP request; onData gets each body chunk of a 200 answer.
-function request(url, method, body, onData) {
-  return new Promise((resolve, reject) => {
-    const u = new URL(url);
-    const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
-    const req = http.request({
-      host: u.hostname, port: u.port, path: u.pathname, method, agent,
-      headers: data ? { 'Content-Type': 'application/json', 'Content-Length': data.length } : {},
-    }, (res) => {
-      const parts = [];
-      res.on('data', (c) => { if (onData && res.statusCode === 200) onData(c); else parts.push(c); });
-      res.on('end', () => resolve({ status: res.statusCode, body: Buffer.concat(parts).toString('utf8') }));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    if (data) req.write(data);
-    req.end();
-  });
-}
 
-async function tokenize(url, text, addSpecial) {
-  const r = await request(`${url}/tokenize`, 'POST', { content: text, add_special: addSpecial });
-  if (r.status !== 200) die(`POST ${url}/tokenize: HTTP ${r.status}: ${r.body.slice(0, 200)}`);
-  const j = JSON.parse(r.body);
-  if (!Array.isArray(j.tokens)) die(`POST ${url}/tokenize: no "tokens" array in the answer`);
-  return j.tokens.map((t) => (typeof t === 'number' ? t : t.id));
-}
 
 const QUESTIONS = [
   '\n\nQuestion: What is the main argument of the text above?\nAnswer:',
@@ -106,18 +64,6 @@ async function prepare(a) {
   process.stdout.write(`${Math.max(...questions.map((q) => q.length))}\n`); // longest question, for the caller's check
 }
 
-// "3-258,300" -> [3, ..., 258, 300]
-function parseIds(spec) {
-  const ids = [];
-  for (const part of String(spec).split(',')) {
-    const m = /^(\d+)(?:-(\d+))?$/.exec(part.trim());
-    if (!m) die(`--ban-tokens: '${part}' is not an id or a range LO-HI`);
-    const lo = +m[1], hi = m[2] === undefined ? lo : +m[2];
-    if (hi < lo || hi - lo > 1e6) die(`--ban-tokens: bad range '${part}'`);
-    for (let i = lo; i <= hi; i++) ids.push(i);
-  }
-  return ids;
-}
 
 async function ask(a) {
   const url = a.url, maxTokens = a['max-tokens'] === undefined ? 4 : +a['max-tokens'], qi = +a.question;

@@ -32,59 +32,15 @@
 // latencies from the gaps between events (so a packed event counts as one
 // gap, and "events" is recorded next to "tokens" to show when it happened).
 import fs from 'node:fs';
-import http from 'node:http';
 import path from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
+import { die, parseArgs, parseIds, request, setProgName, tokenize } from './bench_http.mjs';
 
-function die(msg) {
-  process.stderr.write(`bench_serve_client: ${msg}\n`);
-  process.exit(1);
-}
+setProgName('bench_serve_client');
 
-function parseArgs(argv) {
-  const a = { _: [] };
-  for (let i = 0; i < argv.length; i++) {
-    const s = argv[i];
-    if (s.startsWith('--')) {
-      const k = s.slice(2);
-      if (i + 1 < argv.length && !argv[i + 1].startsWith('--')) a[k] = argv[++i];
-      else a[k] = true;
-    } else a._.push(s);
-  }
-  return a;
-}
 
-const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
 
-// One HTTP request; onData gets each body chunk (for streams), the promise
-// the status and the whole body when onData is not given.
-function request(url, method, body, onData) {
-  return new Promise((resolve, reject) => {
-    const u = new URL(url);
-    const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
-    const req = http.request({
-      host: u.hostname, port: u.port, path: u.pathname, method, agent,
-      headers: data ? { 'Content-Type': 'application/json', 'Content-Length': data.length } : {},
-    }, (res) => {
-      const parts = [];
-      res.on('data', (c) => { if (onData && res.statusCode === 200) onData(c); else parts.push(c); });
-      res.on('end', () => resolve({ status: res.statusCode, body: Buffer.concat(parts).toString('utf8') }));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    if (data) req.write(data);
-    req.end();
-  });
-}
 
-async function tokenize(url, text, addSpecial) {
-  const r = await request(`${url}/tokenize`, 'POST', { content: text, add_special: addSpecial });
-  if (r.status !== 200) die(`POST ${url}/tokenize: HTTP ${r.status}: ${r.body.slice(0, 200)}`);
-  const j = JSON.parse(r.body);
-  if (!Array.isArray(j.tokens)) die(`POST ${url}/tokenize: no "tokens" array in the answer`);
-  // llama-server may answer objects ({id, piece}) when asked for pieces; plain ids here
-  return j.tokens.map((t) => (typeof t === 'number' ? t : t.id));
-}
 
 const QUESTIONS = [
   'What is the main argument of the text above?',
@@ -156,18 +112,6 @@ function pct(sorted, p) {
   return sorted[i];
 }
 
-// "3-258,300" -> [3, ..., 258, 300]
-function parseIds(spec) {
-  const ids = [];
-  for (const part of String(spec).split(',')) {
-    const m = /^(\d+)(?:-(\d+))?$/.exec(part.trim());
-    if (!m) die(`--ban-tokens: '${part}' is not an id or a range LO-HI`);
-    const lo = +m[1], hi = m[2] === undefined ? lo : +m[2];
-    if (hi < lo || hi - lo > 1e6) die(`--ban-tokens: bad range '${part}'`);
-    for (let i = lo; i <= hi; i++) ids.push(i);
-  }
-  return ids;
-}
 
 async function one(url, prompt, maxTokens, sparq, t0, logitBias) {
   const body = { prompt, max_tokens: maxTokens, temperature: 0, stream: true, ignore_eos: true };
