@@ -206,6 +206,13 @@ bench() {
     [ -z "$(ls -A "$kv")" ] || die "the kv-dir $kv is not empty before the cold question"
     # (1) cold, on A
     ask A "$prompts" 0 "$out/cold.json"
+    # A writes the file on its writer thread after the answer: the scenario is
+    # "another replica prefilled this document earlier", so wait for the write
+    # (sparq_kv_dir_pending back to 0) before B is asked
+    for _ in $(seq 1200); do
+      curl -sf --max-time 10 "${URL[A]}/metrics" | grep -q '^sparq_kv_dir_pending 0$' && break
+      sleep 0.5
+    done
     metrics A "$out/metrics-A-cold.txt"
     echo "stat -c '%n %s <blocks x block size>' $kv/*.kv > $out/kvfiles.txt" >> "$CMDS"
     : > "$out/kvfiles.txt"
