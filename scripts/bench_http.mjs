@@ -4,6 +4,7 @@
 // and a long prefill on 2 cores takes longer), /tokenize, id ranges.
 // Node 20, built-in modules only.
 import http from 'node:http';
+import { StringDecoder } from 'node:string_decoder';
 
 let progName = 'bench';
 
@@ -71,4 +72,37 @@ export function parseIds(spec) {
     for (let i = lo; i <= hi; i++) ids.push(i);
   }
   return ids;
+}
+
+// A streamed /v1/completions answer (server-sent events). Returns s with
+// s.onData for request(); onText(now, text) gets every event with text,
+// onFirst(now) (optional) every `data:` line; s.error, s.finish and s.tokens
+// (usage.completion_tokens) hold what the stream said. now: ms since t0.
+export function completionStream(t0, onText, onFirst) {
+  const s = { error: null, finish: null, tokens: null };
+  let buf = '';
+  const dec = new StringDecoder('utf8'); // a character may be split across reads
+  s.onData = (chunk) => {
+    const now = performance.now() - t0;
+    buf += dec.write(chunk);
+    let k;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, k);
+      buf = buf.slice(k + 2);
+      for (const line of ev.split('\n')) {
+        if (!line.startsWith('data: ')) continue;
+        if (onFirst) onFirst(now);
+        const payload = line.slice(6).trim();
+        if (payload === '[DONE]') continue;
+        let j;
+        try { j = JSON.parse(payload); } catch { s.error = `unparsable event: ${payload.slice(0, 100)}`; continue; }
+        if (j.error) { s.error = `error event: ${JSON.stringify(j.error).slice(0, 200)}`; continue; }
+        const c = j.choices && j.choices[0];
+        if (c && typeof c.text === 'string' && c.text.length) onText(now, c.text);
+        if (c && c.finish_reason) s.finish = c.finish_reason;
+        if (j.usage && typeof j.usage.completion_tokens === 'number') s.tokens = j.usage.completion_tokens;
+      }
+    }
+  };
+  return s;
 }

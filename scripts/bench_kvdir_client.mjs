@@ -27,8 +27,7 @@
 //       the markdown table over DIR/<model>-<D>-r<rep>/ (see bench_kvdir.sh).
 import fs from 'node:fs';
 import path from 'node:path';
-import { StringDecoder } from 'node:string_decoder';
-import { die, parseArgs, parseIds, request, setProgName, tokenize } from './bench_http.mjs';
+import { completionStream, die, parseArgs, parseIds, request, setProgName, tokenize } from './bench_http.mjs';
 
 setProgName('bench_kvdir_client');
 
@@ -79,37 +78,17 @@ async function ask(a) {
   }
   const rec = { url, question: qi, warmup: !!a.warmup, prompt_tokens: prompt.length, max_tokens: maxTokens,
     first_event_ms: null, ttft_ms: null, total_ms: null, events: 0, tokens: null, text: '', finish: null };
-  let buf = '', error = null;
-  const dec = new StringDecoder('utf8');
   const t0 = performance.now();
-  const onData = (chunk) => {
-    const now = performance.now() - t0;
-    buf += dec.write(chunk);
-    let k;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, k);
-      buf = buf.slice(k + 2);
-      for (const line of ev.split('\n')) {
-        if (!line.startsWith('data: ')) continue;
-        if (rec.first_event_ms === null) rec.first_event_ms = now;
-        const payload = line.slice(6).trim();
-        if (payload === '[DONE]') continue;
-        let j;
-        try { j = JSON.parse(payload); } catch { error = `unparsable event: ${payload.slice(0, 100)}`; continue; }
-        if (j.error) { error = `error event: ${JSON.stringify(j.error).slice(0, 200)}`; continue; }
-        const c = j.choices && j.choices[0];
-        if (c && typeof c.text === 'string' && c.text.length) {
-          if (rec.ttft_ms === null) rec.ttft_ms = now;
-          rec.events++;
-          rec.text += c.text;
-        }
-        if (c && c.finish_reason) rec.finish = c.finish_reason;
-        if (j.usage && typeof j.usage.completion_tokens === 'number') rec.tokens = j.usage.completion_tokens;
-      }
-    }
-  };
-  const r = await request(`${url}/v1/completions`, 'POST', body, onData).catch((e) => die(`POST ${url}/v1/completions: ${e.message}`));
+  const st = completionStream(t0, (now, text) => {
+    if (rec.ttft_ms === null) rec.ttft_ms = now;
+    rec.events++;
+    rec.text += text;
+  }, (now) => { if (rec.first_event_ms === null) rec.first_event_ms = now; });
+  const r = await request(`${url}/v1/completions`, 'POST', body, st.onData).catch((e) => die(`POST ${url}/v1/completions: ${e.message}`));
   rec.total_ms = performance.now() - t0;
+  rec.finish = st.finish;
+  rec.tokens = st.tokens;
+  let error = st.error;
   if (r.status !== 200) error = `HTTP ${r.status}: ${r.body.slice(0, 200)}`;
   if (!error && rec.ttft_ms === null) error = 'no token with text arrived';
   if (error) die(`question ${qi} to ${url}: ${error}`);

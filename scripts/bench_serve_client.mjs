@@ -33,8 +33,7 @@
 // gap, and "events" is recorded next to "tokens" to show when it happened).
 import fs from 'node:fs';
 import path from 'node:path';
-import { StringDecoder } from 'node:string_decoder';
-import { die, parseArgs, parseIds, request, setProgName, tokenize } from './bench_http.mjs';
+import { completionStream, die, parseArgs, parseIds, request, setProgName, tokenize } from './bench_http.mjs';
 
 setProgName('bench_serve_client');
 
@@ -118,31 +117,12 @@ async function one(url, prompt, maxTokens, sparq, t0, logitBias) {
   if (sparq) body.sparq = sparq;
   if (logitBias) body.logit_bias = logitBias;
   const rec = { t_send: performance.now() - t0, events: [], tokens: null, prompt_tokens: prompt.length, finish: null };
-  let buf = '', error = null;
-  const dec = new StringDecoder('utf8'); // a character may be split across reads
-  const onData = (chunk) => {
-    const now = performance.now() - t0;
-    buf += dec.write(chunk);
-    let k;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, k);
-      buf = buf.slice(k + 2);
-      for (const line of ev.split('\n')) {
-        if (!line.startsWith('data: ')) continue;
-        const payload = line.slice(6).trim();
-        if (payload === '[DONE]') continue;
-        let j;
-        try { j = JSON.parse(payload); } catch { error = `unparsable event: ${payload.slice(0, 100)}`; continue; }
-        if (j.error) { error = `error event: ${JSON.stringify(j.error).slice(0, 200)}`; continue; }
-        const c = j.choices && j.choices[0];
-        if (c && typeof c.text === 'string' && c.text.length) rec.events.push(now);
-        if (c && c.finish_reason) rec.finish = c.finish_reason;
-        if (j.usage && typeof j.usage.completion_tokens === 'number') rec.tokens = j.usage.completion_tokens;
-      }
-    }
-  };
-  const r = await request(`${url}/v1/completions`, 'POST', body, onData);
+  const st = completionStream(t0, (now) => rec.events.push(now));
+  const r = await request(`${url}/v1/completions`, 'POST', body, st.onData);
   rec.t_end = performance.now() - t0;
+  rec.finish = st.finish;
+  rec.tokens = st.tokens;
+  let error = st.error;
   if (r.status !== 200) error = `HTTP ${r.status}: ${r.body.slice(0, 200)}`;
   if (error) throw new Error(error);
   if (rec.tokens === null) rec.tokens = rec.events.length; // no usage in the stream: one token per event
