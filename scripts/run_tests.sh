@@ -55,6 +55,8 @@ for t in "$build"/tests/test_*; do
     crashed="$crashed $name"; total_fail=$((total_fail + 1)); continue
   fi
   echo "$line"
+  # every skip says why, on the next lines (unless already shown above)
+  [ $rc -eq 0 ] && printf '%s\n' "$out" | sed -nE 's/^SKIP (.*)/  skipped: \1/p'
   count_line "$line"
   [ $rc -ne 0 ] && [ "$LAST_FAIL" -eq 0 ] && total_fail=$((total_fail + 1))
   ci_skips "$name" <<< "$(printf '%s\n' "$out" | sed -nE 's/^SKIP (.*)/\1/p')"
@@ -108,6 +110,7 @@ PYEOF
     line="python: $1 passed, $2 failed"
     [ "$3" -gt 0 ] && line="$line, $3 skipped"
     echo "$line"
+    printf '%s\n' "$counts" | sed -nE 's/^SKIP (.*)/\1/p' | sort | uniq -c | sed -E 's/^ *([0-9]+) /  skipped (x\1): /'
     count_line "$line"
     [ $rc -ne 0 ] && [ "$2" -eq 0 ] && total_fail=$((total_fail + 1))
     ci_skips python <<< "$(printf '%s\n' "$counts" | sed -nE 's/^SKIP (.*)/\1/p')"
