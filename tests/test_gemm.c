@@ -2,7 +2,7 @@
  *
  * For every packed weight type, random blocks, odd lengths and odd tile
  * shapes:
- *   1. gemm_panel (the SIMD micro-kernels) equals gemm_tile_ref bit for bit;
+ *   1. gemm_panel (the SIMD micro-kernels) equals gemm_panel_ref bit for bit;
  *   2. the reference equals a naive double-precision dot of the weights
  *      dequantised by the decoder written below (from the ggml block
  *      layouts, not the library's) and the activations the library
@@ -54,7 +54,7 @@ static void random_row(int type, uint8_t *dst, int64_t n)
         uint8_t *blk = dst + b * bb;
         const uint16_t d = fp32_to_fp16(0.001f + 0.05f * unif()), m = fp32_to_fp16(0.001f + 0.02f * unif());
         switch (type) {
-        case QT_Q8_0: case QT_Q4_0: put16(blk, d); break;
+        case QT_Q8_0: case QT_Q4_0: case QT_IQ4_NL: case QT_IQ4_XS: put16(blk, d); break;
         case QT_Q4_K: case QT_Q5_K: put16(blk, d); put16(blk + 2, m); break;
         case QT_Q6_K: put16(blk + 208, d); break;
         }
@@ -87,6 +87,22 @@ static double naive_weight(int type, const uint8_t *row, int64_t e)
         if (five) q += 16 * ((qh[i % 32] >> (i / 32)) & 1);
         return (double)get16h(b) * s * q - (double)get16h(b + 2) * m;
     }
+    case QT_IQ4_NL: {
+        static const int grid[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+        const uint8_t *b = row + (e / 32) * 18;
+        int j = (int)(e % 32);
+        return get16h(b) * grid[j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4)];
+    }
+    case QT_IQ4_XS: {
+        static const int grid[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+        /* d f16 | scales_h u16 | scales_l[4] | qs[128]: sub-block ib's
+         * 6-bit scale is 4 low bits from scales_l, 2 high from scales_h */
+        const uint8_t *b = row + (e / 256) * 136;
+        int i = (int)(e % 256), ib = i / 32, j = i % 32;
+        int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((b[2] | (b[3] << 8)) >> (2 * ib) & 3) << 4);
+        int q = j < 16 ? (b[8 + 16 * ib + j] & 15) : (b[8 + 16 * ib + j - 16] >> 4);
+        return (double)get16h(b) * (ls - 32) * grid[q];
+    }
     case QT_Q6_K: {
         const uint8_t *b = row + (e / 256) * 210, *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
@@ -99,7 +115,7 @@ static double naive_weight(int type, const uint8_t *row, int64_t e)
     return NAN;
 }
 
-static const int types[] = { QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_F32, QT_F16, QT_BF16 };
+static const int types[] = { QT_Q8_0, QT_Q4_0, QT_IQ4_NL, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS, QT_F32, QT_F16, QT_BF16 };
 
 static void test_type(int type)
 {
@@ -109,7 +125,9 @@ static void test_type(int type)
     const int64_t lens_q[] = { 32, 96, 160, 320 }, lens_k[] = { 256, 768 }, lens_f[] = { 1, 7, 16, 33, 100 };
     const int64_t *lens = bs == 32 ? lens_q : bs == 256 ? lens_k : lens_f;
     const int n_lens = bs == 32 ? 4 : bs == 256 ? 2 : 5;
-    const int shapes[][2] = { { 1, 1 }, { 3, 5 }, { 4, 4 }, { 9, 7 }, { 6, 2 } };
+    /* rows: one group, a partial one, two and more (16-row groups, pairs
+     * of them per kernel); tokens: within and past a 6-token tile */
+    const int shapes[][2] = { { 1, 1 }, { 3, 5 }, { 4, 4 }, { 9, 7 }, { 6, 2 }, { 16, 6 }, { 33, 13 }, { 48, 1 }, { 17, 12 } };
     int n_bitsame = 0, n_cases = 0;
     double worst_naive = 0, worst_dot = 0;
     for (int li = 0; li < n_lens; li++) {
@@ -120,10 +138,11 @@ static void test_type(int type)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int nr = shapes[si][0], nt = shapes[si][1];
             const size_t prb = gemm_row_bytes((uint32_t)type, n), pab = gemm_act_bytes((uint32_t)type, n);
-            CHECK(prb % 64 == 0 && pab % 64 == 0, "packed rows are whole cache lines");
+            CHECK(GEMM_GROUP * prb % 64 == 0 && pab % 64 == 0, "packed row groups and tokens are whole cache lines");
+            const int nr_pad = (nr + GEMM_GROUP - 1) / GEMM_GROUP * GEMM_GROUP;
             uint8_t *w = malloc((size_t)nr * wrb), *xq = malloc((size_t)nt * xrb);
             float *x = malloc((size_t)nt * n * sizeof(float)), *xd = malloc((size_t)n * sizeof(float));
-            uint8_t *pw = aligned_alloc(64, (size_t)nr * prb), *px = aligned_alloc(64, (size_t)nt * pab);
+            uint8_t *pw = aligned_alloc(64, (size_t)nr_pad * prb), *px = aligned_alloc(64, (size_t)nt * pab);
             float *o_simd = malloc((size_t)nr * nt * sizeof(float)), *o_ref = malloc((size_t)nr * nt * sizeof(float));
             if (!w || !xq || !x || !xd || !pw || !px || !o_simd || !o_ref) {
                 CHECK(0, "out of memory");
@@ -137,11 +156,7 @@ static void test_type(int type)
                 quant_from_float((uint32_t)vdt, x + t * n, xq + t * xrb, n);
             }
             gemm_panel((uint32_t)type, pw, nr, px, nt, n, o_simd, (size_t)nr);
-            for (int t = 0; t < nt; t += GEMM_NT)
-                for (int r = 0; r < nr; r += GEMM_MR)
-                    gemm_tile_ref((uint32_t)type, pw + r * prb, nr - r < GEMM_MR ? nr - r : GEMM_MR,
-                                  px + t * pab, nt - t < GEMM_NT ? nt - t : GEMM_NT, n, o_ref + t * nr + r,
-                                  (size_t)nr);
+            gemm_panel_ref((uint32_t)type, pw, nr, px, nt, n, o_ref, (size_t)nr);
             n_bitsame += memcmp(o_simd, o_ref, (size_t)nr * nt * sizeof(float)) == 0;
             n_cases++;
             for (int t = 0; t < nt; t++) {
@@ -170,9 +185,10 @@ static void test_type(int type)
     printf("%-5s naive rel err %.2e, vs quant_dot %.2e\n", tr->name, worst_naive, worst_dot);
 }
 
-/* A wrong tile must be caught: the checks above compare against values
- * computed without the packed layout, so corrupting one packed scale has
- * to move the result. */
+/* A wrong kernel must be caught: the checks above compare against values
+ * computed without the packed layout, so corrupting one packed scale (row
+ * 0's in block 0: after the block's 16 x 32 codes, gemm.h) has to move the
+ * result. */
 static void test_sensitivity(void)
 {
     const int64_t n = 64;
@@ -180,15 +196,15 @@ static void test_sensitivity(void)
     random_row(QT_Q8_0, w, n);
     float x[64];
     for (int i = 0; i < 64; i++) x[i] = normal();
-    const size_t prb = gemm_row_bytes(QT_Q8_0, n);
-    uint8_t *pw = aligned_alloc(64, prb), *px = aligned_alloc(64, prb);
+    const size_t prb = gemm_row_bytes(QT_Q8_0, n), pab = gemm_act_bytes(QT_Q8_0, n);
+    uint8_t *pw = aligned_alloc(64, GEMM_GROUP * prb), *px = aligned_alloc(64, pab);
     if (!pw || !px) { CHECK(0, "out of memory"); return; }
     gemm_pack_rows(QT_Q8_0, w, sizeof w, 1, n, pw);
     gemm_pack_act(QT_Q8_0, x, n, px);
     float a, b;
-    gemm_tile(QT_Q8_0, pw, 1, px, 1, n, &a, 1);
-    ((float *)(pw + 64))[3] *= 2.0f; /* one lane's weight scale */
-    gemm_tile(QT_Q8_0, pw, 1, px, 1, n, &b, 1);
+    gemm_panel(QT_Q8_0, pw, 1, px, 1, n, &a, 1);
+    ((float *)(pw + GEMM_GROUP * 32))[0] *= 2.0f;
+    gemm_panel(QT_Q8_0, pw, 1, px, 1, n, &b, 1);
     CHECK(a != b, "a corrupted scale changes the dot");
     free(pw);
     free(px);

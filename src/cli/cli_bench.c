@@ -1201,7 +1201,7 @@ static int bench_peak_main(int argc, char **argv)
     }
     nt = sort_unique(ts, nt);
     enum { PR = 64, PT = 64, PN = 2048 };
-    const size_t rb = gemm_row_bytes(QT_Q8_0, PN), wrb = (size_t)PN / 32 * 34;
+    const size_t rb = gemm_row_bytes(QT_Q8_0, PN), ab = gemm_act_bytes(QT_Q8_0, PN), wrb = (size_t)PN / 32 * 34;
     pp_row rows[3 * MAX_LIST];
     int n_rows = 0;
     for (int it = 0; it < nt; it++)
@@ -1218,14 +1218,14 @@ static int bench_peak_main(int argc, char **argv)
                     else if (kind == 1) sum_ops += gemm_peak_f32(o.iters, &sink);
                     else {
                         uint8_t *w = calloc(PR, wrb), *pw = aligned_alloc(64, PR * rb),
-                                *pa = aligned_alloc(64, PT * rb);
+                                *pa = aligned_alloc(64, PT * ab);
                         float *x = malloc(PN * sizeof(float)), *out = malloc(PR * PT * sizeof(float));
                         if (w && pw && pa && x && out) {
                             for (int i = 0; i < PN; i++) x[i] = (float)((i * 37) % 11) - 5.0f;
                             for (int i = 0; i < PR * (int)wrb; i++) w[i] = (uint8_t)(i * 13);
                             for (int i = 0; i < PR * (int)wrb; i += 34) w[i + 1] = 0x20; /* f16 scale 2^-7ish */
                             gemm_pack_rows(QT_Q8_0, w, wrb, PR, PN, pw);
-                            for (int t = 0; t < PT; t++) gemm_pack_act(QT_Q8_0, x, PN, pa + t * rb);
+                            for (int t = 0; t < PT; t++) gemm_pack_act(QT_Q8_0, x, PN, pa + t * ab);
                             const int64_t loops = o.iters / 20000 + 1;
                             for (int64_t l = 0; l < loops; l++) gemm_panel(QT_Q8_0, pw, PR, pa, PT, PN, out, PR);
                             sink = out[0];

@@ -45,24 +45,31 @@ static const uint8_t *convert_activations(sparq_context *c, const float *in, int
 
 /* Prefill products through packed tiles (tensor/gemm.h): every token's
  * activations are packed once, then each thread packs a panel of rows
- * (sized to stay in L2) and runs all tokens past it in 4 x 4 register
- * tiles. The panels of all products form one parallel loop. Returns -1
- * (nothing written) if a type has no tiles or memory is short; the caller
- * then takes the row-chunk path. */
+ * (sized to stay in L2) and runs all tokens past it in register tiles. The
+ * panels of all products form one parallel loop. Returns -1 if a type has
+ * no tiles or memory is short; the caller then takes the row-chunk path
+ * (which writes every output again). */
 static int matmul_gemm(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
                        float *const *outs)
 {
     for (int i = 0; i < n_w; i++)
         if (!gemm_supported(ws[i]->type)) return -1;
+    for (int i = 1; i < n_w; i++) {
+        if (ws[i]->type != ws[0]->type) {
+            /* the activation packing depends on the weight type (Q4_K_M
+             * mixes Q4_K and Q6_K in one group): one product at a time;
+             * on failure the caller recomputes them all */
+            for (int j = 0; j < n_w; j++)
+                if (matmul_gemm(c, in, n, 1, ws + j, outs + j)) return -1;
+            return 0;
+        }
+    }
     const int64_t n_in = ws[0]->n_in;
-    /* one vec_dot type (checked by the caller), so one activation packing;
-     * every row of the group packs to the same size */
     const size_t ab = gemm_act_bytes(ws[0]->type, n_in), rb = gemm_row_bytes(ws[0]->type, n_in);
-    for (int i = 1; i < n_w; i++)
-        if (gemm_row_bytes(ws[i]->type, n_in) != rb) return -1;
+    if (!ab || !rb) return -1;
     enum { PANEL_BYTES = 256 * 1024 }; /* a quarter of the L2 here; acts stream past */
-    int pr = (int)(PANEL_BYTES / rb) / GEMM_MR * GEMM_MR;
-    if (pr < GEMM_MR) pr = GEMM_MR;
+    int pr = (int)(PANEL_BYTES / rb) / GEMM_GROUP * GEMM_GROUP;
+    if (pr < GEMM_GROUP) pr = GEMM_GROUP;
     if (pr > 128) pr = 128;
     const int nt = c->n_threads;
     uint8_t *acts = aligned_alloc(64, (size_t)n * ab);

@@ -14,15 +14,16 @@ enum { KIND_NONE = 0, KIND_INT = 1, KIND_F32 = 2, KIND_BF16 = 3 };
 static int kind_of(uint32_t type)
 {
     switch (type) {
-    case QT_Q8_0: case QT_Q4_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return KIND_INT;
+    case QT_Q8_0: case QT_Q4_0: case QT_IQ4_NL: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
+        return KIND_INT;
     case QT_F32: case QT_F16: return KIND_F32;
     case QT_BF16: return KIND_BF16;
     default: return KIND_NONE;
     }
 }
 
-/* Only where the SIMD tiles exist: without them (no AVX-512 build) the
- * plain-C tiles would be slower than quant_dot_rows' AVX2 kernels. */
+/* Only where the SIMD kernels exist: without them (no AVX-512 build) the
+ * plain-C panels would be slower than quant_dot_rows' AVX2 kernels. */
 int gemm_supported(uint32_t type)
 {
 #if defined(QUANT_SIMD_AVX512)
@@ -33,133 +34,179 @@ int gemm_supported(uint32_t type)
 #endif
 }
 
+int gemm_is_bf16(uint32_t type) { return kind_of(type) == KIND_BF16; }
+
 static int64_t pad_to(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-/* Integer kind: codes [n_pad] | scale per 4 [n_pad/4] f32 | per 16 [ng_pad] f32. */
-static int64_t int_npad(int64_t n) { return pad_to(n, GEMM_PAD); }
-static int64_t int_ngpad(int64_t n) { return pad_to(int_npad(n) / 16, 16); }
+int gemm_int_layout_of(uint32_t type, int64_t n, gemm_int_layout *l)
+{
+    if (kind_of(type) != KIND_INT || n <= 0 || n % quant_traits_of(type)->block_size) return -1;
+    memset(l, 0, sizeof *l);
+    l->bs = type == QT_Q6_K ? 16 : 32;
+    l->zp = type == QT_Q4_0 ? 8 : type == QT_Q6_K ? 32 : (type == QT_Q4_K || type == QT_Q5_K) ? 0 : 128;
+    l->has_min = type == QT_Q4_K || type == QT_Q5_K;
+    l->nb = n / l->bs;
+    l->block_bytes = (size_t)GEMM_GROUP * (size_t)(l->bs + 4 + 4 * l->has_min);
+    const size_t per_block = (size_t)pad_to(4 * l->nb, 64);
+    l->act_dx = (size_t)pad_to(n, 64);
+    l->act_start = l->act_dx + per_block;
+    l->act_sx = l->act_start + per_block;
+    l->act_bytes = l->act_sx + per_block;
+    return 0;
+}
 
 size_t gemm_row_bytes(uint32_t type, int64_t n)
 {
+    gemm_int_layout l;
     if (kind_of(type) == KIND_F32) return (size_t)pad_to(n, 16) * sizeof(float);
     if (kind_of(type) == KIND_BF16) return (size_t)pad_to(n, 32) * sizeof(uint16_t);
-    return (size_t)(2 * int_npad(n) + 4 * int_ngpad(n));
+    if (gemm_int_layout_of(type, n, &l)) return 0;
+    return (size_t)l.nb * l.block_bytes / GEMM_GROUP;
 }
 
-size_t gemm_act_bytes(uint32_t type, int64_t n) { return gemm_row_bytes(type, n); }
+size_t gemm_act_bytes(uint32_t type, int64_t n)
+{
+    gemm_int_layout l;
+    if (kind_of(type) != KIND_INT) return gemm_row_bytes(type, n);
+    return gemm_int_layout_of(type, n, &l) ? 0 : l.act_bytes;
+}
 
 /* ---- packing ---------------------------------------------------------------- */
 
-/* Scale of the 4-element lanes [e0, e0 + len) and offset of their
- * 16-element groups (len a multiple of 16). */
-static inline void fill_scales(float *sw, float *mn, int64_t e0, int len, float scale, float off)
+/* Decodes weight block i of a row (QK or QKK elements) into codes q[], and
+ * per bs-element block its scale s[] and min m[], as gemm.h defines them.
+ * Returns the elements decoded. Block-wise loops (no per-element index
+ * arithmetic): packing runs once per batch over every weight. */
+static int decode_block(uint32_t type, const void *row, int64_t i, uint8_t *q, float *s, float *m)
 {
-    for (int l = 0; l < len / 4; l++) sw[e0 / 4 + l] = scale;
-    for (int g = 0; g < len / 16; g++) mn[e0 / 16 + g] = off;
-}
-
-/* Block-wise loops (no per-element index arithmetic): packing runs once per
- * batch over every weight, so it must cost little next to the products. */
-static void pack_int_row(uint32_t type, const void *src, int64_t n, uint8_t *dst)
-{
-    const int64_t np = int_npad(n), ngp = int_ngpad(n);
-    uint8_t *q = dst;
-    float *sw = (float *)(dst + np), *mn = sw + np / 4;
-    memset(q + n, 0, (size_t)(np - n)); /* padding: zero codes and scales */
-    memset(sw + n / 4, 0, (size_t)(np - n)); /* (np - n) / 4 floats */
-    memset(mn + n / 16, 0, (size_t)(ngp - n / 16) * sizeof(float));
     switch (type) {
     case QT_Q8_0: {
-        const blk_q8_0 *b = src;
-        for (int64_t i = 0; i < n / QK; i++, q += QK) {
-            const float d = fp16_to_fp32(b[i].d);
-            for (int j = 0; j < QK; j++) q[j] = (uint8_t)(b[i].qs[j] + 128);
-            fill_scales(sw, mn, i * QK, QK, d, 128.0f * d);
-        }
-        break;
+        const blk_q8_0 *b = (const blk_q8_0 *)row + i;
+        for (int j = 0; j < QK; j++) q[j] = (uint8_t)(b->qs[j] + 128);
+        s[0] = fp16_to_fp32(b->d);
+        return QK;
     }
-    case QT_Q4_0: {
-        const blk_q4_0 *b = src;
-        for (int64_t i = 0; i < n / QK; i++, q += QK) {
-            const float d = fp16_to_fp32(b[i].d);
-            for (int j = 0; j < QK / 2; j++) {
-                q[j] = b[i].qs[j] & 0xF;
-                q[j + QK / 2] = b[i].qs[j] >> 4;
-            }
-            fill_scales(sw, mn, i * QK, QK, d, 8.0f * d);
+    case QT_Q4_0: case QT_IQ4_NL: {
+        /* same nibble order; IQ4_NL's nibble indexes the grid (code +128) */
+        const int nl = type == QT_IQ4_NL;
+        const blk_q4_0 *b = (const blk_q4_0 *)row + i;
+        for (int j = 0; j < QK / 2; j++) {
+            const int lo = b->qs[j] & 0xF, hi = b->qs[j] >> 4;
+            q[j] = (uint8_t)(nl ? quant_iq4nl_values[lo] + 128 : lo);
+            q[j + QK / 2] = (uint8_t)(nl ? quant_iq4nl_values[hi] + 128 : hi);
         }
-        break;
+        s[0] = fp16_to_fp32(b->d);
+        return QK;
     }
-    case QT_Q4_K:
-    case QT_Q5_K: {
+    case QT_Q4_K: case QT_Q5_K: {
         const int five = type == QT_Q5_K;
-        const uint8_t *base = src;
-        const size_t bb = five ? sizeof(blk_q5_K) : sizeof(blk_q4_K);
-        for (int64_t i = 0; i < n / QKK; i++) {
-            const blk_q4_K *b4 = (const blk_q4_K *)(base + i * bb);
-            const blk_q5_K *b5 = (const blk_q5_K *)(base + i * bb);
-            const uint16_t dh = five ? b5->d : b4->d, mh = five ? b5->dmin : b4->dmin;
-            const uint8_t *scales = five ? b5->scales : b4->scales, *qs = five ? b5->qs : b4->qs;
-            const float d = fp16_to_fp32(dh), dmin = fp16_to_fp32(mh);
-            /* 64 elements per 32 bytes of qs: low nibbles, then high */
-            for (int c = 0; c < 4; c++, q += 64) {
-                const uint8_t *v = qs + 32 * c;
-                for (int l = 0; l < 32; l++) {
-                    q[l] = v[l] & 0xF;
-                    q[l + 32] = v[l] >> 4;
-                }
-                if (five)
-                    for (int l = 0; l < 32; l++) {
-                        q[l] += (uint8_t)(16 * ((b5->qh[l] >> (2 * c)) & 1));
-                        q[l + 32] += (uint8_t)(16 * ((b5->qh[l] >> (2 * c + 1)) & 1));
-                    }
-                for (int j = 2 * c; j < 2 * c + 2; j++) {
-                    int sc, m;
-                    quant_k4_scale_min(scales, j, &sc, &m);
-                    fill_scales(sw, mn, i * QKK + 32 * j, 32, d * (float)sc, dmin * (float)m);
-                }
+        const uint8_t *base = (const uint8_t *)row + (size_t)i * (five ? sizeof(blk_q5_K) : sizeof(blk_q4_K));
+        const blk_q4_K *b4 = (const blk_q4_K *)base;
+        const blk_q5_K *b5 = (const blk_q5_K *)base;
+        const uint8_t *scales = five ? b5->scales : b4->scales, *qs = five ? b5->qs : b4->qs;
+        const float d = fp16_to_fp32(five ? b5->d : b4->d), dmin = fp16_to_fp32(five ? b5->dmin : b4->dmin);
+        /* 64 elements per 32 bytes of qs: low nibbles, then high */
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *v = qs + 32 * c;
+            uint8_t *o = q + 64 * c;
+            for (int l = 0; l < 32; l++) {
+                o[l] = v[l] & 0xF;
+                o[l + 32] = v[l] >> 4;
             }
+            if (five)
+                for (int l = 0; l < 32; l++) {
+                    o[l] += (uint8_t)(16 * ((b5->qh[l] >> (2 * c)) & 1));
+                    o[l + 32] += (uint8_t)(16 * ((b5->qh[l] >> (2 * c + 1)) & 1));
+                }
         }
-        break;
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            quant_k4_scale_min(scales, j, &sc, &mn);
+            s[j] = d * (float)sc;
+            m[j] = dmin * (float)mn;
+        }
+        return QKK;
     }
     case QT_Q6_K: {
-        const blk_q6_K *b = src;
-        for (int64_t i = 0; i < n / QKK; i++) {
-            const float d = fp16_to_fp32(b[i].d);
-            /* element 128h + 32s + l: low nibble of ql[64h + l + 32(s&1)]
-             * (high nibble when s >= 2), bits 2s..2s+1 of qh[32h + l] */
-            for (int h = 0; h < 2; h++)
-                for (int s = 0; s < 4; s++, q += 32) {
-                    const uint8_t *ql = b[i].ql + 64 * h + 32 * (s & 1), *qh = b[i].qh + 32 * h;
-                    for (int l = 0; l < 32; l++)
-                        q[l] = (uint8_t)(((ql[l] >> (4 * (s >> 1))) & 0xF) | (((qh[l] >> (2 * s)) & 3) << 4));
-                }
-            for (int g = 0; g < QKK / 16; g++) {
-                const float ds = d * (float)b[i].scales[g];
-                fill_scales(sw, mn, i * QKK + 16 * g, 16, ds, 32.0f * ds);
+        const blk_q6_K *b = (const blk_q6_K *)row + i;
+        const float d = fp16_to_fp32(b->d);
+        /* element 128h + 32s + l: low nibble of ql[64h + l + 32(s&1)]
+         * (high nibble when s >= 2), bits 2s..2s+1 of qh[32h + l] */
+        for (int h = 0; h < 2; h++)
+            for (int sb = 0; sb < 4; sb++) {
+                const uint8_t *ql = b->ql + 64 * h + 32 * (sb & 1), *qh = b->qh + 32 * h;
+                uint8_t *o = q + 128 * h + 32 * sb;
+                for (int l = 0; l < 32; l++)
+                    o[l] = (uint8_t)(((ql[l] >> (4 * (sb >> 1))) & 0xF) | (((qh[l] >> (2 * sb)) & 3) << 4));
             }
-        }
-        break;
+        for (int g = 0; g < QKK / 16; g++) s[g] = d * (float)b->scales[g];
+        return QKK;
     }
-    default: assert(0);
+    case QT_IQ4_XS: {
+        const blk_iq4_xs *b = (const blk_iq4_xs *)row + i;
+        const float d = fp16_to_fp32(b->d);
+        for (int ib = 0; ib < QKK / 32; ib++) {
+            for (int j = 0; j < 16; j++) {
+                q[32 * ib + j] = (uint8_t)(quant_iq4nl_values[b->qs[16 * ib + j] & 0xF] + 128);
+                q[32 * ib + j + 16] = (uint8_t)(quant_iq4nl_values[b->qs[16 * ib + j] >> 4] + 128);
+            }
+            s[ib] = d * (float)quant_iq4xs_scale(b, ib);
+        }
+        return QKK;
+    }
+    default: assert(0); return 0;
+    }
+}
+
+/* One row into lane r of an interleaved 16-row group. */
+static void pack_int_row(uint32_t type, const gemm_int_layout *l, const void *src, int64_t n, int r, uint8_t *grp)
+{
+    uint8_t q[QKK];
+    float s[QKK / 16], m[QKK / 16];
+    for (int64_t i = 0, e = 0; e < n; i++) {
+        const int cnt = decode_block(type, src, i, q, s, m);
+        for (int e0 = 0; e0 < cnt; e0 += l->bs) {
+            uint8_t *blk = grp + (size_t)((e + e0) / l->bs) * l->block_bytes;
+            for (int k = 0; k < l->bs / 4; k++) memcpy(blk + 64 * k + 4 * r, q + e0 + 4 * k, 4);
+            float *sw = (float *)(blk + (size_t)GEMM_GROUP * l->bs);
+            sw[r] = s[e0 / l->bs];
+            if (l->has_min) sw[GEMM_GROUP + r] = m[e0 / l->bs];
+        }
+        e += cnt;
     }
 }
 
 void gemm_pack_rows(uint32_t type, const void *w, size_t w_stride, int nr, int64_t n, void *dst)
 {
     const size_t rb = gemm_row_bytes(type, n);
-    for (int r = 0; r < nr; r++) {
-        const uint8_t *src = (const uint8_t *)w + (size_t)r * w_stride;
-        uint8_t *out = (uint8_t *)dst + (size_t)r * rb;
-        if (kind_of(type) == KIND_INT) {
-            pack_int_row(type, src, n, out);
-        } else if (kind_of(type) == KIND_BF16) {
-            memcpy(out, src, (size_t)n * sizeof(uint16_t));
-            memset(out + n * sizeof(uint16_t), 0, rb - (size_t)n * sizeof(uint16_t));
-        } else {
-            quant_to_float(type, src, (float *)out, n);
-            memset(out + n * sizeof(float), 0, rb - (size_t)n * sizeof(float));
+    const int nr_pad = (nr + GEMM_GROUP - 1) / GEMM_GROUP * GEMM_GROUP;
+    if (kind_of(type) == KIND_INT) {
+        gemm_int_layout l;
+        if (gemm_int_layout_of(type, n, &l)) {
+            assert(0);
+            return;
         }
+        for (int g = 0; g < nr_pad; g += GEMM_GROUP) {
+            uint8_t *grp = (uint8_t *)dst + (size_t)g * rb;
+            if (nr - g < GEMM_GROUP) memset(grp, 0, GEMM_GROUP * rb); /* padding rows: zero codes and scales */
+            for (int r = 0; r < GEMM_GROUP && g + r < nr; r++)
+                pack_int_row(type, &l, (const uint8_t *)w + (size_t)(g + r) * w_stride, n, r, grp);
+        }
+        return;
+    }
+    for (int r = 0; r < nr_pad; r++) {
+        uint8_t *out = (uint8_t *)dst + (size_t)r * rb;
+        const uint8_t *src = (const uint8_t *)w + (size_t)r * w_stride;
+        size_t used = 0;
+        if (r >= nr) {
+        } else if (kind_of(type) == KIND_BF16) {
+            used = (size_t)n * sizeof(uint16_t);
+            memcpy(out, src, used);
+        } else {
+            used = (size_t)n * sizeof(float);
+            quant_to_float(type, src, (float *)out, n);
+        }
+        memset(out + used, 0, rb - used);
     }
 }
 
@@ -186,53 +233,59 @@ void gemm_pack_act(uint32_t type, const float *x, int64_t n, void *dst)
         }
         return;
     }
-    const int64_t np = int_npad(n);
+    gemm_int_layout l;
+    if (gemm_int_layout_of(type, n, &l)) {
+        assert(0);
+        return;
+    }
     int8_t *xq = (int8_t *)out;
-    float *sx = (float *)(out + np), *sb = sx + np / 4;
-    if (vdt == QT_Q8_0) {
-        for (int64_t i = 0; i < n / QK; i++) {
+    float *dx = (float *)(out + l.act_dx), *sx = (float *)(out + l.act_sx);
+    int32_t *start = (int32_t *)(out + l.act_start);
+    const int per = vdt == QT_Q8_0 ? QK : QKK;
+    for (int64_t i = 0; i < n / per; i++) {
+        float d;
+        if (vdt == QT_Q8_0) {
             blk_q8_0 b;
             quant_from_float(QT_Q8_0, x + i * QK, &b, QK);
-            const float d = fp16_to_fp32(b.d);
+            d = fp16_to_fp32(b.d);
             memcpy(xq + i * QK, b.qs, QK);
-            for (int l = 0; l < QK / 4; l++) sx[i * (QK / 4) + l] = d;
-            for (int g = 0; g < 2; g++) {
-                int s = 0;
-                for (int j = 0; j < 16; j++) s += b.qs[16 * g + j];
-                sb[i * 2 + g] = d * (float)s;
-            }
-        }
-    } else {
-        assert(vdt == QT_Q8_K);
-        for (int64_t i = 0; i < n / QKK; i++) {
+        } else {
+            assert(vdt == QT_Q8_K);
             blk_q8_K b;
             quant_from_float(QT_Q8_K, x + i * QKK, &b, QKK);
+            d = b.d;
             memcpy(xq + i * QKK, b.qs, QKK);
-            for (int l = 0; l < QKK / 4; l++) sx[i * (QKK / 4) + l] = b.d;
-            for (int g = 0; g < 16; g++) sb[i * 16 + g] = b.d * (float)b.bsums[g];
+        }
+        for (int64_t bk = i * per / l.bs; bk < (i + 1) * per / l.bs; bk++) {
+            int32_t sum = 0;
+            for (int j = 0; j < l.bs; j++) sum += xq[bk * l.bs + j];
+            dx[bk] = d;
+            start[bk] = -l.zp * sum;
+            sx[bk] = d * (float)sum;
         }
     }
 }
 
 /* ---- reference micro-kernel ---------------------------------------------------- */
 
-static float ref_int(const uint8_t *row, const uint8_t *act, int64_t n)
+/* Row r (lane r of its group) times one packed token, in the order of the
+ * SIMD kernel: per block the exact integer sum, then the float steps. */
+static float ref_int(const gemm_int_layout *l, const uint8_t *grp, int r, const uint8_t *act)
 {
-    const int64_t np = int_npad(n), ngp = int_ngpad(n);
-    const float *sw = (const float *)(row + np), *mn = sw + np / 4;
     const int8_t *x = (const int8_t *)act;
-    const float *sx = (const float *)(act + np), *sb = sx + np / 4;
-    float acc[16] = { 0 }, am[16] = { 0 };
-    for (int64_t k = 0; k < np; k += 64)
-        for (int l = 0; l < 16; l++) {
-            int32_t isum = 0;
-            for (int j = 0; j < 4; j++) isum += (int32_t)row[k + 4 * l + j] * x[k + 4 * l + j];
-            const float s = sw[k / 4 + l] * sx[k / 4 + l];
-            acc[l] = fmaf((float)isum, s, acc[l]);
-        }
-    for (int64_t k = 0; k < ngp; k += 16)
-        for (int l = 0; l < 16; l++) am[l] = fmaf(mn[k + l], sb[k + l], am[l]);
-    return quant_hsum16(acc) - quant_hsum16(am);
+    const float *dx = (const float *)(act + l->act_dx), *sx = (const float *)(act + l->act_sx);
+    const int32_t *start = (const int32_t *)(act + l->act_start);
+    float acc = 0;
+    for (int64_t b = 0; b < l->nb; b++) {
+        const uint8_t *blk = grp + (size_t)b * l->block_bytes;
+        const float *sw = (const float *)(blk + (size_t)GEMM_GROUP * l->bs);
+        int32_t isum = start[b];
+        for (int k = 0; k < l->bs / 4; k++)
+            for (int j = 0; j < 4; j++) isum += (int32_t)blk[64 * k + 4 * r + j] * x[b * l->bs + 4 * k + j];
+        acc = fmaf((float)isum * sw[r], dx[b], acc);
+        if (l->has_min) acc = fmaf(-sw[GEMM_GROUP + r], sx[b], acc);
+    }
+    return acc;
 }
 
 static float ref_f32(const float *w, const float *x, int64_t n)
@@ -260,38 +313,37 @@ static float ref_bf16(const uint16_t *w, const uint16_t *x, int64_t n)
     return quant_hsum16(acc);
 }
 
-void gemm_tile_ref(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-                   float *out, size_t ldo)
+void gemm_panel_ref(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
+                    float *out, size_t ldo)
 {
-    const size_t rb = gemm_row_bytes(type, n);
+    const size_t rb = gemm_row_bytes(type, n), ab = gemm_act_bytes(type, n);
     const int k = kind_of(type);
-    assert(k != KIND_NONE && nr <= GEMM_MR && nt <= GEMM_NT);
+    gemm_int_layout l;
+    assert(k != KIND_NONE);
+    if (k == KIND_INT && gemm_int_layout_of(type, n, &l)) {
+        assert(0);
+        return;
+    }
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) {
-            const uint8_t *w = (const uint8_t *)rows + (size_t)r * rb, *x = (const uint8_t *)acts + (size_t)t * rb;
-            out[(size_t)t * ldo + r] = k == KIND_INT    ? ref_int(w, x, n)
-                                       : k == KIND_BF16 ? ref_bf16((const uint16_t *)w, (const uint16_t *)x, n)
-                                                        : ref_f32((const float *)w, (const float *)x, n);
+            const uint8_t *x = (const uint8_t *)acts + (size_t)t * ab;
+            float *o = out + (size_t)t * ldo + r;
+            if (k == KIND_INT) {
+                *o = ref_int(&l, (const uint8_t *)rows + (size_t)(r / GEMM_GROUP * GEMM_GROUP) * rb, r % GEMM_GROUP, x);
+                continue;
+            }
+            const uint8_t *w = (const uint8_t *)rows + (size_t)r * rb;
+            *o = k == KIND_BF16 ? ref_bf16((const uint16_t *)w, (const uint16_t *)x, n)
+                                : ref_f32((const float *)w, (const float *)x, n);
         }
-}
-
-void gemm_tile(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-               float *out, size_t ldo)
-{
-#if defined(QUANT_SIMD_AVX512)
-    gemm_tile_avx512(type, rows, nr, acts, nt, n, out, ldo);
-#else
-    gemm_tile_ref(type, rows, nr, acts, nt, n, out, ldo);
-#endif
 }
 
 void gemm_panel(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                 float *out, size_t ldo)
 {
-    const size_t rb = gemm_row_bytes(type, n);
-    for (int t0 = 0; t0 < nt; t0 += GEMM_NT)
-        for (int r0 = 0; r0 < nr; r0 += GEMM_MR)
-            gemm_tile(type, (const uint8_t *)rows + (size_t)r0 * rb, nr - r0 < GEMM_MR ? nr - r0 : GEMM_MR,
-                      (const uint8_t *)acts + (size_t)t0 * rb, nt - t0 < GEMM_NT ? nt - t0 : GEMM_NT, n,
-                      out + (size_t)t0 * ldo + r0, ldo);
+#if defined(QUANT_SIMD_AVX512)
+    gemm_panel_avx512(type, rows, nr, acts, nt, n, out, ldo);
+#else
+    gemm_panel_ref(type, rows, nr, acts, nt, n, out, ldo);
+#endif
 }

@@ -1,38 +1,45 @@
-/* gemm.h - weight x activation tiles for prefill (many tokens at once).
+/* gemm.h - weight x activation products for prefill (many tokens at once).
  *
  * Decode multiplies each weight row by one token and is bound by reading the
  * weights; prefill multiplies it by hundreds and should be bound by
  * arithmetic. quant_dot_rows cannot get there: every call re-reads a token's
- * activations and reduces to a scalar per (row, token). Here a tile of up to
- * GEMM_MR rows x GEMM_NT tokens is computed per call with all its
- * accumulators in registers, so each loaded weight vector serves GEMM_NT
- * tokens and each activation vector GEMM_MR rows.
+ * activations and reduces to a scalar per (row, token). Here both operands
+ * are first rewritten ("packed") into a layout made for register tiles, then
+ * a panel of rows (sized by the caller to stay in L2) meets every token.
  *
- * Both operands are first rewritten ("packed") into one layout per kind:
+ * Integer kind (Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS). A weight is
+ * w = s_b * (q - zp) - m_b with unsigned codes q (0..255), a float scale s_b
+ * and (Q4_K/Q5_K only) a float min m_b per block b of `bs` elements (32;
+ * Q6_K 16, its scale granularity) and a zero point zp fixed by the type
+ * (Q8_0 and the IQ4 grids 128, Q4_0 8, Q6_K 32, Q4_K/Q5_K 0). Sixteen rows
+ * are interleaved, block by block:
  *
- *   integer kind (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): a weight row becomes
- *     unsigned codes q[e] (0..255) with w[e] = sw[e/4] * q[e] - mn[e/16]:
- *     a float scale per 4 elements (the block's or group's scale, repeated)
- *     and a float offset per 16 (Q8_0: q = w+128, mn = 128 d; Q4_0: mn =
- *     8 d; Q4_K/Q5_K: the group's d*sc and dmin*m; Q6_K: mn = 32 d sc). The
- *     activations are the vec_dot type's int8 codes (Q8_0 or Q8_K, quantised
- *     exactly as for quant_dot) with sx[e/4] = their block scale and sb[g] =
- *     scale * sum of the 16 codes of group g. Then
- *       dot = sum_lanes sw*sx*(sum of 4 u8*s8 products) - sum_g mn_g*sb_g,
- *     the 4-product integer sums being one vpdpbusd lane.
- *   float kind (F32, F16): both rows widened to f32 (activations first
- *     rounded to the vec_dot type, so every product equals quant_dot's).
- *   BF16: both rows stay bf16 and meet in vdpbf16ps (its rounding: odd
- *     element first, subnormals flushed), as the decode kernel does.
+ *   block b of a group: codes [bs/4][16 rows][4] | s[16] f32 | m[16] f32
+ *
+ * so one 64-byte vector holds 4 consecutive codes of each of 16 rows and a
+ * vpdpbusd against 4 codes of one token broadcast to every lane advances 16
+ * dot products at once, in exact int32. A token's activations are the
+ * vec_dot type's int8 codes (Q8_0 or Q8_K, quantised exactly as for
+ * quant_dot), then per block: the scale dx_b, the integer start
+ * -zp * sum(codes) and dx_b * sum(codes). Per (row, token, block):
+ *
+ *   isum = -zp * sum(x) + sum(q * x)          (int32, exact)
+ *   acc  = fma((float)isum * s_b, dx_b, acc)  then, with mins,
+ *   acc  = fma(-m_b, dx_b * sum(x), acc)
+ *
+ * Eight vpdpbusd per 32-element block share three float operations, and
+ * the 16 results of a row group are one vector store: no horizontal sums.
+ *
+ * Float kind (F32, F16): rows widened to f32, activations rounded to the
+ * vec_dot type first (so every product equals quant_dot's); BF16: both stay
+ * bf16 and meet in vdpbf16ps (its rounding: odd element first, subnormals
+ * flushed), as the decode kernel does. Rows are stored one after another and
+ * computed in tiles of GEMM_MR rows x GEMM_NT tokens reduced per lane.
  *
  * Numerics: the integer parts are exact; against quant_dot only the float
  * rounding and summation order differ (|diff| ~ 1e-6 relative), which the
- * golden logits tolerate (tests/test_model.c). The _ref micro-kernel and the
- * SIMD one are bit-identical (16 float lanes, fmaf, quant_hsum16).
- *
- * Lengths are padded to GEMM_PAD elements with zero codes and scales, so any
- * row length the weight type allows works. Packed rows are 64-byte aligned
- * when the buffer is.
+ * golden logits tolerate (tests/test_model.c). gemm_panel_ref (plain C) and
+ * gemm_panel (SIMD) are bit-identical.
  */
 #ifndef SPARQ_GEMM_H
 #define SPARQ_GEMM_H
@@ -40,39 +47,36 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_PAD = 64 };
+enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_GROUP = 16 };
 
 /* 1 if weights of this type have a packed GEMM path in this build (AVX-512
- * builds only; the packing and gemm_tile_ref work everywhere). */
+ * builds only; the packing and gemm_panel_ref work everywhere). */
 int gemm_supported(uint32_t type);
 
-/* Bytes of one packed weight row / one packed activation row of n elements
- * (multiples of 64). */
+/* Bytes per row of a packed panel (a group of GEMM_GROUP rows takes
+ * GEMM_GROUP times this, a multiple of 64) and of one packed token. A panel
+ * of nr rows takes gemm_row_bytes * nr rounded up to GEMM_GROUP rows. */
 size_t gemm_row_bytes(uint32_t type, int64_t n);
 size_t gemm_act_bytes(uint32_t type, int64_t n);
 
-/* Packs nr weight rows (stride w_stride bytes) into dst (nr * row_bytes). */
+/* Packs nr weight rows (stride w_stride bytes) into dst, padding the last
+ * group with zero rows. dst: 64-byte aligned, room for nr rounded up to
+ * GEMM_GROUP rows. */
 void gemm_pack_rows(uint32_t type, const void *w, size_t w_stride, int nr, int64_t n, void *dst);
 
 /* Packs one token's activations x[n] for weights of `type`: quantised to
  * the type's vec_dot type exactly as quant_from_float does, then laid out
- * as above. dst: act_bytes. */
+ * as above. dst: 64-byte aligned, act_bytes. */
 void gemm_pack_act(uint32_t type, const float *x, int64_t n, void *dst);
 
-/* out[t * ldo + r] = dot(row r, token t) for r < nr <= GEMM_MR, t < nt <=
- * GEMM_NT; rows and acts are packed (row_bytes / act_bytes apart). */
-void gemm_tile(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-               float *out, size_t ldo);
-void gemm_tile_ref(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-                   float *out, size_t ldo);
-
-/* The whole product for a range of rows: out[t * ldo + r] for r in
- * [0, nr), t in [0, nt), the nr rows packed in `rows`, the nt tokens in
- * `acts`. Loops tokens in tiles of GEMM_NT outside rows in tiles of
- * GEMM_MR, so a token tile stays in L1 while the packed rows (sized by the
- * caller to stay in L2) stream past it. */
+/* The whole product of a packed panel: out[t * ldo + r] = dot(row r, token
+ * t) for r < nr, t < nt; the tokens packed act_bytes apart. Loops tokens in
+ * tiles outside rows, so a token tile stays in L1 while the panel streams
+ * past it from L2. gemm_panel_ref is the plain-C twin (bit-identical). */
 void gemm_panel(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                 float *out, size_t ldo);
+void gemm_panel_ref(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
+                    float *out, size_t ldo);
 
 /* Peak-rate loops for `sparq bench peak`: `iters` rounds of 12 independent
  * vpdpbusd (int8: 128 ops each, 64 multiply-adds) or 16 vfmadd (f32: 32
@@ -82,8 +86,26 @@ void gemm_panel(uint32_t type, const void *rows, int nr, const void *acts, int n
 double gemm_peak_int8(int64_t iters, float *sink);
 double gemm_peak_f32(int64_t iters, float *sink);
 
-/* Implementation detail shared with gemm_avx512.c. */
-void gemm_tile_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-                      float *out, size_t ldo);
+/* ---- implementation detail shared with gemm_avx512.c ---------------------- */
+
+/* Where things are in the integer kind's packed blocks and tokens. */
+typedef struct {
+    int     bs;          /* elements per scale block (32 or 16)           */
+    int     zp;          /* zero point of the codes                       */
+    int     has_min;     /* a min per block (Q4_K, Q5_K)                  */
+    int64_t nb;          /* blocks per row                                */
+    size_t  block_bytes; /* one block of a 16-row group                   */
+    size_t  act_dx;      /* token: offsets of dx[nb], start[nb], sx[nb]   */
+    size_t  act_start, act_sx, act_bytes;
+} gemm_int_layout;
+
+/* 0 and *l filled for an integer-kind type and a valid n, -1 otherwise. */
+int gemm_int_layout_of(uint32_t type, int64_t n, gemm_int_layout *l);
+
+/* 1 for the float kinds' BF16 row layout, 0 for f32 rows. */
+int gemm_is_bf16(uint32_t type);
+
+void gemm_panel_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
+                       float *out, size_t ldo);
 
 #endif

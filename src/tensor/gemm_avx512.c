@@ -1,7 +1,8 @@
-/* gemm_avx512.c - the AVX-512 VNNI / FMA micro-kernels of gemm.h, one per
- * tile shape (1..GEMM_MR rows x 1..GEMM_NT tokens), bit-identical to
- * gemm_tile_ref: 16 float lanes per (row, token), one vpdpbusd per 64
- * codes, the reductions in _mm512_reduce_add_ps order (= quant_hsum16).
+/* gemm_avx512.c - the AVX-512 VNNI / FMA / BF16 micro-kernels of gemm.h,
+ * one function per tile shape, bit-identical to gemm_panel_ref. Integer
+ * kinds: 16 rows per vector lane set (no reductions); float kinds: 16 float
+ * lanes per (row, token) reduced in _mm512_reduce_add_ps order
+ * (= quant_hsum16).
  */
 #include "tensor/gemm.h"
 #include "tensor/quant_impl.h"
@@ -13,55 +14,120 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* R x T tile over packed integer rows (see gemm.h for the layout). */
-INLINE void tile_int(const uint8_t *rows, size_t rb, const uint8_t *acts, int64_t np, int64_t ngp,
-                     float *out, size_t ldo, const int R, const int T)
+/* Integer kind: RG groups of 16 rows x T tokens, BS-element blocks, with
+ * or without mins (gemm.h has the layout). Per block each (group, token)
+ * keeps an exact int32 vector of 16 row sums, started at the token's
+ * -zp * sum(x); then three float steps fold it into the f32 accumulator.
+ * With RG = 2 and T = 6 that is 12 + 12 accumulators, two weight vectors
+ * and one broadcast: 27 of the 32 zmm registers, no spills. */
+enum { INT_RG = 2, INT_NT = 6 };
+
+INLINE void kern_int(const uint8_t *grp, size_t gstride, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
+                     float *out, size_t ldo, __mmask16 last_mask, const int RG, const int T, const int BS,
+                     const int MIN)
 {
-    __m512 acc[GEMM_MR][GEMM_NT];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < np; k += 64) {
-        __m512i x[GEMM_NT];
-        __m512 sx[GEMM_NT];
-#pragma GCC unroll 4
+    __m512 acc[INT_RG][INT_NT];
+#pragma GCC unroll 2
+    for (int g = 0; g < RG; g++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) acc[g][t] = _mm512_setzero_ps();
+    const int32_t *start[INT_NT];
+    const float *dx[INT_NT], *sx[INT_NT];
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+        start[t] = (const int32_t *)(acts + t * ab + l->act_start);
+        dx[t] = (const float *)(acts + t * ab + l->act_dx);
+        sx[t] = (const float *)(acts + t * ab + l->act_sx);
+    }
+    const size_t bb = l->block_bytes;
+    for (int64_t b = 0; b < l->nb; b++) {
+        const uint8_t *blk = grp + b * bb, *xb = acts + b * BS;
+        __m512i ai[INT_RG][INT_NT];
+#pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
-            x[t] = _mm512_load_si512(acts + t * rb + k);
-            sx[t] = _mm512_load_ps((const float *)(acts + t * rb + np) + k / 4);
+            const __m512i st = _mm512_set1_epi32(start[t][b]);
+#pragma GCC unroll 2
+            for (int g = 0; g < RG; g++) ai[g][t] = st;
         }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const __m512i w = _mm512_load_si512(rows + r * rb + k);
-            const __m512 sw = _mm512_load_ps((const float *)(rows + r * rb + np) + k / 4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
+        for (int k = 0; k < BS / 4; k++) {
+            __m512i w[INT_RG];
+#pragma GCC unroll 2
+            for (int g = 0; g < RG; g++) w[g] = _mm512_load_si512(blk + g * gstride + 64 * k);
+#pragma GCC unroll 6
             for (int t = 0; t < T; t++) {
-                const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x[t]);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(sw, sx[t]), acc[r][t]);
+                const __m512i x = _mm512_broadcastd_epi32(_mm_loadu_si32(xb + t * ab + 4 * k));
+#pragma GCC unroll 2
+                for (int g = 0; g < RG; g++) ai[g][t] = _mm512_dpbusd_epi32(ai[g][t], w[g], x);
+            }
+        }
+#pragma GCC unroll 2
+        for (int g = 0; g < RG; g++) {
+            const float *sc = (const float *)(blk + g * gstride + GEMM_GROUP * BS);
+            const __m512 sw = _mm512_load_ps(sc);
+#pragma GCC unroll 6
+            for (int t = 0; t < T; t++)
+                acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ai[g][t]), sw), _mm512_set1_ps(dx[t][b]),
+                                            acc[g][t]);
+            if (MIN) {
+                const __m512 mn = _mm512_load_ps(sc + GEMM_GROUP);
+#pragma GCC unroll 6
+                for (int t = 0; t < T; t++) acc[g][t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(sx[t][b]), acc[g][t]);
             }
         }
     }
-    float dot[GEMM_MR][GEMM_NT];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            dot[r][t] = _mm512_reduce_add_ps(acc[r][t]);
-            acc[r][t] = _mm512_setzero_ps();
-        }
-    for (int64_t k = 0; k < ngp; k += 16) {
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const __m512 mn = _mm512_load_ps((const float *)(rows + r * rb + 2 * np) + k);
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++)
-                acc[r][t] = _mm512_fmadd_ps(mn, _mm512_load_ps((const float *)(acts + t * rb + 2 * np) + k), acc[r][t]);
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+        for (int g = 0; g < RG; g++)
+            _mm512_mask_storeu_ps(out + t * ldo + GEMM_GROUP * g, g == RG - 1 ? last_mask : 0xFFFF, acc[g][t]);
+}
+
+typedef void (*int_fn)(const uint8_t *, size_t, const uint8_t *, size_t, const gemm_int_layout *, float *, size_t,
+                       __mmask16);
+
+#define INT_KERN(NAME, BS, MIN, RG, T)                                                                     \
+    static void NAME##_##RG##x##T(const uint8_t *w, size_t gs, const uint8_t *x, size_t ab,               \
+                                  const gemm_int_layout *l, float *o, size_t ldo, __mmask16 m)            \
+    {                                                                                                      \
+        kern_int(w, gs, x, ab, l, o, ldo, m, RG, T, BS, MIN);                                              \
+    }
+#define INT_KERNS(NAME, BS, MIN)                                                                           \
+    INT_KERN(NAME, BS, MIN, 1, 1) INT_KERN(NAME, BS, MIN, 1, 2) INT_KERN(NAME, BS, MIN, 1, 3)               \
+    INT_KERN(NAME, BS, MIN, 1, 4) INT_KERN(NAME, BS, MIN, 1, 5) INT_KERN(NAME, BS, MIN, 1, 6)               \
+    INT_KERN(NAME, BS, MIN, 2, 1) INT_KERN(NAME, BS, MIN, 2, 2) INT_KERN(NAME, BS, MIN, 2, 3)               \
+    INT_KERN(NAME, BS, MIN, 2, 4) INT_KERN(NAME, BS, MIN, 2, 5) INT_KERN(NAME, BS, MIN, 2, 6)               \
+    static const int_fn NAME##_tab[2][6] = {                                                               \
+        { NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4, NAME##_1x5, NAME##_1x6 },                        \
+        { NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4, NAME##_2x5, NAME##_2x6 },                        \
+    };
+INT_KERNS(b32, 32, 0)
+INT_KERNS(b32m, 32, 1)
+INT_KERNS(b16, 16, 0)
+_Static_assert(INT_RG == 2 && INT_NT == 6, "tables are 2 x 6");
+
+static void panel_int(uint32_t type, const uint8_t *rows, int nr, const uint8_t *acts, int nt, int64_t n,
+                      float *out, size_t ldo)
+{
+    gemm_int_layout l;
+    if (gemm_int_layout_of(type, n, &l)) {
+        assert(0);
+        return;
+    }
+    const int_fn(*tab)[6] = l.bs == 16 ? b16_tab : l.has_min ? b32m_tab : b32_tab;
+    assert(l.bs == 32 || (l.bs == 16 && !l.has_min));
+    const size_t gstride = (size_t)l.nb * l.block_bytes;
+    const int ng = (nr + GEMM_GROUP - 1) / GEMM_GROUP;
+    for (int t0 = 0; t0 < nt; t0 += INT_NT) {
+        const int tt = nt - t0 < INT_NT ? nt - t0 : INT_NT;
+        for (int g0 = 0; g0 < ng; g0 += INT_RG) {
+            const int rg = ng - g0 < INT_RG ? ng - g0 : INT_RG;
+            const int last_rows = nr - (g0 + rg - 1) * GEMM_GROUP;
+            const __mmask16 m = last_rows >= GEMM_GROUP ? 0xFFFF : (__mmask16)((1u << last_rows) - 1);
+            tab[rg - 1][tt - 1](rows + g0 * gstride, gstride, acts + t0 * l.act_bytes, l.act_bytes, &l,
+                                out + t0 * ldo + g0 * GEMM_GROUP, ldo, m);
         }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) out[t * ldo + r] = dot[r][t] - _mm512_reduce_add_ps(acc[r][t]);
 }
 
 /* R x T tile over f32 rows (n padded to 16 with zeros). */
@@ -126,15 +192,9 @@ INLINE void tile_bf16(const uint8_t *rows, size_t rb, const uint8_t *acts, int64
 #define BF16_SHAPE(R, T)
 #endif
 
-typedef void (*int_fn)(const uint8_t *, size_t, const uint8_t *, int64_t, int64_t, float *, size_t);
 typedef void (*f32_fn)(const uint8_t *, size_t, const uint8_t *, int64_t, float *, size_t);
 
 #define SHAPE(R, T)                                                                                   \
-    static void int_##R##x##T(const uint8_t *w, size_t rb, const uint8_t *x, int64_t np, int64_t ngp, \
-                              float *o, size_t ldo)                                                  \
-    {                                                                                                 \
-        tile_int(w, rb, x, np, ngp, o, ldo, R, T);                                                    \
-    }                                                                                                 \
     static void f32_##R##x##T(const uint8_t *w, size_t rb, const uint8_t *x, int64_t np, float *o,    \
                               size_t ldo)                                                             \
     {                                                                                                 \
@@ -146,10 +206,6 @@ SHAPE(2, 1) SHAPE(2, 2) SHAPE(2, 3) SHAPE(2, 4)
 SHAPE(3, 1) SHAPE(3, 2) SHAPE(3, 3) SHAPE(3, 4)
 SHAPE(4, 1) SHAPE(4, 2) SHAPE(4, 3) SHAPE(4, 4)
 
-static const int_fn int_tab[4][4] = {
-    { int_1x1, int_1x2, int_1x3, int_1x4 }, { int_2x1, int_2x2, int_2x3, int_2x4 },
-    { int_3x1, int_3x2, int_3x3, int_3x4 }, { int_4x1, int_4x2, int_4x3, int_4x4 },
-};
 static const f32_fn f32_tab[4][4] = {
     { f32_1x1, f32_1x2, f32_1x3, f32_1x4 }, { f32_2x1, f32_2x2, f32_2x3, f32_2x4 },
     { f32_3x1, f32_3x2, f32_3x3, f32_3x4 }, { f32_4x1, f32_4x2, f32_4x3, f32_4x4 },
@@ -162,24 +218,35 @@ static const f32_fn bf16_tab[4][4] = {
 #endif
 _Static_assert(GEMM_MR == 4 && GEMM_NT == 4, "tables are 4 x 4");
 
-void gemm_tile_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-                      float *out, size_t ldo)
+/* Float kinds: GEMM_MR x GEMM_NT tiles over the rows stored one after
+ * another (the panel's last group padded with zero rows). */
+static void panel_float(uint32_t type, const uint8_t *rows, int nr, const uint8_t *acts, int nt, int64_t n,
+                        float *out, size_t ldo)
 {
-    assert(nr >= 1 && nr <= GEMM_MR && nt >= 1 && nt <= GEMM_NT);
     const size_t rb = gemm_row_bytes(type, n);
-    if (type == QT_BF16) {
 #if defined(__AVX512BF16__)
-        bf16_tab[nr - 1][nt - 1](rows, rb, acts, (int64_t)(rb / sizeof(uint16_t)), out, ldo);
+    const f32_fn(*tab)[4] = gemm_is_bf16(type) ? bf16_tab : f32_tab;
+    const int64_t np = (int64_t)(rb / (gemm_is_bf16(type) ? sizeof(uint16_t) : sizeof(float)));
 #else
-        gemm_tile_ref(type, rows, nr, acts, nt, n, out, ldo);
-#endif
-    } else if (type == QT_F32 || type == QT_F16) {
-        f32_tab[nr - 1][nt - 1](rows, rb, acts, (int64_t)(rb / sizeof(float)), out, ldo);
-    } else {
-        const int64_t np = (n + GEMM_PAD - 1) / GEMM_PAD * GEMM_PAD;
-        const int64_t ngp = (int64_t)(rb - 2 * (size_t)np) / 4;
-        int_tab[nr - 1][nt - 1](rows, rb, acts, np, ngp, out, ldo);
+    if (gemm_is_bf16(type)) {
+        gemm_panel_ref(type, rows, nr, acts, nt, n, out, ldo);
+        return;
     }
+    const f32_fn(*tab)[4] = f32_tab;
+    const int64_t np = (int64_t)(rb / sizeof(float));
+#endif
+    for (int t0 = 0; t0 < nt; t0 += GEMM_NT)
+        for (int r0 = 0; r0 < nr; r0 += GEMM_MR)
+            tab[(nr - r0 < GEMM_MR ? nr - r0 : GEMM_MR) - 1][(nt - t0 < GEMM_NT ? nt - t0 : GEMM_NT) - 1](
+                rows + r0 * rb, rb, acts + t0 * rb, np, out + t0 * ldo + r0, ldo);
+}
+
+void gemm_panel_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
+                       float *out, size_t ldo)
+{
+    gemm_int_layout l;
+    if (gemm_int_layout_of(type, n, &l) == 0) panel_int(type, rows, nr, acts, nt, n, out, ldo);
+    else panel_float(type, rows, nr, acts, nt, n, out, ldo);
 }
 
 double gemm_peak_int8(int64_t iters, float *sink)
