@@ -824,6 +824,60 @@ static void kv_dir_burst(const char *model)
 /* A request waiting for another sequence's prefill leaves the queue as
  * soon as its client hangs up (counted as cancelled while the prefill it
  * waited for still runs); the prefilling request is unaffected. */
+/* Sends a POST /v1/completions without waiting for the answer: the
+ * connection, or -1. */
+static int post_async(int port, const char *body)
+{
+    char head[512];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n", key, strlen(body));
+    int fd = dial(port);
+    if (fd >= 0 && (send_all(fd, head, (size_t)n) || send_all(fd, body, strlen(body)))) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Prefill goes in admission order: a short prompt that arrives while a
+ * long one is prefilling answers after it (round robin would answer it
+ * first and hold every long prompt's first token back). */
+static void prefill_order(const char *tiny)
+{
+    server s;
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -c 8192 -b 64 -t 1 --parallel 2 --api-key %s", tiny, key);
+    CHECK(start_server(&s, args) == 0, "prefill-order server did not start");
+    if (s.pid <= 0) return;
+    text_buf doc = { 0 };
+    for (int i = 0; i < 300; i++) text_append(&doc, "hello world ", 12); /* ~2700 tokens: 40+ chunks */
+    char *body_a = malloc(doc.len + 256);
+    if (!body_a) return;
+    snprintf(body_a, doc.len + 256, "{\"prompt\": \"%s\", \"max_tokens\": 1, \"temperature\": 0}", doc.data);
+    int fa = post_async(s.port, body_a), fb = -1;
+    CHECK(fa >= 0, "send A");
+    for (double t0 = now(); now() - t0 < 20 && metric(s.port, "prefill_tokens_total") < 64;) usleep(5000);
+    fb = post_async(s.port, "{\"prompt\": \"The cat sat\", \"max_tokens\": 1, \"temperature\": 0}");
+    CHECK(fb >= 0, "send B");
+    /* which answers first */
+    int first = -1;
+    for (double t0 = now(); fa >= 0 && fb >= 0 && first < 0 && now() - t0 < 60;) {
+        struct pollfd p[2] = { { fa, POLLIN, 0 }, { fb, POLLIN, 0 } };
+        if (poll(p, 2, 100) > 0) first = (p[0].revents & POLLIN) ? 0 : 1;
+    }
+    CHECK(first == 0, "the long prompt admitted first answered %s", first == 1 ? "second" : "never");
+    resp r;
+    for (int i = 0; i < 2; i++) {
+        const int fd = i ? fb : fa;
+        CHECK(fd >= 0 && read_resp(fd, &r) == 0 && r.status == 200, "request %c answered", 'A' + i);
+        if (fd >= 0 && r.head) resp_free(&r);
+        if (fd >= 0) close(fd);
+    }
+    free(body_a);
+    free(doc.data);
+    CHECK(stop_server(&s) == 0, "prefill-order server: SIGTERM did not end it cleanly");
+}
+
 static void waiting_disconnect(const char *tiny)
 {
     server s;
@@ -837,17 +891,12 @@ static void waiting_disconnect(const char *tiny)
     if (!body_a || !body_b) return;
     snprintf(body_a, doc.len + 256, "{\"prompt\": \"%s\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
     snprintf(body_b, doc.len + 256, "{\"prompt\": \"%s again\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
-    int fa = dial(s.port), fb = -1;
-    char head[512];
-    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                     "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n", key, strlen(body_a));
-    CHECK(fa >= 0 && !send_all(fa, head, (size_t)n) && !send_all(fa, body_a, strlen(body_a)), "send A");
+    int fa = post_async(s.port, body_a), fb = -1;
+    CHECK(fa >= 0, "send A");
     /* B once A is prefilling */
     for (double t0 = now(); now() - t0 < 20 && metric(s.port, "active_sequences") < 1;) usleep(20000);
-    fb = dial(s.port);
-    n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                 "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n", key, strlen(body_b));
-    CHECK(fb >= 0 && !send_all(fb, head, (size_t)n) && !send_all(fb, body_b, strlen(body_b)), "send B");
+    fb = post_async(s.port, body_b);
+    CHECK(fb >= 0, "send B");
     long long waits = 0;
     for (double t0 = now(); now() - t0 < 20 && waits < 1; usleep(20000)) waits = metric(s.port, "prefix_cache_waits_total");
     CHECK(waits == 1 && metric(s.port, "queue_depth") == 1, "B waits for A's prefill (%lld)", waits);
@@ -953,6 +1002,7 @@ int main(void)
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) {
         overload_and_disconnect(tiny);
         waiting_disconnect(tiny);
+        prefill_order(tiny);
         request_timeout(tiny);
     }
     unlink(tiny);

@@ -2,7 +2,8 @@
  *
  * Each round: drop cancelled or timed-out sequences, admit queued requests
  * into free slots (a fresh context each, with the request's attention
- * policy), run one prefill chunk of one sequence (round robin), then sample
+ * policy), run one prefill chunk of the oldest admitted sequence still
+ * prefilling (first come, first served, as llama-server), then sample
  * one token for every sequence whose logits are ready and decode all of
  * them in one sparq_decode_batch step. Prefill chunks are the context's
  * n_batch tokens from the start of the prompt whatever the load, and the
@@ -82,6 +83,7 @@ typedef struct slot {
     int            id_stale;     /* --kv-dir holds another document under the
                                   * request's prefix_id: replace it        */
     double         t_prefill;    /* seconds spent prefilling                */
+    uint64_t       admitted;     /* admission order: prefill goes oldest first */
 } slot;
 
 /* ---- prefix cache ------------------------------------------------------------
@@ -801,7 +803,7 @@ void *srv_sched_main(void *arg)
     sparq_context **bc = malloc((size_t)P * sizeof *bc);
     int32_t *btok = malloc((size_t)P * sizeof *btok);
     int *bslot = malloc((size_t)P * sizeof *bslot);
-    int rr = 0;
+    uint64_t n_admitted = 0;
     char err[512], piece[256];
     prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes, s->cfg.n_batch > 0 ? s->cfg.n_batch : 512 };
     srv_kvdir kvd, *kd = NULL;
@@ -876,6 +878,7 @@ void *srv_sched_main(void *arg)
             s->n_active++;
             r->state = REQ_RUNNING;
             slots[i].r = r;
+            slots[i].admitted = n_admitted++;
             n_free--;
             active++;
         }
@@ -910,10 +913,18 @@ void *srv_sched_main(void *arg)
                 slot_reuse_prefix(s, &pc, kd, sl);
             }
         }
-        /* one prefill chunk, round robin over the sequences still prefilling */
-        for (int k = 0; k < P; k++) {
-            slot *sl = &slots[(rr + k) % P];
+        /* one prefill chunk of the oldest admitted sequence still
+         * prefilling: round robin would hold every first token back until
+         * all prompts are nearly done; in admission order the first
+         * request answers after its own prefill (the last no later) */
+        slot *oldest = NULL;
+        for (int i = 0; i < P; i++) {
+            slot *sl = &slots[i];
             if (!sl->r || !sl->c || sl->ready || sl->r->state == REQ_DONE) continue;
+            if (!oldest || sl->admitted < oldest->admitted) oldest = sl;
+        }
+        if (oldest) {
+            slot *sl = oldest;
             const double t0 = srv_now();
             const int fed0 = sl->fed;
             int rc = slot_prefill_chunk(s, sl);
@@ -933,8 +944,6 @@ void *srv_sched_main(void *arg)
                 if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
             }
             pthread_mutex_unlock(&s->lock);
-            rr = (int)((sl - slots) + 1) % P;
-            break;
         }
         /* sample one token for every ready sequence; decode them together */
         int nb = 0;
