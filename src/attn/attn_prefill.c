@@ -8,13 +8,13 @@
 #include <math.h>
 #include <string.h>
 
-int attn_prefill_bq(int g) { return g >= 32 ? 1 : 32 / g; }
+int attn_prefill_bq(int g) { return g >= 128 ? 1 : 128 / g; }
 
-/* KT [d][BK] | V [BK][d] | s [BK] | O [rows][d] | m, l [rows] */
+/* KT [d][BK] | V [BK][d] | s [R][BK] | O [rows][d] | m, l [rows] */
 size_t attn_prefill_scratch(int d, int g)
 {
     const size_t rows = (size_t)attn_prefill_bq(g) * g;
-    return 2 * (size_t)d * ATTN_PF_BK + ATTN_PF_BK + rows * d + 2 * rows;
+    return 2 * (size_t)d * ATTN_PF_BK + ATTN_PF_R * ATTN_PF_BK + rows * d + 2 * rows;
 }
 
 /* Key rows [k0, k0 + nk) widened to f32: transposed into kt, as rows into v. */
@@ -40,7 +40,7 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t pos
     const int d = kv->d, rows = nt * g;
     const float scale = 1.0f / sqrtf((float)d);
     float *kt = scratch, *v = kt + (size_t)d * ATTN_PF_BK, *s = v + (size_t)d * ATTN_PF_BK;
-    float *o = s + ATTN_PF_BK, *m = o + (size_t)rows * d, *l = m + rows;
+    float *o = s + ATTN_PF_R * ATTN_PF_BK, *m = o + (size_t)rows * d, *l = m + rows;
     memset(o, 0, (size_t)rows * d * sizeof(float));
     for (int i = 0; i < rows; i++) {
         m[i] = -INFINITY;
@@ -50,21 +50,40 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t pos
     for (int64_t k0 = 0; k0 < end; k0 += ATTN_PF_BK) {
         const int nk = (int)(end - k0 < ATTN_PF_BK ? end - k0 : ATTN_PF_BK);
         load_tile(kv, k0, nk, kt, v);
-        for (int t = 0; t < nt; t++) {
-            const int64_t vis = pos0 + t + 1 - k0; /* causal: a prefix of the tile */
-            if (vis <= 0) continue;
-            const int nki = vis < nk ? (int)vis : nk;
-            for (int j = 0; j < g; j++) {
-                const int i = t * g + j;
-                op->scores(q + (size_t)t * q_stride + (size_t)j * d, kt, d, nki, scale, s);
-                float mx = m[i];
-                for (int k = 0; k < nki; k++) mx = s[k] > mx ? s[k] : mx;
-                const float c = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
-                const float sum = op->expsum(s, nki, mx);
-                l[i] = l[i] * c + sum;
-                m[i] = mx;
-                op->pv(s, v, nki, d, c, o + (size_t)i * d);
+        /* rows i = t * g + j, ATTN_PF_R at a time; a row sees a prefix
+         * of the tile (causal), its other weights are set to 0 */
+        for (int i0 = 0; i0 < rows; i0 += ATTN_PF_R) {
+            const int nr = rows - i0 < ATTN_PF_R ? rows - i0 : ATTN_PF_R;
+            const float *qr[ATTN_PF_R];
+            float *orow[ATTN_PF_R], c[ATTN_PF_R];
+            int nki[ATTN_PF_R], any = 0;
+            for (int r = 0; r < nr; r++) {
+                const int i = i0 + r, t = i / g, j = i % g;
+                const int64_t vis = pos0 + t + 1 - k0;
+                nki[r] = vis <= 0 ? 0 : vis < nk ? (int)vis : nk;
+                any |= nki[r] > 0;
+                qr[r] = q + (size_t)t * q_stride + (size_t)j * d;
+                orow[r] = o + (size_t)i * d;
             }
+            if (!any) continue;
+            op->scores(qr, nr, kt, d, scale, s);
+            for (int r = 0; r < nr; r++) {
+                const int i = i0 + r;
+                float *sr = s + r * ATTN_PF_BK;
+                if (nki[r] == 0) { /* nothing visible here yet: o and l unchanged */
+                    c[r] = 1.0f;
+                    memset(sr, 0, nk * sizeof(float));
+                    continue;
+                }
+                float mx = m[i];
+                for (int k = 0; k < nki[r]; k++) mx = sr[k] > mx ? sr[k] : mx;
+                c[r] = m[i] == -INFINITY ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx); /* = expf(0) */
+                const float sum = op->expsum(sr, nki[r], mx);
+                l[i] = l[i] * c[r] + sum;
+                m[i] = mx;
+                for (int k = nki[r]; k < nk; k++) sr[k] = 0;
+            }
+            op->pv(s, nr, v, nk, d, c, orow);
         }
     }
     for (int t = 0; t < nt; t++)
@@ -93,7 +112,8 @@ static void colsum_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t k0
         const int nki = vis < nk ? (int)vis : nk;
         for (int j = 0; j < g; j++) {
             const int i = t * g + j;
-            op->scores(q + (size_t)t * q_stride + (size_t)j * d, kt, d, nki, scale, s);
+            const float *qr = q + (size_t)t * q_stride + (size_t)j * d;
+            op->scores(&qr, 1, kt, d, scale, s);
             op->expsum(s, nki, ml[2 * i]);
             const float inv = 1.0f / ml[2 * i + 1];
             for (int k = 0; k < nki; k++) colsum[k] += s[k] * inv;
@@ -103,17 +123,20 @@ static void colsum_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t k0
 
 /* ---- plain-C primitives (the reference) ---------------------------------------- */
 
-static void scores_ref(const float *q, const float *kt, int d, int nk, float scale, float *s)
+static void scores_ref(const float *const *q, int nr, const float *kt, int d, float scale, float *s)
 {
     /* acc += q*k, unfused, in order of e, then * scale: attn_scores' order,
      * so the scores equal the decode kernels' bit for bit */
-    for (int k = 0; k < nk; k++) s[k] = 0;
-    for (int e = 0; e < d; e++)
-        for (int k = 0; k < nk; k++) {
-            const float p = q[e] * kt[(size_t)e * ATTN_PF_BK + k];
-            s[k] += p;
-        }
-    for (int k = 0; k < nk; k++) s[k] *= scale;
+    for (int r = 0; r < nr; r++) {
+        float *sr = s + r * ATTN_PF_BK;
+        for (int k = 0; k < ATTN_PF_BK; k++) sr[k] = 0;
+        for (int e = 0; e < d; e++)
+            for (int k = 0; k < ATTN_PF_BK; k++) {
+                const float p = q[r][e] * kt[(size_t)e * ATTN_PF_BK + k];
+                sr[k] += p;
+            }
+        for (int k = 0; k < ATTN_PF_BK; k++) sr[k] *= scale;
+    }
 }
 
 static float expsum_ref(float *s, int nk, float m)
@@ -123,11 +146,13 @@ static float expsum_ref(float *s, int nk, float m)
     return sum;
 }
 
-static void pv_ref(const float *p, const float *v, int nk, int d, float c, float *o)
+static void pv_ref(const float *p, int nr, const float *v, int nk, int d, const float *c, float *const *o)
 {
-    for (int e = 0; e < d; e++) o[e] *= c;
-    for (int k = 0; k < nk; k++)
-        for (int e = 0; e < d; e++) o[e] = fmaf(p[k], v[(size_t)k * d + e], o[e]);
+    for (int r = 0; r < nr; r++) {
+        for (int e = 0; e < d; e++) o[r][e] *= c[r];
+        for (int k = 0; k < nk; k++)
+            for (int e = 0; e < d; e++) o[r][e] = fmaf(p[r * ATTN_PF_BK + k], v[(size_t)k * d + e], o[r][e]);
+    }
 }
 
 const attn_pf_ops attn_pf_ops_ref = { scores_ref, expsum_ref, pv_ref };

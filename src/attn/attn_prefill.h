@@ -52,14 +52,18 @@ void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, int64_t
  * The tile loops are written once (attn_prefill.c) over these row
  * primitives; the plain-C set is the reference, attn_prefill_avx512.c the
  * SIMD twin. kt is a key tile transposed, [d][ATTN_PF_BK]; v a value tile
- * [nk][d]. */
+ * [nk][d]. The primitives take up to ATTN_PF_R query rows at once, so one
+ * load of a key or value vector serves them all (one row at a time they
+ * were load-bound); each row's arithmetic is the same, in the same order,
+ * whatever the rows beside it. */
+enum { ATTN_PF_R = 4 };
 typedef struct attn_pf_ops {
-    /* s[k] = scale * q . key k, k < nk */
-    void (*scores)(const float *q, const float *kt, int d, int nk, float scale, float *s);
+    /* s[r * ATTN_PF_BK + k] = scale * q[r] . key k, every k < ATTN_PF_BK */
+    void (*scores)(const float *const *q, int nr, const float *kt, int d, float scale, float *s);
     /* s[k] = exp(s[k] - m), k < nk; returns their sum */
     float (*expsum)(float *s, int nk, float m);
-    /* o = o * c + sum_k p[k] v[k] */
-    void (*pv)(const float *p, const float *v, int nk, int d, float c, float *o);
+    /* o[r] = o[r] * c[r] + sum_k p[r * ATTN_PF_BK + k] v[k], k < nk */
+    void (*pv)(const float *p, int nr, const float *v, int nk, int d, const float *c, float *const *o);
 } attn_pf_ops;
 extern const attn_pf_ops attn_pf_ops_ref;
 extern const attn_pf_ops attn_pf_ops_avx512;
