@@ -68,8 +68,10 @@ static int matmul_gemm(sparq_context *c, const float *in, int n, int n_w, const 
     const size_t ab = gemm_act_bytes(ws[0]->type, n_in), rb = gemm_row_bytes(ws[0]->type, n_in);
     if (!ab || !rb) return -1;
     enum { PANEL_BYTES = 256 * 1024 }; /* a quarter of the L2 here; acts stream past */
-    int pr = (int)(PANEL_BYTES / rb) / GEMM_GROUP * GEMM_GROUP;
-    if (pr < GEMM_GROUP) pr = GEMM_GROUP;
+    /* whole pairs of 16-row groups: the tiles take two at a time, a lone
+     * group runs at half their reuse of each activation broadcast */
+    int pr = (int)(PANEL_BYTES / rb) / (2 * GEMM_GROUP) * (2 * GEMM_GROUP);
+    if (pr < 2 * GEMM_GROUP) pr = 2 * GEMM_GROUP;
     if (pr > 128) pr = 128;
     const int nt = c->n_threads;
     uint8_t *acts = aligned_alloc(64, (size_t)n * ab);
