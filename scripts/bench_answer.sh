@@ -7,8 +7,9 @@
 #   sparq:     sparq run -f PROMPT -n G --temp 0 --ignore-eos --json
 #              (its prefill_ms + decode_ms; the prompt is text whose token
 #              count is printed and must equal N)
-#   llama.cpp: llama-bench -pg N,G (a prefill of N random tokens then G
-#              generated, timed as one test), best of -fa 0 and -fa 1
+#   llama.cpp: llama-bench -pg N,G --no-warmup (a prefill of N random
+#              tokens then G generated, timed as one test; sparq run has no
+#              warm-up either), best of -fa 0 and -fa 1
 #
 #   LLAMA_BENCH=/path/to/llama-bench scripts/bench_answer.sh --out docs/bench-results/answer-DATE
 #
@@ -92,7 +93,7 @@ for r in $(seq 1 "$REPS"); do
   done
   if [ -n "$LLAMA_BENCH" ]; then
     log "llama-bench -pg $N,$G (rep $r)"
-    "$LLAMA_BENCH" -m "$MODEL" -p 0 -n 0 -pg "$N,$G" -fa 0,1 -t "$THREADS" -r 1 -o json \
+    "$LLAMA_BENCH" -m "$MODEL" -p 0 -n 0 -pg "$N,$G" -fa 0,1 -t "$THREADS" -r 1 --no-warmup -o json \
       > "$OUT/llama-$r.json" 2>>"$OUT/log.txt"
   fi
 done

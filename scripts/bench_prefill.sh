@@ -7,9 +7,8 @@
 #
 #   LLAMA_BENCH=/path/to/llama-bench scripts/bench_prefill.sh --out docs/bench-results/prefill-DATE
 #
-# Options: --quick (smollm2 pp512 only, 2 reps), FULL=1 (adds Q4_K_M pp4096),
-# --long (adds llama-3.2-1b
-# Q8_0 pp16384, one rep each: ~10 minutes), --out DIR (raw JSON, logs and
+# Options: --quick (smollm2 pp512 only, 2 reps), --long (adds llama-3.2-1b
+# Q8_0 pp16384, one rep each: ~20 minutes, most of it llama-bench's), --out DIR (raw JSON, logs and
 # summary.md; default a temp dir). THREADS (default: all cores), REPS
 # (default 3), MODELS_DIR (default /tmp/sparq-bench-models: the generated
 # files are kept for the next run).
@@ -63,8 +62,8 @@ cat "$OUT/machine.txt" >&2
 
 points=("smollm2-135m Q8_0 512")
 if [ $QUICK = 0 ]; then
-  points+=("llama-3.2-1b Q8_0 512" "llama-3.2-1b Q8_0 4096" "llama-3.2-1b Q4_K_M 512")
-  [ "${FULL:-0}" = 1 ] && points+=("llama-3.2-1b Q4_K_M 4096")
+  points+=("smollm2-135m Q8_0 4096" "llama-3.2-1b Q8_0 512" "llama-3.2-1b Q8_0 4096" "llama-3.2-1b Q4_K_M 512"
+           "llama-3.2-1b Q4_K_M 4096")
   [ $LONG = 1 ] && points+=("llama-3.2-1b Q8_0 16384")
 fi
 
@@ -73,13 +72,15 @@ for p in "${points[@]}"; do
   set -- $p
   shape=$1; type=$2; n=$3
   m=$(model "$shape" "$type")
-  reps=$REPS; [ "$n" -ge 16384 ] && reps=1
+  # 16k: one rep and no warm-up run on either side (a 1B model's 16k
+  # prefill takes minutes; llama-bench's warm-up would repeat it per -fa)
+  reps=$REPS; sw=(); lw=(); [ "$n" -ge 16384 ] && { reps=1; sw=(--warmup 0); lw=(--no-warmup); }
   tag="$shape-$type-pp$n"
   log "sparq $tag"
-  "$SPARQ" bench prefill -m "$m" -p "$n" -t "$THREADS" -r "$reps" --json > "$OUT/sparq-$tag.json" 2>>"$OUT/log.txt"
+  "$SPARQ" bench prefill -m "$m" -p "$n" -t "$THREADS" -r "$reps" "${sw[@]}" --json > "$OUT/sparq-$tag.json" 2>>"$OUT/log.txt"
   if [ -n "$LLAMA_BENCH" ]; then
     log "llama-bench $tag"
-    "$LLAMA_BENCH" -m "$m" -p "$n" -n 0 -fa 0,1 -t "$THREADS" -r "$reps" -o json > "$OUT/llama-$tag.json" 2>>"$OUT/log.txt"
+    "$LLAMA_BENCH" -m "$m" -p "$n" -n 0 -fa 0,1 -t "$THREADS" -r "$reps" "${lw[@]}" -o json > "$OUT/llama-$tag.json" 2>>"$OUT/log.txt"
   fi
 done
 # threads scaling: the smallest model at 1 thread too
