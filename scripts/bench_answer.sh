@@ -79,6 +79,7 @@ short=$(( N - off - reps_text * per ))
 text="$text$(rep 'a ' "$short")"
 printf '%s' "$text" > "$OUT/prompt.txt"
 got=$(ntok "$text")
+rm -f "$OUT/probe.txt"
 log "prompt: $got tokens (wanted $N)"
 [ "$got" = "$N" ] || echo "bench_answer: warning: the prompt has $got tokens, not $N" | tee -a "$OUT/log.txt" >&2
 
