@@ -63,7 +63,7 @@ PIC_OBJ := $(LIB_OBJ:$(BUILD)/obj/%=$(BUILD)/pic/%)
 # libsparq): libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
 SRV_LIBS := -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan test-deploy fuzz setup clean bench install uninstall testmodel FORCE
+.PHONY: all run test test-asan test-avx2 test-deploy fuzz setup clean bench install uninstall testmodel FORCE
 all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
@@ -172,6 +172,12 @@ test-asan:
 	SPARQ_TEST_QUICK=1 $(MAKE) BUILD=build-asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
+# The same suite built for AVX2 without AVX-512 (most laptops): the
+# *_avx2.c kernels are compiled and checked against their plain-C twins and
+# the golden logits on this AVX-512 machine too.
+test-avx2:
+	SPARQ_TEST_QUICK=1 $(MAKE) BUILD=build-avx2 ARCH="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt" test
+
 # Reproduces models/tiny-d64.gguf (issue 15; models/README.md): trains it with
 # Debian's python3-torch on the CPU (about an hour on two cores), exports it
 # with `sparq gen-model --weights`, checks sparq's logits against the training
@@ -189,4 +195,4 @@ fuzz: setup
 	@scripts/fuzz.sh
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-avx2 build-fuzz

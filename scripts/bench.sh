@@ -566,18 +566,20 @@ if os.path.exists(notes):
 w("## Commands\n")
 w("```\n" + "\n".join(cmds) + "\n```\n")
 
-# The prefill and serving runs have scripts of their own (scripts/bench_prefill.sh,
-# scripts/bench_serve.sh), each writing its raw results, the machine and
+# The prefill, time-to-answer and serving runs have scripts of their own
+# (scripts/bench_prefill.sh, bench_answer.sh, bench_serve.sh), each writing its raw results, the machine and
 # commands, and a summary table made from them; the newest run of each is
 # copied here as it is.
 import glob
 docs = os.path.dirname(out) or "."
-for kind, script in (("prefill", "scripts/bench_prefill.sh"), ("serve", "scripts/bench_serve.sh")):
+titles = {"prefill": "Prefill", "answer": "Time to answer", "serve": "Serving"}
+for kind, script in (("prefill", "scripts/bench_prefill.sh"), ("answer", "scripts/bench_answer.sh"),
+                     ("serve", "scripts/bench_serve.sh")):
     runs = sorted(glob.glob(os.path.join(docs, "bench-results", kind + "-*")))
     if not runs:
         continue
     d = runs[-1]
-    w(f"## {'Prefill' if kind == 'prefill' else 'Serving'} (`{script}`, raw results in `{os.path.relpath(d, docs)}`)\n")
+    w(f"## {titles[kind]} (`{script}`, raw results in `{os.path.relpath(d, docs)}`)\n")
     for name in ("machine.txt", "commands.txt"):
         p = os.path.join(d, name)
         if os.path.exists(p):

@@ -20,9 +20,9 @@
  * the whole group, keep partial sums in registers, and avoid extra passes.
  */
 #include "attn/attn.h"
-#include "attn/attn_avx512.h"
 
 #ifdef ATTN_HAVE_AVX512
+#include "attn/attn_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>

@@ -1216,7 +1216,7 @@ static int bench_peak_main(int argc, char **argv)
                     float sink = 0;
                     if (kind == 0) sum_ops += gemm_peak_int8(o.iters, &sink);
                     else if (kind == 1) sum_ops += gemm_peak_f32(o.iters, &sink);
-                    else {
+                    else if (gemm_supported(QT_Q8_0)) { /* what a prefill would run; none: 0 ops */
                         uint8_t *w = calloc(PR, wrb), *pw = aligned_alloc(64, PR * rb),
                                 *pa = aligned_alloc(64, PT * ab);
                         float *x = malloc(PN * sizeof(float)), *out = malloc(PR * PT * sizeof(float));
@@ -1245,7 +1245,9 @@ static int bench_peak_main(int argc, char **argv)
                 return 1;
             }
             if (ops == 0) {
-                fprintf(stderr, "bench peak: this build has no AVX-512 loops; skipped\n");
+                fprintf(stderr, "bench peak: %s: this build has no such %s; skipped\n",
+                        kind == 0 ? "int8-vnni" : kind == 1 ? "f32-fma" : "gemm-q8_0",
+                        kind == 2 ? "prefill GEMM" : "AVX-512 loop");
                 continue;
             }
             pp_row *row = &rows[n_rows++];

@@ -1,6 +1,7 @@
 /* gemm.c - packing of weights and activations for the prefill tiles, the
- * plain-C reference micro-kernel and the dispatch (gemm.h). The AVX-512
- * micro-kernel is in gemm_avx512.c; it is bit-identical to the reference.
+ * plain-C reference micro-kernel and the dispatch (gemm.h). The SIMD
+ * micro-kernels are in gemm_avx512.c and gemm_avx2.c; both are
+ * bit-identical to the reference.
  */
 #include "tensor/gemm.h"
 #include "tensor/quant_impl.h"
@@ -22,12 +23,14 @@ static int kind_of(uint32_t type)
     }
 }
 
-/* Only where the SIMD kernels exist: without them (no AVX-512 build) the
- * plain-C panels would be slower than quant_dot_rows' AVX2 kernels. */
+/* Only where SIMD kernels exist: elsewhere the plain-C panels would be
+ * slower than quant_dot_rows' kernels. */
 int gemm_supported(uint32_t type)
 {
 #if defined(QUANT_SIMD_AVX512)
     return kind_of(type) != KIND_NONE;
+#elif defined(QUANT_SIMD_AVX2)
+    return kind_of(type) == KIND_INT;
 #else
     (void)type;
     return 0;
@@ -343,6 +346,8 @@ void gemm_panel(uint32_t type, const void *rows, int nr, const void *acts, int n
 {
 #if defined(QUANT_SIMD_AVX512)
     gemm_panel_avx512(type, rows, nr, acts, nt, n, out, ldo);
+#elif defined(QUANT_SIMD_AVX2)
+    gemm_panel_avx2(type, rows, nr, acts, nt, n, out, ldo);
 #else
     gemm_panel_ref(type, rows, nr, acts, nt, n, out, ldo);
 #endif

@@ -49,8 +49,9 @@
 
 enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_GROUP = 16 };
 
-/* 1 if weights of this type have a packed GEMM path in this build (AVX-512
- * builds only; the packing and gemm_panel_ref work everywhere). */
+/* 1 if weights of this type have a packed GEMM path in this build: every
+ * kind in AVX-512 builds, the integer kinds in AVX2 builds (gemm_avx2.c),
+ * none otherwise; the packing and gemm_panel_ref work everywhere. */
 int gemm_supported(uint32_t type);
 
 /* Bytes per row of a packed panel (a group of GEMM_GROUP rows takes
@@ -107,5 +108,7 @@ int gemm_is_bf16(uint32_t type);
 
 void gemm_panel_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                        float *out, size_t ldo);
+void gemm_panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
+                     size_t ldo);
 
 #endif

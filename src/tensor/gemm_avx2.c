@@ -1,0 +1,151 @@
+/* gemm_avx2.c - the AVX2 (+FMA) micro-kernels of gemm.h for the integer
+ * kinds, for builds without AVX-512 (e.g. -march=haswell), bit-identical
+ * to gemm_panel_ref.
+ *
+ * A 16-row group's vector of 4 codes x 16 rows is two ymm halves (rows
+ * 0-7, 8-15). Without VNNI the 4-product sums come from vpmaddubsw (pairs
+ * into int16) + vpmaddwd (pairs of those into int32), so the pair sums
+ * must stay below 2^15:
+ *   small codes (Q4_0, Q4_K, Q5_K, Q6_K: q <= 63): q * x directly, at most
+ *     63 * 128 * 2, and the token's start (-zp * sum x) as in the reference;
+ *   large codes (Q8_0, IQ4_NL, IQ4_XS: q = v + 128): the signed value
+ *     v = q ^ 0x80 times x as |a| * (b with a's sign, vpsignb), where a is
+ *     the one that cannot be -128 (whose sign flip would wrap): x for Q8_0
+ *     activations (-127..127, so any weight byte of a file is exact), v for
+ *     IQ4_XS (grid values -127..113 against Q8_K, which reaches -128); at
+ *     most 128 * 127 * 2. sum(v * x) is the reference's start + sum(q * x)
+ *     exactly, so the start is not added.
+ * The float steps per block are the reference's, in its order.
+ */
+#include "tensor/gemm.h"
+#include "tensor/quant_impl.h"
+
+#if defined(QUANT_SIMD_AVX2)
+
+#include <assert.h>
+#include <immintrin.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum { INT_NT2 = 2 }; /* tokens per tile: 2 halves x 2 tokens x (int + float) = 8 of 16 ymm */
+
+INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
+                      float *out, size_t ldo, int n_rows, const int T, const int BS, const int MIN,
+                      const int SIGNED) /* 0: unsigned codes; 1: |v| * x signed by v; 2: |x| * v signed by x */
+{
+    __m256 acc[2][INT_NT2];
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) acc[h][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < l->nb; b++) {
+        const uint8_t *blk = blk0 + b * l->block_bytes, *xb = acts + b * BS;
+        __m256i ai[2][INT_NT2];
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            const __m256i st = SIGNED ? _mm256_setzero_si256()
+                                      : _mm256_set1_epi32(((const int32_t *)(acts + t * ab + l->act_start))[b]);
+            ai[0][t] = ai[1][t] = st;
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < BS / 4; k++) {
+            __m256i w[2], wa[2];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                w[h] = _mm256_load_si256((const __m256i *)(blk + 64 * k + 32 * h));
+                if (SIGNED) w[h] = _mm256_xor_si256(w[h], flip);
+                if (SIGNED == 1) wa[h] = _mm256_abs_epi8(w[h]);
+            }
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                int32_t x4;
+                memcpy(&x4, xb + t * ab + 4 * k, 4);
+                const __m256i x = _mm256_set1_epi32(x4);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i p = SIGNED == 1   ? _mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, w[h]))
+                                      : SIGNED == 2 ? _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w[h], x))
+                                                    : _mm256_maddubs_epi16(w[h], x);
+                    ai[h][t] = _mm256_add_epi32(ai[h][t], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        const float *sc = (const float *)(blk + GEMM_GROUP * BS);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256 sw = _mm256_load_ps(sc + 8 * h);
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                const float dx = ((const float *)(acts + t * ab + l->act_dx))[b];
+                acc[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ai[h][t]), sw), _mm256_set1_ps(dx),
+                                            acc[h][t]);
+            }
+            if (MIN) {
+                const __m256 mn = _mm256_load_ps(sc + GEMM_GROUP + 8 * h);
+#pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    const float sx = ((const float *)(acts + t * ab + l->act_sx))[b];
+                    acc[h][t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(sx), acc[h][t]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < T; t++) {
+        if (n_rows == GEMM_GROUP) {
+            _mm256_storeu_ps(out + t * ldo, acc[0][t]);
+            _mm256_storeu_ps(out + t * ldo + 8, acc[1][t]);
+        } else { /* the panel's last, partial group */
+            float tmp[GEMM_GROUP];
+            _mm256_storeu_ps(tmp, acc[0][t]);
+            _mm256_storeu_ps(tmp + 8, acc[1][t]);
+            memcpy(out + t * ldo, tmp, (size_t)n_rows * sizeof(float));
+        }
+    }
+}
+
+typedef void (*int2_fn)(const uint8_t *, const uint8_t *, size_t, const gemm_int_layout *, float *, size_t, int);
+
+#define INT2_KERN(NAME, BS, MIN, SIGNED, T)                                                                 \
+    static void NAME##_##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
+                           size_t ldo, int n_rows)                                                           \
+    {                                                                                                        \
+        kern_int2(w, x, ab, l, o, ldo, n_rows, T, BS, MIN, SIGNED);                                          \
+    }
+#define INT2_KERNS(NAME, BS, MIN, SIGNED)                                                                   \
+    INT2_KERN(NAME, BS, MIN, SIGNED, 1) INT2_KERN(NAME, BS, MIN, SIGNED, 2)                                 \
+    static const int2_fn NAME##_tab[2] = { NAME##_1, NAME##_2 };
+INT2_KERNS(s32, 32, 0, 1)  /* Q8_0, IQ4_NL */
+INT2_KERNS(x32, 32, 0, 2)  /* IQ4_XS */
+INT2_KERNS(u32, 32, 0, 0)  /* Q4_0 */
+INT2_KERNS(u32m, 32, 1, 0) /* Q4_K, Q5_K */
+INT2_KERNS(u16, 16, 0, 0)  /* Q6_K */
+
+void gemm_panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
+                     size_t ldo)
+{
+    gemm_int_layout l;
+    if (gemm_int_layout_of(type, n, &l)) { /* float kinds: no AVX2 tiles (gemm_supported says so) */
+        gemm_panel_ref(type, rows, nr, acts, nt, n, out, ldo);
+        return;
+    }
+    const int2_fn *tab = type == QT_IQ4_XS ? x32_tab : l.zp == 128 ? s32_tab : l.bs == 16 ? u16_tab
+                       : l.has_min ? u32m_tab : u32_tab;
+    assert(l.zp == 128 ? l.bs == 32 && !l.has_min : l.zp <= 32);
+    const size_t gstride = (size_t)l.nb * l.block_bytes;
+    const int ng = (nr + GEMM_GROUP - 1) / GEMM_GROUP;
+    for (int t0 = 0; t0 < nt; t0 += INT_NT2) {
+        const int tt = nt - t0 < INT_NT2 ? nt - t0 : INT_NT2;
+        for (int g = 0; g < ng; g++) {
+            const int n_rows = nr - g * GEMM_GROUP < GEMM_GROUP ? nr - g * GEMM_GROUP : GEMM_GROUP;
+            tab[tt - 1]((const uint8_t *)rows + g * gstride, (const uint8_t *)acts + t0 * l.act_bytes, l.act_bytes,
+                        &l, out + t0 * ldo + g * GEMM_GROUP, ldo, n_rows);
+        }
+    }
+}
+
+#else
+typedef int gemm_avx2_unused; /* ISO C forbids an empty translation unit */
+#endif
