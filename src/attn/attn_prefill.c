@@ -161,6 +161,8 @@ const attn_pf_ops attn_pf_ops_ref = { scores_ref, expsum_ref, pv_ref };
 
 #ifdef ATTN_HAVE_AVX512
 #define PF_BEST (&attn_pf_ops_avx512)
+#elif defined(__AVX2__) && defined(__FMA__)
+#define PF_BEST (&attn_pf_ops_avx2)
 #else
 #define PF_BEST (&attn_pf_ops_ref)
 #endif

@@ -50,8 +50,9 @@ void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, int64_t
 
 /* ---- implementation detail (attn_prefill*.c) ----------------------------
  * The tile loops are written once (attn_prefill.c) over these row
- * primitives; the plain-C set is the reference, attn_prefill_avx512.c the
- * SIMD twin. kt is a key tile transposed, [d][ATTN_PF_BK]; v a value tile
+ * primitives; the plain-C set is the reference, attn_prefill_avx512.c and
+ * attn_prefill_avx2.c the SIMD twins. kt is a key tile transposed,
+ * [d][ATTN_PF_BK]; v a value tile
  * [nk][d]. The primitives take up to ATTN_PF_R query rows at once, so one
  * load of a key or value vector serves them all (one row at a time they
  * were load-bound); each row's arithmetic is the same, in the same order,
@@ -67,5 +68,6 @@ typedef struct attn_pf_ops {
 } attn_pf_ops;
 extern const attn_pf_ops attn_pf_ops_ref;
 extern const attn_pf_ops attn_pf_ops_avx512;
+extern const attn_pf_ops attn_pf_ops_avx2; /* AVX2 builds without AVX-512 */
 
 #endif
