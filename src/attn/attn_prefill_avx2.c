@@ -7,6 +7,8 @@
 #include "attn/attn_prefill.h"
 
 #if !defined(ATTN_HAVE_AVX512) && defined(__AVX2__) && defined(__FMA__)
+#include "attn/attn_exp.h"
+
 #include <immintrin.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -47,22 +49,22 @@ static void scores_avx2(const float *const *q, int nr, const float *kt, int d, f
     }
 }
 
-/* exp(x) for x <= 0: attn_avx512.h's reduction and polynomial; 2^n goes
+/* exp(x) for x <= 0: attn_exp.h's reduction and polynomial; 2^n goes
  * into the exponent bits, so x is clamped at -87 (2^n stays normal; e^-87
  * is 1.6e-38, nothing next to the row's largest weight, 1). */
 INLINE __m256 exp_neg8(__m256 x)
 {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(ATTN_EXP_LOG2E)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 t = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    t = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), t);
-    __m256 p = _mm256_set1_ps(8.297655080e-03f);
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(4.191538199e-02f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.666757473e-01f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(4.999889485e-01f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(9.999996920e-01f));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.000000072e+00f));
+    __m256 t = _mm256_fnmadd_ps(n, _mm256_set1_ps(ATTN_EXP_LN2_HI), x);
+    t = _mm256_fnmadd_ps(n, _mm256_set1_ps(ATTN_EXP_LN2_LO), t);
+    __m256 p = _mm256_set1_ps(ATTN_EXP_C5);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C4));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C3));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C2));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C1));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C0));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }

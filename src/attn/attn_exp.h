@@ -1,0 +1,20 @@
+/* attn_exp.h - the constants of the softmax exp shared by the SIMD kernels
+ * (attn_avx512.h's exp_neg, attn_prefill_avx2.c's exp_neg8), so that every
+ * build rounds the same polynomial: x = n ln2 + t with ln2 in two parts (t
+ * exact to ~1e-10), e^t by a degree-5 polynomial fitted by Remez exchange
+ * for minimax relative error (7.5e-8), about 2e-7 relative to expf. */
+#ifndef SPARQ_ATTN_EXP_H
+#define SPARQ_ATTN_EXP_H
+
+#define ATTN_EXP_LOG2E  1.44269504088896341f
+#define ATTN_EXP_LN2_HI 0.693145751953125f
+#define ATTN_EXP_LN2_LO 1.428606765330187045e-06f
+/* e^t = ((((C5 t + C4) t + C3) t + C2) t + C1) t + C0 */
+#define ATTN_EXP_C5 8.297655080e-03f
+#define ATTN_EXP_C4 4.191538199e-02f
+#define ATTN_EXP_C3 1.666757473e-01f
+#define ATTN_EXP_C2 4.999889485e-01f
+#define ATTN_EXP_C1 9.999996920e-01f
+#define ATTN_EXP_C0 1.000000072e+00f
+
+#endif
