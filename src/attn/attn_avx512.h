@@ -16,9 +16,10 @@ static inline __mmask16 tail_mask(int64_t left)
     return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
 }
 
-/* exp(x) for x <= 0 (softmax arguments, x - max): x = n ln2 + t with
- * |t| <= ln2/2, e^t by attn_exp.h's polynomial, 2^n applied by scalef,
- * which underflows gradually to 0. The clamp keeps -inf from making
+/* exp(x), made for x <= 0 (softmax arguments, x - max; SiLU's e^-x in
+ * core/forward.c uses it for any sign: scalef overflows to inf): x = n ln2
+ * + t with |t| <= ln2/2, e^t by attn_exp.h's polynomial, 2^n applied by
+ * scalef, which underflows gradually to 0. The clamp keeps -inf from making
  * inf - inf (e^-104 is 0 in f32 anyway). About 2e-7 relative to expf. */
 static inline __m512 exp_neg(__m512 x)
 {

@@ -13,15 +13,14 @@
  *                                  pass over the weights, batch-invariant
  */
 #include "core/model.h"
-#include "attn/attn_exp.h"
 #include "attn/attn_prefill.h"
+#ifdef ATTN_HAVE_AVX512
+#include "attn/attn_avx512.h"
+#endif
 #include "tensor/gemm.h"
 #include "tensor/quant.h"
 
 #include <assert.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -201,30 +200,19 @@ static void rope_head(float *x, const float *cs, int rope_dim, int type)
     }
 }
 
-#if defined(__AVX512F__)
-/* gate[i] = silu(gate[i]) * up[i], i < n, e^-x by attn_exp.h's polynomial
- * (about 2e-7 from expf; ggml's vector SiLU approximates too): the scalar
- * expf was ~5% of a small model's prefill. Every element is computed the
- * same way wherever it sits (the tail by a masked vector), so prefill,
- * decode and batched decode agree bit for bit. Large -x: scalef gives inf,
- * x / inf = -0; -x below -104: e^-x is 0 in f32 anyway. */
+#ifdef ATTN_HAVE_AVX512
+/* gate[i] = silu(gate[i]) * up[i], i < n, e^-x by the softmax's exp_neg
+ * (attn_avx512.h; about 2e-7 from expf, and ggml's vector SiLU
+ * approximates too): the scalar expf was ~5% of a small model's prefill.
+ * Every element is computed the same way wherever it sits (the tail by a
+ * masked vector), so prefill, decode and batched decode agree bit for
+ * bit. Large -x: inf, x / inf = -0. */
 static void silu_mul_row(float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 m = tail_mask(n - i);
         const __m512 x = _mm512_maskz_loadu_ps(m, gate + i);
-        const __m512 y = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_set1_ps(-104.0f));
-        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(ATTN_EXP_LOG2E)),
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 t = _mm512_fnmadd_ps(k, _mm512_set1_ps(ATTN_EXP_LN2_HI), y);
-        t = _mm512_fnmadd_ps(k, _mm512_set1_ps(ATTN_EXP_LN2_LO), t);
-        __m512 p = _mm512_set1_ps(ATTN_EXP_C5);
-        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C4));
-        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C3));
-        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C2));
-        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C1));
-        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C0));
-        const __m512 e = _mm512_scalef_ps(p, k);
+        const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), x));
         const __m512 r = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, up + i)));
     }
