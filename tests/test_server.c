@@ -839,21 +839,43 @@ static int post_async(int port, const char *body)
     return fd;
 }
 
+/* A server on the tiny generated model with 64-token prefill chunks and
+ * `parallel` slots; 0 if it started. */
+static int start_tiny(server *s, const char *tiny, int parallel, const char *what)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -c 8192 -b 64 -t 1 --parallel %d --api-key %s", tiny, parallel, key);
+    const int rc = start_server(s, args);
+    CHECK(rc == 0, "%s server did not start", what);
+    return rc == 0 && s->pid > 0 ? 0 : -1;
+}
+
+/* A completion body whose prompt is "hello world " x repeats (about 9
+ * tokens per repeat on the tiny model), then suffix. NULL: out of memory. */
+static char *hello_body(int repeats, const char *suffix, int max_tokens)
+{
+    text_buf t = { 0 };
+    text_append(&t, "{\"prompt\": \"", 12);
+    for (int i = 0; i < repeats; i++) text_append(&t, "hello world ", 12);
+    char tail[128];
+    int n = snprintf(tail, sizeof tail, "%s\", \"max_tokens\": %d, \"temperature\": 0}", suffix, max_tokens);
+    text_append(&t, tail, (size_t)n);
+    return t.data;
+}
+
 /* Prefill goes in admission order: a short prompt that arrives while a
  * long one is prefilling answers after it (round robin would answer it
  * first and hold every long prompt's first token back). */
 static void prefill_order(const char *tiny)
 {
     server s;
-    char args[1024];
-    snprintf(args, sizeof args, "-m %s -c 8192 -b 64 -t 1 --parallel 2 --api-key %s", tiny, key);
-    CHECK(start_server(&s, args) == 0, "prefill-order server did not start");
-    if (s.pid <= 0) return;
-    text_buf doc = { 0 };
-    for (int i = 0; i < 300; i++) text_append(&doc, "hello world ", 12); /* ~2700 tokens: 40+ chunks */
-    char *body_a = malloc(doc.len + 256);
-    if (!body_a) return;
-    snprintf(body_a, doc.len + 256, "{\"prompt\": \"%s\", \"max_tokens\": 1, \"temperature\": 0}", doc.data);
+    if (start_tiny(&s, tiny, 2, "prefill-order")) return;
+    char *body_a = hello_body(300, "", 1); /* ~2700 tokens: 40+ chunks */
+    CHECK(body_a != NULL, "out of memory");
+    if (!body_a) {
+        stop_server(&s);
+        return;
+    }
     int fa = post_async(s.port, body_a), fb = -1;
     CHECK(fa >= 0, "send A");
     for (double t0 = now(); now() - t0 < 20 && metric(s.port, "prefill_tokens_total") < 64;) usleep(5000);
@@ -874,23 +896,22 @@ static void prefill_order(const char *tiny)
         if (fd >= 0) close(fd);
     }
     free(body_a);
-    free(doc.data);
     CHECK(stop_server(&s) == 0, "prefill-order server: SIGTERM did not end it cleanly");
 }
 
 static void waiting_disconnect(const char *tiny)
 {
     server s;
-    char args[1024];
-    snprintf(args, sizeof args, "-m %s -c 8192 -b 64 -t 1 --parallel 4 --api-key %s", tiny, key);
-    CHECK(start_server(&s, args) == 0, "waiting server did not start");
-    if (s.pid <= 0) return;
-    text_buf doc = { 0 };
-    for (int i = 0; i < 880; i++) text_append(&doc, "hello world ", 12); /* ~8000 tokens: seconds of prefill */
-    char *body_a = malloc(doc.len + 256), *body_b = malloc(doc.len + 256);
-    if (!body_a || !body_b) return;
-    snprintf(body_a, doc.len + 256, "{\"prompt\": \"%s\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
-    snprintf(body_b, doc.len + 256, "{\"prompt\": \"%s again\", \"max_tokens\": 2, \"temperature\": 0}", doc.data);
+    if (start_tiny(&s, tiny, 4, "waiting")) return;
+    /* ~8000 tokens: seconds of prefill; B shares A's document */
+    char *body_a = hello_body(880, "", 2), *body_b = hello_body(880, "again", 2);
+    CHECK(body_a && body_b, "out of memory");
+    if (!body_a || !body_b) {
+        free(body_a);
+        free(body_b);
+        stop_server(&s);
+        return;
+    }
     int fa = post_async(s.port, body_a), fb = -1;
     CHECK(fa >= 0, "send A");
     /* B once A is prefilling */
@@ -920,7 +941,6 @@ static void waiting_disconnect(const char *tiny)
           "only A was prefilled");
     free(body_a);
     free(body_b);
-    free(doc.data);
     CHECK(stop_server(&s) == 0, "waiting server: SIGTERM did not end it cleanly");
 }
 
