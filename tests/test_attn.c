@@ -482,8 +482,8 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
     for (int use_rows = 0; use_rows < 2; use_rows++) {
         const int32_t *rw = use_rows ? rows : NULL;
         attn_scores_ref(&kv, q, g, rw, n, s1);
-        attn_softmax_weighted_sum_ref(&kv, s1, g, rw, n, o1);
-        attn_softmax_weighted_sum_avx512(&kv, s1, g, rw, n, o2);
+        attn_softmax_weighted_sum_ref(&kv, s1, g, rw, n, o1, NULL);
+        attn_softmax_weighted_sum_avx512(&kv, s1, g, rw, n, o2, NULL);
         e = fmax(e, rel_diff(o1, o2, (int64_t)g * d));
     }
     /* SparQ's fused pass (every output) and the group sum over its blocks */
@@ -583,6 +583,7 @@ static void meter_kv_free(meter_kv *c) { free(c->K); free(c->V); free(c->KT); }
 
 typedef void (*scores_fn)(const attn_kv_view *, const float *, int, const int32_t *, int64_t, float *);
 typedef void (*wsum_fn)(const attn_kv_view *, const float *, int, const int32_t *, int64_t, float *);
+typedef void (*sws_fn)(const attn_kv_view *, const float *, int, const int32_t *, int64_t, float *, float *);
 typedef void (*ktl_fn)(const attn_kv_view *, const float *, const int32_t *, int, int, int64_t, float *);
 typedef void (*kte_fn)(const attn_kv_view *, const float *, const int32_t *, int, int, int64_t, float *,
                        float *, float *);
@@ -592,7 +593,8 @@ typedef void (*gather_fn)(const attn_kv_view *, const float *, int, const int32_
 typedef struct twin_set {
     const char *name;
     scores_fn scores;
-    wsum_fn wsum, sws;
+    wsum_fn wsum;
+    sws_fn sws;
     ktl_fn ktl;
     kte_fn kte;
     gather_fn gather;
@@ -624,7 +626,7 @@ static int meter_shape(const twin_set *t, int64_t n, int d, int g, int r, int el
         t->wsum(&c.kv, s, g, rw, n, o);
         bad += !meter_is(&c.m, (meter_want){ 0, n * d, 0 });
         memset(&c.m, 0, sizeof c.m);
-        t->sws(&c.kv, s, g, rw, n, o);
+        t->sws(&c.kv, s, g, rw, n, o, NULL);
         bad += !meter_is(&c.m, (meter_want){ 0, n * d, 0 });
         memset(&c.m, 0, sizeof c.m);
         t->gather(&c.kv, q, g, rw, n, o, s);
@@ -1658,6 +1660,67 @@ static void test_invalid(void)
                          NULL, NULL, e2, sizeof e2) == -1, "NULL q rejected");
 }
 
+/* Long dense steps in parts (attn.h): attn_dense_group over S >= 2 ATTN_PART
+ * against the naive softmax in double; the parts merged by hand in order
+ * give the same bits (what the model's threads do); each part's log-sum-exp
+ * against the naive one; a view too short to split is one part. */
+static void test_dense_parts(void)
+{
+    rng r = { 77 };
+    const int64_t Ss[] = { 2 * ATTN_PART - 1, 2 * ATTN_PART, 3 * ATTN_PART + 37 };
+    const int d = 40, g = 3;
+    CHECK(attn_dense_parts(2 * ATTN_PART - 1) == 1 && attn_dense_parts(2 * ATTN_PART) == 2 &&
+              attn_dense_parts(3 * ATTN_PART + 37) == 3 && attn_dense_parts(1) == 1,
+          "part counts");
+    for (size_t a = 0; a < sizeof Ss / sizeof Ss[0]; a++) {
+        const int64_t S = Ss[a];
+        float *K = malloc((size_t)S * d * sizeof *K), *V = malloc((size_t)S * d * sizeof *V);
+        float *q = malloc((size_t)g * d * sizeof *q), *o1 = malloc((size_t)g * d * sizeof *o1);
+        float *o2 = malloc((size_t)g * d * sizeof *o2), *po = malloc((size_t)g * d * sizeof *po);
+        float *scratch = malloc(((size_t)g * S + 64) * sizeof *scratch);
+        double *want = malloc((size_t)g * d * sizeof *want);
+        if (!K || !V || !q || !o1 || !o2 || !po || !scratch || !want) {
+            CHECK(0, "out of memory");
+            return;
+        }
+        for (int64_t i = 0; i < S * d; i++) {
+            K[i] = 2 * rng_normal(&r); /* peaked softmaxes: parts differ in their max */
+            V[i] = rng_normal(&r);
+        }
+        fill_query(&r, q, g, d);
+        attn_kv_view kv = { S, d, KV_F32, K, V, NULL, 0, NULL, NULL };
+        attn_dense_group(&kv, q, g, o1, scratch);
+        naive_attn(q, K, V, S, d, g, NULL, want, NULL);
+        double worst = 0;
+        for (int i = 0; i < g * d; i++) worst = fmax(worst, fabs(o1[i] - want[i]) / (1 + fabs(want[i])));
+        CHECK(worst < 2e-5, "dense S %lld in %d parts vs naive: %g", (long long)S, attn_dense_parts(S), worst);
+        /* by hand: parts in order, merged; and each part's lse */
+        const int parts = attn_dense_parts(S);
+        float lse[3], plse[3];
+        double lse_err = 0;
+        for (int p = 0; p < parts; p++) {
+            attn_dense_part(&kv, q, g, p, p ? po : o2, p ? plse : lse, scratch);
+            const int64_t i0 = (int64_t)p * ATTN_PART, i1 = p == parts - 1 ? S : i0 + ATTN_PART;
+            for (int h = 0; h < g; h++) {
+                double mx = -INFINITY, z = 0;
+                for (int64_t i = i0; i < i1; i++) {
+                    double dot = 0;
+                    for (int j = 0; j < d; j++) dot += (double)q[h * d + j] * K[i * d + j];
+                    scratch[i - i0] = (float)(dot / sqrt((double)d));
+                    mx = fmax(mx, scratch[i - i0]);
+                }
+                for (int64_t i = i0; i < i1; i++) z += exp(scratch[i - i0] - mx);
+                lse_err = fmax(lse_err, fabs((p ? plse : lse)[h] - (mx + log(z))) / (1 + fabs(mx + log(z))));
+            }
+            if (p) attn_merge_part(g, d, o2, lse, po, plse);
+        }
+        CHECK(lse_err < 1e-5, "S %lld: parts' log-sum-exp vs naive %g", (long long)S, lse_err);
+        CHECK(memcmp(o1, o2, (size_t)g * d * sizeof *o1) == 0, "S %lld: parts merged in order = attn_dense_group",
+              (long long)S);
+        free(K); free(V); free(q); free(o1); free(o2); free(po); free(scratch); free(want);
+    }
+}
+
 int main(void)
 {
     test_f16();
@@ -1666,6 +1729,7 @@ int main(void)
     test_topk_above();
     test_topk_kth();
     test_twins();
+    test_dense_parts();
     test_kt_exp();
     test_policies_naive();
     test_h2o_steps();

@@ -282,6 +282,76 @@ static void check_model(const char *path, const char *label)
 }
 
 /* Writes a random-weight model with `sparq gen-model`; 0 on success. */
+/* Long dense decode steps run in parts (attn.h, ATTN_PART) that the model
+ * spreads over threads, while a batch step runs each sequence's parts one
+ * after the other: a step at depth >= 2 ATTN_PART must still give the same
+ * bits on 1 or 2 threads and alone or in a batch, for f16 and q8_0 caches
+ * (head size 64: the q8_0 integer kernels). The caches hold seeded random
+ * keys and values (sparq_context_fill_random): no prefill of 9k tokens. */
+static void check_long_parts(const char *path)
+{
+    char err[256];
+    sparq_model *m = NULL;
+    if (sparq_model_load(path, &m, err, sizeof err)) {
+        CHECK(0, "load %s: %s", path, err);
+        return;
+    }
+    const int V = sparq_model_n_vocab(m);
+    const int64_t depth = 3 * 4096 + 777; /* three parts: merge order matters */
+    for (int kt = 0; kt < 2; kt++) {
+        /* 0: dense, its parts on 2 threads; 1: on 1 thread; 2, 3: a batch of
+         * two; 4: SparQ with k >= S, which runs the parts one after the
+         * other inside attn_dense_group (so the threads' merge is checked
+         * against the plain one, not only against itself) */
+        sparq_context *c[5] = { 0 };
+        const int threads[5] = { 2, 1, 2, 2, 2 };
+        int ok = 1;
+        for (int i = 0; i < 5 && ok; i++) {
+            sparq_context_params cp = sparq_context_default_params();
+            cp.n_ctx = 16384;
+            cp.n_threads = threads[i];
+            cp.kv_type = kt ? SPARQ_KV_Q8_0 : SPARQ_KV_F16;
+            if (i == 4) {
+                cp.attn.policy = "sparq";
+                cp.attn.k = 1 << 20;
+            }
+            ok = sparq_context_create(m, &cp, &c[i], err, sizeof err) == 0 &&
+                 sparq_context_fill_random(c[i], i == 3 ? depth + 100 : depth, 11) == 0;
+            CHECK(ok, "long context %d: %s", i, err);
+        }
+        float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+        float *bt = malloc((size_t)2 * V * sizeof *bt);
+        if (ok && a && b && bt) {
+            int same_threads = 1, same_batch = 1, same_sparq = 1;
+            for (int step = 0; step < 3; step++) {
+                const int32_t tok = 5 + 7 * step, toks[2] = { tok, 9 };
+                sparq_context *pair[2] = { c[2], c[3] };
+                if (sparq_eval(c[0], &tok, 1, a) || sparq_eval(c[1], &tok, 1, b) ||
+                    sparq_decode_batch(pair, toks, 2, bt)) {
+                    CHECK(0, "long decode step %d failed", step);
+                    break;
+                }
+                same_threads &= memcmp(a, b, (size_t)V * sizeof *a) == 0;
+                same_batch &= memcmp(a, bt, (size_t)V * sizeof *a) == 0;
+                if (sparq_eval(c[4], &tok, 1, b)) {
+                    CHECK(0, "long SparQ step %d failed", step);
+                    break;
+                }
+                same_sparq &= memcmp(a, b, (size_t)V * sizeof *a) == 0;
+            }
+            CHECK(same_sparq, "%s cache, depth %lld: dense in parts on threads = SparQ k >= S (parts in turn)",
+                  kt ? "q8_0" : "f16", (long long)depth);
+            CHECK(same_threads, "%s cache, depth %lld: same logits on 1 and 2 threads", kt ? "q8_0" : "f16",
+                  (long long)depth);
+            CHECK(same_batch, "%s cache, depth %lld: same logits alone and in a batch", kt ? "q8_0" : "f16",
+                  (long long)depth);
+        }
+        free(a); free(b); free(bt);
+        for (int i = 0; i < 5; i++) sparq_context_free(c[i]);
+    }
+    sparq_model_free(m);
+}
+
 static int gen_model(const char *bin, const char *shape, const char *type, char *path, size_t size)
 {
     snprintf(path, size, "/tmp/sparq_test_batch_%s_%s_%d.gguf", shape, type, (int)getpid());
@@ -309,6 +379,16 @@ int main(void)
         CHECK(0, "%s not built", bin);
         return test_summary("test_batch");
     }
+    /* the long-step parts, on a model whose head size takes the q8_0 integer kernels */
+    snprintf(path, sizeof path, "/tmp/sparq_test_batch_long_%d.gguf", (int)getpid());
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%.900s gen-model --shape tiny-d64 --type Q8_0 --seed 3 -c 16384 -o %.900s >/dev/null 2>&1",
+             bin, path);
+    const int st = system(cmd);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "gen-model tiny-d64");
+    check_long_parts(path);
+    unlink(path);
+
     static const struct { const char *shape, *type; } gens[] = {
         { "tiny", "Q8_0" }, { "tiny", "Q4_0" }, { "tiny", "F16" }, { "tiny", "Q4_K_M" },
         { "tiny-qwen3", "F32" }, { "tiny-phi3", "Q8_0" },

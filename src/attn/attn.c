@@ -161,9 +161,9 @@ void attn_kt_logits(const attn_kv_view *kv, const float *qs, const int32_t *comp
 }
 
 void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
-                               const int32_t *rows, int64_t n, float *out)
+                               const int32_t *rows, int64_t n, float *out, float *lse)
 {
-    ATTN_BEST(attn_softmax_weighted_sum)(kv, s, g, rows, n, out);
+    ATTN_BEST(attn_softmax_weighted_sum)(kv, s, g, rows, n, out, lse);
 }
 
 void attn_kt_exp(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
@@ -190,9 +190,52 @@ int64_t attn_topk_above(const uint32_t *key, const int32_t *pos, int64_t m, uint
 
 /* ---- group attention ------------------------------------------------------ */
 
+void attn_dense_part(const attn_kv_view *kv, const float *q, int g, int part, float *out,
+                     float *lse, float *scratch)
+{
+    const int parts = attn_dense_parts(kv->S);
+    const int64_t a = (int64_t)part * ATTN_PART, b = part == parts - 1 ? kv->S : a + ATTN_PART;
+    const size_t rb = attn_kv_row_bytes(kv->elem, kv->d);
+    attn_kv_view v = *kv; /* positions [a, b); the meter stays the caller's */
+    v.S = b - a;
+    v.K = (const uint8_t *)kv->K + (size_t)a * rb;
+    v.V = (const uint8_t *)kv->V + (size_t)a * rb;
+    v.KT = NULL;
+    v.v_sum = NULL;
+    attn_scores(&v, q, g, NULL, v.S, scratch);
+    attn_softmax_weighted_sum(&v, scratch, g, NULL, v.S, out, lse);
+}
+
+void attn_merge_part(int g, int d, float *out, float *lse, const float *part_out,
+                     const float *part_lse)
+{
+    for (int h = 0; h < g; h++) {
+        const float l = lse[h], m = part_lse[h], mx = l > m ? l : m;
+        if (mx == -INFINITY) continue; /* both empty */
+        const float a = expf(l - mx), b = expf(m - mx), s = a + b, wa = a / s, wb = b / s;
+        for (int j = 0; j < d; j++) out[h * d + j] = out[h * d + j] * wa + part_out[h * d + j] * wb;
+        lse[h] = mx + logf(s);
+    }
+}
+
 void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out, float *scratch)
 {
-    attn_gather_group(kv, q, g, NULL, kv->S, out, scratch);
+    const int parts = attn_dense_parts(kv->S);
+    if (parts == 1) {
+        attn_gather_group(kv, q, g, NULL, kv->S, out, scratch);
+        return;
+    }
+    /* The scores of a part (< 2 ATTN_PART positions) take the front of the
+     * g*S scratch floats; the running lse and one part's output fit behind
+     * them (S minus the last part >= ATTN_PART > d + 2 positions). */
+    const int d = kv->d;
+    float *lse = scratch + (size_t)g * kv->S - (size_t)g * (d + 2), *part_lse = lse + g,
+          *part_out = part_lse + g;
+    attn_dense_part(kv, q, g, 0, out, lse, scratch);
+    for (int p = 1; p < parts; p++) {
+        attn_dense_part(kv, q, g, p, part_out, part_lse, scratch);
+        attn_merge_part(g, d, out, lse, part_out, part_lse);
+    }
 }
 
 void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
@@ -203,8 +246,7 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
         return;
     }
     attn_scores_ref(kv, q, g, sel, n_sel, scratch);
-    attn_softmax_ref(scratch, g, n_sel);
-    attn_weighted_sum_ref(kv, scratch, g, sel, n_sel, out);
+    attn_softmax_weighted_sum_ref(kv, scratch, g, sel, n_sel, out, NULL);
 }
 
 void attn_gather_group(const attn_kv_view *kv, const float *q, int g,

@@ -203,6 +203,15 @@ typedef struct attn_policy {
                                       int64_t S, int d, int g);
     /* Optional: adds the policy's own counters (topk: recall, index time). */
     void (*stats)(const void *state, sparq_attn_stats *out);
+    /* Optional, with attend_part: a step over S positions in n_parts(p, S)
+     * independent parts (1: attend as a whole), so the model can share one
+     * KV head's step between threads. attend_part computes part `part` into
+     * out[g][d] and lse[g] for attn_merge_part (merged in order by the
+     * caller); merging every part must give exactly attend's output. */
+    int  (*n_parts)(const sparq_attn_params *p, int64_t S);
+    int  (*attend_part)(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                        const attn_kv_view *kv, const float *q, int g, int part, float *out,
+                        float *lse, attn_scratch *scratch, attn_counts *counts);
 } attn_policy;
 
 /* Registry lookup by name; NULL if unknown. */
@@ -220,6 +229,31 @@ const char *attn_policy_names(char *buf, size_t size, const char *sep);
  * to dense. scratch: at least g*S floats. */
 void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out, float *scratch);
 
+/* Long dense steps in parts. A dense step over S >= 2 * ATTN_PART positions
+ * runs as attn_dense_parts(S) = S / ATTN_PART parts of ATTN_PART positions
+ * (the last takes the rest): each a softmax over its positions with its
+ * log-sum-exp, merged in order by attn_merge_part. The parts are
+ * independent, so the model spreads one KV head over threads (three KV heads
+ * on two cores left one core idle for half of every long step), and
+ * attn_dense_group computes the same parts one after the other: the same
+ * bits either way, on any number of threads, alone or in a batch. */
+enum { ATTN_PART = 4096 };
+
+static inline int attn_dense_parts(int64_t S)
+{
+    return S < 2 * ATTN_PART ? 1 : (int)(S / ATTN_PART);
+}
+
+/* Part `part` (< attn_dense_parts(kv->S)): out[g][d] the softmax-weighted V
+ * over its positions, lse[g] the log-sum-exp of its scores. scratch: at
+ * least g * (2 * ATTN_PART - 1) floats. */
+void attn_dense_part(const attn_kv_view *kv, const float *q, int g, int part, float *out,
+                     float *lse, float *scratch);
+/* (out, lse) <- the softmax over both position sets, from (out, lse) and the
+ * next part's (part_out, part_lse). */
+void attn_merge_part(int g, int d, float *out, float *lse, const float *part_out,
+                     const float *part_lse);
+
 /* Gathered attention over positions sel[0..n_sel) (any order):
  * out[h] = softmax(q_h . K[sel] / sqrt(d)) V[sel]; scratch >= g*n_sel. */
 void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
@@ -229,6 +263,49 @@ void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
  * indices to idx[0..k) in no particular order. Ties broken toward the lower
  * index. work: n int32 values. */
 void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work);
+
+/* ---- integer kernels for Q8_0 caches (attn_kernels_q8i_*.c) ------------
+ * A Q8_0 cache whose head size is a multiple of 64 is read in integers:
+ * attn_scores quantizes each query head to Q8_0 blocks (scale max|q|/127,
+ * round to nearest) and sums code products exactly in int32 per 32-element
+ * block, s = sum_b (sum_j k_j q_j) * (dk_b * (dq_b / sqrt(d))), the blocks
+ * added in order by fused multiply-adds; attn_softmax_weighted_sum
+ * quantizes, per 64 positions and V block, the weights c_i = p_i * dv_i
+ * (p_i = exp(s_i - max) >= 0, dv_i the block's scale) to u8 against their
+ * maximum (sigma = max / 255) and sums u_i * v_ij exactly in int32, then
+ * o_j += I_j * sigma per 64 positions and o_j / sum_i p_i at the end. This is
+ * what llama.cpp does for q8_0 caches (the query meets the cache in Q8_0),
+ * and it is what makes them cheaper to read than f16: one VNNI instruction
+ * multiplies 64 codes, where widening each code to f32 cost more than the
+ * bytes it saved (tests/test_kvq8.c bounds both quantizations' error
+ * against f32). Other head sizes, and the unfused attn_weighted_sum, widen
+ * to f32. */
+enum { ATTN_Q8I_CHUNK = 64, ATTN_Q8I_MAX_D = 512 };
+
+static inline int attn_q8i_applies(const attn_kv_view *kv)
+{
+    return kv->elem == KV_Q8_0 && kv->d % 64 == 0 && kv->d <= ATTN_Q8I_MAX_D;
+}
+
+/* One query head q[0..d) -> codes qi[0..d), per 32-element block b the scale
+ * dq_b times `scale` in dqs[b] and 128 * sum of the block's codes in
+ * corr[b] (the offset of codes made unsigned by adding 128). */
+void attn_q8i_query(const float *q, int d, float scale, int8_t *qi, float *dqs, int32_t *corr);
+void attn_scores_q8i_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                         int64_t n, float *s);
+void attn_softmax_weighted_sum_q8i_ref(const attn_kv_view *kv, const float *s, int g,
+                                       const int32_t *rows, int64_t n, float *out, float *lse);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__) && defined(__F16C__) && defined(__FMA__)
+#define ATTN_HAVE_Q8I_AVX512 1
+void attn_scores_q8i_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                            int64_t n, float *s);
+void attn_softmax_weighted_sum_q8i_avx512(const attn_kv_view *kv, const float *s, int g,
+                                          const int32_t *rows, int64_t n, float *out, float *lse);
+#define ATTN_Q8I_BEST(fn) fn##_avx512
+#else
+#define ATTN_Q8I_BEST(fn) fn##_ref
+#endif
 
 /* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx512.c) -
  * rows: positions to read, or NULL for 0..n-1. Every kernel has a plain-C
@@ -257,9 +334,11 @@ int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx);
 
 /* out[h*d + j] = sum_i softmax(s[h*n .. h*n+n))_i * V[row_i][j]: attn_softmax
  * then attn_weighted_sum in one pass, the weights never stored (s is only
- * read). Elements read: n*d. */
+ * read). lse (NULL: not wanted) gets each head's log sum_i exp(s_i), which
+ * merges softmaxes over disjoint position sets (attn_merge_part). Elements
+ * read: n*d. */
 void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
-                               const int32_t *rows, int64_t n, float *out);
+                               const int32_t *rows, int64_t n, float *out, float *lse);
 
 /* Positions per block of attn_kt_exp's running maximum. */
 enum { ATTN_EXP_BLOCK = 256 };
@@ -298,7 +377,7 @@ uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                             int32_t *idx);
 void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
-                                   const int32_t *rows, int64_t n, float *out);
+                                   const int32_t *rows, int64_t n, float *out, float *lse);
 void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
                      int64_t n, float *e, float *scale, float *lsum);
 void attn_scaled_head_sum_ref(const float *e, const float *scale, int g, int64_t n, int64_t m,
@@ -310,7 +389,7 @@ void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const 
                            int64_t n, float *out);
 void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                         int g, int64_t n, float *s);
-/* attn_gather_group's twins: _ref runs the scores, softmax and weighted-sum
+/* attn_gather_group's twins: _ref runs the scores and softmax_weighted_sum
  * _ref kernels; _avx512 the scores and softmax_weighted_sum _avx512 ones. */
 void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
                            const int32_t *sel, int64_t n_sel, float *out, float *scratch);
@@ -321,7 +400,7 @@ uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                                int32_t *idx);
 void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, int g,
-                                      const int32_t *rows, int64_t n, float *out);
+                                      const int32_t *rows, int64_t n, float *out, float *lse);
 void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                         int g, int64_t n, float *e, float *scale, float *lsum);
 void attn_scaled_head_sum_avx512(const float *e, const float *scale, int g, int64_t n,

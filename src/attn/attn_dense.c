@@ -45,6 +45,28 @@ static int dense_attend(void *state, const sparq_attn_params *p, int layer, int 
     return 0;
 }
 
+static int dense_n_parts(const sparq_attn_params *p, int64_t S)
+{
+    (void)p;
+    return attn_dense_parts(S);
+}
+
+static int dense_attend_part(void *state, const sparq_attn_params *p, int layer, int kv_head,
+                             const attn_kv_view *kv, const float *q, int g, int part, float *out,
+                             float *lse, attn_scratch *scratch, attn_counts *counts)
+{
+    (void)state; (void)p; (void)layer; (void)kv_head;
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view v = *kv;
+    v.meter = &m;
+    attn_dense_part(&v, q, g, part, out, lse, scratch->f);
+    if (counts) {
+        counts->read += attn_meter_total(&m);
+        if (part == 0) counts->written += 2 * (int64_t)kv->d; /* once per step */
+    }
+    return 0;
+}
+
 static int64_t dense_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
 {
     (void)p; (void)g;
@@ -60,4 +82,6 @@ const attn_policy attn_policy_dense = {
     .scratch_floats = dense_scratch_floats,
     .attend = dense_attend,
     .transfer_formula = dense_transfer,
+    .n_parts = dense_n_parts,
+    .attend_part = dense_attend_part,
 };

@@ -104,36 +104,6 @@ static ALWAYS_INLINE size_t kv_row_bytes(int d, const int f16)
     return f16 == KQ8 ? attn_q8_row_bytes(d) : (size_t)d * (f16 ? 2 : 4);
 }
 
-/* exp(x - m) for x <= m, as 2^(x log2e - m log2e): one FMA (x log2e exact
- * in it) minus the low part of m log2e (mlo, see exp_shift), so the
- * argument is as exact as x - m would be; then 2^n by scalef and 2^f,
- * |f| <= 1/2, by the same minimax polynomial as exp_neg rescaled (7.5e-8).
- * Two fewer multiplies than exp_neg(x - m), where the FMA pipes are the
- * bottleneck. About 2e-7 relative to expf(x - m). */
-static inline __m512 exp_sub(__m512 x, __m512 mhi, __m512 mlo)
-{
-    __m512 a = _mm512_fmsub_ps(x, _mm512_set1_ps(1.44269504088896341f), mhi);
-    a = _mm512_max_ps(_mm512_sub_ps(a, mlo), _mm512_set1_ps(-150.0f));
-    const __m512 n = _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(a, n);
-    __m512 p = _mm512_set1_ps(1.327647198e-03f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541334e-03f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713274e-02f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402211972e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469671e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.000000072e+00f));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* m log2e as hi + lo (hi the f32 product, lo its rounding error, from
- * double), for exp_sub. log2e is the f32 constant exp_sub multiplies by. */
-static inline void exp_shift(float m, __m512 *hi, __m512 *lo)
-{
-    const float l2e = 1.44269504088896341f, h = m * l2e;
-    *hi = _mm512_set1_ps(h);
-    *lo = _mm512_set1_ps(m > -INFINITY ? (float)((double)m * (double)l2e - (double)h) : 0.0f);
-}
-
 /* Transpose-add tree: 16 vectors (one per row) -> one vector whose lane u
  * is the horizontal sum of row u, in 15 pair merges of 3 operations
  * instead of 16 separate reductions. tree2 merges 4 rows: lane 4b + u =
@@ -293,6 +263,10 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
 void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                         int64_t n, float *s)
 {
+    if (attn_q8i_applies(kv)) {
+        ATTN_Q8I_BEST(attn_scores_q8i)(kv, q, g, rows, n, s);
+        return;
+    }
     if (kv->elem == KV_Q8_0) scores_avx512(kv, q, g, rows, n, s, 0, KQ8);
     else if (kv->elem == KV_F16) scores_avx512(kv, q, g, rows, n, s, 0, 1);
     else scores_avx512(kv, q, g, rows, n, s, 0, 0);
@@ -300,14 +274,6 @@ void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int
 
 /* ---- softmax ---------------------------------------------------------------- */
 
-static float max_of(const float *x, int64_t n)
-{
-    __m512 vmx = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16)
-        vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
-                                                      tail_mask(n - i), x + i));
-    return _mm512_reduce_max_ps(vmx);
-}
 
 void attn_softmax_avx512(float *s, int g, int64_t n)
 {
@@ -442,7 +408,7 @@ enum { SWS_HEADS = 16 };
  * separate softmax passes over the g*n scores. */
 static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const float *s, int g,
                                               const int32_t *rows, int64_t n, float *out,
-                                              const int f16)
+                                              float *lse, const int f16)
 {
     const int d = kv->d;
     const size_t row_bytes = kv_row_bytes(d, f16);
@@ -478,6 +444,7 @@ static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const floa
             if (hc == 0) read += nr;
         }
         for (int hh = 0; hh < hn; hh++) {
+            if (lse) lse[hc + hh] = mx[hh] + (float)log(z[hh]);
             const __m512 inv = _mm512_set1_ps((float)(1.0 / z[hh]));
             for (int j = 0; j < d; j += 16) {
                 const __mmask16 m = tail_mask(d - j);
@@ -490,15 +457,17 @@ static ALWAYS_INLINE void softmax_wsum_avx512(const attn_kv_view *kv, const floa
 }
 
 void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, int g,
-                                      const int32_t *rows, int64_t n, float *out)
+                                      const int32_t *rows, int64_t n, float *out, float *lse)
 {
     if (n <= 0) {
         memset(out, 0, (size_t)g * kv->d * sizeof *out);
+        for (int h = 0; lse && h < g; h++) lse[h] = -INFINITY;
         return;
     }
-    if (kv->elem == KV_Q8_0) softmax_wsum_avx512(kv, s, g, rows, n, out, KQ8);
-    else if (kv->elem == KV_F16) softmax_wsum_avx512(kv, s, g, rows, n, out, 1);
-    else softmax_wsum_avx512(kv, s, g, rows, n, out, 0);
+    if (attn_q8i_applies(kv)) ATTN_Q8I_BEST(attn_softmax_weighted_sum_q8i)(kv, s, g, rows, n, out, lse);
+    else if (kv->elem == KV_Q8_0) softmax_wsum_avx512(kv, s, g, rows, n, out, lse, KQ8);
+    else if (kv->elem == KV_F16) softmax_wsum_avx512(kv, s, g, rows, n, out, lse, 1);
+    else softmax_wsum_avx512(kv, s, g, rows, n, out, lse, 0);
 }
 
 /* ---- K^T logits ------------------------------------------------------------------ */
@@ -855,10 +824,11 @@ void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
     /* V rows requested during the scores pass: up to 512 KiB, which stays in L2 */
     const size_t row_bytes = attn_kv_row_bytes(kv->elem, kv->d);
     const int64_t v_rows = sel ? (int64_t)(((size_t)512 << 10) / row_bytes) : 0;
-    if (kv->elem == KV_Q8_0) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, KQ8);
+    if (attn_q8i_applies(kv)) ATTN_Q8I_BEST(attn_scores_q8i)(kv, q, g, sel, n_sel, scratch);
+    else if (kv->elem == KV_Q8_0) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, KQ8);
     else if (kv->elem == KV_F16) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, 1);
     else scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, 0);
-    attn_softmax_weighted_sum_avx512(kv, scratch, g, sel, n_sel, out);
+    attn_softmax_weighted_sum_avx512(kv, scratch, g, sel, n_sel, out, NULL);
 }
 
 #else

@@ -54,6 +54,10 @@ void attn_kv_row_f32(const void *base, int elem, int64_t len, int64_t row, int64
 void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                      int64_t n, float *s)
 {
+    if (attn_q8i_applies(kv)) {
+        attn_scores_q8i_ref(kv, q, g, rows, n, s);
+        return;
+    }
     const int d = kv->d;
     const float scale = 1.0f / sqrtf((float)d);
     int64_t read = 0; /* K elements of the rows visited, first head's pass */
@@ -102,8 +106,12 @@ void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const 
 }
 
 void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
-                                   const int32_t *rows, int64_t n, float *out)
+                                   const int32_t *rows, int64_t n, float *out, float *lse)
 {
+    if (attn_q8i_applies(kv)) {
+        attn_softmax_weighted_sum_q8i_ref(kv, s, g, rows, n, out, lse);
+        return;
+    }
     const int d = kv->d;
     memset(out, 0, (size_t)g * d * sizeof *out);
     for (int h = 0; h < g; h++) {
@@ -112,6 +120,7 @@ void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g
         double z = 0;
         for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
         for (int64_t i = 0; i < n; i++) z += expf(x[i] - mx);
+        if (lse) lse[h] = mx + (float)log(z);
         const float inv = (float)(1.0 / z);
         int64_t read = 0; /* V elements of the rows visited by this head */
         for (int64_t i = 0; i < n; i++) {

@@ -95,6 +95,8 @@ typedef struct run_state {
     int32_t *attn_iscratch;     /* [n_threads][scratch_floats]             */
     size_t  scratch_floats;     /* per thread                              */
     float  *colsum;             /* [n_kv_head][n_ctx] for H2O, or NULL     */
+    float  *attn_parts;         /* [n_kv_head][parts][g*hd + g] for a policy
+                                 * that splits long steps (n_parts), or NULL */
 } run_state;
 
 struct sparq_context {

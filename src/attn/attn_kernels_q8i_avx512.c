@@ -1,0 +1,359 @@
+/* attn_kernels_q8i_avx512.c - the AVX-512 VNNI twins of the integer kernels
+ * for Q8_0 caches (attn.h, "integer kernels for Q8_0 caches"; plain-C twins
+ * in attn_kernels_q8i_ref.c).
+ *
+ * Why integers: widening each int8 code to f32 costs a load-convert, a
+ * convert and a scale per 16 codes before the group's FMAs, so a Q8_0 cache
+ * read that way ran slower than f16 although it is half the bytes. Here one
+ * vpdpbusd multiplies 64 codes by 64 others and adds them in fours:
+ *
+ * Scores, 16 rows at a time: four rows' 64 codes (two blocks) are
+ * interleaved by dword (two unpack levels), so vector k holds, in 128-bit
+ * lane L, dword 4L + k of each of the four rows; vpdpbusd against the query
+ * dword 4L + k broadcast in lane L leaves per lane the partial sum of dwords
+ * 4L..4L+3, i.e. lanes 0-1 block 0 and lanes 2-3 block 1. Two shuffle
+ * levels then give per block one vector of 16 row sums, which the block
+ * scales turn into floats. K codes are made unsigned by flipping their top
+ * bit (k + 128, vpdpbusd's unsigned operand); 128 * sum(q) per block is
+ * subtracted back exactly.
+ *
+ * Weighted sum, 64 positions at a time: the softmax weights times each V
+ * block's scale are quantized to u8 (attn.h); four positions' V codes are
+ * interleaved by byte, so a dword of a vector holds one column's four
+ * codes and vpdpbusd against the four positions' weights adds them into
+ * that column. The columns come out permuted (lane L, vector m, dword e is
+ * column 16L + 4m + e of the 64) and are put back once at the end.
+ */
+#include "attn/attn.h"
+
+#ifdef ATTN_HAVE_Q8I_AVX512
+#include "attn/attn_avx512.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+enum {
+    PAIR_BYTES = 2 * ATTN_Q8_BLOCK_BYTES,       /* two blocks: 64 codes      */
+    MAX_CH = ATTN_Q8I_MAX_D / 64,               /* 64-code chunks per row    */
+    MAX_NBK = ATTN_Q8I_MAX_D / ATTN_Q8_BLOCK,   /* blocks per row            */
+    HB_MAX = 4,                                 /* query heads per pass      */
+};
+
+/* The 64 codes of the two blocks starting at `pair` (scale, 32 codes,
+ * scale, 32 codes). */
+static ALWAYS_INLINE __m512i ld_codes64(const uint8_t *pair)
+{
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(pair + 2));
+    const __m256i hi = _mm256_loadu_si256((const __m256i *)(const void *)(pair + 2 + ATTN_Q8_BLOCK_BYTES));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* The rows a tile reads: consecutive from `base` (rb bytes apart) when
+ * `contig` (a compile-time constant at every call), else the pointers rp[]
+ * (gathered rows, and the last partial tile, whose missing rows repeat a
+ * valid one). Consecutive rows need no pointer table: computing one cost a
+ * tenth of the weighted sum. */
+typedef struct rowset {
+    const uint8_t *base;
+    size_t rb;
+    const uint8_t *const *rp;
+} rowset;
+
+static ALWAYS_INLINE const uint8_t *row_at(const rowset *rs, int i, const int contig)
+{
+    return contig ? rs->base + (size_t)i * rs->rb : rs->rp[i];
+}
+
+/* The f16 scales at byte `at` of rows i0..i0+15, as f32. Scalar loads:
+ * Zen 4's vpgatherqd took over half of the weighted sum's time. */
+static ALWAYS_INLINE __m512 scales16(const rowset *rs, int i0, size_t at, const int contig)
+{
+    uint16_t h[16] __attribute__((aligned(32)));
+    UNROLL for (int u = 0; u < 16; u++) memcpy(&h[u], row_at(rs, i0 + u, contig) + at, 2);
+    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)h));
+}
+
+/* Requests `bytes` from each of rows[from, to) of base into L2 (gathered
+ * rows only; a contiguous walk is found by the hardware prefetcher). */
+static void prefetch_rows(const uint8_t *base, const int32_t *rows, int64_t from, int64_t to,
+                          size_t bytes)
+{
+    for (int64_t i = from; i < to; i++)
+        for (size_t b = 0; b < bytes; b += 64)
+            _mm_prefetch((const char *)base + (size_t)rows[i] * bytes + b, _MM_HINT_T1);
+}
+
+/* Requests rows [from, to) of contiguous rows (rb bytes each) into L2. The
+ * hardware prefetcher alone left these kernels waiting on memory: streamed
+ * from DRAM they ran at 8-14 GB/s on one core, against 20 for the f16
+ * kernels, which compute longer per byte. */
+static ALWAYS_INLINE void prefetch_span(const uint8_t *base, int64_t from, int64_t to, size_t rb)
+{
+    const char *a = (const char *)base + (size_t)from * rb, *b = (const char *)base + (size_t)to * rb;
+    for (a = (const char *)((uintptr_t)a & ~(uintptr_t)63); a < b; a += 64) _mm_prefetch(a, _MM_HINT_T1);
+}
+
+/* ---- scores ----------------------------------------------------------------- */
+
+/* qv[4c + k], lane L: dword 4L + k of the query's chunk c, four times. */
+static void query_vectors(const int8_t *qi, int nch, __m512i *qv)
+{
+    for (int c = 0; c < nch; c++) {
+        const __m512i x = _mm512_loadu_si512((const void *)(qi + 64 * c));
+        for (int k = 0; k < 4; k++) {
+            const __m512i idx = _mm512_setr_epi32(k, k, k, k, 4 + k, 4 + k, 4 + k, 4 + k, 8 + k, 8 + k,
+                                                  8 + k, 8 + k, 12 + k, 12 + k, 12 + k, 12 + k);
+            qv[4 * c + k] = _mm512_permutexvar_epi32(idx, x);
+        }
+    }
+}
+
+/* Scores of HB heads over the 16 rows of rs: sc[hh] lane u = row u's score. */
+static ALWAYS_INLINE void scores_tile(const rowset *rs, const int contig, int nch, const __m512i *qv, const float *dqs,
+                                      const int32_t *corr, const int HB, __m512 sc[HB_MAX])
+{
+    const int nbk = 2 * nch;
+    const __m512i top = _mm512_set1_epi8((char)0x80);
+    UNROLL for (int hh = 0; hh < HB; hh++) sc[hh] = _mm512_setzero_ps();
+    for (int c = 0; c < nch; c++) {
+        __m512i A[HB_MAX][4];
+        UNROLL for (int qd = 0; qd < 4; qd++) {
+            __m512i R[4];
+            UNROLL for (int a = 0; a < 4; a++)
+                R[a] = _mm512_xor_si512(ld_codes64(row_at(rs, 4 * qd + a, contig) + (size_t)c * PAIR_BYTES), top);
+            const __m512i t0 = _mm512_unpacklo_epi32(R[0], R[1]), t1 = _mm512_unpackhi_epi32(R[0], R[1]);
+            const __m512i t2 = _mm512_unpacklo_epi32(R[2], R[3]), t3 = _mm512_unpackhi_epi32(R[2], R[3]);
+            const __m512i u[4] = { _mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                                   _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3) };
+            UNROLL for (int hh = 0; hh < HB; hh++) {
+                const __m512i *qh = qv + ((size_t)hh * nch + c) * 4;
+                __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], qh[0]);
+                acc = _mm512_dpbusd_epi32(acc, u[1], qh[1]);
+                acc = _mm512_dpbusd_epi32(acc, u[2], qh[2]);
+                A[hh][qd] = _mm512_dpbusd_epi32(acc, u[3], qh[3]);
+            }
+        }
+        const __m512 dk0 = scales16(rs, 0, (size_t)c * PAIR_BYTES, contig);
+        const __m512 dk1 = scales16(rs, 0, (size_t)c * PAIR_BYTES + ATTN_Q8_BLOCK_BYTES, contig);
+        UNROLL for (int hh = 0; hh < HB; hh++) {
+            /* lanes: [blk0 rows 0-3, blk1 rows 0-3, blk0 rows 4-7, blk1 rows 4-7], then rows 8-15 */
+            const __m512i x = _mm512_add_epi32(_mm512_shuffle_i32x4(A[hh][0], A[hh][1], 0x88),
+                                               _mm512_shuffle_i32x4(A[hh][0], A[hh][1], 0xdd));
+            const __m512i y = _mm512_add_epi32(_mm512_shuffle_i32x4(A[hh][2], A[hh][3], 0x88),
+                                               _mm512_shuffle_i32x4(A[hh][2], A[hh][3], 0xdd));
+            const int b = hh * nbk + 2 * c;
+            const __m512i s0 = _mm512_sub_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_set1_epi32(corr[b]));
+            const __m512i s1 = _mm512_sub_epi32(_mm512_shuffle_i32x4(x, y, 0xdd), _mm512_set1_epi32(corr[b + 1]));
+            sc[hh] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dk0, _mm512_set1_ps(dqs[b])), sc[hh]);
+            sc[hh] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(dk1, _mm512_set1_ps(dqs[b + 1])), sc[hh]);
+        }
+    }
+}
+
+enum { SCORES_AHEAD = 256 }; /* rows requested this far ahead */
+
+void attn_scores_q8i_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                            int64_t n, float *s)
+{
+    const int d = kv->d, nch = d / 64, nbk = d / ATTN_Q8_BLOCK;
+    const size_t rb = attn_q8_row_bytes(d);
+    const float scale = 1.0f / sqrtf((float)d);
+    const uint8_t *K = (const uint8_t *)kv->K;
+    int8_t qi[HB_MAX * ATTN_Q8I_MAX_D] __attribute__((aligned(64)));
+    float dqs[HB_MAX * MAX_NBK];
+    int32_t corr[HB_MAX * MAX_NBK];
+    __m512i qv[HB_MAX * MAX_CH * 4];
+    for (int h0 = 0; h0 < g; h0 += HB_MAX) {
+        const int HB = g - h0 < HB_MAX ? g - h0 : HB_MAX;
+        for (int hh = 0; hh < HB; hh++) {
+            attn_q8i_query(q + (size_t)(h0 + hh) * d, d, scale, qi + hh * d, dqs + hh * nbk, corr + hh * nbk);
+            query_vectors(qi + hh * d, nch, qv + (size_t)hh * nch * 4);
+        }
+        if (rows && h0 == 0) prefetch_rows(K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
+        for (int64_t i0 = 0; i0 < n; i0 += 16) {
+            const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
+            if (h0 == 0) {
+                const int64_t a = i0 + SCORES_AHEAD, b = a + 16 < n ? a + 16 : n;
+                if (rows) prefetch_rows(K, rows, a, b, rb);
+                else if (a < b) prefetch_span(K, a, b, rb);
+            }
+            const uint8_t *rp[16];
+            rowset rs = { K + (size_t)i0 * rb, rb, rp };
+            const int contig = !rows && nb == 16;
+            if (!contig)
+                for (int u = 0; u < 16; u++) { /* lanes past nb repeat a valid row, masked at the store */
+                    const int64_t rr = u < nb ? i0 + u : i0;
+                    rp[u] = K + (size_t)(rows ? rows[rr] : rr) * rb;
+                }
+            __m512 sc[HB_MAX];
+#define SCORES_TILE(hb)                                                           \
+    do {                                                                          \
+        if (contig) scores_tile(&rs, 1, nch, qv, dqs, corr, hb, sc);              \
+        else scores_tile(&rs, 0, nch, qv, dqs, corr, hb, sc);                     \
+    } while (0)
+            switch (HB) {
+            case 4: SCORES_TILE(4); break;
+            case 3: SCORES_TILE(3); break;
+            case 2: SCORES_TILE(2); break;
+            default: SCORES_TILE(1); break;
+            }
+#undef SCORES_TILE
+            const __mmask16 m = tail_mask(nb);
+            for (int hh = 0; hh < HB; hh++) _mm512_mask_storeu_ps(s + (size_t)(h0 + hh) * n + i0, m, sc[hh]);
+        }
+    }
+    if (kv->meter) kv->meter->k += n * d;
+}
+
+/* ---- softmax-weighted sum ------------------------------------------------------- */
+
+/* acc[hh][m] = the 64 rows of rs, block at byte `at` of each (32 codes),
+ * weighted by ub[hh][b][0..64): per group of four rows the codes are
+ * interleaved by byte (a dword = one column's four codes) and vpdpbusd adds
+ * them times the four rows' weights, broadcast from one dword. 256-bit
+ * vectors, one block each: a block's weights are one broadcast, where
+ * 512-bit vectors spanning two blocks needed a permute per group and head. */
+static ALWAYS_INLINE void wsum_block(const rowset *rs, const int contig, size_t at,
+                                     const uint8_t (*ub)[MAX_NBK][ATTN_Q8I_CHUNK], int b, const int HB,
+                                     __m256i acc[HB_MAX][4])
+{
+    UNROLL for (int hh = 0; hh < HB; hh++)
+        UNROLL for (int m = 0; m < 4; m++) acc[hh][m] = _mm256_setzero_si256();
+    for (int grp = 0; grp < ATTN_Q8I_CHUNK / 4; grp++) {
+        __m256i R[4];
+        UNROLL for (int a = 0; a < 4; a++)
+            R[a] = _mm256_loadu_si256((const __m256i *)(const void *)(row_at(rs, 4 * grp + a, contig) + at));
+        const __m256i x0 = _mm256_unpacklo_epi8(R[0], R[1]), x1 = _mm256_unpackhi_epi8(R[0], R[1]);
+        const __m256i x2 = _mm256_unpacklo_epi8(R[2], R[3]), x3 = _mm256_unpackhi_epi8(R[2], R[3]);
+        const __m256i v[4] = { _mm256_unpacklo_epi16(x0, x2), _mm256_unpackhi_epi16(x0, x2),
+                               _mm256_unpacklo_epi16(x1, x3), _mm256_unpackhi_epi16(x1, x3) };
+        UNROLL for (int hh = 0; hh < HB; hh++) {
+            int32_t w4;
+            memcpy(&w4, &ub[hh][b][4 * grp], 4);
+            const __m256i w = _mm256_set1_epi32(w4);
+            UNROLL for (int m = 0; m < 4; m++) acc[hh][m] = _mm256_dpbusd_epi32(acc[hh][m], w, v[m]);
+        }
+    }
+}
+
+enum { V_AHEAD = 1 * ATTN_Q8I_CHUNK }; /* V rows requested this far ahead */
+
+void attn_softmax_weighted_sum_q8i_avx512(const attn_kv_view *kv, const float *s, int g,
+                                          const int32_t *rows, int64_t n, float *out, float *lse)
+{
+    const int d = kv->d, nbk = d / ATTN_Q8_BLOCK;
+    const size_t rb = attn_q8_row_bytes(d);
+    const uint8_t *V = (const uint8_t *)kv->V;
+    memset(out, 0, (size_t)g * d * sizeof *out);
+    if (n <= 0) {
+        for (int h = 0; lse && h < g; h++) lse[h] = -INFINITY;
+        return;
+    }
+    /* o: per head and block, vector m lane L dword e is column 16L + 4m + e
+     * of the block, kept at 8m + 4L + e */
+    float o[HB_MAX][ATTN_Q8I_MAX_D] __attribute__((aligned(64)));
+    uint8_t ub[HB_MAX][MAX_NBK][ATTN_Q8I_CHUNK] __attribute__((aligned(64)));
+    float sig[HB_MAX][MAX_NBK];
+    for (int h0 = 0; h0 < g; h0 += HB_MAX) {
+        const int HB = g - h0 < HB_MAX ? g - h0 : HB_MAX;
+        __m512 mhi[HB_MAX], mlo[HB_MAX];
+        float mx[HB_MAX];
+        double z[HB_MAX];
+        for (int hh = 0; hh < HB; hh++) {
+            mx[hh] = max_of(s + (size_t)(h0 + hh) * n, n);
+            exp_shift(mx[hh], &mhi[hh], &mlo[hh]);
+            z[hh] = 0;
+            memset(o[hh], 0, (size_t)d * sizeof(float));
+        }
+        for (int64_t i0 = 0; i0 < n; i0 += ATTN_Q8I_CHUNK) {
+            const int nc = n - i0 < ATTN_Q8I_CHUNK ? (int)(n - i0) : ATTN_Q8I_CHUNK;
+            if (h0 == 0) {
+                const int64_t a = i0 + V_AHEAD, b = a + ATTN_Q8I_CHUNK < n ? a + ATTN_Q8I_CHUNK : n;
+                if (rows) prefetch_rows(V, rows, a, b, rb);
+                else if (a < b) prefetch_span(V, a, b, rb);
+            }
+            const uint8_t *rp[ATTN_Q8I_CHUNK];
+            const rowset rs = { V + (size_t)i0 * rb, rb, rp };
+            const int contig = !rows && nc == ATTN_Q8I_CHUNK;
+            if (!contig)
+                for (int i = 0; i < ATTN_Q8I_CHUNK; i++) { /* past nc: a valid row, weight 0 */
+                    const int64_t rr = i < nc ? i0 + i : i0;
+                    rp[i] = V + (size_t)(rows ? rows[rr] : rr) * rb;
+                }
+            /* weights p = exp(s - max), zero past nc */
+            __m512 p[HB_MAX][4];
+            for (int hh = 0; hh < HB; hh++) {
+                const float *x = s + (size_t)(h0 + hh) * n + i0;
+                __m512 sum = _mm512_setzero_ps();
+                UNROLL for (int v = 0; v < 4; v++) {
+                    const __mmask16 m = tail_mask(nc - 16 * v);
+                    p[hh][v] = _mm512_maskz_mov_ps(m, exp_sub(_mm512_maskz_loadu_ps(m, x + 16 * v), mhi[hh], mlo[hh]));
+                    sum = _mm512_add_ps(sum, p[hh][v]);
+                }
+                z[hh] += _mm512_reduce_add_ps(sum);
+            }
+            /* per block: c = p * dv, u8 codes against max c */
+            for (int b = 0; b < nbk; b++) {
+                __m512 dv[4];
+                UNROLL for (int v = 0; v < 4; v++)
+                    dv[v] = contig ? scales16(&rs, 16 * v, (size_t)b * ATTN_Q8_BLOCK_BYTES, 1)
+                                   : scales16(&rs, 16 * v, (size_t)b * ATTN_Q8_BLOCK_BYTES, 0);
+                for (int hh = 0; hh < HB; hh++) {
+                    __m512 c[4];
+                    UNROLL for (int v = 0; v < 4; v++) c[v] = _mm512_mul_ps(p[hh][v], dv[v]);
+                    const float cmax = _mm512_reduce_max_ps(
+                        _mm512_max_ps(_mm512_max_ps(c[0], c[1]), _mm512_max_ps(c[2], c[3])));
+                    sig[hh][b] = cmax / 255.0f;
+                    const __m512 inv = _mm512_set1_ps(cmax > 0 ? 255.0f / cmax : 0.0f);
+                    /* c * inv is in [0, 255] (+0.5 ulp) or NaN, which converts to
+                     * 0x80000000 and saturates to 255, as in the twin */
+                    UNROLL for (int v = 0; v < 4; v++)
+                        _mm_store_si128((__m128i *)(void *)&ub[hh][b][16 * v],
+                                        _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(c[v], inv))));
+                }
+            }
+            for (int b = 0; b < nbk; b++) {
+                const size_t at = (size_t)b * ATTN_Q8_BLOCK_BYTES + 2;
+                __m256i acc[HB_MAX][4];
+#define WSUM_BLOCK(hb)                                                            \
+    do {                                                                          \
+        if (contig) wsum_block(&rs, 1, at, ub, b, hb, acc);                       \
+        else wsum_block(&rs, 0, at, ub, b, hb, acc);                              \
+    } while (0)
+                switch (HB) {
+                case 4: WSUM_BLOCK(4); break;
+                case 3: WSUM_BLOCK(3); break;
+                case 2: WSUM_BLOCK(2); break;
+                default: WSUM_BLOCK(1); break;
+                }
+#undef WSUM_BLOCK
+                for (int hh = 0; hh < HB; hh++) {
+                    const __m256 sv = _mm256_set1_ps(sig[hh][b]);
+                    for (int m = 0; m < 4; m++) {
+                        float *op = o[hh] + 32 * b + 8 * m;
+                        _mm256_store_ps(op, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[hh][m]), sv, _mm256_load_ps(op)));
+                    }
+                }
+            }
+        }
+        for (int hh = 0; hh < HB; hh++) { /* o[32b + 8m + 4L + e] is column 32b + 16L + 4m + e */
+            const float invz = (float)(1.0 / z[hh]);
+            if (lse) lse[h0 + hh] = mx[hh] + (float)log(z[hh]);
+            float *oh = out + (size_t)(h0 + hh) * d;
+            for (int b = 0; b < nbk; b++)
+                for (int m = 0; m < 4; m++)
+                    for (int L = 0; L < 2; L++)
+                        for (int e = 0; e < 4; e++)
+                            oh[32 * b + 16 * L + 4 * m + e] = o[hh][32 * b + 8 * m + 4 * L + e] * invz;
+        }
+    }
+    if (kv->meter) kv->meter->v += n * d;
+}
+
+#else
+typedef int attn_kernels_q8i_avx512_unused; /* ISO C forbids an empty translation unit */
+#endif
