@@ -4,9 +4,9 @@
 # llama.cpp's llama-server on the same GGUF and the same token ids.
 #
 # usage: scripts/bench_serve.sh [--quick] [--out | --results DIR] [--llama-1b] [--no-shared]
-#                               [--prime-shared] [-n N] [-d TOKENS] [-g TOKENS] [--shared-tokens TOKENS]
-#                               [--no-ban-bytes]
-#   --quick            smoke test: N=2, D=256, 8 generated tokens, 1024-token shared document
+#                               [--prime-shared] [--no-warm] [--fa LIST] [-n N] [-d TOKENS] [-g TOKENS]
+#                               [--shared-tokens TOKENS] [--no-ban-bytes]
+#   --quick            smoke test: N=2, D=513, 8 generated tokens, 1024-token shared document
 #                      (sparq caches prefixes cut at multiples of its 512-token batch)
 #   --out              results in docs/bench-results/serve-<UTC date>/ (to commit)
 #   --results DIR      results in DIR (default /tmp/sparq-bench-serve)
@@ -14,8 +14,12 @@
 #   --no-shared        skip the shared-document scenario
 #   --prime-shared     also the shared scenario with the document sent alone first
 #                      (not counted), as when earlier clients had asked about it
+#   --no-warm          skip the docs-warm round (see Scenarios)
+#   --fa LIST          llama-server's -fa settings to run, e.g. on (default on,off)
 #   -n N               concurrent clients (default 16)
-#   -d TOKENS          prompt tokens per client: own document + question (default 4096)
+#   -d TOKENS          prompt tokens per client: own document + question (default 4097:
+#                      sparq's prefix cache, cut at multiples of its 512-token batch, then
+#                      holds all but the last token, as llama-server's slot cache does)
 #   -g TOKENS          generated tokens per request (default 64)
 #   --shared-tokens T  prompt tokens in the shared-document scenario (default 16384)
 #   --no-ban-bytes     send no logit_bias (see "Byte tokens" below)
@@ -51,6 +55,13 @@
 #               dense, then SparQ 1/8 per request: "sparq": {"attn": "sparq", "ratio": "1/8"}
 #             llama-server -m M -np N -c N*(D+G+64) -t THREADS --port PORT -fa on, then -fa off
 #           (both also get --host 127.0.0.1 and --timeout REQ_TIMEOUT)
+#   docs-warm  right after docs, on the same server, the same N requests again: both
+#           servers hold each prompt but its last token (sparq's prefix cache,
+#           --prefix-cache 4096 in this scenario; llama-server's slots), so
+#           almost nothing is prefilled and the N streams decode together: its
+#           decode tok/s is the aggregate decode throughput at N clients. (In the
+#           cold docs run both servers prefill first come first served, so
+#           the decode window also holds most of the 16 prefills.)
 #   shared  N clients, one shared S-token document, N different questions (the
 #           same prefix, a different ending):
 #             sparq serve ... -c (S+G+64) --prefix-cache 4096   (dense, then SparQ 1/8)
@@ -66,7 +77,11 @@
 # shared scenario shows there). The table (RESULTS/report.md, also printed)
 # gives decode tok/s = generated tokens / (last token time - first first-token
 # time), generated and total (prompt + generated) tok/s over the wall time,
-# TTFT p50/max, inter-token latency p50/p99, and sparq / best llama-server.
+# TTFT p50/max, inter-token latency p50/p99, and sparq / best llama-server
+# (the -fa setting best in that column) for decode and for total tok/s. Which
+# figure answers which target: aggregate decode throughput at N clients is
+# docs-warm's decode tok/s; a shared document's aggregate throughput is
+# shared's total tok/s over the wall clock (its one prefill is the point).
 #
 # Exact commands for the issue's numbers (on a quiet machine):
 #   LLAMA_SERVER=/tmp/quant-llama/build/bin/llama-server scripts/bench_serve.sh --out --llama-1b --prime-shared
@@ -74,16 +89,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-N=16 D=4096 G=64 S=16384 SHARED=1 PRIME=0 L1B=0 BAN=1 RES=/tmp/sparq-bench-serve
+N=16 D=4097 G=64 S=16384 SHARED=1 PRIME=0 WARM=1 FAS="on off" L1B=0 BAN=1 RES=/tmp/sparq-bench-serve
 die() { echo "bench_serve.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) N=2 D=256 G=8 S=1024 ;;
+    --quick) N=2 D=513 G=8 S=1024 ;;
     --out) RES="docs/bench-results/serve-$(date -u +%Y-%m-%d)" ;;
     --results) RES="$2"; shift ;;
     --llama-1b) L1B=1 ;;
     --no-shared) SHARED=0 ;;
     --prime-shared) PRIME=1 ;;
+    --no-warm) WARM=0 ;;
+    --fa) FAS="${2//,/ }"; shift
+          for f in $FAS; do [ "$f" = on ] || [ "$f" = off ] || die "--fa takes on, off or on,off (got '$2')"; done ;;
     -n) N="$2"; shift ;;
     -d) D="$2"; shift ;;
     -g) G="$2"; shift ;;
@@ -209,25 +227,31 @@ measure() {
   if [[ "$tag" == sparq* ]]; then curl -s --max-time 10 "$URL/metrics" > "$RES/metrics-$tag.txt" || true; fi
 }
 
-# scenario MODEL_NAME MODEL_FILE SCENARIO TOKENS PREFIX_MIB [--shared [--prime]]
+# scenario MODEL_NAME MODEL_FILE SCENARIO TOKENS PREFIX_MIB WARM [--shared [--prime]]
+# WARM=1: after each cold run the same requests again on the same server,
+# reported as scenario SCENARIO-warm
 scenario() {
-  local mname="$1" model="$2" scen="$3" tokens="$4" pmib="$5" shared="${6:-}" prime="${7:-}"
+  local mname="$1" model="$2" scen="$3" tokens="$4" pmib="$5" warm="$6" shared="${7:-}" prime="${8:-}"
   local ctx=$((tokens + G + 64)) prompts="$WORK/prompts-$mname-$scen.json" base="$mname-$scen"
   log "$mname, $scen: $N clients x $tokens prompt tokens, $G generated each"
-  local m='{"model":"'"$mname"'","scenario":"'"$scen"'"'
+  local m='{"model":"'"$mname"'","scenario":"'"$scen"'"' mw='{"model":"'"$mname"'","scenario":"'"$scen"'-warm"'
   start_sparq "$base-dense" "$model" "$ctx" "$pmib"
   # the prompts are tokenized once, by sparq; every server gets the same ids
   node "$CLIENT" prepare --url "$URL" --out "$prompts" --n "$N" --tokens "$tokens" --text-dir "$TEXT_DIR" ${shared:+"$shared"} \
     || die "cannot prepare the prompts for $base"
   measure "sparq-$base-dense" "$prompts" "$m"',"server":"sparq","attn":"dense"}' ${prime:+"$prime"}
+  [ "$warm" = 0 ] || measure "sparq-$base-dense-warm" "$prompts" "$mw"',"server":"sparq","attn":"dense"}'
   stop_server
   start_sparq "$base-sparq8" "$model" "$ctx" "$pmib"
-  measure "sparq-$base-sparq8" "$prompts" "$m"',"server":"sparq","attn":"sparq 1/8"}' --sparq-attn sparq --sparq-ratio 1/8 ${prime:+"$prime"}
+  local s8=(--sparq-attn sparq --sparq-ratio 1/8)
+  measure "sparq-$base-sparq8" "$prompts" "$m"',"server":"sparq","attn":"sparq 1/8"}' "${s8[@]}" ${prime:+"$prime"}
+  [ "$warm" = 0 ] || measure "sparq-$base-sparq8-warm" "$prompts" "$mw"',"server":"sparq","attn":"sparq 1/8"}' "${s8[@]}"
   stop_server
   if [ -n "$LLAMA_SERVER" ]; then
-    for fa in on off; do
+    for fa in $FAS; do
       start_llama "$base-fa$fa" "$model" "$ctx" "$fa"
       measure "llama-$base-fa$fa" "$prompts" "$m"',"server":"llama-server","attn":"-fa '"$fa"'"}' ${prime:+"$prime"}
+      [ "$warm" = 0 ] || measure "llama-$base-fa$fa-warm" "$prompts" "$mw"',"server":"llama-server","attn":"-fa '"$fa"'"}'
       stop_server
     done
   fi
@@ -241,9 +265,9 @@ for mname in "${MODELS[@]}"; do
     echo "$SPARQ gen-model --shape $mname --type Q8_0 -o $mfile" >> "$CMDS"
     "$SPARQ" gen-model --shape "$mname" --type Q8_0 -o "$mfile" >&2 || die "cannot generate $mfile"
   fi
-  scenario "$mname" "$mfile" docs "$D" 0
-  [ "$SHARED" = 0 ] || scenario "$mname" "$mfile" shared "$S" 4096 --shared
-  [ "$PRIME" = 0 ] || scenario "$mname" "$mfile" shared-primed "$S" 4096 --shared --prime
+  scenario "$mname" "$mfile" docs "$D" "$([ "$WARM" = 1 ] && echo 4096 || echo 0)" "$WARM"
+  [ "$SHARED" = 0 ] || scenario "$mname" "$mfile" shared "$S" 4096 0 --shared
+  [ "$PRIME" = 0 ] || scenario "$mname" "$mfile" shared-primed "$S" 4096 0 --shared --prime
 done
 
 { grep "^# " "$CMDS" | sed "s/^# //; s/$/  /"; echo; node "$CLIENT" report --dir "$RES"; } > "$RES/report.md" || die "cannot write the report"
