@@ -4,7 +4,7 @@
 # llama.cpp's llama-server on the same GGUF and the same token ids.
 #
 # usage: scripts/bench_serve.sh [--quick] [--out | --results DIR] [--llama-1b] [--no-shared]
-#                               [--prime-shared] [--no-warm] [--fa LIST] [-n N] [-d TOKENS] [-g TOKENS]
+#                               [--prime-shared] [--no-docs] [--no-warm] [--fa LIST] [-n N] [-d TOKENS] [-g TOKENS]
 #                               [--shared-tokens TOKENS] [--no-ban-bytes]
 #   --quick            smoke test: N=2, D=513, 8 generated tokens, 1024-token shared document
 #                      (sparq caches prefixes cut at multiples of its 512-token batch)
@@ -14,6 +14,7 @@
 #   --no-shared        skip the shared-document scenario
 #   --prime-shared     also the shared scenario with the document sent alone first
 #                      (not counted), as when earlier clients had asked about it
+#   --no-docs          skip the docs scenario (and its warm round)
 #   --no-warm          skip the docs-warm round (see Scenarios)
 #   --fa LIST          llama-server's -fa settings to run, e.g. on (default on,off)
 #   -n N               concurrent clients (default 16)
@@ -89,7 +90,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-N=16 D=4097 G=64 S=16384 SHARED=1 PRIME=0 WARM=1 FAS="on off" L1B=0 BAN=1 RES=/tmp/sparq-bench-serve
+N=16 D=4097 G=64 S=16384 DOCS=1 SHARED=1 PRIME=0 WARM=1 FAS="on off" L1B=0 BAN=1 RES=/tmp/sparq-bench-serve
 die() { echo "bench_serve.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -100,6 +101,7 @@ while [ $# -gt 0 ]; do
     --no-shared) SHARED=0 ;;
     --prime-shared) PRIME=1 ;;
     --no-warm) WARM=0 ;;
+    --no-docs) DOCS=0 ;;
     --fa) FAS="${2//,/ }"; shift
           for f in $FAS; do [ "$f" = on ] || [ "$f" = off ] || die "--fa takes on, off or on,off (got '$2')"; done ;;
     -n) N="$2"; shift ;;
@@ -107,7 +109,7 @@ while [ $# -gt 0 ]; do
     -g) G="$2"; shift ;;
     --shared-tokens) S="$2"; shift ;;
     --no-ban-bytes) BAN=0 ;;
-    -h|--help) sed -n '2,72p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "bench_serve.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -265,7 +267,7 @@ for mname in "${MODELS[@]}"; do
     echo "$SPARQ gen-model --shape $mname --type Q8_0 -o $mfile" >> "$CMDS"
     "$SPARQ" gen-model --shape "$mname" --type Q8_0 -o "$mfile" >&2 || die "cannot generate $mfile"
   fi
-  scenario "$mname" "$mfile" docs "$D" "$([ "$WARM" = 1 ] && echo 4096 || echo 0)" "$WARM"
+  [ "$DOCS" = 0 ] || scenario "$mname" "$mfile" docs "$D" "$([ "$WARM" = 1 ] && echo 4096 || echo 0)" "$WARM"
   [ "$SHARED" = 0 ] || scenario "$mname" "$mfile" shared "$S" 4096 0 --shared
   [ "$PRIME" = 0 ] || scenario "$mname" "$mfile" shared-primed "$S" 4096 0 --shared --prime
 done
