@@ -283,9 +283,10 @@ static void check_model(const char *path, const char *label)
 
 /* Writes a random-weight model with `sparq gen-model`; 0 on success. */
 /* Long dense decode steps run in parts (attn.h, ATTN_PART) that the model
- * spreads over threads, while a batch step runs each sequence's parts one
- * after the other: a step at depth >= 2 ATTN_PART must still give the same
- * bits on 1 or 2 threads and alone or in a batch, for f16 and q8_0 caches
+ * spreads over threads (alone and in a batch step), while SparQ with
+ * k >= S runs the same parts one after the other inside attn_dense_group:
+ * a step at depth >= 2 ATTN_PART must give the same bits on 1 or 2 threads,
+ * alone or in a batch, and as that SparQ, for f16 and q8_0 caches
  * (head size 64: the q8_0 integer kernels). The caches hold seeded random
  * keys and values (sparq_context_fill_random): no prefill of 9k tokens. */
 static void check_long_parts(const char *path)

@@ -365,15 +365,17 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
     free(ml);
 }
 
-/* A decode step of a policy that splits long steps (attn_policy.n_parts):
- * the (KV head, part) pairs spread over the threads, then each head's parts
- * merged in order, which gives what attend gives as a whole. */
-static int attend_decode_parts(sparq_context *c, int il, int64_t pos, int parts, int64_t *read_out,
-                               int64_t *written_out)
+/* One decode step through the policy, all KV heads of layer il. A policy
+ * that splits long steps (attn_policy.n_parts) gets (KV head, part) pairs
+ * spread over the threads, then each head's parts merged in order, which
+ * gives what its attend gives as a whole; otherwise one task per KV head.
+ * Returns 0, or -1 with the first failing head's message in c->error. */
+static int attend_decode(sparq_context *c, int il, int64_t pos)
 {
     const model_hparams *hp = &c->model->hp;
     const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
-    const size_t part_floats = (size_t)g * d + (size_t)g; /* out[g][d], lse[g] */
+    const int parts = c->rs.attn_parts ? c->policy->n_parts(&c->params.attn, pos + 1) : 1;
+    const size_t part_floats = (size_t)g * d + (size_t)g; /* a part's out[g][d], lse[g] */
     int64_t read = 0, written = 0;
     int failed = 0;
 #pragma omp parallel num_threads(c->n_threads) reduction(+ : read, written)
@@ -388,9 +390,14 @@ static int attend_decode_parts(sparq_context *c, int il, int64_t pos, int parts,
             attn_kv_view kv;
             attn_counts cnt = { 0, 0 };
             kv_view(&c->kv, il, h, pos + 1, &kv);
-            float *po = c->rs.attn_parts + (size_t)t * part_floats;
-            if (c->policy->attend_part(c->policy_state, &c->params.attn, il, h, &kv,
-                                       c->rs.q + (size_t)h * g * d, g, p, po, po + (size_t)g * d, &s, &cnt)) {
+            const size_t off = (size_t)h * g * d;
+            float *po = parts > 1 ? c->rs.attn_parts + (size_t)t * part_floats : NULL;
+            const int rc = parts > 1
+                ? c->policy->attend_part(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g, p,
+                                         po, po + (size_t)g * d, &s, &cnt)
+                : c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
+                                    c->rs.att + off, &s, &cnt, NULL);
+            if (rc) {
 #pragma omp critical(attend_decode_error)
                 if (!failed) {
                     failed = 1;
@@ -401,71 +408,19 @@ static int attend_decode_parts(sparq_context *c, int il, int64_t pos, int parts,
             read += cnt.read;
             written += cnt.written;
         }
+        if (parts > 1) {
 #pragma omp for schedule(static)
-        for (int h = 0; h < n_kv; h++) {
-            float *p0 = c->rs.attn_parts + (size_t)h * parts * part_floats;
-            float *out = c->rs.att + (size_t)h * g * d, *lse = p0 + (size_t)g * d; /* part 0's, merged into */
-            memcpy(out, p0, (size_t)g * d * sizeof *out);
-            for (int p = 1; p < parts; p++) {
-                const float *pp = p0 + (size_t)p * part_floats;
-                attn_merge_part(g, d, out, lse, pp, pp + (size_t)g * d);
-            }
-        }
-    }
-    *read_out = read;
-    *written_out = written;
-    return failed ? -1 : 0;
-}
-
-/* A decode step of the policy's attend, the KV heads spread over the threads. */
-static int attend_decode_heads(sparq_context *c, int il, int64_t pos, int64_t *read_out,
-                               int64_t *written_out)
-{
-    const model_hparams *hp = &c->model->hp;
-    const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
-    int64_t read = 0, written = 0;
-    int failed = 0;
-#pragma omp parallel num_threads(c->n_threads) reduction(+ : read, written)
-    {
-        char err[256] = "";
-        attn_scratch s = thread_scratch(c, omp_get_thread_num());
-        s.err = err;
-        s.err_size = sizeof err;
-#pragma omp for schedule(static)
-        for (int h = 0; h < n_kv; h++) {
-            attn_kv_view kv;
-            attn_counts cnt = { 0, 0 };
-            kv_view(&c->kv, il, h, pos + 1, &kv);
-            size_t off = (size_t)h * g * d;
-            if (c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
-                                  c->rs.att + off, &s, &cnt, NULL)) {
-#pragma omp critical(attend_decode_error)
-                if (!failed) {
-                    failed = 1;
-                    snprintf(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %.200s",
-                             c->policy->name, il, h, err[0] ? err : "failed");
+            for (int h = 0; h < n_kv; h++) {
+                float *p0 = c->rs.attn_parts + (size_t)h * parts * part_floats;
+                float *out = c->rs.att + (size_t)h * g * d, *lse = p0 + (size_t)g * d; /* part 0's, merged into */
+                memcpy(out, p0, (size_t)g * d * sizeof *out);
+                for (int p = 1; p < parts; p++) {
+                    const float *pp = p0 + (size_t)p * part_floats;
+                    attn_merge_part(g, d, out, lse, pp, pp + (size_t)g * d);
                 }
             }
-            read += cnt.read;
-            written += cnt.written;
         }
     }
-    *read_out = read;
-    *written_out = written;
-    return failed ? -1 : 0;
-}
-
-/* One decode step through the policy, all KV heads of layer il: in parts
- * when the policy splits a step this long, else a head per thread. Returns
- * 0, or -1 with the first failing head's message in c->error. */
-static int attend_decode(sparq_context *c, int il, int64_t pos)
-{
-    const model_hparams *hp = &c->model->hp;
-    const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
-    int64_t read = 0, written = 0;
-    const int parts = c->rs.attn_parts ? c->policy->n_parts(&c->params.attn, pos + 1) : 1;
-    const int failed = parts > 1 ? attend_decode_parts(c, il, pos, parts, &read, &written)
-                                 : attend_decode_heads(c, il, pos, &read, &written);
     if (failed) return -1;
     const attn_policy *dense = attn_policy_find("dense");
     c->stats.elements += read + written;
