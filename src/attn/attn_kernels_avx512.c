@@ -124,18 +124,6 @@ static ALWAYS_INLINE __m512 pair_sum(__m512 a, __m512 b)
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
 }
 
-/* Requests rows [from, to) of a gathered K or V into L2. Not into L1: L1
- * prefetches wait for the few L1 miss buffers and stall the loads behind
- * them (2x slower gathers measured); the kernels' own loads then find the
- * rows in L2. */
-static ALWAYS_INLINE void prefetch_rows(const void *base, const int32_t *rows, int64_t from,
-                                        int64_t to, size_t row_bytes)
-{
-    for (int64_t i = from; i < to; i++)
-        for (size_t b = 0; b < row_bytes; b += 64)
-            _mm_prefetch((const char *)base + (size_t)rows[i] * row_bytes + b, _MM_HINT_T1);
-}
-
 /* ---- scores --------------------------------------------------------------- */
 
 /* Dot products of 4 rows (element offsets at[u]) with HB <= 4 query heads,

@@ -55,8 +55,8 @@ static ALWAYS_INLINE __m512i ld_codes64(const uint8_t *pair)
 /* The rows a tile reads: consecutive from `base` (rb bytes apart) when
  * `contig` (a compile-time constant at every call), else the pointers rp[]
  * (gathered rows, and the last partial tile, whose missing rows repeat a
- * valid one). Consecutive rows need no pointer table: computing one cost a
- * tenth of the weighted sum. */
+ * valid one). Consecutive rows need no pointer table, which showed in
+ * profiles of the weighted sum. */
 typedef struct rowset {
     const uint8_t *base;
     size_t rb;
@@ -68,8 +68,8 @@ static ALWAYS_INLINE const uint8_t *row_at(const rowset *rs, int i, const int co
     return contig ? rs->base + (size_t)i * rs->rb : rs->rp[i];
 }
 
-/* The f16 scales at byte `at` of rows i0..i0+15, as f32. Scalar loads:
- * Zen 4's vpgatherqd took over half of the weighted sum's time. */
+/* The f16 scales at byte `at` of rows i0..i0+15, as f32. Scalar loads: on
+ * Zen 4 the gather instructions measured slower. */
 static ALWAYS_INLINE __m512 scales16(const rowset *rs, int i0, size_t at, const int contig)
 {
     uint16_t h[16] __attribute__((aligned(32)));
@@ -77,20 +77,9 @@ static ALWAYS_INLINE __m512 scales16(const rowset *rs, int i0, size_t at, const 
     return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)h));
 }
 
-/* Requests `bytes` from each of rows[from, to) of base into L2 (gathered
- * rows only; a contiguous walk is found by the hardware prefetcher). */
-static void prefetch_rows(const uint8_t *base, const int32_t *rows, int64_t from, int64_t to,
-                          size_t bytes)
-{
-    for (int64_t i = from; i < to; i++)
-        for (size_t b = 0; b < bytes; b += 64)
-            _mm_prefetch((const char *)base + (size_t)rows[i] * bytes + b, _MM_HINT_T1);
-}
-
 /* Requests rows [from, to) of contiguous rows (rb bytes each) into L2. The
- * hardware prefetcher alone left these kernels waiting on memory: streamed
- * from DRAM they ran at 8-14 GB/s on one core, against 20 for the f16
- * kernels, which compute longer per byte. */
+ * hardware prefetcher alone left these kernels waiting on memory (they
+ * compute less per byte than the f16 ones); every line has to be asked for. */
 static ALWAYS_INLINE void prefetch_span(const uint8_t *base, int64_t from, int64_t to, size_t rb)
 {
     const char *a = (const char *)base + (size_t)from * rb, *b = (const char *)base + (size_t)to * rb;
