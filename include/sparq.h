@@ -98,6 +98,10 @@ SPARQ_API int  sparq_model_load(const char *path, sparq_model **out, char *err, 
 typedef struct sparq_model_params {
     int use_mmap; /* 1: always map the file (less memory, slower decode);
                      0: the default rule of sparq_model_load */
+    int no_repack; /* 1: keep Q8_0 matrices only as stored; 0 (default):
+                      also keep a copy repacked for the GEMM tiles, which
+                      every product then reads (faster prefill and batched
+                      decode, results identical alone or in any batch) */
 } sparq_model_params;
 SPARQ_API sparq_model_params sparq_model_default_params(void);
 SPARQ_API int  sparq_model_load_params(const char *path, const sparq_model_params *p, sparq_model **out,
@@ -189,8 +193,11 @@ SPARQ_API int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, flo
  * batch. logits: [n][n_vocab] (row i for ctxs[i]) or NULL. Batch
  * invariance: row i is bit-identical to what sparq_eval(ctxs[i],
  * &tokens[i], 1, ...) would give, whatever the other sequences, n or i
- * (every weight row meets each sequence's activations through the same dot
- * kernel a lone decode uses). Threads: ctxs[0]'s n_threads. Returns 0, or -1
+ * (each weight row meets each sequence's activations through the same
+ * kernel a lone decode uses: for repacked Q8_0 matrices the GEMM tiles,
+ * which compute every (row, token) alike at any batch size; the attention
+ * tasks of all sequences share the threads but each computes alone).
+ * Threads: ctxs[0]'s n_threads. Returns 0, or -1
  * with the message in every context's sparq_context_error (a full context
  * or bad id changes nothing; an attention failure leaves the step undone
  * in every context, as sparq_eval does). */

@@ -38,7 +38,7 @@ class sparq_attn_params(ctypes.Structure):
 
 
 class sparq_model_params(ctypes.Structure):
-    _fields_ = [("use_mmap", c_int)]
+    _fields_ = [("use_mmap", c_int), ("no_repack", c_int)]
 
 
 class sparq_chat_msg(ctypes.Structure):

@@ -63,6 +63,7 @@ typedef struct cli_model_opts {
     int         json;       /* --json                                     */
     int         use_mmap;   /* --mmap (--no-mmap: the default, accepted)  */
     int         no_mmap;
+    int         no_repack;  /* -nr/--no-repack                           */
 } cli_model_opts;
 extern const cli_opt cli_model_table[];
 

@@ -59,6 +59,7 @@ typedef struct bench_opts {
     const char *model, *depth, *fill;
     int n_tokens, n_batch;
     int use_mmap;            /* --mmap */
+    int no_repack;           /* --no-repack */
     /* output */
     int json, csv;
     const char *plot, *title;
@@ -123,6 +124,7 @@ static const cli_opt decode_table[] = {
     { "-n", "--n-gen", OPT_INT, OFF(n_tokens), "N", "decode tokens timed per depth (default 32)" },
     { "-b", "--batch-size", OPT_INT, OFF(n_batch), "N", "prefill batch size (default 512)" },
     { "--mmap", NULL, OPT_FLAG, OFF(use_mmap), NULL, "map the model file instead of reading it into huge pages" },
+    { "-nr", "--no-repack", OPT_FLAG, OFF(no_repack), NULL, "keep Q8_0 weights as stored (no copy repacked for the GEMM tiles)" },
     { 0 },
 };
 
@@ -866,6 +868,7 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
     cli_model_opts mo = { 0 };
     mo.model = o->model;
     mo.use_mmap = o->use_mmap;
+    mo.no_repack = o->no_repack;
     sparq_model *m = cli_load_model(&mo, path, sizeof path);
     if (!m) {
         snprintf(err, err_size, "cannot load the model");
@@ -957,7 +960,7 @@ done:
 
 typedef struct prefill_opts {
     const char *model, *prompt, *depth, *threads, *kv_type;
-    int reps, warmup, n_batch, use_mmap, json, csv;
+    int reps, warmup, n_batch, use_mmap, no_repack, json, csv;
     int64_t iters;
 } prefill_opts;
 
@@ -969,6 +972,7 @@ static const cli_opt prefill_table[] = {
     { "-b", "--batch-size", OPT_INT, POFF(n_batch), "N", "prefill batch size (default 512)" },
     { "--kv-type", NULL, OPT_STR, POFF(kv_type), "f16|f32", "KV element type (default f16)" },
     { "--mmap", NULL, OPT_FLAG, POFF(use_mmap), NULL, "map the model file instead of reading it" },
+    { "-nr", "--no-repack", OPT_FLAG, POFF(no_repack), NULL, "keep Q8_0 weights as stored (no copy repacked for the GEMM tiles)" },
     { 0 },
 };
 static const cli_opt peak_table[] = {
@@ -1112,6 +1116,7 @@ static int bench_prefill_main(int argc, char **argv)
     cli_model_opts mo = { 0 };
     mo.model = o.model;
     mo.use_mmap = o.use_mmap;
+    mo.no_repack = o.no_repack;
     sparq_model *m = cli_load_model(&mo, path, sizeof path);
     if (!m) return 1;
     const int n_vocab = sparq_model_n_vocab(m);

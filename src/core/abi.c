@@ -36,6 +36,7 @@ static const abi_entry abi_table[] = {
 
     ABI_SIZE(sparq_model_params),
     ABI_OFF(sparq_model_params, use_mmap),
+    ABI_OFF(sparq_model_params, no_repack),
 
     ABI_SIZE(sparq_chat_msg),
     ABI_OFF(sparq_chat_msg, role),
@@ -93,7 +94,7 @@ static const abi_entry *abi_find(const char *type, const char *field)
     _Static_assert(sizeof(T) - (offsetof(T, F) + sizeof(((T *)0)->F)) < _Alignof(T), \
                    #T " has a field after " #F ": add it to abi_table and to python/sparq/_lib.py")
 ABI_LAST(sparq_attn_params, topk_check);
-ABI_LAST(sparq_model_params, use_mmap);
+ABI_LAST(sparq_model_params, no_repack);
 ABI_LAST(sparq_chat_msg, content);
 ABI_LAST(sparq_context_params, abort_flag);
 ABI_LAST(sparq_attn_stats, nominal_elements);

@@ -86,11 +86,8 @@ static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
     const size_t nb = (size_t)rs->n_batch;
     const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
     const size_t kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
-    size_t max_in = (size_t)hp->n_embd;
-    if ((size_t)hp->n_ff > max_in) max_in = hp->n_ff;
-    if (q_dim > max_in) max_in = q_dim;
-    /* Any vec_dot type takes at most 4 bytes per element (F32). */
-    rs->xq_row_bytes = (max_in * 4 + ALIGN - 1) / ALIGN * ALIGN;
+    /* a vec_dot row (at most 4 bytes per element) or a packed GEMM token */
+    rs->xq_row_bytes = (model_act_row_bytes(hp) + ALIGN - 1) / ALIGN * ALIGN;
     const int g = hp->n_head / hp->n_kv_head;
     size_t sf = c->policy->scratch_floats(&c->params.attn, c->kv.cap, hp->head_dim, g);
     size_t dense_sf = (size_t)g * (size_t)c->kv.cap + 64;

@@ -6,7 +6,8 @@
  *   model_matmul(_group)           threaded W x, ggml-compatible numerics
  *   rms_norm, rope_*, silu_mul_row small pure kernels
  *   attend_prefill                 exact causal attention, no S x S matrix
- *   attend_decode                  one token through the attention policy
+ *   attend_decode_many             one token through the attention policy,
+ *                                  for one sequence or a batch
  *   forward                        the layer loop, reading like the maths
  *   sparq_eval / sparq_eval_all    batching, progress, abort
  *   sparq_decode_batch             one token for each of B sequences, one
@@ -46,41 +47,70 @@ static const uint8_t *convert_activations(sparq_context *c, const float *in, int
     return dst;
 }
 
-/* Prefill products through packed tiles (tensor/gemm.h): every token's
- * activations are packed once, then each thread packs a panel of rows
- * (sized to stay in L2) and runs all tokens past it in register tiles. The
- * panels of all products form one parallel loop. Returns -1 if a type has
- * no tiles or memory is short; the caller then takes the row-chunk path
- * (which writes every output again). */
-static int matmul_gemm(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
-                       float *const *outs)
+/* Panel p of matmul_tiles' list: the products' panels of pr rows one
+ * after another (first[i] = index of product i's first panel). */
+static void run_panel(int64_t p, const int64_t *first, int pr, size_t rb, const weight *const *ws,
+                      const uint8_t *acts, int n, float *const *outs, uint8_t *panel)
+{
+    int i = 0;
+    while (p >= first[i + 1]) i++;
+    const weight *w = ws[i];
+    const int64_t r0 = (p - first[i]) * pr;
+    const int nr = (int)(w->n_out - r0 < pr ? w->n_out - r0 : pr);
+    const uint8_t *rows = (const uint8_t *)w->packed + (size_t)r0 * rb;
+    if (!w->packed) {
+        gemm_pack_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr, w->n_in,
+                       panel);
+        rows = panel;
+    }
+    gemm_panel(w->type, rows, nr, acts, n, w->n_in, outs[i] + r0, (size_t)w->n_out);
+}
+
+/* Products through packed tiles (tensor/gemm.h): every token's activations
+ * are packed once, then each panel of rows (sized to stay in L2) meets all
+ * tokens in register tiles. Rows come packed from the load (weight.packed,
+ * model_repack.c) or are packed per panel into a per-thread buffer. The
+ * panels of all products form one parallel loop. acts: room for n packed
+ * tokens (model_act_row_bytes each), or NULL to allocate. Returns -1 if a
+ * type has no tiles or memory is short, never when every weight is packed
+ * and acts is given; the caller then takes the row-chunk path. */
+static int matmul_tiles(int nt, uint8_t *acts, const float *in, int n, int n_w, const weight *const *ws,
+                        float *const *outs)
 {
     for (int i = 0; i < n_w; i++)
-        if (!gemm_supported(ws[i]->type)) return -1;
+        if (!ws[i]->packed && !gemm_supported(ws[i]->type)) return -1;
     for (int i = 1; i < n_w; i++) {
         if (ws[i]->type != ws[0]->type) {
             /* the activation packing depends on the weight type (Q4_K_M
              * mixes Q4_K and Q6_K in one group): one product at a time;
              * on failure the caller recomputes them all */
             for (int j = 0; j < n_w; j++)
-                if (matmul_gemm(c, in, n, 1, ws + j, outs + j)) return -1;
+                if (matmul_tiles(nt, acts, in, n, 1, ws + j, outs + j)) return -1;
             return 0;
         }
     }
+    int all_packed = 1;
+    for (int i = 0; i < n_w; i++) all_packed &= ws[i]->packed != NULL;
     const int64_t n_in = ws[0]->n_in;
     const size_t ab = gemm_act_bytes(ws[0]->type, n_in), rb = gemm_row_bytes(ws[0]->type, n_in);
     if (!ab || !rb) return -1;
-    enum { PANEL_BYTES = 256 * 1024 }; /* a quarter of the L2 here; acts stream past */
-    /* whole pairs of 16-row groups: the tiles take two at a time, a lone
-     * group runs at half their reuse of each activation broadcast */
-    int pr = (int)(PANEL_BYTES / rb) / (2 * GEMM_GROUP) * (2 * GEMM_GROUP);
-    if (pr < 2 * GEMM_GROUP) pr = 2 * GEMM_GROUP;
-    if (pr > 128) pr = 128;
-    const int nt = c->n_threads;
-    uint8_t *acts = aligned_alloc(64, (size_t)n * ab);
-    uint8_t *panels = aligned_alloc(64, (size_t)nt * pr * rb);
-    if (!acts || !panels) {
-        free(acts);
+    /* Few tokens (a decode step, a batch of sequences): every panel is read
+     * once, small panels share the rows evenly between the threads. Many
+     * (prefill): whole pairs of 16-row groups up to a quarter of the L2, so
+     * a panel stays there while the token tiles stream past it; a lone group
+     * runs at half the tiles' reuse of each activation broadcast. */
+    enum { PANEL_BYTES = 256 * 1024, FEW_TOKENS = 6 };
+    int pr = 4 * GEMM_GROUP;
+    if (n > FEW_TOKENS) {
+        pr = (int)(PANEL_BYTES / rb) / (2 * GEMM_GROUP) * (2 * GEMM_GROUP);
+        if (pr < 2 * GEMM_GROUP) pr = 2 * GEMM_GROUP;
+        if (pr > 128) pr = 128;
+    }
+    uint8_t *own_acts = NULL, *panels = NULL;
+    if (!acts) acts = own_acts = aligned_alloc(64, (size_t)n * ab);
+    if (!all_packed) panels = aligned_alloc(64, (size_t)nt * pr * rb);
+    if (!acts || (!all_packed && !panels)) {
+        free(own_acts);
         free(panels);
         return -1;
     }
@@ -90,27 +120,57 @@ static int matmul_gemm(sparq_context *c, const float *in, int n, int n_w, const 
     {
 #pragma omp for schedule(static)
         for (int t = 0; t < n; t++) gemm_pack_act(ws[0]->type, in + (size_t)t * n_in, n_in, acts + (size_t)t * ab);
-        uint8_t *panel = panels + (size_t)omp_get_thread_num() * pr * rb;
+        uint8_t *panel = panels ? panels + (size_t)omp_get_thread_num() * pr * rb : NULL;
+        /* Few tokens: each thread one contiguous range of panels, i.e. one
+         * sequential stream from DRAM (interleaved panels measured slower);
+         * many: panels handed out as threads free up. */
+        if (n <= FEW_TOKENS) {
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < first[n_w]; p++) run_panel(p, first, pr, rb, ws, acts, n, outs, panel);
+        } else {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t p = 0; p < first[n_w]; p++) {
-            int i = 0;
-            while (p >= first[i + 1]) i++;
-            const weight *w = ws[i];
-            const int64_t r0 = (p - first[i]) * pr;
-            const int nr = (int)(w->n_out - r0 < pr ? w->n_out - r0 : pr);
-            gemm_pack_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr, n_in, panel);
-            gemm_panel(w->type, panel, nr, acts, n, n_in, outs[i] + r0, (size_t)w->n_out);
+            for (int64_t p = 0; p < first[n_w]; p++) run_panel(p, first, pr, rb, ws, acts, n, outs, panel);
         }
     }
-    free(acts);
+    free(own_acts);
     free(panels);
     return 0;
+}
+
+/* 1 if every product of the group reads load-time packed rows, 0 if none;
+ * a mixed group runs one product at a time (-1). */
+static int group_packing(int n_w, const weight *const *ws)
+{
+    int n_packed = 0;
+    for (int i = 0; i < n_w; i++) n_packed += ws[i]->packed != NULL;
+    return n_packed == 0 ? 0 : n_packed == n_w ? 1 : -1;
+}
+
+size_t model_act_row_bytes(const model_hparams *hp)
+{
+    size_t max_in = (size_t)hp->n_embd;
+    if ((size_t)hp->n_ff > max_in) max_in = hp->n_ff;
+    if ((size_t)hp->n_head * hp->head_dim > max_in) max_in = (size_t)hp->n_head * hp->head_dim;
+    size_t bytes = (max_in * 4 + 63) / 64 * 64; /* any vec_dot type: <= 4 bytes per element */
+    const size_t tile = gemm_act_bytes(QT_Q8_0, (int64_t)((max_in + 31) / 32 * 32));
+    return tile > bytes ? tile : bytes;
 }
 
 void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
                         float *const *outs)
 {
     assert(n_w >= 1 && n_w <= 4);
+    const int packing = group_packing(n_w, ws);
+    if (packing < 0) {
+        for (int j = 0; j < n_w; j++) model_matmul_group(c, in, n, 1, ws + j, outs + j);
+        return;
+    }
+    if (packing) { /* the tiles at every n: a token's result never depends on n */
+        int rc = matmul_tiles(c->n_threads, c->rs.xq, in, n, n_w, ws, outs);
+        assert(rc == 0);
+        (void)rc;
+        return;
+    }
     const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
     for (int i = 1; i < n_w; i++) { /* mixed activation types: one product at a time */
         if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt) {
@@ -123,7 +183,7 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
      * turns) stay on it. Measured under load (pp4..pp64, smollm2 Q8_0, 1
      * thread): chunks faster at 32 tokens, tiles at 64; retune when quiet. */
     enum { GEMM_MIN_TOKENS = 48 };
-    if (n >= GEMM_MIN_TOKENS && matmul_gemm(c, in, n, n_w, ws, outs) == 0) return;
+    if (n >= GEMM_MIN_TOKENS && matmul_tiles(c->n_threads, NULL, in, n, n_w, ws, outs) == 0) return;
     const int64_t n_in = ws[0]->n_in;
     size_t x_stride;
     const uint8_t *xq = convert_activations(c, in, n, n_in, vdt, &x_stride);
@@ -365,72 +425,99 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
     free(ml);
 }
 
-/* One decode step through the policy, all KV heads of layer il. A policy
- * that splits long steps (attn_policy.n_parts) gets (KV head, part) pairs
- * spread over the threads, then each head's parts merged in order, which
- * gives what its attend gives as a whole; otherwise one task per KV head.
- * Returns 0, or -1 with the first failing head's message in c->error. */
-static int attend_decode(sparq_context *c, int il, int64_t pos)
+/* One decode step through the policy, all KV heads of layer il, for nc
+ * contexts at once (a batched step) or one. A policy that splits long
+ * steps (attn_policy.n_parts) gets (KV head, part) tasks, merged per head
+ * in order afterwards, which gives what its attend gives as a whole;
+ * otherwise one task per KV head. The tasks of all contexts share the
+ * threads (smollm2's 3 KV heads alone would idle one of 2 cores a third of
+ * the time); a task computes the same on whichever thread runs it, so a
+ * context's output does not depend on the others. Context i's query is in
+ * its rs.q, its output goes to rs.att, its new token is at pos[i]; nt
+ * threads, at most any context's n_threads (each has scratch for those).
+ * Returns 0, or -1 with each failing context's first message in its error. */
+enum { ATTEND_MANY_MAX = 256 }; /* contexts per call: sparq_decode_batch splits larger batches */
+static int attend_decode_many(sparq_context *const *cs, int nc, int il, const int64_t *pos, int nt)
 {
-    const model_hparams *hp = &c->model->hp;
+    assert(nc >= 1 && nc <= ATTEND_MANY_MAX);
+    const model_hparams *hp = &cs[0]->model->hp;
     const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
-    const int parts = c->rs.attn_parts ? c->policy->n_parts(&c->params.attn, pos + 1) : 1;
     const size_t part_floats = (size_t)g * d + (size_t)g; /* a part's out[g][d], lse[g] */
-    int64_t read = 0, written = 0;
-    int failed = 0;
-#pragma omp parallel num_threads(c->n_threads) reduction(+ : read, written)
+    int parts[ATTEND_MANY_MAX], failed[ATTEND_MANY_MAX];
+    int64_t first[ATTEND_MANY_MAX + 1], read[ATTEND_MANY_MAX], written[ATTEND_MANY_MAX];
+    first[0] = 0;
+    for (int i = 0; i < nc; i++) {
+        const sparq_context *c = cs[i];
+        parts[i] = c->rs.attn_parts ? c->policy->n_parts(&c->params.attn, pos[i] + 1) : 1;
+        first[i + 1] = first[i] + (int64_t)n_kv * parts[i];
+        failed[i] = 0;
+        read[i] = written[i] = 0;
+    }
+#pragma omp parallel num_threads(nt)
     {
         char err[256] = "";
-        attn_scratch s = thread_scratch(c, omp_get_thread_num());
-        s.err = err;
-        s.err_size = sizeof err;
 #pragma omp for schedule(static)
-        for (int t = 0; t < n_kv * parts; t++) {
-            const int h = t / parts, p = t % parts;
+        for (int64_t task = 0; task < first[nc]; task++) {
+            int i = 0;
+            while (task >= first[i + 1]) i++;
+            sparq_context *c = cs[i];
+            attn_scratch s = thread_scratch(c, omp_get_thread_num());
+            err[0] = 0;
+            s.err = err;
+            s.err_size = sizeof err;
+            const int t = (int)(task - first[i]), h = t / parts[i], p = t % parts[i];
             attn_kv_view kv;
             attn_counts cnt = { 0, 0 };
-            kv_view(&c->kv, il, h, pos + 1, &kv);
+            kv_view(&c->kv, il, h, pos[i] + 1, &kv);
             const size_t off = (size_t)h * g * d;
-            float *po = parts > 1 ? c->rs.attn_parts + (size_t)t * part_floats : NULL;
-            const int rc = parts > 1
+            float *po = parts[i] > 1 ? c->rs.attn_parts + (size_t)t * part_floats : NULL;
+            const int rc = parts[i] > 1
                 ? c->policy->attend_part(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g, p,
                                          po, po + (size_t)g * d, &s, &cnt)
                 : c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
                                     c->rs.att + off, &s, &cnt, NULL);
             if (rc) {
 #pragma omp critical(attend_decode_error)
-                if (!failed) {
-                    failed = 1;
+                if (!failed[i]) {
+                    failed[i] = 1;
                     snprintf(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %.200s",
                              c->policy->name, il, h, err[0] ? err : "failed");
                 }
             }
-            read += cnt.read;
-            written += cnt.written;
+#pragma omp atomic
+            read[i] += cnt.read;
+#pragma omp atomic
+            written[i] += cnt.written;
         }
-        if (parts > 1) {
 #pragma omp for schedule(static)
-            for (int h = 0; h < n_kv; h++) {
-                float *p0 = c->rs.attn_parts + (size_t)h * parts * part_floats;
-                float *out = c->rs.att + (size_t)h * g * d, *lse = p0 + (size_t)g * d; /* part 0's, merged into */
-                memcpy(out, p0, (size_t)g * d * sizeof *out);
-                for (int p = 1; p < parts; p++) {
-                    const float *pp = p0 + (size_t)p * part_floats;
-                    attn_merge_part(g, d, out, lse, pp, pp + (size_t)g * d);
-                }
+        for (int64_t ih = 0; ih < (int64_t)nc * n_kv; ih++) {
+            const int i = (int)(ih / n_kv), h = (int)(ih % n_kv);
+            if (parts[i] == 1) continue;
+            sparq_context *c = cs[i];
+            float *p0 = c->rs.attn_parts + (size_t)h * parts[i] * part_floats;
+            float *out = c->rs.att + (size_t)h * g * d, *lse = p0 + (size_t)g * d; /* part 0's, merged into */
+            memcpy(out, p0, (size_t)g * d * sizeof *out);
+            for (int p = 1; p < parts[i]; p++) {
+                const float *pp = p0 + (size_t)p * part_floats;
+                attn_merge_part(g, d, out, lse, pp, pp + (size_t)g * d);
             }
         }
     }
-    if (failed) return -1;
+    int any_failed = 0;
     const attn_policy *dense = attn_policy_find("dense");
-    c->stats.elements += read + written;
-    c->stats.bytes += kv_bytes_of(&c->kv, read + written);
-    c->stats.dense_elements += n_kv * dense->transfer_formula(&c->params.attn, pos + 1, d, g);
-    c->stats.formula_elements +=
-        n_kv * (c->policy->transfer_formula_state
-                    ? c->policy->transfer_formula_state(c->policy_state, &c->params.attn, il, pos + 1, d, g)
-                    : c->policy->transfer_formula(&c->params.attn, pos + 1, d, g));
-    return 0;
+    for (int i = 0; i < nc; i++) {
+        sparq_context *c = cs[i];
+        any_failed |= failed[i];
+        if (failed[i]) continue;
+        c->stats.elements += read[i] + written[i];
+        c->stats.bytes += kv_bytes_of(&c->kv, read[i] + written[i]);
+        c->stats.dense_elements += n_kv * dense->transfer_formula(&c->params.attn, pos[i] + 1, d, g);
+        c->stats.formula_elements +=
+            n_kv * (c->policy->transfer_formula_state
+                        ? c->policy->transfer_formula_state(c->policy_state, &c->params.attn, il, pos[i] + 1, d, g)
+                        : c->policy->transfer_formula(&c->params.attn, pos[i] + 1, d, g));
+    }
+    return any_failed ? -1 : 0;
 }
 
 /* ---- the layer loop --------------------------------------------------------- */
@@ -505,7 +592,7 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
         for (int t = 0; t < n; t++) /* in order: the cache's running V sum depends on it */
             kv_write(&c->kv, il, pos0 + t, rs->k + t * kv_dim, rs->v + t * kv_dim);
         if (decode) {
-            if (attend_decode(c, il, pos0)) return -1; /* the cache's n is unchanged */
+            if (attend_decode_many(&c, 1, il, &pos0, c->n_threads)) return -1; /* the cache's n is unchanged */
         } else {
             attend_prefill(c, il, pos0, n);
         }
@@ -603,19 +690,32 @@ int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits
 /* The B-row activations of one batched step (allocated per call). */
 typedef struct batch_rows {
     float   *x, *xn, *q, *k, *v, *att, *gate, *up;
+    int64_t *pos;           /* each sequence's new position           */
     uint8_t *xq;
     size_t   xq_row_bytes;
 } batch_rows;
 
-/* outs[i][t][n_out] = W_i in[t] for the n rows of the batch. Every output
- * is one quant_dot over the row's activations converted on their own, which
- * is exactly what a lone decode step computes (model_matmul_group with
- * n == 1), so a sequence's result does not depend on its batch. The weight
- * rows are the outer loop: each row is read from memory once per step and
- * meets every sequence's activations while it sits in L1. */
+/* outs[i][t][n_out] = W_i in[t] for the n rows of the batch, computed
+ * exactly as a lone decode step computes it (model_matmul_group with
+ * n == 1), so a sequence's result does not depend on its batch. Packed
+ * weights: one GEMM of the n tokens, whose tiles give each (row, token) the
+ * same operations at any n. Others: one quant_dot per (row, token), with
+ * the rows as the outer loop, so each row is read from memory once per step
+ * and meets every sequence's activations while it sits in L1. */
 static void batch_matmul_group(int n_threads, batch_rows *b, const float *in, int n, int n_w,
                                const weight *const *ws, float *const *outs)
 {
+    const int packing = group_packing(n_w, ws);
+    if (packing < 0) {
+        for (int j = 0; j < n_w; j++) batch_matmul_group(n_threads, b, in, n, 1, ws + j, outs + j);
+        return;
+    }
+    if (packing) {
+        int rc = matmul_tiles(n_threads, b->xq, in, n, n_w, ws, outs);
+        assert(rc == 0);
+        (void)rc;
+        return;
+    }
     const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
     for (int i = 1; i < n_w; i++) {
         if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt) {
@@ -659,7 +759,7 @@ static void batch_matmul(int n_threads, batch_rows *b, float *out, const float *
 static void batch_rows_free(batch_rows *b)
 {
     free(b->x); free(b->xn); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->gate); free(b->up); free(b->xq);
+    free(b->gate); free(b->up); free(b->xq); free(b->pos);
 }
 
 static int batch_rows_alloc(batch_rows *b, const model_hparams *hp, int n)
@@ -667,10 +767,7 @@ static int batch_rows_alloc(batch_rows *b, const model_hparams *hp, int n)
     memset(b, 0, sizeof *b);
     const size_t N = (size_t)n, q_dim = (size_t)hp->n_head * hp->head_dim;
     const size_t kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
-    size_t max_in = (size_t)hp->n_embd;
-    if ((size_t)hp->n_ff > max_in) max_in = hp->n_ff;
-    if (q_dim > max_in) max_in = q_dim;
-    b->xq_row_bytes = (max_in * 4 + 63) / 64 * 64; /* any vec_dot type: <= 4 bytes per element */
+    b->xq_row_bytes = model_act_row_bytes(hp);
     b->x = malloc(N * hp->n_embd * sizeof(float));
     b->xn = malloc(N * hp->n_embd * sizeof(float));
     b->q = malloc(N * q_dim * sizeof(float));
@@ -679,8 +776,9 @@ static int batch_rows_alloc(batch_rows *b, const model_hparams *hp, int n)
     b->att = malloc(N * q_dim * sizeof(float));
     b->gate = malloc(N * hp->n_ff * sizeof(float));
     b->up = malloc(N * hp->n_ff * sizeof(float));
+    b->pos = malloc(N * sizeof *b->pos);
     if (posix_memalign((void **)&b->xq, 64, N * b->xq_row_bytes)) b->xq = NULL;
-    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->xq) {
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->xq || !b->pos) {
         batch_rows_free(b);
         return -1;
     }
@@ -727,6 +825,11 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
     if (batch_rows_alloc(&b, hp, n)) return batch_fail(ctxs, n, "decode_batch: out of memory");
     for (int i = 0; i < n; i++) ctxs[i]->error[0] = 0;
     const int nt = ctxs[0]->n_threads;
+    int nt_attn = nt; /* attention uses each context's per-thread scratch */
+    for (int i = 0; i < n; i++) {
+        if (ctxs[i]->n_threads < nt_attn) nt_attn = ctxs[i]->n_threads;
+        b.pos[i] = ctxs[i]->kv.n;
+    }
     const int E = hp->n_embd, hd = hp->head_dim;
     const size_t q_dim = (size_t)hp->n_head * hd, kv_dim = (size_t)hp->n_kv_head * hd;
     int rc = 0;
@@ -743,9 +846,9 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
         const weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
         float *const qkv_out[3] = { b.q, b.k, b.v };
         batch_matmul_group(nt, &b, b.xn, n, 3, qkv, qkv_out);
-        /* per sequence: the same row operations as forward(), then the
-         * sequence's own attention policy over its own cache */
-        for (int t = 0; t < n && !rc; t++) {
+        /* per sequence: the same row operations as forward(), then each
+         * sequence's own attention policy over its own cache, all at once */
+        for (int t = 0; t < n; t++) {
             sparq_context *c = ctxs[t];
             float *q = b.q + t * q_dim, *k = b.k + t * kv_dim, *v = b.v + t * kv_dim;
             for (size_t i = 0; L->bq && i < q_dim; i++) q[i] += L->bq[i];
@@ -761,12 +864,16 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
             }
             kv_write(&c->kv, il, c->kv.n, k, v);
             memcpy(c->rs.q, q, q_dim * sizeof(float));
-            if (attend_decode(c, il, c->kv.n)) {
-                rc = batch_fail(ctxs, n, c->error);
-                break;
-            }
-            memcpy(b.att + t * q_dim, c->rs.att, q_dim * sizeof(float));
         }
+        for (int t0 = 0; t0 < n && !rc; t0 += ATTEND_MANY_MAX) {
+            const int nc = n - t0 < ATTEND_MANY_MAX ? n - t0 : ATTEND_MANY_MAX;
+            if (attend_decode_many(ctxs + t0, nc, il, b.pos + t0, nt_attn)) {
+                int f = t0;
+                while (f < t0 + nc - 1 && !ctxs[f]->error[0]) f++;
+                rc = batch_fail(ctxs, n, ctxs[f]->error);
+            }
+        }
+        for (int t = 0; t < n && !rc; t++) memcpy(b.att + t * q_dim, ctxs[t]->rs.att, q_dim * sizeof(float));
         if (rc) break;
         batch_matmul(nt, &b, b.xn, b.att, n, &L->wo);
         for (size_t i = 0; i < (size_t)n * E; i++) b.x[i] += b.xn[i];

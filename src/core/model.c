@@ -457,6 +457,7 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
     for (int il = 0; il < m->hp.n_layer; il++)
         if (bind_layer(&L, m, il, &m->layers[il])) goto fail;
     if (check_all_used(&L, m)) goto fail;
+    if (!p->no_repack && model_repack(m, err, err_size)) goto fail;
     free(L.used);
     *out = m;
     return 0;
@@ -469,6 +470,7 @@ fail:
 void sparq_model_free(sparq_model *m)
 {
     if (!m) return;
+    model_repack_free(m);
     free(m->layers);
     tok_free(m->tok);
     gguf_close(m->file);

@@ -41,6 +41,10 @@ typedef struct weight {
     uint32_t    type;
     int64_t     n_in, n_out;
     size_t      row_bytes;
+    const void *packed;      /* the rows repacked at load for the GEMM tiles
+                              * (tensor/gemm.h layout, model_repack.c), or
+                              * NULL: then every product reads data        */
+    size_t      packed_row_bytes; /* gemm_row_bytes(type, n_in) when packed */
     char        name[64];    /* for messages                              */
 } weight;
 
@@ -77,6 +81,8 @@ struct sparq_model {
     const float     *rope_freqs; /* [rope_dim/2] llama3 frequency factors or NULL */
     const float     *rope_short, *rope_long; /* [rope_dim/2] longrope factors or NULL */
     layer_weights   *layers;     /* [n_layer]                               */
+    void            *packed;     /* one mapping holding every weight.packed */
+    size_t           packed_size;
 };
 
 /* Per-sequence scratch, allocated once at context creation. */
@@ -124,6 +130,16 @@ const arch_desc *arch_find(const char *name);
  * none): rope_freqs, or for longrope the long table when the context
  * exceeds the original training length, else the short one. */
 const float *model_rope_factors(const sparq_model *m, int64_t n_ctx);
+
+/* Repacks the matrices whose every product then runs through the GEMM
+ * tiles, at any number of tokens (model_repack.c has which and why); 0, or
+ * -1 with err set when memory is short. */
+int model_repack(sparq_model *m, char *err, size_t err_size);
+void model_repack_free(sparq_model *m);
+
+/* Bytes per row of the activation scratch (run_state.xq and the batch's)
+ * for any product of the model: a vec_dot row or a packed GEMM token. */
+size_t model_act_row_bytes(const model_hparams *hp);
 
 /* The weight-times-activations product out[n][n_out] = in[n][n_in] W^T,
  * with activations converted to W's vec_dot type (ggml numerics). */

@@ -48,8 +48,9 @@ int gemm_int_layout_of(uint32_t type, int64_t n, gemm_int_layout *l)
     l->bs = type == QT_Q6_K ? 16 : 32;
     l->zp = type == QT_Q4_0 ? 8 : type == QT_Q6_K ? 32 : (type == QT_Q4_K || type == QT_Q5_K) ? 0 : 128;
     l->has_min = type == QT_Q4_K || type == QT_Q5_K;
+    l->scale_f16 = type == QT_Q8_0 || type == QT_Q4_0 || type == QT_IQ4_NL;
     l->nb = n / l->bs;
-    l->block_bytes = (size_t)GEMM_GROUP * (size_t)(l->bs + 4 + 4 * l->has_min);
+    l->block_bytes = (size_t)GEMM_GROUP * (size_t)(l->bs + (l->scale_f16 ? 2 : 4) + 4 * l->has_min);
     const size_t per_block = (size_t)pad_to(4 * l->nb, 64);
     l->act_dx = (size_t)pad_to(n, 64);
     l->act_start = l->act_dx + per_block;
@@ -80,13 +81,14 @@ size_t gemm_act_bytes(uint32_t type, int64_t n)
  * per bs-element block its scale s[] and min m[], as gemm.h defines them.
  * Returns the elements decoded. Block-wise loops (no per-element index
  * arithmetic): packing runs once per batch over every weight. */
-static int decode_block(uint32_t type, const void *row, int64_t i, uint8_t *q, float *s, float *m)
+static int decode_block(uint32_t type, const void *row, int64_t i, uint8_t *q, float *s, float *m, uint16_t *s16)
 {
     switch (type) {
     case QT_Q8_0: {
         const blk_q8_0 *b = (const blk_q8_0 *)row + i;
         for (int j = 0; j < QK; j++) q[j] = (uint8_t)(b->qs[j] + 128);
         s[0] = fp16_to_fp32(b->d);
+        s16[0] = b->d;
         return QK;
     }
     case QT_Q4_0: case QT_IQ4_NL: {
@@ -99,6 +101,7 @@ static int decode_block(uint32_t type, const void *row, int64_t i, uint8_t *q, f
             q[j + QK / 2] = (uint8_t)(nl ? quant_iq4nl_values[hi] + 128 : hi);
         }
         s[0] = fp16_to_fp32(b->d);
+        s16[0] = b->d;
         return QK;
     }
     case QT_Q4_K: case QT_Q5_K: {
@@ -166,14 +169,19 @@ static void pack_int_row(uint32_t type, const gemm_int_layout *l, const void *sr
 {
     uint8_t q[QKK];
     float s[QKK / 16], m[QKK / 16];
+    uint16_t s16[1] = { 0 };
     for (int64_t i = 0, e = 0; e < n; i++) {
-        const int cnt = decode_block(type, src, i, q, s, m);
+        const int cnt = decode_block(type, src, i, q, s, m, s16);
         for (int e0 = 0; e0 < cnt; e0 += l->bs) {
             uint8_t *blk = grp + (size_t)((e + e0) / l->bs) * l->block_bytes;
             for (int k = 0; k < l->bs / 4; k++) memcpy(blk + 64 * k + 4 * r, q + e0 + 4 * k, 4);
-            float *sw = (float *)(blk + (size_t)GEMM_GROUP * l->bs);
-            sw[r] = s[e0 / l->bs];
-            if (l->has_min) sw[GEMM_GROUP + r] = m[e0 / l->bs];
+            uint8_t *sc = blk + (size_t)GEMM_GROUP * l->bs;
+            if (l->scale_f16) { /* one block per decode_block call: s16[0] */
+                memcpy(sc + 2 * r, s16, 2);
+                continue;
+            }
+            memcpy(sc + 4 * r, &s[e0 / l->bs], 4);
+            if (l->has_min) memcpy(sc + 4 * (GEMM_GROUP + r), &m[e0 / l->bs], 4);
         }
         e += cnt;
     }
@@ -281,12 +289,21 @@ static float ref_int(const gemm_int_layout *l, const uint8_t *grp, int r, const 
     float acc = 0;
     for (int64_t b = 0; b < l->nb; b++) {
         const uint8_t *blk = grp + (size_t)b * l->block_bytes;
-        const float *sw = (const float *)(blk + (size_t)GEMM_GROUP * l->bs);
+        const uint8_t *sc = blk + (size_t)GEMM_GROUP * l->bs;
         int32_t isum = start[b];
         for (int k = 0; k < l->bs / 4; k++)
             for (int j = 0; j < 4; j++) isum += (int32_t)blk[64 * k + 4 * r + j] * x[b * l->bs + 4 * k + j];
-        acc = fmaf((float)isum * sw[r], dx[b], acc);
-        if (l->has_min) acc = fmaf(-sw[GEMM_GROUP + r], sx[b], acc);
+        float sw, mw = 0;
+        if (l->scale_f16) {
+            uint16_t h;
+            memcpy(&h, sc + 2 * r, 2);
+            sw = fp16_to_fp32(h);
+        } else {
+            memcpy(&sw, sc + 4 * r, 4);
+            if (l->has_min) memcpy(&mw, sc + 4 * (GEMM_GROUP + r), 4);
+        }
+        acc = fmaf((float)isum * sw, dx[b], acc);
+        if (l->has_min) acc = fmaf(-mw, sx[b], acc);
     }
     return acc;
 }

@@ -14,7 +14,13 @@
  * (Q8_0 and the IQ4 grids 128, Q4_0 8, Q6_K 32, Q4_K/Q5_K 0). Sixteen rows
  * are interleaved, block by block:
  *
- *   block b of a group: codes [bs/4][16 rows][4] | s[16] f32 | m[16] f32
+ *   block b of a group: codes [bs/4][16 rows][4] | s[16] | m[16] f32
+ *
+ * s is the file's f16 scale where the type stores one per block (Q8_0,
+ * Q4_0, IQ4_NL), so a packed Q8_0 matrix takes exactly the file's bytes
+ * (decode streams it from DRAM: model_repack.c); computed scales (the K
+ * kinds, IQ4_XS) are f32. Blocks are then 544 bytes apart, not whole cache
+ * lines, and the kernels load them unaligned.
  *
  * so one 64-byte vector holds 4 consecutive codes of each of 16 rows and a
  * vpdpbusd against 4 codes of one token broadcast to every lane advances 16
@@ -55,7 +61,7 @@ enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_GROUP = 16 };
 int gemm_supported(uint32_t type);
 
 /* Bytes per row of a packed panel (a group of GEMM_GROUP rows takes
- * GEMM_GROUP times this, a multiple of 64) and of one packed token. A panel
+ * GEMM_GROUP times this) and of one packed token (a multiple of 64). A panel
  * of nr rows takes gemm_row_bytes * nr rounded up to GEMM_GROUP rows. */
 size_t gemm_row_bytes(uint32_t type, int64_t n);
 size_t gemm_act_bytes(uint32_t type, int64_t n);
@@ -94,6 +100,7 @@ typedef struct {
     int     bs;          /* elements per scale block (32 or 16)           */
     int     zp;          /* zero point of the codes                       */
     int     has_min;     /* a min per block (Q4_K, Q5_K)                  */
+    int     scale_f16;   /* s[16] as f16 (Q8_0, Q4_0, IQ4_NL), else f32   */
     int64_t nb;          /* blocks per row                                */
     size_t  block_bytes; /* one block of a 16-row group                   */
     size_t  act_dx;      /* token: offsets of dx[nb], start[nb], sx[nb]   */

@@ -32,7 +32,7 @@ enum { INT_NT2 = 2 }; /* tokens per tile: 2 halves x 2 tokens x (int + float) = 
 
 INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
                       float *out, size_t ldo, int n_rows, const int T, const int BS, const int MIN,
-                      const int SIGNED) /* 0: unsigned codes; 1: |v| * x signed by v; 2: |x| * v signed by x */
+                      const int SIGNED, const int SF16) /* 0: unsigned codes; 1: |v| * x signed by v; 2: |x| * v signed by x */
 {
     __m256 acc[2][INT_NT2];
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
@@ -54,7 +54,7 @@ INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const
             __m256i w[2], wa[2];
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                w[h] = _mm256_load_si256((const __m256i *)(blk + 64 * k + 32 * h));
+                w[h] = _mm256_loadu_si256((const __m256i *)(blk + 64 * k + 32 * h));
                 if (SIGNED) w[h] = _mm256_xor_si256(w[h], flip);
                 if (SIGNED == 1) wa[h] = _mm256_abs_epi8(w[h]);
             }
@@ -72,10 +72,11 @@ INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const
                 }
             }
         }
-        const float *sc = (const float *)(blk + GEMM_GROUP * BS);
+        const uint8_t *sc = blk + GEMM_GROUP * BS;
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const __m256 sw = _mm256_load_ps(sc + 8 * h);
+            const __m256 sw = SF16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16 * h)))
+                                   : _mm256_loadu_ps((const float *)sc + 8 * h);
 #pragma GCC unroll 2
             for (int t = 0; t < T; t++) {
                 const float dx = ((const float *)(acts + t * ab + l->act_dx))[b];
@@ -83,7 +84,7 @@ INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const
                                             acc[h][t]);
             }
             if (MIN) {
-                const __m256 mn = _mm256_load_ps(sc + GEMM_GROUP + 8 * h);
+                const __m256 mn = _mm256_loadu_ps((const float *)sc + GEMM_GROUP + 8 * h);
 #pragma GCC unroll 2
                 for (int t = 0; t < T; t++) {
                     const float sx = ((const float *)(acts + t * ab + l->act_sx))[b];
@@ -108,20 +109,20 @@ INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const
 
 typedef void (*int2_fn)(const uint8_t *, const uint8_t *, size_t, const gemm_int_layout *, float *, size_t, int);
 
-#define INT2_KERN(NAME, BS, MIN, SIGNED, T)                                                                 \
+#define INT2_KERN(NAME, BS, MIN, SIGNED, SF16, T)                                                           \
     static void NAME##_##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
                            size_t ldo, int n_rows)                                                           \
     {                                                                                                        \
-        kern_int2(w, x, ab, l, o, ldo, n_rows, T, BS, MIN, SIGNED);                                          \
+        kern_int2(w, x, ab, l, o, ldo, n_rows, T, BS, MIN, SIGNED, SF16);                                    \
     }
-#define INT2_KERNS(NAME, BS, MIN, SIGNED)                                                                   \
-    INT2_KERN(NAME, BS, MIN, SIGNED, 1) INT2_KERN(NAME, BS, MIN, SIGNED, 2)                                 \
+#define INT2_KERNS(NAME, BS, MIN, SIGNED, SF16)                                                             \
+    INT2_KERN(NAME, BS, MIN, SIGNED, SF16, 1) INT2_KERN(NAME, BS, MIN, SIGNED, SF16, 2)                     \
     static const int2_fn NAME##_tab[2] = { NAME##_1, NAME##_2 };
-INT2_KERNS(s32, 32, 0, 1)  /* Q8_0, IQ4_NL */
-INT2_KERNS(x32, 32, 0, 2)  /* IQ4_XS */
-INT2_KERNS(u32, 32, 0, 0)  /* Q4_0 */
-INT2_KERNS(u32m, 32, 1, 0) /* Q4_K, Q5_K */
-INT2_KERNS(u16, 16, 0, 0)  /* Q6_K */
+INT2_KERNS(s32, 32, 0, 1, 1)  /* Q8_0, IQ4_NL (f16 scales) */
+INT2_KERNS(x32, 32, 0, 2, 0)  /* IQ4_XS */
+INT2_KERNS(u32, 32, 0, 0, 1)  /* Q4_0 (f16 scales) */
+INT2_KERNS(u32m, 32, 1, 0, 0) /* Q4_K, Q5_K */
+INT2_KERNS(u16, 16, 0, 0, 0)  /* Q6_K */
 
 void gemm_panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
                      size_t ldo)
@@ -134,6 +135,7 @@ void gemm_panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, 
     const int2_fn *tab = type == QT_IQ4_XS ? x32_tab : l.zp == 128 ? s32_tab : l.bs == 16 ? u16_tab
                        : l.has_min ? u32m_tab : u32_tab;
     assert(l.zp == 128 ? l.bs == 32 && !l.has_min : l.zp <= 32);
+    assert(l.scale_f16 == (type != QT_IQ4_XS && l.bs == 32 && !l.has_min));
     const size_t gstride = (size_t)l.nb * l.block_bytes;
     const int ng = (nr + GEMM_GROUP - 1) / GEMM_GROUP;
     for (int t0 = 0; t0 < nt; t0 += INT_NT2) {

@@ -24,7 +24,7 @@ enum { INT_RG = 2, INT_NT = 6 };
 
 INLINE void kern_int(const uint8_t *grp, size_t gstride, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
                      float *out, size_t ldo, __mmask16 last_mask, const int RG, const int T, const int BS,
-                     const int MIN)
+                     const int MIN, const int SF16)
 {
     __m512 acc[INT_RG][INT_NT];
 #pragma GCC unroll 2
@@ -42,35 +42,50 @@ INLINE void kern_int(const uint8_t *grp, size_t gstride, const uint8_t *acts, si
     const size_t bb = l->block_bytes;
     for (int64_t b = 0; b < l->nb; b++) {
         const uint8_t *blk = grp + b * bb, *xb = acts + b * BS;
-        __m512i ai[INT_RG][INT_NT];
+        /* With one or two tokens (decode) the vpdpbusd of a block are one
+         * chain each; odd k go to a second chain, added at the end (int32
+         * sums are exact in any order, so the result is the same). */
+        const int CHAINS = T <= 2 ? 2 : 1;
+        __m512i ai[INT_RG][INT_NT], ai2[INT_RG][INT_NT];
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
             const __m512i st = _mm512_set1_epi32(start[t][b]);
 #pragma GCC unroll 2
-            for (int g = 0; g < RG; g++) ai[g][t] = st;
+            for (int g = 0; g < RG; g++) {
+                ai[g][t] = st;
+                if (CHAINS == 2) ai2[g][t] = _mm512_setzero_si512();
+            }
         }
 #pragma GCC unroll 8
         for (int k = 0; k < BS / 4; k++) {
             __m512i w[INT_RG];
 #pragma GCC unroll 2
-            for (int g = 0; g < RG; g++) w[g] = _mm512_load_si512(blk + g * gstride + 64 * k);
+            for (int g = 0; g < RG; g++) w[g] = _mm512_loadu_si512(blk + g * gstride + 64 * k);
 #pragma GCC unroll 6
             for (int t = 0; t < T; t++) {
                 const __m512i x = _mm512_broadcastd_epi32(_mm_loadu_si32(xb + t * ab + 4 * k));
 #pragma GCC unroll 2
-                for (int g = 0; g < RG; g++) ai[g][t] = _mm512_dpbusd_epi32(ai[g][t], w[g], x);
+                for (int g = 0; g < RG; g++) {
+                    if (CHAINS == 2 && (k & 1)) ai2[g][t] = _mm512_dpbusd_epi32(ai2[g][t], w[g], x);
+                    else ai[g][t] = _mm512_dpbusd_epi32(ai[g][t], w[g], x);
+                }
             }
         }
+        if (CHAINS == 2)
+#pragma GCC unroll 6
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+                for (int g = 0; g < RG; g++) ai[g][t] = _mm512_add_epi32(ai[g][t], ai2[g][t]);
 #pragma GCC unroll 2
         for (int g = 0; g < RG; g++) {
-            const float *sc = (const float *)(blk + g * gstride + GEMM_GROUP * BS);
-            const __m512 sw = _mm512_load_ps(sc);
+            const uint8_t *sc = blk + g * gstride + GEMM_GROUP * BS;
+            const __m512 sw = SF16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc)) : _mm512_loadu_ps(sc);
 #pragma GCC unroll 6
             for (int t = 0; t < T; t++)
                 acc[g][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ai[g][t]), sw), _mm512_set1_ps(dx[t][b]),
                                             acc[g][t]);
             if (MIN) {
-                const __m512 mn = _mm512_load_ps(sc + GEMM_GROUP);
+                const __m512 mn = _mm512_loadu_ps(sc + 4 * GEMM_GROUP);
 #pragma GCC unroll 6
                 for (int t = 0; t < T; t++) acc[g][t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(sx[t][b]), acc[g][t]);
             }
@@ -86,24 +101,27 @@ INLINE void kern_int(const uint8_t *grp, size_t gstride, const uint8_t *acts, si
 typedef void (*int_fn)(const uint8_t *, size_t, const uint8_t *, size_t, const gemm_int_layout *, float *, size_t,
                        __mmask16);
 
-#define INT_KERN(NAME, BS, MIN, RG, T)                                                                     \
+#define INT_KERN(NAME, BS, MIN, SF16, RG, T)                                                               \
     static void NAME##_##RG##x##T(const uint8_t *w, size_t gs, const uint8_t *x, size_t ab,               \
                                   const gemm_int_layout *l, float *o, size_t ldo, __mmask16 m)            \
     {                                                                                                      \
-        kern_int(w, gs, x, ab, l, o, ldo, m, RG, T, BS, MIN);                                              \
+        kern_int(w, gs, x, ab, l, o, ldo, m, RG, T, BS, MIN, SF16);                                        \
     }
-#define INT_KERNS(NAME, BS, MIN)                                                                           \
-    INT_KERN(NAME, BS, MIN, 1, 1) INT_KERN(NAME, BS, MIN, 1, 2) INT_KERN(NAME, BS, MIN, 1, 3)               \
-    INT_KERN(NAME, BS, MIN, 1, 4) INT_KERN(NAME, BS, MIN, 1, 5) INT_KERN(NAME, BS, MIN, 1, 6)               \
-    INT_KERN(NAME, BS, MIN, 2, 1) INT_KERN(NAME, BS, MIN, 2, 2) INT_KERN(NAME, BS, MIN, 2, 3)               \
-    INT_KERN(NAME, BS, MIN, 2, 4) INT_KERN(NAME, BS, MIN, 2, 5) INT_KERN(NAME, BS, MIN, 2, 6)               \
+#define INT_KERNS(NAME, BS, MIN, SF16)                                                                     \
+    INT_KERN(NAME, BS, MIN, SF16, 1, 1) INT_KERN(NAME, BS, MIN, SF16, 1, 2)                                 \
+    INT_KERN(NAME, BS, MIN, SF16, 1, 3) INT_KERN(NAME, BS, MIN, SF16, 1, 4)                                 \
+    INT_KERN(NAME, BS, MIN, SF16, 1, 5) INT_KERN(NAME, BS, MIN, SF16, 1, 6)                                 \
+    INT_KERN(NAME, BS, MIN, SF16, 2, 1) INT_KERN(NAME, BS, MIN, SF16, 2, 2)                                 \
+    INT_KERN(NAME, BS, MIN, SF16, 2, 3) INT_KERN(NAME, BS, MIN, SF16, 2, 4)                                 \
+    INT_KERN(NAME, BS, MIN, SF16, 2, 5) INT_KERN(NAME, BS, MIN, SF16, 2, 6)                                 \
     static const int_fn NAME##_tab[2][6] = {                                                               \
         { NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4, NAME##_1x5, NAME##_1x6 },                        \
         { NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4, NAME##_2x5, NAME##_2x6 },                        \
     };
-INT_KERNS(b32, 32, 0)
-INT_KERNS(b32m, 32, 1)
-INT_KERNS(b16, 16, 0)
+INT_KERNS(b32, 32, 0, 0)  /* IQ4_XS */
+INT_KERNS(b32h, 32, 0, 1) /* Q8_0, Q4_0, IQ4_NL: f16 scales */
+INT_KERNS(b32m, 32, 1, 0) /* Q4_K, Q5_K */
+INT_KERNS(b16, 16, 0, 0)  /* Q6_K */
 _Static_assert(INT_RG == 2 && INT_NT == 6, "tables are 2 x 6");
 
 static void panel_int(uint32_t type, const uint8_t *rows, int nr, const uint8_t *acts, int nt, int64_t n,
@@ -114,14 +132,18 @@ static void panel_int(uint32_t type, const uint8_t *rows, int nr, const uint8_t 
         assert(0);
         return;
     }
-    const int_fn(*tab)[6] = l.bs == 16 ? b16_tab : l.has_min ? b32m_tab : b32_tab;
-    assert(l.bs == 32 || (l.bs == 16 && !l.has_min));
+    const int_fn(*tab)[6] = l.bs == 16 ? b16_tab : l.has_min ? b32m_tab : l.scale_f16 ? b32h_tab : b32_tab;
+    assert(l.bs == 32 || (l.bs == 16 && !l.has_min && !l.scale_f16));
+    assert(!(l.has_min && l.scale_f16));
     const size_t gstride = (size_t)l.nb * l.block_bytes;
     const int ng = (nr + GEMM_GROUP - 1) / GEMM_GROUP;
+    /* One or two tokens: one group at a time, so each thread reads one
+     * sequential stream of rows (two measured slower for decode). */
+    const int max_rg = nt <= 2 ? 1 : INT_RG;
     for (int t0 = 0; t0 < nt; t0 += INT_NT) {
         const int tt = nt - t0 < INT_NT ? nt - t0 : INT_NT;
-        for (int g0 = 0; g0 < ng; g0 += INT_RG) {
-            const int rg = ng - g0 < INT_RG ? ng - g0 : INT_RG;
+        for (int g0 = 0; g0 < ng; g0 += max_rg) {
+            const int rg = ng - g0 < max_rg ? ng - g0 : max_rg;
             const int last_rows = nr - (g0 + rg - 1) * GEMM_GROUP;
             const __mmask16 m = last_rows >= GEMM_GROUP ? 0xFFFF : (__mmask16)((1u << last_rows) - 1);
             tab[rg - 1][tt - 1](rows + g0 * gstride, gstride, acts + t0 * l.act_bytes, l.act_bytes, &l,

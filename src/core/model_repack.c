@@ -1,0 +1,117 @@
+/* model_repack.c - weights rewritten once at load into the GEMM tiles'
+ * layout (tensor/gemm.h), so that every product of such a matrix, one
+ * token or a thousand, runs through the same tiles without packing it again.
+ *
+ * Why: prefill used to pack each panel of every matrix per batch, and a
+ * batched decode step (sparq_decode_batch) multiplied each row with each
+ * sequence by the one-token dot, at a few percent of the machine's int8 rate.
+ * With the rows packed once, a step of B sequences is one GEMM of B tokens.
+ * It also makes results independent of the batch by construction: the tiles
+ * compute each (row, token) output by the same per-lane sequence of
+ * operations whatever else shares the tile (gemm_panel_ref spells it out),
+ * so a token's logits are the same alone, in a batch of 64 or in a prefill.
+ *
+ * Which types: Q8_0 only. Its packed rows take 36 bytes per 32 weights
+ * against 34 in the file (codes as they are, the scale as f32), so a decode
+ * step that reads every weight once costs about the same. The other integer
+ * kinds widen 4- to 6-bit codes to bytes (Q4_0: 32 + 4 bytes against 18),
+ * which would nearly double what decode reads; they keep packing per batch
+ * for prefill only. Embeddings are never repacked (rows are looked up); a
+ * tied output matrix gets a packed copy of its own.
+ *
+ * The packed copy lives in one anonymous mapping advised for huge pages,
+ * like the file itself (gguf.c: decode streams it at DRAM speed).
+ */
+#include "core/model.h"
+#include "tensor/gemm.h"
+#include "tensor/quant.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static int repackable(const weight *w)
+{
+    return w->data && w->type == QT_Q8_0 && gemm_supported(w->type) && gemm_row_bytes(w->type, w->n_in) > 0;
+}
+
+/* Bytes of w's packed copy: whole 16-row groups, 64-byte aligned. */
+static size_t packed_bytes(const weight *w)
+{
+    const size_t groups = (size_t)((w->n_out + GEMM_GROUP - 1) / GEMM_GROUP);
+    return groups * GEMM_GROUP * gemm_row_bytes(w->type, w->n_in);
+}
+
+/* The model's matrices in one list (at most 7 per layer plus the output). */
+static int list_matrices(sparq_model *m, weight **out)
+{
+    int n = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        layer_weights *L = &m->layers[il];
+        weight *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+        for (int i = 0; i < 7; i++) out[n++] = ws[i];
+    }
+    out[n++] = &m->output;
+    return n;
+}
+
+int model_repack(sparq_model *m, char *err, size_t err_size)
+{
+    const int cap = 7 * m->hp.n_layer + 1;
+    weight **ws = malloc((size_t)cap * sizeof *ws);
+    size_t *offs = malloc((size_t)cap * sizeof *offs);
+    if (!ws || !offs) {
+        free(ws);
+        free(offs);
+        snprintf(err, err_size, "model: out of memory");
+        return -1;
+    }
+    const int n = list_matrices(m, ws);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        offs[i] = total;
+        if (repackable(ws[i])) total += packed_bytes(ws[i]);
+    }
+    int rc = 0;
+    if (total > 0) {
+        void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED) {
+            snprintf(err, err_size, "model: cannot allocate %zu bytes for the repacked weights: %s "
+                     "(--no-repack keeps them as stored)", total, strerror(errno));
+            rc = -1;
+        } else {
+            madvise(mem, total, MADV_HUGEPAGE); /* advice only */
+            m->packed = mem;
+            m->packed_size = total;
+            /* Whole 16-row groups per job, so no two jobs write one group. */
+            enum { JOB_ROWS = 16 * GEMM_GROUP };
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int i = 0; i < n; i++) {
+                weight *w = ws[i];
+                if (!repackable(w)) continue;
+                const size_t rb = gemm_row_bytes(w->type, w->n_in);
+                uint8_t *dst = (uint8_t *)mem + offs[i];
+                for (int64_t r0 = 0; r0 < w->n_out; r0 += JOB_ROWS) {
+                    const int nr = (int)(w->n_out - r0 < JOB_ROWS ? w->n_out - r0 : JOB_ROWS);
+                    gemm_pack_rows(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr,
+                                   w->n_in, dst + (size_t)r0 * rb);
+                }
+                w->packed = dst;
+                w->packed_row_bytes = rb;
+            }
+            mprotect(mem, total, PROT_READ); /* read-only from here, like the weights */
+        }
+    }
+    free(ws);
+    free(offs);
+    return rc;
+}
+
+void model_repack_free(sparq_model *m)
+{
+    if (m->packed) munmap(m->packed, m->packed_size);
+    m->packed = NULL;
+    m->packed_size = 0;
+}
