@@ -77,6 +77,7 @@ typedef struct slot {
     float         *logits;       /* [V] the next token's distribution       */
     float         *prompt_logits;/* echo + logprobs: [n_prompt][V]          */
     int            fed;          /* prompt tokens in the cache              */
+    int            chunks;       /* prefill chunks run for this request     */
     int            ready;        /* logits are fresh                        */
     size_t         gen_start;    /* where generated text starts (after echo) */
     int            policy_ix;
@@ -761,6 +762,7 @@ static int slot_prefill_chunk(srv_server *s, slot *sl)
     }
     if (rc) return -1;
     sl->fed += nb;
+    sl->chunks++;
     if (last) {
         if (sl->prompt_logits) memcpy(sl->logits, sl->prompt_logits + (size_t)(r->n_prompt - 1) * V, (size_t)V * sizeof(float));
         sl->ready = 1;
@@ -913,22 +915,35 @@ void *srv_sched_main(void *arg)
                 slot_reuse_prefix(s, &pc, kd, sl);
             }
         }
-        /* one prefill chunk of the oldest admitted sequence still
-         * prefilling: round robin would hold every first token back until
-         * all prompts are nearly done; in admission order the first
-         * request answers after its own prefill (the last no later) */
-        slot *oldest = NULL;
-        for (int i = 0; i < P; i++) {
-            slot *sl = &slots[i];
-            if (!sl->r || !sl->c || sl->ready || sl->r->state == REQ_DONE) continue;
-            if (!oldest || sl->admitted < oldest->admitted) oldest = sl;
-        }
-        if (oldest) {
+        /* Prefill chunks in admission order, oldest first, until this
+         * iteration has fed n_batch tokens (at least one chunk): round robin
+         * would hold every first token back until all prompts are nearly
+         * done; in admission order the first request answers after its own
+         * prefill (the last no later). The budget lets many short chunks
+         * (the uncached tails of prompts the prefix cache holds) start
+         * together instead of one per decode step, while a long prompt
+         * still takes one chunk per step and never stalls the running
+         * streams for more than that. A prompt that took several chunks
+         * ends the round when it completes, so its first token comes out
+         * before anything admitted after it. A chunk's boundaries are the
+         * sequence's own (slot_prefill_chunk), so the budget never changes
+         * what a sequence computes. */
+        const int prefill_budget = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
+        int prefill_fed = 0;
+        for (;;) {
+            slot *oldest = NULL;
+            for (int i = 0; i < P; i++) {
+                slot *sl = &slots[i];
+                if (!sl->r || !sl->c || sl->ready || sl->r->state == REQ_DONE) continue;
+                if (!oldest || sl->admitted < oldest->admitted) oldest = sl;
+            }
+            if (!oldest || prefill_fed >= prefill_budget) break;
             slot *sl = oldest;
             const double t0 = srv_now();
             const int fed0 = sl->fed;
             int rc = slot_prefill_chunk(s, sl);
             const double t1 = srv_now();
+            prefill_fed += rc || (sl->chunks > 1 && sl->ready) ? prefill_budget : sl->fed - fed0;
             if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
                 const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
                 const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
