@@ -98,10 +98,11 @@ SPARQ_API int  sparq_model_load(const char *path, sparq_model **out, char *err, 
 typedef struct sparq_model_params {
     int use_mmap; /* 1: always map the file (less memory, slower decode);
                      0: the default rule of sparq_model_load */
-    int no_repack; /* 1: keep Q8_0 matrices only as stored; 0 (default):
-                      also keep a copy repacked for the GEMM tiles, which
-                      every product then reads (faster prefill and batched
-                      decode, results identical alone or in any batch) */
+    int no_repack; /* 1: keep Q8_0 matrices as stored; 0 (default):
+                      repack them at load for the GEMM tiles (same bytes;
+                      the file's copy is released), which every product
+                      then reads: faster prefill and batched decode, and
+                      results identical alone or in any batch */
 } sparq_model_params;
 SPARQ_API sparq_model_params sparq_model_default_params(void);
 SPARQ_API int  sparq_model_load_params(const char *path, const sparq_model_params *p, sparq_model **out,

@@ -29,8 +29,8 @@ const cli_opt cli_model_table[] = {
     { "--no-mmap", NULL, OPT_FLAG, OFF(cli_model_opts, no_mmap), NULL,
       "read the model into memory (the default when it fits in half the RAM)" },
     { "-nr", "--no-repack", OPT_FLAG, OFF(cli_model_opts, no_repack), NULL,
-      "keep Q8_0 weights only as stored (default: also a copy repacked for the GEMM tiles, about 6% larger, "
-      "that prefill and batched decode read)" },
+      "keep Q8_0 weights as stored (default: repacked at load into the GEMM tiles' layout, same size, "
+      "which decode, batched decode and prefill then read)" },
     { 0 },
 };
 

@@ -124,7 +124,7 @@ static const cli_opt decode_table[] = {
     { "-n", "--n-gen", OPT_INT, OFF(n_tokens), "N", "decode tokens timed per depth (default 32)" },
     { "-b", "--batch-size", OPT_INT, OFF(n_batch), "N", "prefill batch size (default 512)" },
     { "--mmap", NULL, OPT_FLAG, OFF(use_mmap), NULL, "map the model file instead of reading it into huge pages" },
-    { "-nr", "--no-repack", OPT_FLAG, OFF(no_repack), NULL, "keep Q8_0 weights as stored (no copy repacked for the GEMM tiles)" },
+    { "-nr", "--no-repack", OPT_FLAG, OFF(no_repack), NULL, "keep Q8_0 weights as stored (not repacked for the GEMM tiles)" },
     { 0 },
 };
 
@@ -972,7 +972,7 @@ static const cli_opt prefill_table[] = {
     { "-b", "--batch-size", OPT_INT, POFF(n_batch), "N", "prefill batch size (default 512)" },
     { "--kv-type", NULL, OPT_STR, POFF(kv_type), "f16|f32", "KV element type (default f16)" },
     { "--mmap", NULL, OPT_FLAG, POFF(use_mmap), NULL, "map the model file instead of reading it" },
-    { "-nr", "--no-repack", OPT_FLAG, POFF(no_repack), NULL, "keep Q8_0 weights as stored (no copy repacked for the GEMM tiles)" },
+    { "-nr", "--no-repack", OPT_FLAG, POFF(no_repack), NULL, "keep Q8_0 weights as stored (not repacked for the GEMM tiles)" },
     { 0 },
 };
 static const cli_opt peak_table[] = {

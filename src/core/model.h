@@ -37,7 +37,8 @@ typedef struct arch_desc {
 
 /* A weight matrix W [n_out][n_in] (GGUF ne = {n_in, n_out}), borrowed. */
 typedef struct weight {
-    const void *data;
+    const void *data;        /* the file's rows; NULL once repacked (the
+                              * pages are released, model_repack.c)        */
     uint32_t    type;
     int64_t     n_in, n_out;
     size_t      row_bytes;

@@ -20,7 +20,8 @@
  * tied output matrix gets a packed copy of its own.
  *
  * The packed copy lives in one anonymous mapping advised for huge pages,
- * like the file itself (gguf.c: decode streams it at DRAM speed).
+ * like the file itself (gguf.c: decode streams it at DRAM speed); the
+ * file's copy of each repacked matrix is released (release_source).
  */
 #include "core/model.h"
 #include "tensor/gemm.h"
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 static int repackable(const weight *w)
 {
@@ -55,6 +57,22 @@ static int list_matrices(sparq_model *m, weight **out)
     }
     out[n++] = &m->output;
     return n;
+}
+
+/* The file's copy of a repacked matrix is never read again (every product
+ * reads the packed one), so its pages go back to the system and the model
+ * takes about the file's memory, not twice that. Kept: the first 4 KiB of
+ * each matrix (the KV-file fingerprint hashes every tensor's, context.c)
+ * and a tied output's rows (the embeddings, looked up by token). data is
+ * cleared, so a reader added later fails at once instead of reading zeros. */
+static void release_source(const sparq_model *m, weight *w)
+{
+    if (w->data == m->tok_embd.data) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)w->data + 4096 + page - 1) / page * page;
+    const uintptr_t b = ((uintptr_t)w->data + (uintptr_t)(w->n_out * (int64_t)w->row_bytes)) / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED); /* advice: on failure the pages just stay */
+    w->data = NULL;
 }
 
 int model_repack(sparq_model *m, char *err, size_t err_size)
@@ -85,7 +103,7 @@ int model_repack(sparq_model *m, char *err, size_t err_size)
             madvise(mem, total, MADV_HUGEPAGE); /* advice only */
             m->packed = mem;
             m->packed_size = total;
-            /* Whole 16-row groups per job, so no two jobs write one group. */
+            /* one matrix per job, packed a few groups at a time */
             enum { JOB_ROWS = 16 * GEMM_GROUP };
 #pragma omp parallel for schedule(dynamic, 1)
             for (int i = 0; i < n; i++) {
@@ -102,6 +120,8 @@ int model_repack(sparq_model *m, char *err, size_t err_size)
                 w->packed_row_bytes = rb;
             }
             mprotect(mem, total, PROT_READ); /* read-only from here, like the weights */
+            for (int i = 0; i < n; i++)
+                if (ws[i]->packed) release_source(m, ws[i]);
         }
     }
     free(ws);
