@@ -3,7 +3,7 @@
 # streaming clients against `sparq serve` and, when LLAMA_SERVER is set,
 # llama.cpp's llama-server on the same GGUF and the same token ids.
 #
-# usage: scripts/bench_serve.sh [--quick] [--out | --results DIR] [--llama-1b] [--no-shared]
+# usage: scripts/bench_serve.sh [--quick] [--out | --results DIR] [--llama-1b | --only-llama-1b] [--no-shared]
 #                               [--prime-shared] [--no-docs] [--no-warm] [--fa LIST] [-n N] [-d TOKENS] [-g TOKENS]
 #                               [--shared-tokens TOKENS] [--no-ban-bytes]
 #   --quick            smoke test: N=2, D=513, 8 generated tokens, 1024-token shared document
@@ -11,6 +11,7 @@
 #   --out              results in docs/bench-results/serve-<UTC date>/ (to commit)
 #   --results DIR      results in DIR (default /tmp/sparq-bench-serve)
 #   --llama-1b         also the llama-3.2-1b shape (Q8_0), after smollm2-135m
+#   --only-llama-1b    the llama-3.2-1b shape alone
 #   --no-shared        skip the shared-document scenario
 #   --prime-shared     also the shared scenario with the document sent alone first
 #                      (not counted), as when earlier clients had asked about it
@@ -98,6 +99,7 @@ while [ $# -gt 0 ]; do
     --out) RES="docs/bench-results/serve-$(date -u +%Y-%m-%d)" ;;
     --results) RES="$2"; shift ;;
     --llama-1b) L1B=1 ;;
+    --only-llama-1b) L1B=2 ;;
     --no-shared) SHARED=0 ;;
     --prime-shared) PRIME=1 ;;
     --no-warm) WARM=0 ;;
@@ -261,6 +263,7 @@ scenario() {
 
 MODELS=("smollm2-135m")
 [ "$L1B" = 0 ] || MODELS+=("llama-3.2-1b")
+[ "$L1B" != 2 ] || MODELS=("llama-3.2-1b")
 for mname in "${MODELS[@]}"; do
   mfile="$MODEL_DIR/$mname-q8_0.gguf"
   if [ ! -f "$mfile" ]; then
