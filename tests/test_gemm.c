@@ -142,7 +142,8 @@ static void test_type(int type)
             const int nr_pad = (nr + GEMM_GROUP - 1) / GEMM_GROUP * GEMM_GROUP;
             uint8_t *w = malloc((size_t)nr * wrb), *xq = malloc((size_t)nt * xrb);
             float *x = malloc((size_t)nt * n * sizeof(float)), *xd = malloc((size_t)n * sizeof(float));
-            uint8_t *pw = aligned_alloc(64, (size_t)nr_pad * prb), *px = aligned_alloc(64, (size_t)nt * pab);
+            /* aligned_alloc wants a multiple of the alignment: Q8_0 groups are 544 bytes a block */
+            uint8_t *pw = aligned_alloc(64, ((size_t)nr_pad * prb + 63) / 64 * 64), *px = aligned_alloc(64, (size_t)nt * pab);
             float *o_simd = malloc((size_t)nr * nt * sizeof(float)), *o_ref = malloc((size_t)nr * nt * sizeof(float));
             if (!w || !xq || !x || !xd || !pw || !px || !o_simd || !o_ref) {
                 CHECK(0, "out of memory");
@@ -197,7 +198,7 @@ static void test_sensitivity(void)
     float x[64];
     for (int i = 0; i < 64; i++) x[i] = normal();
     const size_t prb = gemm_row_bytes(QT_Q8_0, n), pab = gemm_act_bytes(QT_Q8_0, n);
-    uint8_t *pw = aligned_alloc(64, GEMM_GROUP * prb), *px = aligned_alloc(64, pab);
+    uint8_t *pw = aligned_alloc(64, (GEMM_GROUP * prb + 63) / 64 * 64), *px = aligned_alloc(64, pab);
     if (!pw || !px) { CHECK(0, "out of memory"); return; }
     gemm_pack_rows(QT_Q8_0, w, sizeof w, 1, n, pw);
     gemm_pack_act(QT_Q8_0, x, n, px);

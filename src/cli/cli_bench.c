@@ -1222,7 +1222,7 @@ static int bench_peak_main(int argc, char **argv)
                     if (kind == 0) sum_ops += gemm_peak_int8(o.iters, &sink);
                     else if (kind == 1) sum_ops += gemm_peak_f32(o.iters, &sink);
                     else if (gemm_supported(QT_Q8_0)) { /* what a prefill would run; none: 0 ops */
-                        uint8_t *w = calloc(PR, wrb), *pw = aligned_alloc(64, PR * rb),
+                        uint8_t *w = calloc(PR, wrb), *pw = aligned_alloc(64, (PR * rb + 63) / 64 * 64),
                                 *pa = aligned_alloc(64, PT * ab);
                         float *x = malloc(PN * sizeof(float)), *out = malloc(PR * PT * sizeof(float));
                         if (w && pw && pa && x && out) {

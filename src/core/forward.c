@@ -108,7 +108,7 @@ static int matmul_tiles(int nt, uint8_t *acts, const float *in, int n, int n_w, 
     }
     uint8_t *own_acts = NULL, *panels = NULL;
     if (!acts) acts = own_acts = aligned_alloc(64, (size_t)n * ab);
-    if (!all_packed) panels = aligned_alloc(64, (size_t)nt * pr * rb);
+    if (!all_packed) panels = aligned_alloc(64, ((size_t)nt * pr * rb + 63) / 64 * 64); /* rb: 34 bytes a weight for Q8_0 */
     if (!acts || (!all_packed && !panels)) {
         free(own_acts);
         free(panels);
