@@ -31,17 +31,17 @@
 /* ---- kernels ------------------------------------------------------------ */
 
 /* Converts n activation rows to vec_dot type vdt (once per product group,
- * like ggml's vec_dot_type); returns the rows to feed the dot kernels. */
-static const uint8_t *convert_activations(sparq_context *c, const float *in, int n, int64_t n_in,
-                                          int vdt, size_t *x_stride)
+ * like ggml's vec_dot_type) into dst, row_bytes apart; returns the rows to
+ * feed the dot kernels (in itself for F32) and their stride. */
+static const uint8_t *convert_activations(int nt, uint8_t *dst, size_t row_bytes, const float *in, int n,
+                                          int64_t n_in, int vdt, size_t *x_stride)
 {
     if (vdt == QT_F32) {
         *x_stride = (size_t)n_in * sizeof(float);
         return (const uint8_t *)in;
     }
-    *x_stride = c->rs.xq_row_bytes;
-    uint8_t *dst = c->rs.xq;
-#pragma omp parallel for num_threads(c->n_threads) schedule(static) if (n > 1)
+    *x_stride = row_bytes;
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 1)
     for (int t = 0; t < n; t++)
         quant_from_float((uint32_t)vdt, in + (size_t)t * n_in, dst + (size_t)t * (*x_stride), n_in);
     return dst;
@@ -137,13 +137,26 @@ static int matmul_tiles(int nt, uint8_t *acts, const float *in, int n, int n_w, 
     return 0;
 }
 
-/* 1 if every product of the group reads load-time packed rows, 0 if none;
- * a mixed group runs one product at a time (-1). */
-static int group_packing(int n_w, const weight *const *ws)
+/* 1 if the products of a group must run one at a time: their activations
+ * differ (vec_dot types), or some read weights repacked at load and others
+ * not. */
+static int group_splits(int n_w, const weight *const *ws)
 {
-    int n_packed = 0;
-    for (int i = 0; i < n_w; i++) n_packed += ws[i]->packed != NULL;
-    return n_packed == 0 ? 0 : n_packed == n_w ? 1 : -1;
+    const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
+    for (int i = 1; i < n_w; i++)
+        if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt || !ws[i]->packed != !ws[0]->packed) return 1;
+    return 0;
+}
+
+/* Weights repacked at load take the tiles at every n, so a token's result
+ * never depends on n or on what shares its batch. acts: n rows of
+ * model_act_row_bytes scratch, so nothing is allocated and it cannot fail. */
+static void matmul_repacked(int nt, uint8_t *acts, const float *in, int n, int n_w, const weight *const *ws,
+                            float *const *outs)
+{
+    const int rc = matmul_tiles(nt, acts, in, n, n_w, ws, outs);
+    assert(rc == 0);
+    (void)rc;
 }
 
 size_t model_act_row_bytes(const model_hparams *hp)
@@ -160,24 +173,15 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
                         float *const *outs)
 {
     assert(n_w >= 1 && n_w <= 4);
-    const int packing = group_packing(n_w, ws);
-    if (packing < 0) {
+    if (group_splits(n_w, ws)) {
         for (int j = 0; j < n_w; j++) model_matmul_group(c, in, n, 1, ws + j, outs + j);
         return;
     }
-    if (packing) { /* the tiles at every n: a token's result never depends on n */
-        int rc = matmul_tiles(c->n_threads, c->rs.xq, in, n, n_w, ws, outs);
-        assert(rc == 0);
-        (void)rc;
+    if (ws[0]->packed) {
+        matmul_repacked(c->n_threads, c->rs.xq, in, n, n_w, ws, outs);
         return;
     }
     const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
-    for (int i = 1; i < n_w; i++) { /* mixed activation types: one product at a time */
-        if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt) {
-            for (int j = 0; j < n_w; j++) model_matmul_group(c, in, n, 1, ws + j, outs + j);
-            return;
-        }
-    }
     /* Packing every weight once per call costs about what the row-chunk
      * path spends on a few dozen tokens: below that, short prompts (chat
      * turns) stay on it. Measured under load (pp4..pp64, smollm2 Q8_0, 1
@@ -186,7 +190,7 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
     if (n >= GEMM_MIN_TOKENS && matmul_tiles(c->n_threads, NULL, in, n, n_w, ws, outs) == 0) return;
     const int64_t n_in = ws[0]->n_in;
     size_t x_stride;
-    const uint8_t *xq = convert_activations(c, in, n, n_in, vdt, &x_stride);
+    const uint8_t *xq = convert_activations(c->n_threads, c->rs.xq, c->rs.xq_row_bytes, in, n, n_in, vdt, &x_stride);
     /* Rows in chunks of 16: a chunk stays in L1 while every token's
      * activations stream past it. The chunks of all products form one
      * parallel loop, so q/k/v (or gate/up) cost one barrier, not three. */
@@ -705,34 +709,18 @@ typedef struct batch_rows {
 static void batch_matmul_group(int n_threads, batch_rows *b, const float *in, int n, int n_w,
                                const weight *const *ws, float *const *outs)
 {
-    const int packing = group_packing(n_w, ws);
-    if (packing < 0) {
+    if (group_splits(n_w, ws)) {
         for (int j = 0; j < n_w; j++) batch_matmul_group(n_threads, b, in, n, 1, ws + j, outs + j);
         return;
     }
-    if (packing) {
-        int rc = matmul_tiles(n_threads, b->xq, in, n, n_w, ws, outs);
-        assert(rc == 0);
-        (void)rc;
+    if (ws[0]->packed) {
+        matmul_repacked(n_threads, b->xq, in, n, n_w, ws, outs);
         return;
     }
     const int vdt = quant_traits_of(ws[0]->type)->vec_dot_type;
-    for (int i = 1; i < n_w; i++) {
-        if (quant_traits_of(ws[i]->type)->vec_dot_type != vdt) {
-            for (int j = 0; j < n_w; j++) batch_matmul_group(n_threads, b, in, n, 1, ws + j, outs + j);
-            return;
-        }
-    }
     const int64_t n_in = ws[0]->n_in;
-    const uint8_t *xq = (const uint8_t *)in;
-    size_t x_stride = (size_t)n_in * sizeof(float);
-    if (vdt != QT_F32) {
-        x_stride = b->xq_row_bytes;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (n > 1)
-        for (int t = 0; t < n; t++)
-            quant_from_float((uint32_t)vdt, in + (size_t)t * n_in, b->xq + (size_t)t * x_stride, n_in);
-        xq = b->xq;
-    }
+    size_t x_stride;
+    const uint8_t *xq = convert_activations(n_threads, b->xq, b->xq_row_bytes, in, n, n_in, vdt, &x_stride);
     enum { CHUNK = 16 };
     int64_t first_chunk[5] = { 0 };
     for (int i = 0; i < n_w; i++) first_chunk[i + 1] = first_chunk[i] + (ws[i]->n_out + CHUNK - 1) / CHUNK;

@@ -45,7 +45,6 @@ typedef struct weight {
     const void *packed;      /* the rows repacked at load for the GEMM tiles
                               * (tensor/gemm.h layout, model_repack.c), or
                               * NULL: then every product reads data        */
-    size_t      packed_row_bytes; /* gemm_row_bytes(type, n_in) when packed */
     char        name[64];    /* for messages                              */
 } weight;
 

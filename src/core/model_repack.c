@@ -46,14 +46,17 @@ static size_t packed_bytes(const weight *w)
     return groups * GEMM_GROUP * gemm_row_bytes(w->type, w->n_in);
 }
 
-/* The model's matrices in one list (at most 7 per layer plus the output). */
+enum { MATRICES_PER_LAYER = 7 };
+
+/* The model's matrices in one list: MATRICES_PER_LAYER per layer, then the
+ * output. */
 static int list_matrices(sparq_model *m, weight **out)
 {
     int n = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         layer_weights *L = &m->layers[il];
-        weight *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
-        for (int i = 0; i < 7; i++) out[n++] = ws[i];
+        weight *ws[MATRICES_PER_LAYER] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+        for (int i = 0; i < MATRICES_PER_LAYER; i++) out[n++] = ws[i];
     }
     out[n++] = &m->output;
     return n;
@@ -77,7 +80,7 @@ static void release_source(const sparq_model *m, weight *w)
 
 int model_repack(sparq_model *m, char *err, size_t err_size)
 {
-    const int cap = 7 * m->hp.n_layer + 1;
+    const int cap = MATRICES_PER_LAYER * m->hp.n_layer + 1;
     weight **ws = malloc((size_t)cap * sizeof *ws);
     size_t *offs = malloc((size_t)cap * sizeof *offs);
     if (!ws || !offs) {
@@ -117,7 +120,6 @@ int model_repack(sparq_model *m, char *err, size_t err_size)
                                    w->n_in, dst + (size_t)r0 * rb);
                 }
                 w->packed = dst;
-                w->packed_row_bytes = rb;
             }
             mprotect(mem, total, PROT_READ); /* read-only from here, like the weights */
             for (int i = 0; i < n; i++)

@@ -943,7 +943,8 @@ void *srv_sched_main(void *arg)
             const int fed0 = sl->fed;
             int rc = slot_prefill_chunk(s, sl);
             const double t1 = srv_now();
-            prefill_fed += rc || (sl->chunks > 1 && sl->ready) ? prefill_budget : sl->fed - fed0;
+            prefill_fed += sl->fed - fed0;
+            const int end_round = rc || (sl->chunks > 1 && sl->ready); /* failed, or a long prompt's last chunk */
             if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
                 const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
                 const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
@@ -959,6 +960,7 @@ void *srv_sched_main(void *arg)
                 if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
             }
             pthread_mutex_unlock(&s->lock);
+            if (end_round) break;
         }
         /* sample one token for every ready sequence; decode them together */
         int nb = 0;
