@@ -446,7 +446,7 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
             ((float *)KT)[i] = kt;
         }
     }
-    attn_kv_view kv = { S, d, elem, K, V, KT, S, NULL, NULL };
+    attn_kv_view kv = { S, d, elem, K, V, KT, S, NULL, NULL, NULL, 0, 0 };
     const int nc = d < 33 ? d : 33;
     float *q = malloc((size_t)g * d * sizeof *q), *qs = malloc((size_t)g * nc * sizeof *qs);
     float *s1 = malloc((size_t)g * S * sizeof *s1), *s2 = malloc((size_t)g * S * sizeof *s2);
@@ -574,7 +574,7 @@ static int meter_kv_make(meter_kv *c, int64_t S, int d, int elem)
     c->V = calloc((size_t)S, row);
     c->KT = calloc((size_t)d, ktrow + 64); /* + room for a tile's whole blocks */
     memset(&c->m, 0, sizeof c->m);
-    attn_kv_view kv = { S, d, elem, c->K, c->V, c->KT, S, NULL, &c->m };
+    attn_kv_view kv = { S, d, elem, c->K, c->V, c->KT, S, NULL, &c->m, NULL, 0, 0 };
     c->kv = kv;
     return c->K && c->V && c->KT;
 }
@@ -739,7 +739,7 @@ static void kt_exp_case(rng *r, int64_t S, int g, int rr, int elem, double *wors
             }
             kt[j * S + i] = x;
         }
-    attn_kv_view kv = { S, d, elem, NULL, NULL, KT, stride, NULL, NULL };
+    attn_kv_view kv = { S, d, elem, NULL, NULL, KT, stride, NULL, NULL, NULL, 0, 0 };
     int32_t comp[24];
     float *qs = malloc((size_t)g * nc * sizeof *qs);
     for (int c = 0; c < nc; c++) comp[c] = (c * 7) % d;
@@ -785,6 +785,88 @@ static void test_kt_exp(void)
     fprintf(stderr, "kt_exp vs double softmax: worst relative error %.3g (tolerance 1e-5)\n",
             worst);
     CHECK(worst <= 1e-5, "kt_exp: softmax rebuilt from e and scale off by %g", worst);
+}
+
+/* A K^T in two pieces (a cache over a shared prefix, attn.h) must give
+ * exactly what the same columns in one piece give: the pieces' columns at
+ * or past the split are poisoned in the first piece (NaN), so a kernel
+ * reading the wrong piece cannot pass. Every element type, the dispatched
+ * kernel and the plain-C twin, both SparQ K^T passes. */
+static void kt_split_case(rng *r, int64_t S, int elem, int *bad)
+{
+    const int d = 16, g = 3, nc = 5;
+    const int64_t stride = S + 37, split = S / ATTN_EXP_BLOCK * ATTN_EXP_BLOCK;
+    const size_t rb = attn_kv_row_bytes(elem, stride), pre = attn_kv_row_bytes(elem, split);
+    const int64_t tstride = stride - split;
+    const size_t trb = attn_kv_row_bytes(elem, tstride);
+    uint8_t *whole = calloc((size_t)d, rb), *head = malloc((size_t)d * rb), *tail = malloc((size_t)d * trb);
+    float *x = malloc((size_t)stride * sizeof *x);
+    for (int j = 0; j < d; j++) {
+        for (int64_t i = 0; i < stride; i++) x[i] = i < S ? rng_normal(r) : 0.0f;
+        uint8_t *row = whole + (size_t)j * rb;
+        for (int64_t i = 0; i < stride; i++) {
+            if (elem == KV_F32) memcpy(row + 4 * i, &x[i], 4);
+            else if (elem == KV_F16) { const uint16_t h = to_f16(x[i]); memcpy(row + 2 * i, &h, 2); }
+        }
+        if (elem == KV_Q8_0) attn_q8_quantize_row(x, stride, row);
+        memcpy(head + (size_t)j * rb, row, rb);
+        memcpy(tail + (size_t)j * trb, row + pre, trb);
+        uint8_t *h = head + (size_t)j * rb;
+        if (elem == KV_Q8_0) { /* every block's scale from the split on: NaN */
+            for (size_t o = pre; o + ATTN_Q8_BLOCK_BYTES <= rb; o += ATTN_Q8_BLOCK_BYTES) h[o] = 0x00, h[o + 1] = 0x7e;
+        } else if (elem == KV_F16) {
+            for (int64_t i = split; i < stride; i++) h[2 * i] = 0x00, h[2 * i + 1] = 0x7e;
+        } else {
+            const float nan = NAN;
+            for (int64_t i = split; i < stride; i++) memcpy(h + 4 * i, &nan, 4);
+        }
+    }
+    attn_kv_view one = { S, d, elem, NULL, NULL, whole, stride, NULL, NULL, NULL, 0, 0 };
+    attn_kv_view two = { S, d, elem, NULL, NULL, head, stride, NULL, NULL, tail, split, tstride };
+    int32_t comp[8];
+    float qs[3 * 8];
+    for (int c = 0; c < nc; c++) comp[c] = (c * 5 + 3) % d;
+    for (int t = 0; t < g * nc; t++) qs[t] = rng_normal(r);
+    const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    const size_t ne = (size_t)g * S, ns = (size_t)g * nb;
+    float *e[2], *sc[2], *ls[2], *lg[2];
+    for (int k = 0; k < 2; k++) {
+        e[k] = malloc(ne * 4), sc[k] = malloc(ns * 4), ls[k] = malloc((size_t)S * 4), lg[k] = malloc(ne * 4);
+    }
+    for (int twin = 0; twin < 2; twin++) {
+        for (int k = 0; k < 2; k++) {
+            const attn_kv_view *v = k ? &two : &one;
+            if (twin) {
+                attn_kt_exp_ref(v, qs, comp, nc, g, S, e[k], sc[k], ls[k]);
+                attn_kt_logits_ref(v, qs, comp, nc, g, S, lg[k]);
+            } else {
+                attn_kt_exp(v, qs, comp, nc, g, S, e[k], sc[k], ls[k]);
+                attn_kt_logits(v, qs, comp, nc, g, S, lg[k]);
+            }
+        }
+        if (memcmp(e[0], e[1], ne * 4) || memcmp(sc[0], sc[1], ns * 4) || memcmp(ls[0], ls[1], (size_t)S * 4) ||
+            memcmp(lg[0], lg[1], ne * 4)) {
+            fprintf(stderr, "  split K^T differs: S %lld, elem %d, %s\n", (long long)S, elem, twin ? "plain C" : "dispatched");
+            (*bad)++;
+        }
+    }
+    for (int k = 0; k < 2; k++) { free(e[k]); free(sc[k]); free(ls[k]); free(lg[k]); }
+    free(whole); free(head); free(tail); free(x);
+}
+
+static void test_kt_split(void)
+{
+    rng r = { 43 };
+    int bad = 0, cases = 0;
+    const int64_t Ss[] = { 256, 300, 511, 512, 1000, 2049 };
+    for (size_t a = 0; a < sizeof Ss / sizeof Ss[0]; a++)
+        for (int elem = 0; elem < 3; elem++) {
+            if (elem == KV_F16 && !have_f16) continue;
+            kt_split_case(&r, Ss[a], elem, &bad);
+            cases++;
+        }
+    fprintf(stderr, "kt split: %d of %d cases differ from one piece\n", bad, cases);
+    CHECK(bad == 0, "kt split: K^T in two pieces differs from one piece in %d cases", bad);
 }
 
 /* ---- 4. policies against the naive loops ----------------------------------------- */
@@ -1082,7 +1164,7 @@ static void test_h2o_steps(void)
                 alive[i] = 1;
             }
             attn_kv_view kv = { S0, d, elem, elem ? (void *)Kh : (void *)K,
-                                elem ? (void *)Vh : (void *)V, NULL, 0, NULL, NULL };
+                                elem ? (void *)Vh : (void *)V, NULL, 0, NULL, NULL, NULL, 0, 0 };
             pol->observe_prefill(state, &p, 1, 1, &kv, colsum);
             const size_t nscr = pol->scratch_floats(&p, Smax, d, g);
             attn_scratch scr = { aligned_alloc(64, attn_pad16(nscr) * 4), nscr,
@@ -1363,7 +1445,7 @@ static void golden_dense(const char *dir, const char *js, int *n_ok)
                         if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
                     } else { /* any other mask: gathered attention over the kept rows */
                         attn_kv_view kv = { S, (int)d, KV_F32, K + bh * S * d, V + bh * S * d,
-                                            NULL, 0, NULL, NULL };
+                                            NULL, 0, NULL, NULL, NULL, 0, 0 };
                         attn_gather_group(&kv, q, (int)g, rows, n, out, sc);
                     }
                     for (long gi = 0; gi < g; gi++)
@@ -1487,7 +1569,7 @@ static void test_sparq_fallbacks(void)
     const size_t nf = pol->scratch_floats(&p, c.S, 64, 4);
     attn_scratch scr = { aligned_alloc(64, attn_pad16(nf) * 4), nf,
                          aligned_alloc(64, attn_pad16(nf) * 4), NULL, 0 };
-    attn_kv_view kv = { c.S, 64, KV_F32, c.K, c.V, NULL, 0, NULL, NULL };
+    attn_kv_view kv = { c.S, 64, KV_F32, c.K, c.V, NULL, 0, NULL, NULL, NULL, 0, 0 };
     float out[4 * 64], alpha[4];
     int32_t *sel = malloc((size_t)c.S * sizeof *sel);
     attn_trace tr = { sel, 0, NULL, 0, alpha };
@@ -1688,7 +1770,7 @@ static void test_dense_parts(void)
             V[i] = rng_normal(&r);
         }
         fill_query(&r, q, g, d);
-        attn_kv_view kv = { S, d, KV_F32, K, V, NULL, 0, NULL, NULL };
+        attn_kv_view kv = { S, d, KV_F32, K, V, NULL, 0, NULL, NULL, NULL, 0, 0 };
         attn_dense_group(&kv, q, g, o1, scratch);
         naive_attn(q, K, V, S, d, g, NULL, want, NULL);
         double worst = 0;
@@ -1731,6 +1813,7 @@ int main(void)
     test_twins();
     test_dense_parts();
     test_kt_exp();
+    test_kt_split();
     test_policies_naive();
     test_h2o_steps();
     test_golden();

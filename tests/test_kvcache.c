@@ -90,8 +90,20 @@ static void write_positions(kv_cache *c, int64_t from, int64_t to, int salt)
     }
 }
 
+/* Row j of a view's K^T over positions [0, n), gathered from its pieces
+ * (attn.h: a cache over a shared prefix keeps two). */
+static void kt_row_bytes_of(const attn_kv_view *v, int j, int64_t n, uint8_t *out)
+{
+    const int64_t split = v->KT_tail && v->kt_split < n ? v->kt_split : n;
+    const size_t pre = attn_kv_row_bytes(v->elem, split), used = attn_kv_row_bytes(v->elem, n);
+    int64_t col;
+    memcpy(out, attn_kt_row(v, j, 0, &col), pre);
+    if (used > pre) memcpy(out + pre, attn_kt_row(v, j, split, &col), used - pre);
+}
+
 /* Every byte a cache exposes for positions [0, n): K, V rows, K^T columns
  * (Q8_0: whole blocks up to n's) and V sums. 0 if a and b agree. */
+
 static int cache_diff(const kv_cache *a, const kv_cache *b, int64_t n)
 {
     int bad = 0;
@@ -104,9 +116,16 @@ static int cache_diff(const kv_cache *a, const kv_cache *b, int64_t n)
             bad += memcmp(x.V, y.V, (size_t)n * a->row_bytes) != 0;
             if (x.KT || y.KT) {
                 if (!x.KT || !y.KT) return -1;
-                for (int j = 0; j < a->d; j++)
-                    bad += memcmp((const uint8_t *)x.KT + (size_t)j * a->kt_row_bytes,
-                                  (const uint8_t *)y.KT + (size_t)j * b->kt_row_bytes, attn_kv_row_bytes(a->elem, n)) != 0;
+                const size_t used = attn_kv_row_bytes(a->elem, n);
+                uint8_t *rx = malloc(used), *ry = malloc(used);
+                if (!rx || !ry) return -1;
+                for (int j = 0; j < a->d; j++) {
+                    kt_row_bytes_of(&x, j, n, rx);
+                    kt_row_bytes_of(&y, j, n, ry);
+                    bad += memcmp(rx, ry, used) != 0;
+                }
+                free(rx);
+                free(ry);
             }
             if (x.v_sum || y.v_sum) {
                 if (!x.v_sum || !y.v_sum) return -1;
@@ -144,6 +163,8 @@ static void check_shared(int elem)
     CHECK(kv_shared_users(s) == 2 &&
               kv_shared_bytes(s) == (size_t)(2 * L * H * n) * src.row_bytes + (size_t)(L * H * d) * attn_kv_row_bytes(elem, n),
           "two users, K^T built once");
+    CHECK(a.kt_pre && a.kt_split == n, "elem %d: K^T of the cache over the prefix is read from the prefix (split %lld)",
+          elem, (long long)a.kt_split);
     CHECK(cache_diff(&a, &ref_n, n) == 0, "elem %d: a cache over the shared prefix differs from a fresh one", elem);
     kv_cache tmp;
     CHECK(kv_create_cow(&tmp, s, L, H, d + 1, m, 0, 0, err, sizeof err) != 0, "a shape mismatch is refused");
@@ -171,6 +192,25 @@ static void check_shared(int elem)
     write_positions(&c, n, n + more, 5);
     write_positions(&fresh, n, n + more, 5);
     CHECK(cache_diff(&c, &fresh, n + more) == 0, "elem %d: a user after others left differs", elem);
+    /* a reset and a context shift give up the prefix's K^T: the same as a fresh cache's */
+    kv_cache e, fresh2;
+    CHECK(kv_create_cow(&e, s, L, H, d, n, 1, 1, err, sizeof err) == 0, "cow to reset: %s", err);
+    CHECK(kv_create(&fresh2, L, H, d, cap, elem, 1, 1, err, sizeof err) == 0, "%s", err);
+    kv_reset(&e);
+    CHECK(e.n == 0 && !e.kt_pre && e.kt_split == 0, "elem %d: a reset cache holds nothing of the prefix", elem);
+    write_positions(&e, 0, 700, 13);
+    write_positions(&fresh2, 0, 700, 13);
+    CHECK(cache_diff(&e, &fresh2, 700) == 0, "elem %d: a cache over the prefix, reset and rewritten, differs", elem);
+    kv_free(&e);
+    kv_free(&fresh2);
+    const float cs[8] = { 0.6f, 0.8f, 1.0f, 0.0f, -0.28f, 0.96f, 0.0f, -1.0f };
+    CHECK(kv_shift(&c, n + 76, 100, cs, d, 0) == 0 && kv_shift(&fresh, n + 76, 100, cs, d, 0) == 0 && !c.kt_pre &&
+              c.n == n + more - 100,
+          "elem %d: shift of a cache over a shared prefix", elem);
+    CHECK(cache_diff(&c, &fresh, c.n) == 0, "elem %d: shifted, the cache over the prefix differs", elem);
+    write_positions(&c, c.n, c.n + 40, 11);
+    write_positions(&fresh, fresh.n, fresh.n + 40, 11);
+    CHECK(cache_diff(&c, &fresh, c.n) == 0, "elem %d: writes after the shift differ", elem);
     kv_free(&fresh);
     kv_free(&c); /* the last user: the memfd goes (ASan/valgrind see the rest) */
     kv_free(&ref_n);

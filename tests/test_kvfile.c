@@ -103,7 +103,7 @@ static void test_synthetic(int elem)
     for (int hh = 0; hh < L * H; hh++) {
         const uint8_t *kh = k + (size_t)hh * N * rowb, *vh = v + (size_t)hh * N * rowb;
         CHECK(kvf_writer_head(w, hh / H, hh % H, kh, vh, NULL, err, sizeof err) == 0, "%s", err);
-        attn_kv_view view = { N, D, elem, kh, vh, NULL, N, NULL, NULL };
+        attn_kv_view view = { N, D, elem, kh, vh, NULL, N, NULL, NULL, NULL, 0, 0 };
         const char *kinds[2] = { "sparq", "exact" };
         for (int i = 0; i < 2; i++) {
             CHECK(attn_topk_index_image(&ap, kinds[i], &view, N, 1, &imgs[hh][i], &img_bytes[hh][i], err,

@@ -238,8 +238,8 @@ static int kfix_make(kfix *f, int64_t S, int d)
         attn_kv_row_f32(f->KTq, KV_Q8_0, f->stride, j, S, f->KT + j * f->stride);
     }
     free(x);
-    attn_kv_view a = { S, d, KV_Q8_0, f->Kq, f->Vq, f->KTq, f->stride, NULL, NULL };
-    attn_kv_view b = { S, d, KV_F32, f->K, f->V, f->KT, f->stride, NULL, NULL };
+    attn_kv_view a = { S, d, KV_Q8_0, f->Kq, f->Vq, f->KTq, f->stride, NULL, NULL, NULL, 0, 0 };
+    attn_kv_view b = { S, d, KV_F32, f->K, f->V, f->KT, f->stride, NULL, NULL, NULL, 0, 0 };
     f->q8 = a;
     f->f32 = b;
     return 0;

@@ -101,7 +101,7 @@ static void fixture_init(fixture *f, int d, int elem)
         }
     for (int h = 0; h < G; h++)
         for (int j = 0; j < d; j++) f->q[h * d + j] = 1.5f * cen[(h * 5 + 3) % 16][j] + 0.5f * urand();
-    attn_kv_view kv = { S, d, elem, f->K, f->V, NULL, S, NULL, NULL };
+    attn_kv_view kv = { S, d, elem, f->K, f->V, NULL, S, NULL, NULL, NULL, 0, 0 };
     f->kv = kv;
 }
 

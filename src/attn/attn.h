@@ -101,7 +101,30 @@ typedef struct attn_kv_view {
                             * meter (a copy of the view), so a view from
                             * kv_view or a positional initialiser has it
                             * NULL                                        */
+    /* K^T in two pieces (a cache over a shared prefix: the prefix's
+     * columns are read where the prefix keeps them, the cache's own in
+     * its own memory, so appending a position never writes a shared
+     * page). When KT_tail is set, column i >= kt_split of row c is column
+     * i - kt_split of row c of KT_tail (rows kt_tail_stride elements);
+     * KT holds the columns below. kt_split is a multiple of
+     * ATTN_EXP_BLOCK, so no block or tile of the kernels straddles it.
+     * NULL / 0 (a positional initialiser's default): one piece.       */
+    const void *KT_tail;
+    int64_t     kt_split;
+    int64_t     kt_tail_stride;
 } attn_kv_view;
+
+/* K^T row c of a view and the column of position i in it (i and the
+ * returned column are relative to that row's start). */
+static inline const void *attn_kt_row(const attn_kv_view *kv, int c, int64_t i, int64_t *col)
+{
+    if (kv->KT_tail && i >= kv->kt_split) {
+        *col = i - kv->kt_split;
+        return (const uint8_t *)kv->KT_tail + (size_t)c * attn_kv_row_bytes(kv->elem, kv->kt_tail_stride);
+    }
+    *col = i;
+    return (const uint8_t *)kv->KT + (size_t)c * attn_kv_row_bytes(kv->elem, kv->kt_stride);
+}
 
 /* Elements a step touched; bytes = elements x element size of the cache.
  * read is measured (attn_meter, and the index scan's own count); written is

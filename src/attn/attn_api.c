@@ -159,7 +159,7 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
         }
     }
 
-    attn_kv_view kv = { S, d, f16 ? KV_F16 : KV_F32, kbuf, vbuf, ktbuf, S, vsum, NULL };
+    attn_kv_view kv = { S, d, f16 ? KV_F16 : KV_F32, kbuf, vbuf, ktbuf, S, vsum, NULL, NULL, 0, 0 };
     char step_err[256] = "";
     attn_scratch scr = { fs, n_scr, is, step_err, sizeof step_err };
     attn_counts cnt = { 0, 0 };

@@ -482,7 +482,11 @@ static ALWAYS_INLINE int kt_tile(const attn_kv_view *kv, const float *qs, const 
                                  const int f16)
 {
     const size_t es = f16 ? 2 : 4;
-    const char *kt = (const char *)kv->KT;
+    /* the tile lies on one side of kt_split (a multiple of ATTN_EXP_BLOCK) */
+    const int tail = kv->KT_tail && i >= kv->kt_split;
+    const char *kt = (const char *)(tail ? kv->KT_tail : kv->KT);
+    const int64_t stride = tail ? kv->kt_tail_stride : kv->kt_stride;
+    if (tail) i -= kv->kt_split;
     __mmask16 mk[KT_NV];
     UNROLL for (int v = 0; v < KT_NV; v++) mk[v] = masked ? tail_mask(left - 16 * v) : 0xffff;
     UNROLL for (int hh = 0; hh < HB; hh++)
@@ -492,13 +496,13 @@ static ALWAYS_INLINE int kt_tile(const attn_kv_view *kv, const float *qs, const 
     for (; c < r; c++) {
         __m512 v[KT_NV];
         if (f16 == KQ8) { /* i is a multiple of KT_TILE: whole blocks */
-            const uint8_t *row = (const uint8_t *)kt + (size_t)comp[c] * attn_q8_row_bytes(kv->kt_stride);
+            const uint8_t *row = (const uint8_t *)kt + (size_t)comp[c] * attn_q8_row_bytes(stride);
             if (pf)
                 UNROLL for (size_t o = 0; o < KT_TILE / 32 * 34; o += 64)
                     _mm_prefetch((const char *)row + (size_t)(i + pf) / 32 * 34 + o, _MM_HINT_T1);
             UNROLL for (int u = 0; u < KT_NV; u++) v[u] = ld16_q8(row, i + 16 * u, mk[u]);
         } else {
-            const char *p = kt + ((size_t)comp[c] * (size_t)kv->kt_stride + (size_t)i) * es;
+            const char *p = kt + ((size_t)comp[c] * (size_t)stride + (size_t)i) * es;
             if (pf)
                 UNROLL for (size_t o = 0; o < KT_TILE * es; o += 64) _mm_prefetch(p + pf * es + o, _MM_HINT_T1);
             UNROLL for (int u = 0; u < KT_NV; u++)

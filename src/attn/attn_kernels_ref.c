@@ -142,7 +142,9 @@ void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *
     for (int c = 0; c < r; c++) {
         int64_t i;
         for (i = 0; i < n; i++) {
-            const float kt = attn_kv_at(kv->KT, kv->elem, kv->kt_stride, comp[c], i);
+            int64_t col;
+            const void *row = attn_kt_row(kv, comp[c], i, &col);
+            const float kt = attn_kv_at(row, kv->elem, 0, 0, col);
             for (int h = 0; h < g; h++) s[h * n + i] += qs[h * r + c] * kt;
         }
         read += i;

@@ -333,7 +333,7 @@ static int synth_rows(void *user, int l, int h, kvf_head_rows *out, char *err, s
     }
     free(cen);
     free(kf);
-    attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL, NULL };
+    attn_kv_view view = { s->P, d, KV_F16, k16, v16, NULL, s->P, NULL, NULL, NULL, 0, 0 };
     out->view = view;
     out->owned = k16;
     return 0;

@@ -167,6 +167,41 @@ static size_t kt_offset(const kv_cache *c, int layer, int head)
     return ((size_t)layer * c->n_kv_head + head) * c->kt_head_bytes;
 }
 
+/* Byte offset of position s (>= kt_split; Q8_0: a block start, or the
+ * position within its block's bytes is the caller's) in a row of kt. */
+static size_t kt_col(const kv_cache *c, int64_t s)
+{
+    return attn_kv_row_bytes(c->elem, s - c->kt_split);
+}
+
+/* kt's columns start at `split` from now on (rows re-packed by the caller). */
+static void kt_set_split(kv_cache *c, int64_t split)
+{
+    c->kt_split = split;
+    c->kt_row_bytes = attn_kv_row_bytes(c->elem, c->cap - split);
+    c->kt_head_bytes = (size_t)c->d * c->kt_row_bytes;
+}
+
+/* Back to one K^T in kt at full width: with `keep`, its rows move out to
+ * their full-width places (last row first: each row's new place starts at
+ * or after its old one and after every earlier row's old place) and the
+ * prefix's columns are copied in front; without, they are dropped (the
+ * cache is being emptied). In place: kt is reserved at full width. */
+static void kt_unsplit(kv_cache *c, int keep)
+{
+    if (!c->kt_pre) return;
+    const size_t rows = (size_t)c->n_layer * c->n_kv_head * c->d;
+    const size_t full = attn_kv_row_bytes(c->elem, c->cap), pre = attn_kv_row_bytes(c->elem, c->kt_split);
+    const size_t used = c->n > c->kt_split ? attn_kv_row_bytes(c->elem, c->n) - pre : 0;
+    if (keep)
+        for (size_t r = rows; r-- > 0;) {
+            memmove(c->kt + r * full + pre, c->kt + r * c->kt_row_bytes, used);
+            memcpy(c->kt + r * full, c->kt_pre + r * full, pre);
+        }
+    c->kt_pre = NULL;
+    kt_set_split(c, 0);
+}
+
 int64_t kv_bytes_of(const kv_cache *c, int64_t elements)
 {
     if (c->elem == KV_Q8_0) /* 34 bytes per 32 elements */
@@ -202,7 +237,7 @@ static int kt_part_alloc(kv_cache *c)
     return 0;
 }
 
-/* Columns [from, to) of (layer, head)'s K^T from its K rows; Q8_0 blocks
+/* Columns [from, to) (from >= kt_split) of (layer, head)'s K^T from its K rows; Q8_0 blocks
  * are re-quantized whole from the start of from's block (their values come
  * from K's rounded rows). work: to - from + 32 floats, or NULL (then
  * allocated here). Returns 0, or -1 when out of memory. */
@@ -216,7 +251,7 @@ static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to
         const size_t es = c->elem_size;
         for (int j = 0; j < d; j++)
             for (int64_t s = from; s < to; s++)
-                memcpy(kt + ((size_t)j * c->cap + (size_t)s) * es, k + ((size_t)s * d + j) * es, es);
+                memcpy(kt + (size_t)j * c->kt_row_bytes + kt_col(c, s), k + ((size_t)s * d + j) * es, es);
         return 0;
     }
     const int64_t b0 = from / ATTN_Q8_BLOCK * ATTN_Q8_BLOCK;
@@ -224,8 +259,7 @@ static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to
     if (!x) return -1;
     for (int j = 0; j < d; j++) {
         for (int64_t s = b0; s < to; s++) x[s - b0] = attn_kv_at(k, KV_Q8_0, d, s, j);
-        attn_q8_quantize_row(x, to - b0, kt + (size_t)j * c->kt_row_bytes +
-                                             (size_t)(b0 / ATTN_Q8_BLOCK) * ATTN_Q8_BLOCK_BYTES);
+        attn_q8_quantize_row(x, to - b0, kt + (size_t)j * c->kt_row_bytes + kt_col(c, b0));
     }
     if (!work) free(x);
     if (c->kt_part_blk) c->kt_part_blk[layer] = -1;
@@ -245,9 +279,9 @@ static void kt_write_q8(kv_cache *c, int layer, int64_t pos, const float *k)
         for (int j = 0; j < d; j++) {
             float *x = part + (size_t)j * ATTN_Q8_BLOCK;
             if (reload)
-                for (int i = 0; i < o; i++) x[i] = attn_kv_at(kt, KV_Q8_0, c->cap, j, b * ATTN_Q8_BLOCK + i);
+                for (int i = 0; i < o; i++) x[i] = attn_q8_at(kt + (size_t)j * c->kt_row_bytes, b * ATTN_Q8_BLOCK + i - c->kt_split);
             x[o] = k[(size_t)h * d + j];
-            attn_q8_quantize_row(x, o + 1, kt + (size_t)j * c->kt_row_bytes + (size_t)b * ATTN_Q8_BLOCK_BYTES);
+            attn_q8_quantize_row(x, o + 1, kt + (size_t)j * c->kt_row_bytes + kt_col(c, b * ATTN_Q8_BLOCK));
         }
     }
     c->kt_part_blk[layer] = b;
@@ -264,7 +298,7 @@ void kv_write(kv_cache *c, int layer, int64_t pos, const float *k, const float *
         if (c->kt && c->elem != KV_Q8_0) { /* column `pos` of the d rows of K^T: O(d) scattered stores */
             uint8_t *kt = c->kt + kt_offset(c, layer, h);
             for (int j = 0; j < d; j++) {
-                size_t at = ((size_t)j * c->cap + (size_t)pos) * c->elem_size;
+                size_t at = (size_t)j * c->kt_row_bytes + kt_col(c, pos);
                 if (c->elem == KV_F16) {
                     uint16_t hv;
                     memcpy(&hv, c->k + row + (size_t)j * 2, 2);
@@ -303,12 +337,22 @@ void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *ou
     out->V = c->v + base;
     out->KT = c->kt ? c->kt + kt_offset(c, layer, head) : NULL;
     out->kt_stride = c->cap;
+    out->KT_tail = NULL;
+    out->kt_split = 0;
+    out->kt_tail_stride = 0;
+    if (c->kt_pre) { /* the prefix's rows, then ours */
+        out->KT_tail = out->KT;
+        out->KT = c->kt_pre + ((size_t)layer * c->n_kv_head + head) * c->d * attn_kv_row_bytes(c->elem, c->cap);
+        out->kt_split = c->kt_split;
+        out->kt_tail_stride = c->cap - c->kt_split;
+    }
     out->v_sum = c->v_sum ? c->v_sum + ((size_t)layer * c->n_kv_head + head) * c->d : NULL;
     out->meter = NULL;
 }
 
 void kv_reset(kv_cache *c)
 {
+    kt_unsplit(c, 0);
     c->n = 0;
     if (c->v_sum) memset(c->v_sum, 0, (size_t)c->n_layer * c->n_kv_head * c->d * sizeof(float));
     if (c->kt_part_blk)
@@ -321,6 +365,7 @@ int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, in
         (rope_dim & 1))
         return -1;
     if (n_discard == 0) return 0;
+    kt_unsplit(c, 1); /* the moved columns are rebuilt in place below */
     const int d = c->d, half = rope_dim / 2;
     const size_t row = c->row_bytes;
     const int64_t n_new = c->n - n_discard, n_move = n_new - n_keep;
@@ -442,9 +487,14 @@ int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **ou
      * kept: it is what a prefill made (Q8_0 K^T blocks are quantized from
      * the keys as they came, not from K's rounded rows as a rebuild is) */
     if (src->kt && (v->elem != KV_Q8_0 || n % ATTN_Q8_BLOCK == 0)) {
-        const size_t used = attn_kv_row_bytes(v->elem, n);
-        for (size_t r = 0; r < heads * (size_t)v->d; r++)
-            memcpy(v->kt + r * v->kt_row_bytes, src->kt + r * src->kt_row_bytes, used);
+        /* columns below src's split from its prefix, the rest from its own rows */
+        const int64_t split = n < src->kt_split ? n : src->kt_split;
+        const size_t used = attn_kv_row_bytes(v->elem, n), pre = attn_kv_row_bytes(v->elem, split);
+        const size_t src_full = attn_kv_row_bytes(v->elem, src->cap);
+        for (size_t r = 0; r < heads * (size_t)v->d; r++) {
+            if (pre) memcpy(v->kt + r * v->kt_row_bytes, src->kt_pre + r * src_full, pre);
+            memcpy(v->kt + r * v->kt_row_bytes + pre, src->kt + r * src->kt_row_bytes, used - pre);
+        }
         s->kt_built = 1;
     }
     *out = s;
@@ -518,8 +568,8 @@ static void shared_trim(kv_shared *s, int with_kt)
 
 typedef struct cow_map {
     kv_shared *s;
-    uint8_t   *k, *v, *kt;
-    size_t     kv_bytes, kt_bytes;
+    uint8_t   *k, *v;
+    size_t     kv_bytes;
 } cow_map;
 
 static void cow_unmap(void *p)
@@ -527,7 +577,6 @@ static void cow_unmap(void *p)
     cow_map *m = p;
     if (m->k) munmap(m->k, m->kv_bytes);
     if (m->v) munmap(m->v, m->kv_bytes);
-    if (m->kt) munmap(m->kt, m->kt_bytes);
     pthread_mutex_lock(&m->s->mu);
     m->s->users--;
     const int kt = m->s->kt_built;
@@ -541,6 +590,24 @@ static uint8_t *map_private(const kv_shared *s, size_t off, size_t bytes)
 {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, s->fd, (off_t)off);
     return p == MAP_FAILED ? NULL : p;
+}
+
+/* K^T of a cache over shared prefix `v` holding its first n positions:
+ * whole blocks of ATTN_EXP_BLOCK columns are read from the prefix's K^T
+ * (built, never written again), the rest are copied into the cache's
+ * own rows. 0, or -1 when out of memory (c's K^T then absent). */
+static int kv_attach_kt(kv_cache *c, const kv_cache *v, int64_t n)
+{
+    const size_t rows = (size_t)c->n_layer * c->n_kv_head * c->d;
+    c->kt_bytes = rows * attn_kv_row_bytes(c->elem, c->cap); /* full width: kt_unsplit needs it */
+    c->kt = reserve(c->kt_bytes);
+    if (!c->kt || kt_part_alloc(c)) return -1;
+    const int64_t split = n / ATTN_EXP_BLOCK * ATTN_EXP_BLOCK;
+    c->kt_pre = split ? v->kt : NULL;
+    kt_set_split(c, split);
+    const size_t pre = attn_kv_row_bytes(c->elem, split), used = attn_kv_row_bytes(c->elem, n) - pre;
+    for (size_t r = 0; r < rows; r++) memcpy(c->kt + r * c->kt_row_bytes, v->kt + r * v->kt_row_bytes + pre, used);
+    return 0;
 }
 
 int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, int64_t n,
@@ -567,12 +634,10 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
     if (m) {
         m->s = s;
         m->kv_bytes = v->kv_bytes;
-        m->kt_bytes = v->kt_bytes;
         m->k = map_private(s, 0, v->kv_bytes);
         m->v = map_private(s, s->off_v, v->kv_bytes);
-        if (with_kt && !kt_failed) m->kt = map_private(s, s->off_kt, v->kt_bytes);
     }
-    if (!m || !m->k || !m->v || (with_kt && !m->kt)) {
+    if (!m || !m->k || !m->v || kt_failed) {
         snprintf(err, err_size, "shared prefix: cannot map it: %s", kt_failed ? "out of memory for K^T" : strerror(errno));
         if (m) cow_unmap(m);
         else { /* undo the references taken above */
@@ -583,9 +648,14 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
         }
         return -1;
     }
-    if (kv_create_borrowed(c, v->n_layer, v->n_kv_head, v->d, v->cap, v->elem, m->k, m->v, m->kt, n,
-                           n == v->n ? s->v_sum : NULL, with_kt, with_vsum, m, cow_unmap, err, err_size)) {
+    if (kv_create_borrowed(c, v->n_layer, v->n_kv_head, v->d, v->cap, v->elem, m->k, m->v, NULL, n,
+                           n == v->n ? s->v_sum : NULL, 0, with_vsum, m, cow_unmap, err, err_size)) {
         cow_unmap(m);
+        return -1;
+    }
+    if (with_kt && kv_attach_kt(c, v, n)) {
+        snprintf(err, err_size, "shared prefix: out of memory for K^T of context %lld", (long long)v->cap);
+        kv_free(c); /* unmaps m through owner_free */
         return -1;
     }
     return 0;

@@ -30,8 +30,18 @@ typedef struct kv_cache {
     size_t  elem_size;      /* whole bytes: 4, 2, or 1 for Q8_0 (really
                              * 34/32: kv_bytes_of counts its bytes)       */
     size_t  row_bytes;      /* one K or V row: attn_kv_row_bytes(elem, d) */
-    size_t  kt_row_bytes;   /* one K^T row: attn_kv_row_bytes(elem, cap)  */
-    size_t  kt_head_bytes;  /* d K^T rows                                 */
+    size_t  kt_row_bytes;   /* one row of kt: attn_kv_row_bytes(elem,
+                             * cap - kt_split)                            */
+    size_t  kt_head_bytes;  /* d rows of kt                               */
+    /* A cache over a shared prefix reads K^T columns [0, kt_split) from
+     * the prefix's own K^T (kt_pre: rows of cap columns, read-only) and
+     * keeps columns [kt_split, cap) in kt, rows packed at kt_row_bytes,
+     * so appending a position writes a few private pages, not one shared
+     * page per K^T row (each copied on write). kt_split is a multiple of
+     * ATTN_EXP_BLOCK; 0 and kt_pre NULL otherwise. kt is reserved at full
+     * width either way, so dropping the split needs no allocation. */
+    const uint8_t *kt_pre;
+    int64_t kt_split;
     float   *kt_part;       /* Q8_0 K^T: f32 keys of the newest block     */
     int64_t *kt_part_blk;   /* [n_layer] block held in kt_part, or -1     */
     uint8_t *k, *v;         /* see layout above                            */
