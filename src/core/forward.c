@@ -335,8 +335,18 @@ static void prefill_colsum(sparq_context *c, int il, int h, int64_t pos0, int n,
     free(w);
 }
 
-/* The untiled fallback (when attend_prefill cannot get its scratch): each
- * token and KV head is one group-wide pass over the cache. */
+/* Prefill chunks of at most this many tokens take attend_prefill_rows:
+ * the tiles widen every K/V tile to f32 for a handful of queries (at depth
+ * 4096 a one-token chunk spent most of its time there, e.g. the uncached
+ * last token of a prompt the server's prefix cache holds), and have only
+ * n_kv_head units to share between the threads. */
+#ifndef PREFILL_ROWS_MAX
+#define PREFILL_ROWS_MAX 16
+#endif
+
+/* Each token and KV head one group-wide pass over the cache, as a decode
+ * step's dense attention: short chunks (PREFILL_ROWS_MAX), and the
+ * fallback when attend_prefill cannot get its scratch. */
 static void attend_prefill_rows(sparq_context *c, int il, int64_t pos0, int n)
 {
     const model_hparams *hp = &c->model->hp;
@@ -597,6 +607,8 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
             kv_write(&c->kv, il, pos0 + t, rs->k + t * kv_dim, rs->v + t * kv_dim);
         if (decode) {
             if (attend_decode_many(&c, 1, il, &pos0, c->n_threads)) return -1; /* the cache's n is unchanged */
+        } else if (n <= PREFILL_ROWS_MAX && !c->policy->observe_prefill) {
+            attend_prefill_rows(c, il, pos0, n);
         } else {
             attend_prefill(c, il, pos0, n);
         }
