@@ -205,6 +205,12 @@ SPARQ_API int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, flo
 SPARQ_API int sparq_eval_prefill(sparq_context *c, const int32_t *tokens, int n, float *logits);
 SPARQ_API int sparq_eval_prefill_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
 SPARQ_API int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits);
+/* sparq_eval_prefill of a one-token chunk for n sequences at once (a
+ * prompt's last token, e.g. after a cached prefix): as sparq_decode_batch,
+ * but attention is exact whatever each context's policy, as in a prefill,
+ * and the step counts as no decode step. Row i is bit-identical to
+ * sparq_eval_prefill(ctxs[i], &tokens[i], 1, ...)'s logits. */
+SPARQ_API int sparq_eval_prefill_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits);
 
 /* Copies the first n cached positions of src into the empty context dst
  * (same model and KV type; dst's capacity >= n), as if dst had prefilled

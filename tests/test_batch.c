@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { N_SEQ = 16, N_STEPS = 10, MAX_PROMPT = 24, N_BATCH = 8 };
+enum { N_SEQ = 16, N_STEPS = 10, MAX_PROMPT = 25, N_BATCH = 8 };
 
 static uint64_t rng_state;
 /* threads per context: results must not depend on it; 1 for most models
@@ -88,11 +88,25 @@ static void check_policy(sparq_model *m, const char *label, const char *pol, seq
     /* interleaved: state per sequence = prompt tokens fed, steps done */
     int fed[N_SEQ] = { 0 }, done[N_SEQ] = { 0 }, start[N_SEQ];
     for (int s = 0; s < N_SEQ; s++) start[s] = (int)(rnd() % 8); /* rounds before its prompt starts */
-    int mismatches = 0, compared = 0, max_batch = 0, seen_size[N_SEQ + 1] = { 0 };
+    int mismatches = 0, compared = 0, max_batch = 0, seen_size[N_SEQ + 1] = { 0 }, tails_batched = 0, multi_tails = 0;
+    const int observes = !strcmp(pol, "h2o");
     for (int round = 0; ok && round < 200; round++) {
-        /* one prefill chunk for some sequences whose prompt is pending */
+        /* one prefill chunk for some sequences whose prompt is pending; a
+         * one-token last chunk (prompt lengths 9, 17, 25) goes through
+         * sparq_eval_prefill_batch for odd s, held back to every 13th
+         * round so that several go together (even s: alone) */
+        sparq_context *tc[N_SEQ];
+        int32_t ttok[N_SEQ];
+        int ts[N_SEQ], nt = 0;
         for (int s = 0; s < N_SEQ && ok; s++) {
             if (round < start[s] || fed[s] >= seqs[s].n_prompt) continue;
+            if (!observes && (s & 1) && seqs[s].n_prompt > 1 && seqs[s].n_prompt - fed[s] == 1) {
+                if (round % 13 != 12) continue; /* waits for the others (all pending by round 12) */
+                tc[nt] = ctx[s];
+                ttok[nt] = seqs[s].prompt[fed[s]];
+                ts[nt++] = s;
+                continue;
+            }
             int nb = seqs[s].n_prompt - fed[s] < N_BATCH ? seqs[s].n_prompt - fed[s] : N_BATCH;
             const int last = fed[s] + nb == seqs[s].n_prompt;
             /* a one-token prompt is a decode step alone too (sparq_eval) */
@@ -104,6 +118,17 @@ static void check_policy(sparq_model *m, const char *label, const char *pol, seq
             if (ok && last) {
                 compared++;
                 if (memcmp(rows, seqs[s].ref, (size_t)V * sizeof(float)) != 0) mismatches++;
+            }
+        }
+        if (ok && nt > 0) {
+            if (nt > 1) multi_tails++;
+            ok = sparq_eval_prefill_batch(tc, ttok, nt, rows) == 0;
+            CHECK(ok, "%s %s: eval_prefill_batch of %d: %s", label, pol, nt, sparq_context_error(tc[0]));
+            for (int i = 0; ok && i < nt; i++) {
+                fed[ts[i]]++;
+                compared++;
+                tails_batched++;
+                if (memcmp(rows + (size_t)i * V, seqs[ts[i]].ref, (size_t)V * sizeof(float)) != 0) mismatches++;
             }
         }
         /* one decode step for a random subset of the ready sequences, in
@@ -149,6 +174,16 @@ static void check_policy(sparq_model *m, const char *label, const char *pol, seq
           compared);
     CHECK(!ok || compared == N_SEQ * (1 + N_STEPS), "%s %s: compared %d rows", label, pol, compared);
     CHECK(!ok || max_batch >= 8, "%s %s: largest batch only %d", label, pol, max_batch);
+    CHECK(!ok || observes || (tails_batched >= 2 && multi_tails >= 1),
+          "%s %s: %d one-token last chunks went through eval_prefill_batch, %d calls with several", label, pol,
+          tails_batched, multi_tails);
+    if (observes && ok) { /* refused, nothing changed */
+        const int32_t tk = 5;
+        const int64_t pos = sparq_context_pos(ctx[0]);
+        CHECK(sparq_eval_prefill_batch(&ctx[0], &tk, 1, rows) != 0 &&
+                  strstr(sparq_context_error(ctx[0]), "observes the prefill") && sparq_context_pos(ctx[0]) == pos,
+              "%s h2o: eval_prefill_batch refused (%s)", label, sparq_context_error(ctx[0]));
+    }
     int sizes = 0;
     for (int i = 1; i <= N_SEQ; i++) sizes += seen_size[i];
     CHECK(!ok || sizes >= 4, "%s %s: only %d batch sizes exercised", label, pol, sizes);
@@ -241,8 +276,8 @@ static void check_model(const char *path, const char *label)
     seq seqs[N_SEQ];
     rng_state = 0x1234567ull;
     for (int s = 0; s < N_SEQ; s++) {
-        /* lengths cover one token, chunk-sized (8, 16) and a one-token last chunk (9, 17) */
-        static const int lens[N_SEQ] = { 1, 2, 5, 8, 9, 12, 16, 17, 20, 24, 3, 7, 11, 15, 19, 23 };
+        /* lengths cover one token, chunk-sized (8, 16) and a one-token last chunk (9, 17, 25) */
+        static const int lens[N_SEQ] = { 1, 2, 5, 8, 9, 12, 16, 17, 20, 24, 3, 7, 11, 15, 19, 25 };
         seqs[s].n_prompt = lens[s];
         for (int i = 0; i < lens[s]; i++) seqs[s].prompt[i] = (int32_t)(rnd() % (uint32_t)V);
         for (int t = 0; t < N_STEPS; t++) seqs[s].next[t] = (int32_t)(rnd() % (uint32_t)V);

@@ -632,6 +632,73 @@ static void shared_document(const char *model)
     }
 }
 
+/* Prompts the prefix cache holds all but the last token of (the same
+ * prompts again): their one-token last chunks are prefilled together in
+ * one pass (sparq_eval_prefill_batch), and every answer is still the one
+ * the prompt gets alone on a server without a prefix cache. Two of the
+ * eight ask for SparQ: the last chunk is exact attention whatever the
+ * policy. */
+static void warm_tails(const char *model)
+{
+    enum { NW = 8, LEN = 2 * 16 + 1 }; /* -b 16: cached 32, last chunk 1 */
+    char *bodies[NW], *alone[NW], *cold[NW], *warm[NW];
+    int status[NW];
+    uint32_t st = 4242;
+    for (int q = 0; q < NW; q++) {
+        text_buf t = { 0 };
+        char num[32];
+        text_append(&t, "{\"prompt\": [1", 13);
+        for (int i = 1; i < LEN; i++) {
+            st = st * 1664525u + 1013904223u;
+            int n = snprintf(num, sizeof num, ",%d", 3 + (int)(st >> 8) % 480);
+            text_append(&t, num, (size_t)n);
+        }
+        const char *ext = q % 4 == 3 ? ", \"sparq\": {\"attn\": \"sparq\", \"ratio\": \"1/2\"}" : "";
+        char tail[160];
+        int n = snprintf(tail, sizeof tail, "], \"max_tokens\": 8, \"temperature\": 0%s}", ext);
+        text_append(&t, tail, (size_t)n);
+        bodies[q] = t.data;
+        alone[q] = cold[q] = warm[q] = NULL;
+    }
+    server ref, srv;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --parallel 1 --queue 16 --prefix-cache 0 --api-key %s", model, key);
+    CHECK(start_server(&ref, args) == 0, "warm-tails reference server did not start");
+    for (int q = 0; ref.pid > 0 && q < NW; q++) {
+        resp r;
+        if (http(ref.port, "POST", "/v1/completions", bodies[q], strlen(bodies[q]), 1, &r) == 0) {
+            alone[q] = r.status == 200 ? completion_text(r.body) : NULL;
+            resp_free(&r);
+        }
+        CHECK(alone[q] != NULL, "warm tails: prompt %d alone failed", q);
+    }
+    if (ref.pid > 0) CHECK(stop_server(&ref) == 0, "warm-tails reference server: SIGTERM did not end it cleanly");
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 2 --parallel %d --queue 16 --api-key %s", model, NW, key);
+    CHECK(start_server(&srv, args) == 0, "warm-tails server did not start");
+    if (srv.pid > 0) {
+        send_together(srv.port, bodies, NW, cold, status);
+        const long long before = metric(srv.port, "prefill_tails_batched_total");
+        send_together(srv.port, bodies, NW, warm, status);
+        const long long batched = metric(srv.port, "prefill_tails_batched_total") - before;
+        for (int q = 0; q < NW; q++)
+            CHECK(status[q] == 200 && cold[q] && warm[q] && alone[q] && !strcmp(cold[q], alone[q]) &&
+                      !strcmp(warm[q], alone[q]),
+                  "warm tails: prompt %d cold '%s', warm (%d) '%s', alone '%s'", q, cold[q] ? cold[q] : "", status[q],
+                  warm[q] ? warm[q] : "", alone[q] ? alone[q] : "");
+        CHECK(metric(srv.port, "prefix_cache_hits_total") >= NW && batched >= 2,
+              "warm tails: %lld prefix hits, %lld last tokens prefilled together (want >= 2)",
+              metric(srv.port, "prefix_cache_hits_total"), batched);
+        fprintf(stderr, "warm tails: %lld of %d last tokens prefilled together\n", batched, NW);
+        CHECK(stop_server(&srv) == 0, "warm-tails server: SIGTERM did not end it cleanly");
+    }
+    for (int q = 0; q < NW; q++) {
+        free(bodies[q]);
+        free(alone[q]);
+        free(cold[q]);
+        free(warm[q]);
+    }
+}
+
 /* A completion of body on port: its text (malloc'ed) or NULL. */
 static char *complete(int port, const char *body)
 {
@@ -1003,6 +1070,7 @@ int main(void)
         CHECK(stop_server(&s) == 0, "SIGTERM did not end the server cleanly");
     }
     shared_document(model);
+    warm_tails(model);
     kv_dir_burst(model);
     if (s.pid > 0) {
         /* validation needs a running server: a fresh one */

@@ -451,7 +451,7 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
  * threads, at most any context's n_threads (each has scratch for those).
  * Returns 0, or -1 with each failing context's first message in its error. */
 enum { ATTEND_MANY_MAX = 256 }; /* contexts per call: sparq_decode_batch splits larger batches */
-static int attend_decode_many(sparq_context *const *cs, int nc, int il, const int64_t *pos, int nt)
+static int attend_decode_many(sparq_context *const *cs, int nc, int il, const int64_t *pos, int nt, int exact)
 {
     assert(nc >= 1 && nc <= ATTEND_MANY_MAX);
     const model_hparams *hp = &cs[0]->model->hp;
@@ -462,7 +462,7 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
     first[0] = 0;
     for (int i = 0; i < nc; i++) {
         const sparq_context *c = cs[i];
-        parts[i] = c->rs.attn_parts ? c->policy->n_parts(&c->params.attn, pos[i] + 1) : 1;
+        parts[i] = !exact && c->rs.attn_parts ? c->policy->n_parts(&c->params.attn, pos[i] + 1) : 1;
         first[i + 1] = first[i] + (int64_t)n_kv * parts[i];
         failed[i] = 0;
         read[i] = written[i] = 0;
@@ -485,7 +485,10 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
             kv_view(&c->kv, il, h, pos[i] + 1, &kv);
             const size_t off = (size_t)h * g * d;
             float *po = parts[i] > 1 ? c->rs.attn_parts + (size_t)t * part_floats : NULL;
-            const int rc = parts[i] > 1
+            int rc = 0;
+            if (exact) /* a one-token prefill chunk: attend_prefill_rows' computation */
+                attn_dense_group(&kv, c->rs.q + off, g, c->rs.att + off, s.f);
+            else rc = parts[i] > 1
                 ? c->policy->attend_part(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g, p,
                                          po, po + (size_t)g * d, &s, &cnt)
                 : c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
@@ -522,7 +525,7 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
     for (int i = 0; i < nc; i++) {
         sparq_context *c = cs[i];
         any_failed |= failed[i];
-        if (failed[i]) continue;
+        if (failed[i] || exact) continue; /* a prefill is not a decode step's traffic */
         c->stats.elements += read[i] + written[i];
         c->stats.bytes += kv_bytes_of(&c->kv, read[i] + written[i]);
         c->stats.dense_elements += n_kv * dense->transfer_formula(&c->params.attn, pos[i] + 1, d, g);
@@ -606,7 +609,7 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
         for (int t = 0; t < n; t++) /* in order: the cache's running V sum depends on it */
             kv_write(&c->kv, il, pos0 + t, rs->k + t * kv_dim, rs->v + t * kv_dim);
         if (decode) {
-            if (attend_decode_many(&c, 1, il, &pos0, c->n_threads)) return -1; /* the cache's n is unchanged */
+            if (attend_decode_many(&c, 1, il, &pos0, c->n_threads, 0)) return -1; /* the cache's n is unchanged */
         } else if (n <= PREFILL_ROWS_MAX && !c->policy->observe_prefill) {
             attend_prefill_rows(c, il, pos0, n);
         } else {
@@ -793,7 +796,7 @@ static int batch_fail(sparq_context **ctxs, int n, const char *msg)
     return -1;
 }
 
-int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits)
+static int decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits, int exact)
 {
     char msg[256];
     if (n <= 0 || !ctxs || !tokens || !ctxs[0]) return -1;
@@ -818,6 +821,11 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab) {
             snprintf(msg, sizeof msg, "decode_batch: token id %d of sequence %d is outside [0, %d)", tokens[i],
                      i, hp->n_vocab);
+            return batch_fail(ctxs, n, msg);
+        }
+        if (exact && c->policy->observe_prefill) { /* its state needs the prefill's own attention */
+            snprintf(msg, sizeof msg, "eval_prefill_batch: sequence %d's policy (%s) observes the prefill; "
+                     "use sparq_eval_prefill", i, c->policy->name);
             return batch_fail(ctxs, n, msg);
         }
     }
@@ -867,7 +875,7 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
         }
         for (int t0 = 0; t0 < n && !rc; t0 += ATTEND_MANY_MAX) {
             const int nc = n - t0 < ATTEND_MANY_MAX ? n - t0 : ATTEND_MANY_MAX;
-            if (attend_decode_many(ctxs + t0, nc, il, b.pos + t0, nt_attn)) {
+            if (attend_decode_many(ctxs + t0, nc, il, b.pos + t0, nt_attn, exact)) {
                 int f = t0;
                 while (f < t0 + nc - 1 && !ctxs[f]->error[0]) f++;
                 rc = batch_fail(ctxs, n, ctxs[f]->error);
@@ -889,7 +897,7 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
     if (!rc) {
         for (int t = 0; t < n; t++) {
             ctxs[t]->kv.n++;
-            ctxs[t]->stats.steps++;
+            if (!exact) ctxs[t]->stats.steps++;
         }
         if (logits) {
             for (int t = 0; t < n; t++)
@@ -902,4 +910,14 @@ int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float
     }
     batch_rows_free(&b);
     return rc;
+}
+
+int sparq_decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits)
+{
+    return decode_batch(ctxs, tokens, n, logits, 0);
+}
+
+int sparq_eval_prefill_batch(sparq_context **ctxs, const int32_t *tokens, int n, float *logits)
+{
+    return decode_batch(ctxs, tokens, n, logits, 1);
 }

@@ -770,6 +770,36 @@ static int slot_prefill_chunk(srv_server *s, slot *sl)
     return 0;
 }
 
+/* A prompt whose only unfed token is its last, of a policy that does not
+ * observe the prefill and with no per-token prompt logits wanted: its last
+ * chunk can go with others' through sparq_eval_prefill_batch (what
+ * slot_prefill_chunk would compute, bit for bit). */
+static int slot_tail_batchable(const slot *sl)
+{
+    const srv_request *r = sl->r;
+    return r->n_prompt > 1 && r->n_prompt - sl->fed == 1 && !sl->prompt_logits && sl->policy_ix >= 0 &&
+           sparq_attn_policy_observes_prefill(sl->policy_ix) == 0;
+}
+
+/* The one-token last chunks of n slots (slot_tail_batchable) in one pass
+ * over the weights. Returns 0, or -1 (every slot's message in its ctx). */
+static int slots_prefill_tails(srv_server *s, slot *const *sls, int n, sparq_context **cs, int32_t *tok,
+                               float *logits)
+{
+    for (int i = 0; i < n; i++) {
+        cs[i] = sls[i]->c;
+        tok[i] = sls[i]->r->prompt[sls[i]->fed];
+    }
+    if (sparq_eval_prefill_batch(cs, tok, n, logits)) return -1;
+    for (int i = 0; i < n; i++) {
+        memcpy(sls[i]->logits, logits + (size_t)i * s->n_vocab, (size_t)s->n_vocab * sizeof(float));
+        sls[i]->fed++;
+        sls[i]->chunks++;
+        sls[i]->ready = 1;
+    }
+    return 0;
+}
+
 /* Echo: the prompt's text (and its tokens' log-probabilities) opens the
  * reply. Lock held. */
 static int publish_echo(srv_server *s, slot *sl)
@@ -805,6 +835,7 @@ void *srv_sched_main(void *arg)
     sparq_context **bc = malloc((size_t)P * sizeof *bc);
     int32_t *btok = malloc((size_t)P * sizeof *btok);
     int *bslot = malloc((size_t)P * sizeof *bslot);
+    slot **chunk_slots = malloc((size_t)P * sizeof *chunk_slots);
     uint64_t n_admitted = 0;
     char err[512], piece[256];
     prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes, s->cfg.n_batch > 0 ? s->cfg.n_batch : 512 };
@@ -816,7 +847,7 @@ void *srv_sched_main(void *arg)
         kv_writer_start(&kvw, s, kd);
     }
     pthread_mutex_lock(&s->lock);
-    if (!slots || !blogits || !bc || !btok || !bslot) {
+    if (!slots || !blogits || !bc || !btok || !bslot || !chunk_slots) {
         fprintf(stderr, "serve: out of memory for %d slots\n", P);
         s->stopping = 2;
     }
@@ -938,26 +969,51 @@ void *srv_sched_main(void *arg)
                 if (!oldest || sl->admitted < oldest->admitted) oldest = sl;
             }
             if (!oldest || prefill_fed >= prefill_budget) break;
-            slot *sl = oldest;
+            /* The oldest's chunk; when it is a prompt's one uncached last
+             * token (a prefix-cache hit), every other such tail joins it in
+             * one pass over the weights instead of one pass each. */
+            int nc = 0;
+            chunk_slots[nc++] = oldest;
+            if (slot_tail_batchable(oldest))
+                for (int i = 0; i < P; i++) {
+                    slot *sl = &slots[i];
+                    if (sl != oldest && sl->r && sl->c && !sl->ready && sl->r->state != REQ_DONE && slot_tail_batchable(sl))
+                        chunk_slots[nc++] = sl;
+                }
             const double t0 = srv_now();
-            const int fed0 = sl->fed;
-            int rc = slot_prefill_chunk(s, sl);
+            const int fed0 = prefill_fed;
+            int rc;
+            if (nc > 1) {
+                rc = slots_prefill_tails(s, chunk_slots, nc, bc, btok, blogits);
+                if (!rc) prefill_fed += nc;
+            } else {
+                const int f = oldest->fed;
+                rc = slot_prefill_chunk(s, oldest);
+                prefill_fed += oldest->fed - f;
+            }
             const double t1 = srv_now();
-            prefill_fed += sl->fed - fed0;
-            const int end_round = rc || (sl->chunks > 1 && sl->ready); /* failed, or a long prompt's last chunk */
-            if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
-                const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
-                const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
-                if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
-                if (cut > 0 && kd) kv_save_prefix(s, &kvw, sl->c, sl->r->prompt, cut, id, sl->id_stale);
+            /* failed, or a long prompt's last chunk */
+            const int end_round = rc || (nc == 1 && oldest->chunks > 1 && oldest->ready);
+            for (int k = 0; k < nc; k++) {
+                slot *sl = chunk_slots[k];
+                if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
+                    const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
+                    const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
+                    if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
+                    if (cut > 0 && kd) kv_save_prefix(s, &kvw, sl->c, sl->r->prompt, cut, id, sl->id_stale);
+                }
             }
             pthread_mutex_lock(&s->lock);
-            s->metrics.prefill_tokens += sl->fed - fed0;
+            s->metrics.prefill_tokens += prefill_fed - fed0;
             s->metrics.prefill_seconds += t1 - t0;
-            if (rc) finish(s, sl, "stop", 500, sparq_context_error(sl->c));
-            else if (sl->ready) {
-                sl->r->n_prompt_tokens = sl->r->n_prompt;
-                if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
+            if (nc > 1 && !rc) s->metrics.tails_batched += nc;
+            for (int k = 0; k < nc; k++) {
+                slot *sl = chunk_slots[k];
+                if (rc) finish(s, sl, "stop", 500, sparq_context_error(sl->c));
+                else if (sl->ready) {
+                    sl->r->n_prompt_tokens = sl->r->n_prompt;
+                    if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
+                }
             }
             pthread_mutex_unlock(&s->lock);
             if (end_round) break;
@@ -1021,6 +1077,7 @@ void *srv_sched_main(void *arg)
     pc_free(&pc);
     free(slots);
     free(blogits);
+    free(chunk_slots);
     free(bc);
     free(btok);
     free(bslot);

@@ -539,6 +539,9 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
            "%lld", (long long)m.prefix_tokens);
     METRIC("prefix_cache_waits_total", "counter", "Requests that waited for another sequence to prefill their prefix.",
            "%lld", (long long)m.prefix_waits);
+    METRIC("prefill_tails_batched_total", "counter",
+           "Prompts whose one uncached last token was prefilled with others' in one pass.", "%lld",
+           (long long)m.tails_batched);
     METRIC("prefix_cache_entries", "gauge", "Prefixes in the cache.", "%lld", (long long)m.prefix_entries);
     METRIC("prefix_cache_bytes", "gauge", "Bytes the cached prefixes hold (one shared copy each).", "%lld",
            (long long)m.prefix_bytes);
