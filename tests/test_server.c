@@ -569,6 +569,21 @@ static void send_together(int port, char **bodies, int n, char **out, int *statu
     }
 }
 
+/* The answers of n completion bodies sent one after another (the
+ * references: each prompt alone). Texts into out (NULL on failure). */
+static void answers_one_by_one(int port, char **bodies, int n, char **out, const char *what)
+{
+    for (int q = 0; q < n; q++) {
+        resp r;
+        out[q] = NULL;
+        if (http(port, "POST", "/v1/completions", bodies[q], strlen(bodies[q]), 1, &r) == 0) {
+            out[q] = r.status == 200 ? completion_text(r.body) : NULL;
+            resp_free(&r);
+        }
+        CHECK(out[q] != NULL, "%s: prompt %d alone failed", what, q);
+    }
+}
+
 /* In-flight sharing: 16 questions about one document sent at once cost
  * one prefill of the document plus the 16 questions, and each answer is
  * the one the question gets alone on a server without a prefix cache. */
@@ -592,14 +607,7 @@ static void shared_document(const char *model)
     char args[2048];
     snprintf(args, sizeof args, "-m %s -c 1100 -b 16 -t 1 --parallel 1 --queue 4 --prefix-cache 0 --api-key %s", model, key);
     CHECK(start_server(&ref, args) == 0, "reference server did not start");
-    for (int q = 0; ref.pid > 0 && q < NQ; q++) {
-        resp r;
-        if (http(ref.port, "POST", "/v1/completions", bodies[q], strlen(bodies[q]), 1, &r) == 0) {
-            alone[q] = r.status == 200 ? completion_text(r.body) : NULL;
-            resp_free(&r);
-        }
-        CHECK(alone[q] != NULL, "question %d alone failed", q);
-    }
+    if (ref.pid > 0) answers_one_by_one(ref.port, bodies, NQ, alone, "shared document");
     if (ref.pid > 0) {
         CHECK(metric(ref.port, "prefill_tokens_total") == (long long)NQ * DOC + sum_suffix,
               "without a cache every prompt is prefilled whole: %lld", metric(ref.port, "prefill_tokens_total"));
@@ -664,14 +672,7 @@ static void warm_tails(const char *model)
     char args[2048];
     snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --parallel 1 --queue 16 --prefix-cache 0 --api-key %s", model, key);
     CHECK(start_server(&ref, args) == 0, "warm-tails reference server did not start");
-    for (int q = 0; ref.pid > 0 && q < NW; q++) {
-        resp r;
-        if (http(ref.port, "POST", "/v1/completions", bodies[q], strlen(bodies[q]), 1, &r) == 0) {
-            alone[q] = r.status == 200 ? completion_text(r.body) : NULL;
-            resp_free(&r);
-        }
-        CHECK(alone[q] != NULL, "warm tails: prompt %d alone failed", q);
-    }
+    if (ref.pid > 0) answers_one_by_one(ref.port, bodies, NW, alone, "warm tails");
     if (ref.pid > 0) CHECK(stop_server(&ref) == 0, "warm-tails reference server: SIGTERM did not end it cleanly");
     snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 2 --parallel %d --queue 16 --api-key %s", model, NW, key);
     CHECK(start_server(&srv, args) == 0, "warm-tails server did not start");
