@@ -57,6 +57,36 @@ static char *read_key(const char *path)
     return buf[0] ? strdup(buf) : NULL;
 }
 
+/* The model is loaded on a thread that ends afterwards. Loading runs
+ * OpenMP regions, and libgomp keeps a thread's worker pool for as long as
+ * that thread lives; the main thread's pool beside the scheduler's makes
+ * it count more OpenMP threads than cores, and then it cuts every
+ * worker's spin at a barrier to a few hundred iterations: the decode
+ * step's workers slept and were woken at nearly every parallel region
+ * (~500 context switches a step, 1.35 of 2 cores busy). */
+typedef struct load_job {
+    const cli_model_opts *mo;
+    char *path;
+    size_t path_size;
+    sparq_model *m;
+} load_job;
+
+static void *load_main(void *arg)
+{
+    load_job *j = arg;
+    j->m = cli_load_model(j->mo, j->path, j->path_size);
+    return NULL;
+}
+
+static sparq_model *load_model_on_own_thread(const cli_model_opts *mo, char *path, size_t path_size)
+{
+    load_job j = { mo, path, path_size, NULL };
+    pthread_t t;
+    if (pthread_create(&t, NULL, load_main, &j) != 0) return cli_load_model(mo, path, path_size);
+    pthread_join(t, NULL);
+    return j.m;
+}
+
 int cli_serve(int argc, char **argv)
 {
     cli_model_opts mo;
@@ -93,7 +123,7 @@ int cli_serve(int argc, char **argv)
         return 2;
     }
     char path[1024], err[512];
-    sparq_model *m = cli_load_model(&mo, path, sizeof path);
+    sparq_model *m = load_model_on_own_thread(&mo, path, sizeof path);
     if (!m) {
         free(key);
         return 1;
