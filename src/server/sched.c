@@ -743,6 +743,19 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     return 0;
 }
 
+/* sl's prompt advanced by a chunk of nb tokens; after its last, the slot
+ * is ready (its logits those of the prompt's last token). */
+static void slot_chunk_done(const srv_server *s, slot *sl, int nb)
+{
+    const srv_request *r = sl->r;
+    sl->fed += nb;
+    sl->chunks++;
+    if (sl->fed < r->n_prompt) return;
+    if (sl->prompt_logits)
+        memcpy(sl->logits, sl->prompt_logits + (size_t)(r->n_prompt - 1) * s->n_vocab, (size_t)s->n_vocab * sizeof(float));
+    sl->ready = 1;
+}
+
 /* One prefill chunk of sl's prompt: n_batch tokens from where it stopped,
  * the same boundaries `sparq run` uses. Returns 0 or -1 (message in ctx). */
 static int slot_prefill_chunk(srv_server *s, slot *sl)
@@ -761,12 +774,7 @@ static int slot_prefill_chunk(srv_server *s, slot *sl)
         rc = sparq_eval_prefill(sl->c, r->prompt + sl->fed, nb, last ? sl->logits : NULL);
     }
     if (rc) return -1;
-    sl->fed += nb;
-    sl->chunks++;
-    if (last) {
-        if (sl->prompt_logits) memcpy(sl->logits, sl->prompt_logits + (size_t)(r->n_prompt - 1) * V, (size_t)V * sizeof(float));
-        sl->ready = 1;
-    }
+    slot_chunk_done(s, sl, nb);
     return 0;
 }
 
@@ -793,9 +801,7 @@ static int slots_prefill_tails(srv_server *s, slot *const *sls, int n, sparq_con
     if (sparq_eval_prefill_batch(cs, tok, n, logits)) return -1;
     for (int i = 0; i < n; i++) {
         memcpy(sls[i]->logits, logits + (size_t)i * s->n_vocab, (size_t)s->n_vocab * sizeof(float));
-        sls[i]->fed++;
-        sls[i]->chunks++;
-        sls[i]->ready = 1;
+        slot_chunk_done(s, sls[i], 1);
     }
     return 0;
 }
