@@ -207,9 +207,14 @@ start_llama() {
   curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/health" && die "port $PORT is already in use (set PORT)"
   local fa_args=(-fa "$fa")
   [ "$FA_STYLE" = value ] || { [ "$fa" = on ] && fa_args=(-fa) || fa_args=(); }
+  # llama-server caps every slot at the model's training context (smollm2-135m: 8192), where sparq serve takes
+  # the -c it is given; so that both run the same prompts, a longer slot raises the model's stated context
+  # (both generated shapes are arch "llama"; their RoPE does not depend on it)
+  local ctx_args=()
+  [ "$ctx" -le 8192 ] || ctx_args=(--override-kv "llama.context_length=int:$ctx")
   # shellcheck disable=SC2206 # LLAMA_SERVER_ARGS is split on purpose
   local cmd=("$LLAMA_SERVER" -m "$model" -np "$N" -c $((N * ctx)) -t "$THREADS" --host 127.0.0.1 --port "$PORT"
-             --timeout "$REQ_TIMEOUT" "${fa_args[@]}" $LLAMA_SERVER_ARGS)
+             --timeout "$REQ_TIMEOUT" "${fa_args[@]}" "${ctx_args[@]}" $LLAMA_SERVER_ARGS)
   echo "${cmd[*]}" >> "$CMDS"
   "${cmd[@]}" > "$logf" 2>&1 &
   SRV_PID=$!
