@@ -322,13 +322,13 @@ static int wsum_within(const float *o, const float *o_f32, const float *s, int g
 
 static void test_kernels(void)
 {
-    const int ds[] = { 8, 40, 64, 128 };
+    const int ds[] = { 8, 40, 64, 128, 256 };
     const int64_t Ss[] = { 1, 33, 300, 1100 };
-    const int gs[] = { 1, 3, 5 };
+    const int gs[] = { 1, 2, 3, 5 };
     const double tol = 2e-5; /* float sums in another order */
-    for (size_t a = 0; a < 4; a++)
-        for (size_t b = 0; b < 4; b++)
-            for (size_t c = 0; c < 3; c++) {
+    for (size_t a = 0; a < sizeof ds / sizeof *ds; a++)
+        for (size_t b = 0; b < sizeof Ss / sizeof *Ss; b++)
+            for (size_t c = 0; c < sizeof gs / sizeof *gs; c++) {
                 const int d = ds[a], g = gs[c];
                 const int64_t S = Ss[b];
                 kfix f;
