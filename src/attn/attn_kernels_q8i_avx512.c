@@ -84,6 +84,28 @@ static ALWAYS_INLINE __m512 scales16(const rowset *rs, int i0, size_t at, const 
     return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)h));
 }
 
+/* scales16 packed in integer registers first (four scales per 64-bit word
+ * by shifts, then two inserts), which keeps the shuffle pipes for the
+ * score tile's unpacks: 7% faster scores. In the weighted sum, where the
+ * scales are read a chunk ahead, it measured slower than scales16. */
+static ALWAYS_INLINE __m512 scales16_gpr(const rowset *rs, int i0, size_t at, const int contig)
+{
+    uint64_t w[4];
+    UNROLL for (int j = 0; j < 4; j++) {
+        uint64_t x = 0;
+        UNROLL for (int u = 0; u < 4; u++) {
+            uint16_t h;
+            memcpy(&h, row_at(rs, i0 + 4 * j + u, contig) + at, 2);
+            x |= (uint64_t)h << (16 * u);
+        }
+        w[j] = x;
+    }
+    __m128i lo = _mm_cvtsi64_si128((long long)w[0]), hi = _mm_cvtsi64_si128((long long)w[2]);
+    lo = _mm_insert_epi64(lo, (long long)w[1], 1);
+    hi = _mm_insert_epi64(hi, (long long)w[3], 1);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
 /* Requests rows [from, to) of contiguous rows (rb bytes each) into L2. The
  * hardware prefetcher alone left these kernels waiting on memory (they
  * compute less per byte than the f16 ones); every line has to be asked for. */
@@ -133,8 +155,8 @@ static ALWAYS_INLINE void scores_tile(const rowset *rs, const int contig, int nc
                 A[hh][qd] = _mm512_dpbusd_epi32(acc, u[3], qh[3]);
             }
         }
-        const __m512 dk0 = scales16(rs, 0, (size_t)c * PAIR_BYTES, contig);
-        const __m512 dk1 = scales16(rs, 0, (size_t)c * PAIR_BYTES + ATTN_Q8_BLOCK_BYTES, contig);
+        const __m512 dk0 = scales16_gpr(rs, 0, (size_t)c * PAIR_BYTES, contig);
+        const __m512 dk1 = scales16_gpr(rs, 0, (size_t)c * PAIR_BYTES + ATTN_Q8_BLOCK_BYTES, contig);
         UNROLL for (int hh = 0; hh < HB; hh++) {
             /* lanes: [blk0 rows 0-3, blk1 rows 0-3, blk0 rows 4-7, blk1 rows 4-7], then rows 8-15 */
             const __m512i x = _mm512_add_epi32(_mm512_shuffle_i32x4(A[hh][0], A[hh][1], 0x88),
