@@ -12,6 +12,7 @@
 #include "util/paths.h"
 #include "tensor/quant.h"
 #include "sparq.h"
+#include "core/model.h"
 
 static const char *const stories[] = { "once_upon_a_time", "lily_tom_park", "sad_dog", "boy_cat_story" };
 
@@ -414,9 +415,50 @@ static void test_load_errors(void)
     unlink(path);
 }
 
+/* ctx_check_logits: finite rows pass; one Inf or NaN anywhere (the first
+ * element, the last, the middle of a row past the first) fails, naming the
+ * position and the first bad logit. */
+static void test_check_logits(void)
+{
+    char path[1024], err[512];
+    if (path_find("stories260K.gguf", path, sizeof path)) {
+        test_skip("stories260K.gguf not found: logit checks not run");
+        return;
+    }
+    sparq_model *m = NULL;
+    CHECK(sparq_model_load(path, &m, err, sizeof err) == 0, "%s", err);
+    sparq_context *c = m ? make_ctx(m, SPARQ_KV_F16, 64) : NULL;
+    const int V = m ? sparq_model_n_vocab(m) : 0;
+    float *lg = c ? malloc((size_t)3 * V * sizeof *lg) : NULL;
+    if (!lg) {
+        CHECK(0, "model, context or memory missing");
+        sparq_context_free(c);
+        sparq_model_free(m);
+        return;
+    }
+    for (int i = 0; i < 3 * V; i++) lg[i] = (float)(i % 97) - 48.0f;
+    CHECK(ctx_check_logits(c, lg, 3, 10) == 0, "finite logits pass");
+    const struct { int at; float v; int row; } bad[] = {
+        { 0, INFINITY, 0 }, { V - 1, -INFINITY, 0 }, { V + 37, NAN, 1 }, { 3 * V - 1, NAN, 2 },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        const float keep = lg[bad[k].at];
+        lg[bad[k].at] = bad[k].v;
+        char want[96];
+        snprintf(want, sizeof want, "position %d (logit %d is", 10 + bad[k].row, bad[k].at - bad[k].row * V);
+        const char *e = sparq_context_error(c);
+        CHECK(ctx_check_logits(c, lg, 3, 10) == -1 && strstr(e, want), "%g at %d: %s", (double)bad[k].v, bad[k].at, e);
+        lg[bad[k].at] = keep;
+    }
+    free(lg);
+    sparq_context_free(c);
+    sparq_model_free(m);
+}
+
 int main(void)
 {
     test_stories();
+    test_check_logits();
     test_rand_models();
     test_load_errors();
     return test_summary("test_model");

@@ -308,10 +308,62 @@ static void test_logit_bias(void)
     sparq_sampler_free(s);
 }
 
+/* Greedy picks what the one-line loop picks (naive_argmax: the first id of
+ * the largest logit, a NaN never winning except at id 0) at sizes around the
+ * sampler's 16 lanes and at a 128k vocabulary, over ties, -inf, signed
+ * zeros and NaNs. */
+static void test_greedy_argmax(void)
+{
+    const int sizes[] = { 1, 2, 15, 16, 17, 31, 32, 33, 47, 64, 100, 1000, 128256 };
+    uint64_t st = 777;
+    int agree = 1, cases = 0;
+    char what[160] = "";
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++) {
+        const int n = sizes[a];
+        float *lg = malloc((size_t)n * sizeof *lg);
+        sparq_sampler_params p = { 0.0f, 0, 1.0f, 1, 0.0f, 1.0f, 0.0f, 0.0f, 0 };
+        sparq_sampler *s = sparq_sampler_create(&p, n);
+        if (!lg || !s) {
+            CHECK(0, "out of memory");
+            free(lg);
+            sparq_sampler_free(s);
+            return;
+        }
+        for (int pat = 0; pat < 9; pat++)
+            for (int trial = 0; trial < 4; trial++) {
+                for (int i = 0; i < n; i++) {
+                    const float u = lcg_uniform(&st);
+                    switch (pat) {
+                    case 0: lg[i] = 20.0f * u - 10.0f; break;                          /* distinct */
+                    case 1: lg[i] = (float)(int)(4.0f * u); break;                     /* many ties */
+                    case 2: lg[i] = u < 0.5f ? -INFINITY : 3.0f * u; break;            /* bans */
+                    case 3: lg[i] = -INFINITY; break;                                  /* all banned */
+                    case 4: lg[i] = u < 0.5f ? 0.0f : -0.0f; break;                    /* signed zeros */
+                    case 5: lg[i] = u < 0.1f ? NAN : 5.0f * u; break;                  /* NaNs */
+                    case 6: lg[i] = i == 0 ? NAN : 5.0f * u; break;                    /* NaN at id 0 */
+                    case 7: lg[i] = i == n - 1 ? 100.0f : 5.0f * u; break;             /* max last */
+                    default: lg[i] = i >= n - n % 16 && n % 16 ? 50.0f + u : u; break; /* max in the tail */
+                    }
+                }
+                const int got = sparq_sample(s, lg), want = naive_argmax(lg, n);
+                cases++;
+                if (got != want && agree) {
+                    agree = 0;
+                    snprintf(what, sizeof what, "n %d pattern %d trial %d: %d, the loop %d", n, pat, trial, got, want);
+                }
+            }
+        free(lg);
+        sparq_sampler_free(s);
+    }
+    CHECK(agree, "greedy = the first id of the largest logit in all %d cases%s%s", cases, agree ? "" : "; first miss: ",
+          what);
+}
+
 int main(void)
 {
     test_chain_against_naive();
     test_logit_bias();
+    test_greedy_argmax();
     enum { V = 8 };
     float logits[V] = { 0.5f, 2.0f, 2.0f, -1.0f, 1.0f, 0.0f, 1.5f, -3.0f };
     sparq_sampler_params p = { 0.0f, 0, 1.0f, 1, 0.0f, 0.0f, 0.0f, 0.0f, 0 }; /* no min-p, no penalties */

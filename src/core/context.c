@@ -259,8 +259,16 @@ int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t fi
     const size_t V = (size_t)c->model->hp.n_vocab;
     for (int r = 0; r < rows; r++) {
         const float *x = logits + (size_t)r * V;
-        float acc = 0.0f; /* inf - inf and NaN both leave a NaN in x*0 */
-        for (size_t i = 0; i < V; i++) acc += x[i] * 0.0f;
+        /* inf * 0 and NaN * 0 are NaN, which stays in its lane's sum; 16
+         * lanes so that the loop vectorises (one running sum was a chain of
+         * dependent adds, ~0.15 ms per row at a 128k vocabulary) */
+        float lane[16] = { 0 };
+        size_t i = 0;
+        for (; i + 16 <= V; i += 16)
+            for (int l = 0; l < 16; l++) lane[l] += x[i + l] * 0.0f;
+        for (; i < V; i++) lane[0] += x[i] * 0.0f;
+        float acc = 0.0f;
+        for (int l = 0; l < 16; l++) acc += lane[l];
         if (acc == 0.0f) continue;
         size_t bad = 0;
         while (bad < V && isfinite(x[bad])) bad++;

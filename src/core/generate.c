@@ -44,14 +44,6 @@ void sparq_generation_free(sparq_generation *g)
     memset(g, 0, sizeof *g);
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i; /* ties go to the lowest id, as the sampler's greedy */
-    return best;
-}
-
 static int fail(sparq_context *c, const char *fmt, ...)
 {
     va_list ap;
@@ -134,7 +126,7 @@ int sparq_generate(sparq_context *c, float *logits, const sparq_generate_params 
                 goto fail;
             }
         }
-        const int32_t id = p->sampler ? sparq_sample(p->sampler, logits) : argmax(logits, n_vocab);
+        const int32_t id = p->sampler ? sparq_sample(p->sampler, logits) : logits_argmax(logits, n_vocab);
         out->tokens[out->n_tokens++] = id;
         if (!p->ignore_eog && sparq_token_is_eog(m, id)) {
             out->stop = SPARQ_STOP_EOG;
