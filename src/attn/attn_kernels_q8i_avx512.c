@@ -27,8 +27,9 @@
  * prepared while the chunk before it is summed.
  *
  * Memory: the hardware prefetcher alone leaves these kernels waiting
- * (68-byte rows; 15 GB/s without software prefetch against 30 with it, in
- * a 2-thread harness over 256k rows), so every line is requested ahead,
+ * (68-byte rows; 15 GB/s without software prefetch against 26-33 with it,
+ * 2 threads over 256k rows, bench-results/q8i-kernel-steps-20261126.txt),
+ * so every line is requested ahead,
  * and the K stream runs on into the first V rows.
  */
 #include "attn/attn.h"
@@ -86,8 +87,9 @@ static ALWAYS_INLINE __m512 scales16(const rowset *rs, int i0, size_t at, const 
 
 /* scales16 packed in integer registers first (four scales per 64-bit word
  * by shifts, then two inserts), which keeps the shuffle pipes for the
- * score tile's unpacks: 7% faster scores. In the weighted sum, where the
- * scales are read a chunk ahead, it measured slower than scales16. */
+ * score tile's unpacks: 8% faster scores (bench-results/
+ * q8i-kernel-steps-20261126.txt). In the weighted sum, where the scales are
+ * read a chunk ahead, it measured slower than scales16. */
 static ALWAYS_INLINE __m512 scales16_gpr(const rowset *rs, int i0, size_t at, const int contig)
 {
     uint64_t w[4];
@@ -355,7 +357,7 @@ typedef struct wchunk {
  * per V block. Its dependency chain (exp, the maxima, a division, the
  * stores wsum_block reloads) is long; the caller runs it one chunk ahead so
  * that it overlaps the previous chunk's sums instead of stalling them
- * (wsum 6% faster in cache, and the 32k-row pass at 1.2x the bandwidth). */
+ * (5% faster in cache, bench-results/q8i-kernel-steps-20261126.txt). */
 static ALWAYS_INLINE void prepare_chunk(const uint8_t *V, size_t rb, const int32_t *rows, int64_t n,
                                         int64_t i0, const float *s, int64_t h0, int nbk, const int HB,
                                         const __m512 *mhi, const __m512 *mlo, __m512d *zlo, __m512d *zhi,
