@@ -64,7 +64,12 @@ static int start_server(server *s, const char *args)
         _exit(127);
     }
     close(fd);
-    return wait_port_file(&s->pid, s->port_file, &s->port, 50000);
+    const int rc = wait_port_file(&s->pid, s->port_file, &s->port, 50000);
+    if (rc) { /* counted here, so a caller's `if (start_server(..) == 0)` block is never skipped silently */
+        test_n_fail++;
+        fprintf(stderr, "FAIL %s:%d: server did not start (log %s): serve %s\n", __FILE__, __LINE__, s->log, args);
+    }
+    return rc;
 }
 
 /* SIGTERM, then the exit status (or -1 if it hangs for 20 s: then killed). */
