@@ -65,15 +65,23 @@ static sparq_context *make_ctx(sparq_model *m, int kv_type, int64_t n_ctx)
     return c;
 }
 
-static void test_stories(void)
+/* stories260K, or NULL: a skip (with `skipped`) when the file is absent,
+ * a failure when it does not load. */
+static sparq_model *load_stories(const char *skipped)
 {
     char path[1024], err[512];
     if (path_find("stories260K.gguf", path, sizeof path)) {
-        test_skip("stories260K.gguf not found");
-        return;
+        test_skip(skipped);
+        return NULL;
     }
     sparq_model *m = NULL;
     CHECK(sparq_model_load(path, &m, err, sizeof err) == 0, "%s", err);
+    return m;
+}
+
+static void test_stories(void)
+{
+    sparq_model *m = load_stories("stories260K.gguf not found");
     if (!m) return;
     const int V = sparq_model_n_vocab(m);
     CHECK(V == 512, "n_vocab %d", V);
@@ -420,18 +428,13 @@ static void test_load_errors(void)
  * position and the first bad logit. */
 static void test_check_logits(void)
 {
-    char path[1024], err[512];
-    if (path_find("stories260K.gguf", path, sizeof path)) {
-        test_skip("stories260K.gguf not found: logit checks not run");
-        return;
-    }
-    sparq_model *m = NULL;
-    CHECK(sparq_model_load(path, &m, err, sizeof err) == 0, "%s", err);
-    sparq_context *c = m ? make_ctx(m, SPARQ_KV_F16, 64) : NULL;
-    const int V = m ? sparq_model_n_vocab(m) : 0;
+    sparq_model *m = load_stories("stories260K.gguf not found: logit checks not run");
+    if (!m) return;
+    sparq_context *c = make_ctx(m, SPARQ_KV_F16, 64);
+    const int V = sparq_model_n_vocab(m);
     float *lg = c ? malloc((size_t)3 * V * sizeof *lg) : NULL;
     if (!lg) {
-        CHECK(0, "model, context or memory missing");
+        CHECK(0, "context or memory missing");
         sparq_context_free(c);
         sparq_model_free(m);
         return;

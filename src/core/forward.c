@@ -116,17 +116,14 @@ static int matmul_tiles(int nt, uint8_t *acts, const float *in, int n, int n_w, 
     }
     int64_t first[5] = { 0 };
     for (int i = 0; i < n_w; i++) first[i + 1] = first[i] + (ws[i]->n_out + pr - 1) / pr;
-    /* Few tokens: packed here, before the threads start, so the panels
-     * need no barrier after the packing (a few microseconds of work, and
-     * one barrier less per product: 121 a token for smollm2). */
-    if (n <= FEW_TOKENS)
-        for (int t = 0; t < n; t++) gemm_pack_act(ws[0]->type, in + (size_t)t * n_in, n_in, acts + (size_t)t * ab);
+    /* The tokens are packed before the panels start; few tokens (a decode
+     * step: a few microseconds of work) by this thread alone, so no team
+     * waits on a barrier for them (one barrier less per product, 121 a
+     * token for smollm2). */
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > FEW_TOKENS)
+    for (int t = 0; t < n; t++) gemm_pack_act(ws[0]->type, in + (size_t)t * n_in, n_in, acts + (size_t)t * ab);
 #pragma omp parallel num_threads(nt)
     {
-        if (n > FEW_TOKENS) {
-#pragma omp for schedule(static)
-            for (int t = 0; t < n; t++) gemm_pack_act(ws[0]->type, in + (size_t)t * n_in, n_in, acts + (size_t)t * ab);
-        }
         uint8_t *panel = panels ? panels + (size_t)omp_get_thread_num() * pr * rb : NULL;
         /* Few tokens: each thread one contiguous range of panels, i.e. one
          * sequential stream from DRAM (interleaved panels measured slower);
