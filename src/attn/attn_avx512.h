@@ -21,11 +21,17 @@ static inline __mmask16 tail_mask(int64_t left)
 /* exp(x), made for x <= 0 (softmax arguments, x - max; SiLU's e^-x in
  * core/forward.c uses it for any sign: scalef overflows to inf): x = n ln2
  * + t with |t| <= ln2/2, e^t by attn_exp.h's polynomial, 2^n applied by
- * scalef, which underflows gradually to 0. The clamp keeps -inf from making
- * inf - inf (e^-104 is 0 in f32 anyway). About 2e-7 relative to expf. */
+ * scalef. About 2e-7 relative to expf. Below x = -87 the result is exactly
+ * 0, never a subnormal: e^-87 is 1.6e-38, nothing beside the row's largest
+ * weight (1), and Intel cores take a microcode assist for every subnormal
+ * an FMA reads or writes (with FTZ/DAZ off, as a library must leave them):
+ * subnormal weights made llama-3.2-1b's prefill at depth 2048 3.9x slower
+ * on a Xeon (docs/benchmarks_notes.md). The clamp keeps -inf from making
+ * inf - inf; NaN gives 0. */
 static inline __m512 exp_neg(__m512 x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(ATTN_EXP_LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 t = _mm512_fnmadd_ps(n, _mm512_set1_ps(ATTN_EXP_LN2_HI), x);
@@ -36,7 +42,7 @@ static inline __m512 exp_neg(__m512 x)
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C2));
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C1));
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(ATTN_EXP_C0));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
 /* exp(x - m) for x <= m, as 2^(x log2e - m log2e): one FMA (x log2e exact
@@ -48,7 +54,10 @@ static inline __m512 exp_neg(__m512 x)
 static inline __m512 exp_sub(__m512 x, __m512 mhi, __m512 mlo)
 {
     __m512 a = _mm512_fmsub_ps(x, _mm512_set1_ps(1.44269504088896341f), mhi);
-    a = _mm512_max_ps(_mm512_sub_ps(a, mlo), _mm512_set1_ps(-150.0f));
+    a = _mm512_sub_ps(a, mlo);
+    /* 0 below 2^-125 (p(f) 2^n >= 2^-125.5 stays normal; see exp_neg) */
+    const __mmask16 normal = _mm512_cmp_ps_mask(a, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+    a = _mm512_max_ps(a, _mm512_set1_ps(-125.0f));
     const __m512 n = _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(a, n);
     __m512 p = _mm512_set1_ps(1.327647198e-03f);
@@ -57,7 +66,7 @@ static inline __m512 exp_sub(__m512 x, __m512 mhi, __m512 mlo)
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402211972e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469671e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.000000072e+00f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
 /* m log2e as hi + lo (hi the f32 product, lo its rounding error, from

@@ -77,7 +77,9 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t pos
                 }
                 float mx = m[i];
                 for (int k = 0; k < nki[r]; k++) mx = sr[k] > mx ? sr[k] : mx;
-                c[r] = m[i] == -INFINITY ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx); /* = expf(0) */
+                /* the old sums' rescale; 0 below e^-87, as the kernels'
+                 * exps (attn_avx512.h: no subnormals reach the FMAs) */
+                c[r] = m[i] == -INFINITY || m[i] - mx < -87.0f ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx);
                 const float sum = op->expsum(sr, nki[r], mx);
                 l[i] = l[i] * c[r] + sum;
                 m[i] = mx;

@@ -50,10 +50,12 @@ static void scores_avx2(const float *const *q, int nr, const float *kt, int d, f
 }
 
 /* exp(x) for x <= 0: attn_exp.h's reduction and polynomial; 2^n goes
- * into the exponent bits, so x is clamped at -87 (2^n stays normal; e^-87
- * is 1.6e-38, nothing next to the row's largest weight, 1). */
+ * into the exponent bits, so x is clamped at -87 (2^n stays normal), and
+ * below -87 the result is 0 as in attn_avx512.h's exp_neg (e^-87 is
+ * 1.6e-38, nothing next to the row's largest weight, 1). */
 INLINE __m256 exp_neg8(__m256 x)
 {
+    const __m256 normal = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(ATTN_EXP_LOG2E)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -66,7 +68,7 @@ INLINE __m256 exp_neg8(__m256 x)
     p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C1));
     p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C0));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(normal, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 static float expsum_avx2(float *s, int nk, float m)
