@@ -30,8 +30,8 @@ static inline __mmask16 tail_mask(int64_t left)
  * inf - inf; NaN gives 0. */
 static inline __m512 exp_neg(__m512 x)
 {
-    const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(ATTN_EXP_MIN));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(ATTN_EXP_LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 t = _mm512_fnmadd_ps(n, _mm512_set1_ps(ATTN_EXP_LN2_HI), x);
@@ -56,8 +56,8 @@ static inline __m512 exp_sub(__m512 x, __m512 mhi, __m512 mlo)
     __m512 a = _mm512_fmsub_ps(x, _mm512_set1_ps(1.44269504088896341f), mhi);
     a = _mm512_sub_ps(a, mlo);
     /* 0 below 2^-125 (p(f) 2^n >= 2^-125.5 stays normal; see exp_neg) */
-    const __mmask16 normal = _mm512_cmp_ps_mask(a, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
-    a = _mm512_max_ps(a, _mm512_set1_ps(-125.0f));
+    const __mmask16 normal = _mm512_cmp_ps_mask(a, _mm512_set1_ps(ATTN_EXP2_MIN), _CMP_GE_OQ);
+    a = _mm512_max_ps(a, _mm512_set1_ps(ATTN_EXP2_MIN));
     const __m512 n = _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(a, n);
     __m512 p = _mm512_set1_ps(1.327647198e-03f);

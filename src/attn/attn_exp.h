@@ -6,6 +6,11 @@
 #ifndef SPARQ_ATTN_EXP_H
 #define SPARQ_ATTN_EXP_H
 
+/* The exps return exactly 0 below ATTN_EXP_MIN (e^-87 = 1.6e-38, still
+ * normal; in log2 units 2^-125 for exp_sub), never a subnormal: Intel
+ * cores take a microcode assist for each one an FMA reads or writes. */
+#define ATTN_EXP_MIN    (-87.0f)
+#define ATTN_EXP2_MIN   (-125.0f)
 #define ATTN_EXP_LOG2E  1.44269504088896341f
 #define ATTN_EXP_LN2_HI 0.693145751953125f
 #define ATTN_EXP_LN2_LO 1.428606765330187045e-06f

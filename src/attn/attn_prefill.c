@@ -3,6 +3,7 @@
  * reference twin); the dispatch.
  */
 #include "attn/attn_prefill.h"
+#include "attn/attn_exp.h"
 #include "tensor/quant.h"
 
 #include <math.h>
@@ -79,7 +80,7 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t pos
                 for (int k = 0; k < nki[r]; k++) mx = sr[k] > mx ? sr[k] : mx;
                 /* the old sums' rescale; 0 below e^-87, as the kernels'
                  * exps (attn_avx512.h: no subnormals reach the FMAs) */
-                c[r] = m[i] == -INFINITY || m[i] - mx < -87.0f ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx);
+                c[r] = m[i] == -INFINITY || m[i] - mx < ATTN_EXP_MIN ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx);
                 const float sum = op->expsum(sr, nki[r], mx);
                 l[i] = l[i] * c[r] + sum;
                 m[i] = mx;
