@@ -796,6 +796,43 @@ static void test_kt_exp(void)
     CHECK(worst <= 1e-5, "kt_exp: softmax rebuilt from e and scale off by %g", worst);
 }
 
+/* SparQ's score factors never make a subnormal (attn_exp.h, ATTN_SCORE_MIN):
+ * logits spread over hundreds of nats (a steep trend across blocks and
+ * within them) give probabilities far below FLT_MIN, yet every e and scale
+ * the kernel and the reference write is 0 or >= 2^-63, so every product
+ * and group sum is 0 or normal (on Intel each subnormal an FMA meets is a
+ * microcode assist). The old kernels wrote them gradually underflowed. */
+static void test_kt_exp_no_subnormal(void)
+{
+    enum { S = 2048, d = 8, g = 4, nc = 4 };
+    const int64_t nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    float *KT = malloc((size_t)d * S * sizeof *KT), qs[g * nc], e[2][g * S], sc[2][g * nb], out[2][S];
+    int32_t comp[nc];
+    rng r = { 43 };
+    for (int j = 0; j < d; j++)
+        for (int64_t i = 0; i < S; i++) KT[j * S + i] = (float)(0.15 * (double)i + 3.0 * rng_normal(&r));
+    for (int c = 0; c < nc; c++) comp[c] = 2 * c;
+    for (int t = 0; t < g * nc; t++) qs[t] = (float)(0.25 + 0.1 * (t % 3)) * (t % 2 ? 1.0f : 0.5f);
+    attn_kv_view kv = { S, d, KV_F32, NULL, NULL, (uint8_t *)KT, S, NULL, NULL, NULL, 0, 0 };
+    int bad = 0, tiny = 0;
+    for (int k = 0; k < 2; k++) {
+        (k ? attn_kt_exp : attn_kt_exp_ref)(&kv, qs, comp, nc, g, S, e[k], sc[k], NULL);
+        (k ? attn_scaled_head_sum : attn_scaled_head_sum_ref)(e[k], sc[k], g, S, S, out[k]);
+        for (int h = 0; h < g; h++) {
+            for (int64_t i = 0; i < S; i++) {
+                const float x = e[k][h * S + i], p = x * sc[k][h * nb + i / ATTN_EXP_BLOCK];
+                bad += (x != 0 && x < ATTN_SCORE_MIN) || fpclassify(p) == FP_SUBNORMAL;
+                tiny += p == 0;
+            }
+            for (int64_t b = 0; b < nb; b++) bad += sc[k][h * nb + b] != 0 && sc[k][h * nb + b] < ATTN_SCORE_MIN;
+        }
+        for (int64_t i = 0; i < S; i++) bad += fpclassify(out[k][i]) == FP_SUBNORMAL;
+    }
+    CHECK(tiny > S, "kt_exp flush case: the logits should spread past 2^-126 (%d zero products)", tiny);
+    CHECK(bad == 0, "kt_exp: %d score factors or products below the flush threshold or subnormal", bad);
+    free(KT);
+}
+
 /* A K^T in two pieces (a cache over a shared prefix, attn.h) must give
  * exactly what the same columns in one piece give: the pieces' columns at
  * or past the split are poisoned in the first piece (NaN), so a kernel
@@ -1822,6 +1859,7 @@ int main(void)
     test_twins();
     test_dense_parts();
     test_kt_exp();
+    test_kt_exp_no_subnormal();
     test_kt_split();
     test_policies_naive();
     test_h2o_steps();

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "attn/attn_exp.h"
 #include "sparq.h"
 #include "tensor/quant.h"
 
@@ -363,6 +364,10 @@ int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx);
 void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
                                const int32_t *rows, int64_t n, float *out, float *lse);
 
+/* x, or exactly 0 where x < ATTN_SCORE_MIN (attn_exp.h): the factors of
+ * SparQ's approximate scores, never subnormal nor multiplying into one. */
+static inline float attn_score_flush(float x) { return x >= ATTN_SCORE_MIN ? x : 0.0f; }
+
 /* Positions per block of attn_kt_exp's running maximum. */
 enum { ATTN_EXP_BLOCK = 256 };
 
@@ -374,7 +379,9 @@ enum { ATTN_EXP_BLOCK = 256 };
  * ceil(n / ATTN_EXP_BLOCK) and M the overall max:
  *   e[h*n + i]       = exp(l_h[i] - m_b)                    (b = i / ATTN_EXP_BLOCK)
  *   scale[h*nb + b]  = exp(m_b - M) / sum_i exp(l_h[i] - M)
- * so softmax(l_h)_i = scale[h*nb + b] * e[h*n + i].
+ * so softmax(l_h)_i = scale[h*nb + b] * e[h*n + i], except that each of
+ * e and scale is stored as exactly 0 where below ATTN_SCORE_MIN (2^-63,
+ * attn_score_flush), so their products are 0 or normal floats.
  * lsum, unless NULL, gets sum_h l_h[i] (SparQ's select_logits score).
  * Elements read: n*r. */
 void attn_kt_exp(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,

@@ -573,6 +573,12 @@ void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_
     else kt_logits_avx512(kv, qs, comp, r, g, n, s, 0);
 }
 
+/* x, or exactly 0 where x < ATTN_SCORE_MIN (attn_exp.h) */
+static ALWAYS_INLINE __m512 score_flush(__m512 x)
+{
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(ATTN_SCORE_MIN), _CMP_GE_OQ), x);
+}
+
 /* attn_kt_exp for HB heads from h0 over block [i0, i0+len): logits into e
  * with their block maximum tracked on the way, then (block still in L1)
  * mrun/zrun (the heads' running max and sum of exp against it) updated and
@@ -617,13 +623,13 @@ static ALWAYS_INLINE int64_t kt_exp_block(const attn_kv_view *kv, const float *q
         int64_t i = i0;
         for (; i + 16 <= i0 + len; i += 16) {
             const __m512 w = exp_sub(_mm512_loadu_ps(x + i), mhi, mlo);
-            _mm512_storeu_ps(x + i, w);
+            _mm512_storeu_ps(x + i, score_flush(w));
             zv = _mm512_add_ps(zv, w);
         }
         if (i < i0 + len) {
             const __mmask16 m = tail_mask(i0 + len - i);
             const __m512 w = _mm512_maskz_mov_ps(m, exp_sub(_mm512_maskz_loadu_ps(m, x + i), mhi, mlo));
-            _mm512_mask_storeu_ps(x + i, m, w);
+            _mm512_mask_storeu_ps(x + i, m, score_flush(w));
             zv = _mm512_add_ps(zv, w);
         }
         zrun[hh] += _mm512_reduce_add_ps(zv);
@@ -679,7 +685,7 @@ static ALWAYS_INLINE void kt_exp_avx512(const attn_kv_view *kv, const float *qs,
             for (int64_t b = 0; b < nb; b += 16) {
                 const __mmask16 m = tail_mask(nb - b);
                 const __m512 x = exp_sub(_mm512_maskz_loadu_ps(m, sc + b), mhi, mlo);
-                _mm512_mask_storeu_ps(sc + b, m, _mm512_mul_ps(x, inv));
+                _mm512_mask_storeu_ps(sc + b, m, score_flush(_mm512_mul_ps(x, inv)));
             }
         }
     }

@@ -173,9 +173,9 @@ void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *com
         double z = 0;
         for (int64_t i = 0; i < n; i++) {
             z += expf(x[i] - m);
-            x[i] = expf(x[i] - sc[i / ATTN_EXP_BLOCK]);
+            x[i] = attn_score_flush(expf(x[i] - sc[i / ATTN_EXP_BLOCK]));
         }
-        for (int64_t b = 0; b < nb; b++) sc[b] = (float)(expf(sc[b] - m) / z);
+        for (int64_t b = 0; b < nb; b++) sc[b] = attn_score_flush((float)(expf(sc[b] - m) / z));
     }
 }
 

@@ -155,8 +155,12 @@ static void exp_from_k(const attn_kv_view *kv, const float *qs, const int32_t *c
         float *x = e + h * n, m = -INFINITY;
         double z = 0;
         for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-        for (int64_t i = 0; i < n; i++) z += (x[i] = expf(x[i] - m));
-        for (int64_t b = 0; b < nb; b++) scale[h * nb + b] = (float)(1.0 / z);
+        for (int64_t i = 0; i < n; i++) {
+            const float w = expf(x[i] - m);
+            z += w;
+            x[i] = attn_score_flush(w);
+        }
+        for (int64_t b = 0; b < nb; b++) scale[h * nb + b] = attn_score_flush((float)(1.0 / z));
     }
 }
 
