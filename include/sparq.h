@@ -144,6 +144,34 @@ SPARQ_API int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const 
  * scales, 1.0625 bytes an element; not yet storable in KV files. */
 enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1, SPARQ_KV_Q8_0 = 2 };
 
+/* Attention during a prefill (sparq_eval with n > 1, sparq_eval_prefill).
+ * Exact attention over N tokens costs O(N^2); for a cache of a million
+ * tokens the sparse modes bound each query's work (SPEC "Sparse prefill"):
+ *   SPARQ_PREFILL_EXACT   every earlier position (the default)
+ *   SPARQ_PREFILL_WINDOW  the n_sink first positions and a window of at
+ *                         least `window` positions before each query block
+ *   SPARQ_PREFILL_TOPK    those, plus the k older positions that score
+ *                         highest for the block's queries (per query head,
+ *                         the block's mean query; the union over the
+ *                         group's heads), found through an inverted file of
+ *                         the older keys grown as the chunks go.
+ * A window reaching position 0, or k at least the older positions, gives
+ * the exact prefill bit for bit. */
+enum { SPARQ_PREFILL_EXACT = 0, SPARQ_PREFILL_WINDOW = 1, SPARQ_PREFILL_TOPK = 2 };
+typedef struct sparq_prefill_params {
+    int mode;     /* SPARQ_PREFILL_*                                         */
+    int window;   /* positions before a query block (0 = 1024)               */
+    int n_sink;   /* first positions every query sees (0 = 16)               */
+    int k;        /* topk: older positions per query head and block (0 = 256) */
+    int nlist;    /* topk: inverted lists (0 = 2 sqrt(n_ctx), in [16, 4096])  */
+    int nprobe;   /* topk: lists probed per block (0 = 16)                   */
+} sparq_prefill_params;
+
+/* Name of mode i ("exact", "window", "topk"; NULL past the end), and the
+ * mode named `name` (-1 if none): the one list help text and parsers use. */
+SPARQ_API const char *sparq_prefill_mode_name(int i);
+SPARQ_API int         sparq_prefill_mode_find(const char *name);
+
 typedef struct sparq_context_params {
     int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained);
                                the cache is address space committed as
@@ -160,13 +188,27 @@ typedef struct sparq_context_params {
     void   *progress_user;
     /* Optional: checked between batches; non-zero aborts the eval. */
     volatile sig_atomic_t *abort_flag;
+    sparq_prefill_params prefill; /* prefill attention (exact by default)  */
 } sparq_context_params;
 
 SPARQ_API sparq_context_params sparq_context_default_params(void);
 
 SPARQ_API int  sparq_context_create(sparq_model *m, const sparq_context_params *p,
                           sparq_context **out, char *err, size_t err_size);
-SPARQ_API void sparq_context_free(sparq_context *c);
+
+/* A context whose KV cache is built in place in the KV cache file `path`
+ * (docs/KVFILE.md) that will hold the first n_prefix positions with the
+ * index kinds `indexes`: what the prefill stores goes to the file's pages,
+ * written back by the kernel, so private memory stays about constant
+ * however long the context (a million tokens of smollm2 are ~12 GB of q8_0
+ * cache). The free disk space is checked first. The file is finished (its
+ * checksums, indexes and header written, renamed from path.tmp) by
+ * sparq_context_save_kv(c, path, indexes, tokens, n_prefix) once the cache
+ * holds n_prefix positions; the context then goes on over a private
+ * mapping of it. Freed unfinished, the partial file is removed. */
+SPARQ_API int  sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, const char *path,
+                                  int64_t n_prefix, const char *indexes, sparq_context **out, char *err,
+                                  size_t err_size);SPARQ_API void sparq_context_free(sparq_context *c);
 
 /* Appends n tokens at the current position and runs the model. n > 1 is a
  * prefill (exact dense attention, batched); n == 1 is a decode step through

@@ -45,6 +45,11 @@ class sparq_chat_msg(ctypes.Structure):
     _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
+class sparq_prefill_params(ctypes.Structure):
+    _fields_ = [("mode", c_int), ("window", c_int), ("n_sink", c_int), ("k", c_int),
+                ("nlist", c_int), ("nprobe", c_int)]
+
+
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int64, c_int64)
 
 
@@ -53,6 +58,7 @@ class sparq_context_params(ctypes.Structure):
         ("n_ctx", c_int64), ("n_threads", c_int), ("n_batch", c_int), ("kv_type", c_int),
         ("attn", sparq_attn_params), ("progress", PROGRESS_FN), ("progress_user", c_void_p),
         ("abort_flag", P(ctypes.c_int)),  # volatile sig_atomic_t* (int on Linux)
+        ("prefill", sparq_prefill_params),
     ]
 
 
@@ -70,7 +76,7 @@ class sparq_sampler_params(ctypes.Structure):
                 ("frequency_penalty", c_float), ("penalty_last_n", c_int)]
 
 
-MIRRORS = [sparq_attn_params, sparq_model_params, sparq_chat_msg, sparq_context_params,
+MIRRORS = [sparq_attn_params, sparq_model_params, sparq_chat_msg, sparq_prefill_params, sparq_context_params,
            sparq_attn_stats, sparq_sampler_params]
 
 # name: (restype, argtypes)

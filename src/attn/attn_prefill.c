@@ -18,25 +18,27 @@ size_t attn_prefill_scratch(int d, int g)
     return 2 * (size_t)d * ATTN_PF_BK + ATTN_PF_R * ATTN_PF_BK + rows * d + 2 * rows;
 }
 
-/* Key rows [k0, k0 + nk) widened to f32: transposed into kt, as rows into v. */
-static void load_tile(const attn_kv_view *kv, int64_t k0, int nk, float *kt, float *v)
+/* Key rows widened to f32: transposed into kt, as rows into v. The rows
+ * are [k0, k0 + nk), or pos[0..nk) when pos is not NULL (gathered keys). */
+static void load_tile(const attn_kv_view *kv, int64_t k0, const int32_t *pos, int nk, float *kt, float *v)
 {
     const int d = kv->d;
     for (int k = 0; k < nk; k++) {
         float *row = v + (size_t)k * d; /* K row first, through v as staging */
-        attn_kv_row_f32(kv->K, kv->elem, d, k0 + k, d, row);
+        attn_kv_row_f32(kv->K, kv->elem, d, pos ? pos[k] : k0 + k, d, row);
         for (int e = 0; e < d; e++) kt[(size_t)e * ATTN_PF_BK + k] = row[e];
     }
     for (int e = 0; e < d && nk < ATTN_PF_BK; e++) /* tail keys read as zeros */
         memset(kt + (size_t)e * ATTN_PF_BK + nk, 0, (ATTN_PF_BK - nk) * sizeof(float));
-    if (kv->elem == KV_Q8_0) /* Q8_0 rows have their own scales: one at a time */
-        for (int k = 0; k < nk; k++) attn_kv_row_f32(kv->V, kv->elem, d, k0 + k, d, v + (size_t)k * d);
+    if (kv->elem == KV_Q8_0 || pos) /* Q8_0 rows have their own scales: one at a time */
+        for (int k = 0; k < nk; k++) attn_kv_row_f32(kv->V, kv->elem, d, pos ? pos[k] : k0 + k, d, v + (size_t)k * d);
     else if (kv->elem == KV_F16) fp16_to_fp32_row((const uint16_t *)kv->V + k0 * d, v, (int64_t)nk * d);
     else memcpy(v, (const float *)kv->V + k0 * d, (size_t)nk * d * sizeof(float));
 }
 
-static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t pos0, int nt, const float *q,
-                      size_t q_stride, int g, float *out, size_t out_stride, float *ml, float *scratch)
+static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg,
+                      int64_t pos0, int nt, const float *q, size_t q_stride, int g, float *out,
+                      size_t out_stride, float *ml, float *scratch)
 {
     const int d = kv->d, rows = nt * g;
     const float scale = 1.0f / sqrtf((float)d);
@@ -48,45 +50,53 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t pos
         l[i] = 0;
     }
     const int64_t end = pos0 + nt; /* keys any row of the block sees */
-    for (int64_t k0 = 0; k0 < end; k0 += ATTN_PF_BK) {
-        const int nk = (int)(end - k0 < ATTN_PF_BK ? end - k0 : ATTN_PF_BK);
-        load_tile(kv, k0, nk, kt, v);
-        /* rows i = t * g + j, ATTN_PF_R at a time; a row sees a prefix
-         * of the tile (causal), its other weights are set to 0 */
-        for (int i0 = 0; i0 < rows; i0 += ATTN_PF_R) {
-            const int nr = rows - i0 < ATTN_PF_R ? rows - i0 : ATTN_PF_R;
-            const float *qr[ATTN_PF_R];
-            float *orow[ATTN_PF_R], c[ATTN_PF_R];
-            int nki[ATTN_PF_R], any = 0;
-            for (int r = 0; r < nr; r++) {
-                const int i = i0 + r, t = i / g, j = i % g;
-                const int64_t vis = pos0 + t + 1 - k0;
-                nki[r] = vis <= 0 ? 0 : vis < nk ? (int)vis : nk;
-                any |= nki[r] > 0;
-                qr[r] = q + (size_t)t * q_stride + (size_t)j * d;
-                orow[r] = o + (size_t)i * d;
-            }
-            if (!any) continue;
-            op->scores(qr, nr, kt, d, scale, s);
-            for (int r = 0; r < nr; r++) {
-                const int i = i0 + r;
-                float *sr = s + r * ATTN_PF_BK;
-                if (nki[r] == 0) { /* nothing visible here yet: o and l unchanged */
-                    c[r] = 1.0f;
-                    memset(sr, 0, nk * sizeof(float));
-                    continue;
+    /* tiles in segment order; a contiguous segment's tiles start at its lo,
+     * so one segment [0, end) is the exact pass */
+    for (int si = 0; si < n_seg; si++) {
+        const int32_t *spos = seg[si].pos;
+        const int64_t lim = spos ? seg[si].n : seg[si].hi < end ? seg[si].hi : end;
+        for (int64_t k0 = spos ? 0 : seg[si].lo; k0 < lim; k0 += ATTN_PF_BK) {
+            const int nk = (int)(lim - k0 < ATTN_PF_BK ? lim - k0 : ATTN_PF_BK);
+            const int32_t *gpos = spos ? spos + k0 : NULL;
+            load_tile(kv, k0, gpos, nk, kt, v);
+            /* rows i = t * g + j, ATTN_PF_R at a time; a row sees a prefix
+             * of the tile (causal), its other weights are set to 0 */
+            for (int i0 = 0; i0 < rows; i0 += ATTN_PF_R) {
+                const int nr = rows - i0 < ATTN_PF_R ? rows - i0 : ATTN_PF_R;
+                const float *qr[ATTN_PF_R];
+                float *orow[ATTN_PF_R], c[ATTN_PF_R];
+                int nki[ATTN_PF_R], any = 0;
+                for (int r = 0; r < nr; r++) {
+                    const int i = i0 + r, t = i / g, j = i % g;
+                    /* gathered keys are all older than the block's rows */
+                    const int64_t vis = gpos ? nk : pos0 + t + 1 - k0;
+                    nki[r] = vis <= 0 ? 0 : vis < nk ? (int)vis : nk;
+                    any |= nki[r] > 0;
+                    qr[r] = q + (size_t)t * q_stride + (size_t)j * d;
+                    orow[r] = o + (size_t)i * d;
                 }
-                float mx = m[i];
-                for (int k = 0; k < nki[r]; k++) mx = sr[k] > mx ? sr[k] : mx;
-                /* the old sums' rescale; 0 below e^-87, as the kernels'
-                 * exps (attn_avx512.h: no subnormals reach the FMAs) */
-                c[r] = m[i] == -INFINITY || m[i] - mx < ATTN_EXP_MIN ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx);
-                const float sum = op->expsum(sr, nki[r], mx);
-                l[i] = l[i] * c[r] + sum;
-                m[i] = mx;
-                for (int k = nki[r]; k < nk; k++) sr[k] = 0;
+                if (!any) continue;
+                op->scores(qr, nr, kt, d, scale, s);
+                for (int r = 0; r < nr; r++) {
+                    const int i = i0 + r;
+                    float *sr = s + r * ATTN_PF_BK;
+                    if (nki[r] == 0) { /* nothing visible here yet: o and l unchanged */
+                        c[r] = 1.0f;
+                        memset(sr, 0, nk * sizeof(float));
+                        continue;
+                    }
+                    float mx = m[i];
+                    for (int k = 0; k < nki[r]; k++) mx = sr[k] > mx ? sr[k] : mx;
+                    /* the old sums' rescale; 0 below e^-87, as the kernels'
+                     * exps (attn_avx512.h: no subnormals reach the FMAs) */
+                    c[r] = m[i] == -INFINITY || m[i] - mx < ATTN_EXP_MIN ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx);
+                    const float sum = op->expsum(sr, nki[r], mx);
+                    l[i] = l[i] * c[r] + sum;
+                    m[i] = mx;
+                    for (int k = nki[r]; k < nk; k++) sr[k] = 0;
+                }
+                op->pv(s, nr, v, nk, d, c, orow);
             }
-            op->pv(s, nr, v, nk, d, c, orow);
         }
     }
     for (int t = 0; t < nt; t++)
@@ -109,7 +119,7 @@ static void colsum_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t k0
     const float scale = 1.0f / sqrtf((float)d);
     float *kt = scratch, *v = kt + (size_t)d * ATTN_PF_BK, *s = v + (size_t)d * ATTN_PF_BK;
     memset(colsum, 0, (size_t)nk * sizeof(float));
-    load_tile(kv, k0, nk, kt, v);
+    load_tile(kv, k0, NULL, nk, kt, v);
     for (int t = k0 > pos0 ? (int)(k0 - pos0) : 0; t < n; t++) {
         const int64_t vis = pos0 + t + 1 - k0;
         const int nki = vis < nk ? (int)vis : nk;
@@ -173,13 +183,29 @@ const attn_pf_ops attn_pf_ops_ref = { scores_ref, expsum_ref, pv_ref };
 void attn_prefill_block(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride, int g,
                         float *out, size_t out_stride, float *ml, float *scratch)
 {
-    block_run(PF_BEST, kv, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
+    const attn_pf_seg all = { 0, pos0 + nt, NULL, 0 };
+    block_run(PF_BEST, kv, &all, 1, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
+}
+
+void attn_prefill_block_segs(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0, int nt,
+                             const float *q, size_t q_stride, int g, float *out, size_t out_stride,
+                             float *scratch)
+{
+    block_run(PF_BEST, kv, seg, n_seg, pos0, nt, q, q_stride, g, out, out_stride, NULL, scratch);
+}
+
+void attn_prefill_block_segs_ref(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0,
+                                 int nt, const float *q, size_t q_stride, int g, float *out,
+                                 size_t out_stride, float *scratch)
+{
+    block_run(&attn_pf_ops_ref, kv, seg, n_seg, pos0, nt, q, q_stride, g, out, out_stride, NULL, scratch);
 }
 
 void attn_prefill_block_ref(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
                             int g, float *out, size_t out_stride, float *ml, float *scratch)
 {
-    block_run(&attn_pf_ops_ref, kv, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
+    const attn_pf_seg all = { 0, pos0 + nt, NULL, 0 };
+    block_run(&attn_pf_ops_ref, kv, &all, 1, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
 }
 
 void attn_prefill_colsum(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n, const float *q,

@@ -37,6 +37,26 @@ void attn_prefill_block(const attn_kv_view *kv, int64_t pos0, int nt, const floa
 void attn_prefill_block_ref(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
                             int g, float *out, size_t out_stride, float *ml, float *scratch);
 
+/* A part of the keys a query block sees: the contiguous positions [lo, hi)
+ * (clipped causally per row, as attn_prefill_block does), or, when pos is
+ * not NULL, the n positions pos[0..n) gathered (each older than every row
+ * of the block: all visible). Sparse prefills (attn_pf_sparse.h) give a
+ * block its sink, selected and window segments; a single segment
+ * [0, pos0 + nt) is attn_prefill_block, bit for bit. */
+typedef struct attn_pf_seg {
+    int64_t        lo, hi;
+    const int32_t *pos;
+    int            n;
+} attn_pf_seg;
+
+/* attn_prefill_block over the keys of n_seg segments, in their order. */
+void attn_prefill_block_segs(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0, int nt,
+                             const float *q, size_t q_stride, int g, float *out, size_t out_stride,
+                             float *scratch);
+void attn_prefill_block_segs_ref(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0,
+                                 int nt, const float *q, size_t q_stride, int g, float *out,
+                                 size_t out_stride, float *scratch);
+
 /* Column sums of the softmax weights (what H2O accumulates) for the keys
  * [k0, k0 + nk) (nk <= ATTN_PF_BK), over the n queries at pos0.. (token
  * t, head j, statistics ml from attn_prefill_block): colsum[k - k0] =

@@ -34,6 +34,42 @@ const cli_opt cli_model_table[] = {
     { 0 },
 };
 
+const cli_opt cli_prefill_table[] = {
+    { "--prefill-attn", NULL, OPT_STR, OFF(cli_prefill_opts, mode), "exact|window|topk",
+      "prefill attention (default exact): window = the sinks and a window before each query block; "
+      "topk = also the top-k older positions through a key index grown during the prefill" },
+    { "--prefill-window", NULL, OPT_INT1, OFF(cli_prefill_opts, window), "N",
+      "window|topk: positions before each query block (default 1024)" },
+    { "--prefill-sink", NULL, OPT_INT1, OFF(cli_prefill_opts, n_sink), "N",
+      "window|topk: first positions every query sees (default 16)" },
+    { "--prefill-k", NULL, OPT_INT1, OFF(cli_prefill_opts, k), "K",
+      "topk: older positions per query head and block (default 256)" },
+    { "--prefill-nlist", NULL, OPT_INT1, OFF(cli_prefill_opts, nlist), "N",
+      "topk: inverted lists of the key index (default 2 sqrt(ctx), within [16, 4096])" },
+    { "--prefill-nprobe", NULL, OPT_INT1, OFF(cli_prefill_opts, nprobe), "N",
+      "topk: lists probed per query block (default 16)" },
+    { 0 },
+};
+
+int cli_prefill_params(const cli_prefill_opts *o, sparq_prefill_params *out, char *err, size_t err_size)
+{
+    memset(out, 0, sizeof *out);
+    const char *name = o->mode ? o->mode : "exact";
+    out->mode = sparq_prefill_mode_find(name);
+    if (out->mode < 0)
+        return snprintf(err, err_size, "--prefill-attn must be exact, window or topk, not '%s'", name), -1;
+    const char *stray = out->mode == SPARQ_PREFILL_EXACT && (o->window || o->n_sink) ? "--prefill-window/-sink"
+                        : out->mode != SPARQ_PREFILL_TOPK && (o->k || o->nlist || o->nprobe)
+                            ? "--prefill-k/-nlist/-nprobe" : NULL;
+    if (stray) return snprintf(err, err_size, "%s does not apply to --prefill-attn %s", stray, name), -1;
+    out->window = o->window;
+    out->n_sink = o->n_sink;
+    out->k = o->k;
+    out->nlist = o->nlist;
+    out->nprobe = o->nprobe;
+    return 0;
+}
+
 const cli_opt cli_attn_table[] = {
     { "--attn", NULL, OPT_STR, OFF(cli_attn_opts, attn), "NAME",
       "decode attention: dense|sparq|oracle|flexgen|h2o|streaming|topk (default dense)" },
@@ -394,6 +430,18 @@ void cli_prefill_progress(void *user, int64_t done, int64_t total)
     fprintf(stderr, "%sprefill: %lld / %lld tokens, %.1f tok/s, ETA %.0f s%s", p->tty ? "\r" : "",
             (long long)done, (long long)total, rate, eta, p->tty && !end ? "   " : "\n");
     fflush(stderr);
+}
+
+int64_t cli_rss_anon(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %lld kB", &kib) == 1) break;
+    fclose(f);
+    return kib < 0 ? -1 : (int64_t)kib * 1024;
 }
 
 int64_t cli_peak_rss(void)

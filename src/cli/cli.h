@@ -86,6 +86,18 @@ typedef struct cli_attn_opts {
 extern const cli_opt cli_attn_table[];
 void cli_attn_opts_init(cli_attn_opts *o);
 
+/* Prefill attention options (run, prefill, eval): --prefill-attn and its
+ * knobs (sparq.h, sparq_prefill_params). */
+typedef struct cli_prefill_opts {
+    const char *mode;       /* --prefill-attn exact|window|topk           */
+    int window, n_sink, k;  /* --prefill-window --prefill-sink --prefill-k */
+    int nlist, nprobe;      /* --prefill-nlist --prefill-nprobe           */
+} cli_prefill_opts;
+extern const cli_opt cli_prefill_table[];
+/* Library parameters from the options; a knob of a mode not chosen is an
+ * error (it would be ignored). 0, or -1 with a message. */
+int cli_prefill_params(const cli_prefill_opts *o, sparq_prefill_params *out, char *err, size_t err_size);
+
 /* The options the user gave that the policy --attn does not read, as an
  * error ("--sparq-r is a sparq option; --attn is dense"): for commands that
  * run one policy. Returns 0 or -1 with message. */
@@ -125,6 +137,9 @@ typedef struct cli_progress {
 void cli_progress_start(cli_progress *p);
 void cli_prefill_progress(void *user, int64_t done, int64_t total);
 
+/* Private (anonymous) resident memory of this process now, in bytes (-1
+ * if unknown): what a cache mapped from a file does not count in. */
+int64_t cli_rss_anon(void);
 /* Peak resident set size of this process in bytes. */
 int64_t cli_peak_rss(void);
 double  cli_now(void);      /* monotonic seconds */

@@ -40,6 +40,22 @@ static const cli_opt prefill_table[] = {
 };
 #undef OFF
 
+/* Progress lines when asked for, and the peak of private memory, sampled
+ * after every batch (the cache itself lives in the file's pages). */
+typedef struct prefill_watch {
+    cli_progress prog;
+    int          print;
+    int64_t      peak_anon;
+} prefill_watch;
+
+static void prefill_watch_cb(void *user, int64_t done, int64_t total)
+{
+    prefill_watch *w = user;
+    const int64_t anon = cli_rss_anon();
+    if (anon > w->peak_anon) w->peak_anon = anon;
+    if (w->print) cli_prefill_progress(&w->prog, done, total);
+}
+
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
@@ -49,6 +65,7 @@ int cli_prefill(int argc, char **argv)
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
     prefill_opts po = { 0 };
+    cli_prefill_opts pfo = { 0 };
     cli_opt attn_table[64]; /* cli_attn_table without its --index (topk's kind) */
     size_t n_attn = 0;
     for (const cli_opt *o = cli_attn_table; o->name && n_attn + 1 < sizeof attn_table / sizeof *attn_table; o++)
@@ -58,8 +75,9 @@ int cli_prefill(int argc, char **argv)
         { "prefill", prefill_table, &po },
         { "model", cli_model_table, &mo },
         { "attention", attn_table, &ao },
+        { "prefill attention", cli_prefill_table, &pfo },
     };
-    const int n_groups = 3;
+    const int n_groups = 4;
     char err[512], path[4096];
     const int parsed = cli_parse_command(groups, n_groups, argc, argv,
                                          "usage: sparq prefill [-m MODEL] (-f FILE | -p TEXT) --save-kv OUT [--index LIST]",
@@ -75,7 +93,7 @@ int cli_prefill(int argc, char **argv)
     }
     const int kv_type = cli_kv_type(mo.kv_type);
     if (kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);
+        fprintf(stderr, "error: --kv-type must be f16, f32 or q8_0, not '%s'\n", mo.kv_type);
         return 2;
     }
     const char *indexes = po.index ? po.index : "ivf";
@@ -119,6 +137,10 @@ int cli_prefill(int argc, char **argv)
     cp.n_threads = mo.n_threads;
     cp.n_batch = mo.n_batch;
     cp.kv_type = kv_type;
+    if (cli_prefill_params(&pfo, &cp.prefill, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
     if (n >= cp.n_ctx) {
         fprintf(stderr, "error: the context has %d tokens but the cache holds %lld (-c); leave room for "
                         "the question and the answer\n", n, (long long)cp.n_ctx);
@@ -128,26 +150,28 @@ int cli_prefill(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    cli_progress prog;
-    cli_progress_start(&prog);
-    if (prog.tty || po.progress) {
-        cp.progress = cli_prefill_progress;
-        cp.progress_user = &prog;
-    }
+    prefill_watch watch = { .peak_anon = cli_rss_anon() };
+    cli_progress_start(&watch.prog);
+    cli_progress *const prog = &watch.prog;
+    watch.print = prog->tty || po.progress;
+    cp.progress = prefill_watch_cb;
+    cp.progress_user = &watch;
     cp.abort_flag = &interrupted;
-    if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
+    /* the cache is built in the output file itself: no copy at the end, and
+     * private memory does not grow with the context */
+    if (sparq_context_create_in_file(m, &cp, po.save, n, indexes, &c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
     signal(SIGINT, on_sigint);
-    cli_progress_start(&prog);
+    cli_progress_start(prog);
     double t0 = cli_now();
     if (sparq_eval(c, ids, n, NULL)) {
         if (interrupted) { /* Ctrl-C: the eval stopped between batches; nothing is written */
             const double t = cli_now() - t0;
             const int64_t done_pos = sparq_context_pos(c);
             fprintf(stderr, "%sinterrupted: prefill stopped after %lld of %d tokens (%.1f tok/s, %.0f ms); "
-                            "nothing saved\n", prog.tty ? "\n" : "", (long long)done_pos, n,
+                            "nothing saved\n", prog->tty ? "\n" : "", (long long)done_pos, n,
                     t > 0 ? done_pos / t : 0.0, t * 1e3);
             rc = 130;
             goto done;
@@ -167,9 +191,12 @@ int cli_prefill(int argc, char **argv)
     struct stat st;
     int64_t bytes = stat(po.save, &st) == 0 ? (int64_t)st.st_size : -1;
     int64_t disk = stat(po.save, &st) == 0 ? (int64_t)st.st_blocks * 512 : -1;
-    fprintf(stderr, "saved %s: %lld positions of %lld, %.1f MiB (%.1f MiB on disk) in %.2f s | peak RSS %.1f MiB\n",
+    const int64_t anon = cli_rss_anon();
+    if (anon > watch.peak_anon) watch.peak_anon = anon;
+    fprintf(stderr, "saved %s: %lld positions of %lld, %.1f MiB (%.1f MiB on disk) in %.2f s | peak RSS %.1f MiB, "
+                    "peak private %.1f MiB\n",
             po.save, (long long)n, (long long)cp.n_ctx, bytes / 1048576.0, disk / 1048576.0, t_save,
-            cli_peak_rss() / 1048576.0);
+            cli_peak_rss() / 1048576.0, watch.peak_anon / 1048576.0);
     if (mo.json) {
         printf("{\"model\":");
         cli_json_str(stdout, path, strlen(path));
@@ -178,8 +205,14 @@ int cli_prefill(int argc, char **argv)
         printf(",\"tokens\":%d,\"n_ctx\":%lld,\"indexes\":", n, (long long)cp.n_ctx);
         cli_json_str(stdout, indexes, strlen(indexes));
         printf(",\"prefill_s\":%.4f,\"save_s\":%.4f,\"file_bytes\":%lld,\"disk_bytes\":%lld,"
-               "\"peak_rss_bytes\":%lld}\n",
-               t_prefill, t_save, (long long)bytes, (long long)disk, (long long)cli_peak_rss());
+               "\"peak_rss_bytes\":%lld,\"peak_private_bytes\":%lld,\"prefill_attn\":",
+               t_prefill, t_save, (long long)bytes, (long long)disk, (long long)cli_peak_rss(),
+               (long long)watch.peak_anon);
+        const char *mode = sparq_prefill_mode_name(cp.prefill.mode);
+        cli_json_str(stdout, mode, strlen(mode));
+        printf(",\"kv_type\":");
+        cli_json_str(stdout, mo.kv_type ? mo.kv_type : "f16", strlen(mo.kv_type ? mo.kv_type : "f16"));
+        printf("}\n");
     }
     rc = 0;
 done:

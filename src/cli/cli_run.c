@@ -564,12 +564,14 @@ int cli_run(int argc, char **argv)
     run_opts ro = { 0 };
     ro.n_predict = 128;
     ro.sp = sparq_sampler_default_params();
+    cli_prefill_opts pfo = { 0 };
     cli_group groups[] = {
         { "generation", run_table, &ro },
         { "model", cli_model_table, &mo },
         { "attention", cli_attn_table, &ao },
+        { "prefill attention", cli_prefill_table, &pfo },
     };
-    const int n_groups = 3;
+    const int n_groups = 4;
     char err[512], path[4096];
     const int parsed = cli_parse_command(groups, n_groups, argc, argv,
                                          "usage: sparq run [-m MODEL] (-p TEXT | -f FILE | --prompt-tokens IDS) [options]\n"
@@ -654,6 +656,10 @@ int cli_run(int argc, char **argv)
     cp.n_threads = mo.n_threads;
     cp.n_batch = mo.n_batch;
     cp.kv_type = kv_type;
+    if (cli_prefill_params(&pfo, &cp.prefill, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
     if (!ro.load_kv && n_prompt > cp.n_ctx) {
         fprintf(stderr, "error: the prompt has %d tokens but the context holds %lld (-c)\n", n_prompt,
                 (long long)cp.n_ctx);

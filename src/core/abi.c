@@ -51,6 +51,15 @@ static const abi_entry abi_table[] = {
     ABI_OFF(sparq_context_params, progress),
     ABI_OFF(sparq_context_params, progress_user),
     ABI_OFF(sparq_context_params, abort_flag),
+    ABI_OFF(sparq_context_params, prefill),
+
+    ABI_SIZE(sparq_prefill_params),
+    ABI_OFF(sparq_prefill_params, mode),
+    ABI_OFF(sparq_prefill_params, window),
+    ABI_OFF(sparq_prefill_params, n_sink),
+    ABI_OFF(sparq_prefill_params, k),
+    ABI_OFF(sparq_prefill_params, nlist),
+    ABI_OFF(sparq_prefill_params, nprobe),
 
     ABI_SIZE(sparq_attn_stats),
     ABI_OFF(sparq_attn_stats, elements),
@@ -96,7 +105,8 @@ static const abi_entry *abi_find(const char *type, const char *field)
 ABI_LAST(sparq_attn_params, topk_check);
 ABI_LAST(sparq_model_params, no_repack);
 ABI_LAST(sparq_chat_msg, content);
-ABI_LAST(sparq_context_params, abort_flag);
+ABI_LAST(sparq_context_params, prefill);
+ABI_LAST(sparq_prefill_params, nprobe);
 ABI_LAST(sparq_attn_stats, nominal_elements);
 ABI_LAST(sparq_sampler_params, penalty_last_n);
 

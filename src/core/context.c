@@ -10,6 +10,7 @@
  */
 #include "io/kvfile.h"
 #include "core/model.h"
+#include "attn/attn_pf_sparse.h"
 #include "util/paths.h"
 
 #include <math.h>
@@ -141,7 +142,7 @@ static void kvf_release(void *f) { kvf_close(f); }
 
 /* kvf != NULL: the cache is the file's private mapping holding its prefix;
  * *kvf_taken tells whether the context now owns kvf (freed with it). */
-static int context_create(sparq_model *m, const sparq_context_params *p, kvf_file *kvf,
+static int context_create(sparq_model *m, const sparq_context_params *p, kvf_file *kvf, kvf_map *map,
                           int *kvf_taken, sparq_context **out, char *err, size_t err_size)
 {
     *out = NULL;
@@ -188,6 +189,12 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
                                err_size))
             goto fail;
         *kvf_taken = 1;
+    } else if (map) { /* built in place in the file being written: empty, in its pages */
+        if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf_map_k(map),
+                               kvf_map_v(map), kvf_map_kt(map), 0, NULL, !!(needs & ATTN_NEEDS_KT),
+                               !!(needs & ATTN_NEEDS_VSUM), map, kvf_map_free, err, err_size))
+            goto fail;
+        *kvf_taken = 1;
     } else if (kv_create(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem,
                          !!(needs & ATTN_NEEDS_KT), !!(needs & ATTN_NEEDS_VSUM), err, err_size)) {
         goto fail;
@@ -203,6 +210,18 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
         c->policy->set_prefix(c->policy_state, &c->params.attn, kvf->n, &kvf->source);
         kvf_advise_random(kvf); /* the prefix is read a few gathered rows at a time */
     }
+    if (p->prefill.mode != SPARQ_PREFILL_EXACT) {
+        c->params.prefill = attn_pf_resolve(&p->prefill, n_ctx);
+        if (attn_pf_check(&c->params.prefill, err, err_size)) goto fail;
+        if (c->policy->observe_prefill) { /* its state is the prompt's exact attention */
+            snprintf(err, err_size, "context: the %s policy observes the exact prefill; it cannot follow a "
+                                    "sparse prefill", c->policy->name);
+            goto fail;
+        }
+        if (attn_pf_sparse_create(&c->params.prefill, hp->n_layer, hp->n_kv_head, hp->head_dim,
+                                  hp->n_head / hp->n_kv_head, c->n_threads, &c->pf, err, err_size))
+            goto fail;
+    }
     if (run_state_alloc(c, err, err_size)) goto fail;
     *out = c;
     return 0;
@@ -215,7 +234,57 @@ int sparq_context_create(sparq_model *m, const sparq_context_params *p,
                          sparq_context **out, char *err, size_t err_size)
 {
     int taken;
-    return context_create(m, p, NULL, &taken, out, err, err_size);
+    return context_create(m, p, NULL, NULL, &taken, out, err, err_size);
+}
+
+int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, const char *path,
+                                 int64_t n_prefix, const char *indexes, sparq_context **out, char *err,
+                                 size_t err_size)
+{
+    *out = NULL;
+    const model_hparams *hp = &m->hp;
+    const int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
+    if (n_prefix < 1 || n_prefix > n_ctx) {
+        snprintf(err, err_size, "context: a file of %lld positions for a context of %lld", (long long)n_prefix,
+                 (long long)n_ctx);
+        return -1;
+    }
+    const char *name = p->attn.policy ? p->attn.policy : "dense";
+    const attn_policy *pol = attn_policy_find(name);
+    const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : p->kv_type == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F32;
+    /* K^T is stored only for f16/f32 caches whose policy reads it */
+    const int with_kt = pol && (pol->needs & ATTN_NEEDS_KT) && elem != KV_Q8_0;
+    if (pol && (pol->needs & ATTN_NEEDS_KT) && elem == KV_Q8_0) {
+        snprintf(err, err_size, "context: a q8_0 cache in a file is stored without K^T; the %s policy needs it "
+                                "(use --kv-type f16, or another policy while prefilling)", pol->name);
+        return -1;
+    }
+    const char *kinds[KVF_MAX_KINDS];
+    const int n_kinds = kvf_parse_kinds(indexes, kinds, err, err_size);
+    if (n_kinds < 0) return -1;
+    kvf_fingerprint fp;
+    model_fingerprint(m, &fp);
+    kvf_writer *w;
+    if (kvf_writer_create(path, &fp, elem, n_prefix, n_ctx, with_kt, n_prefix, indexes, &w, err, err_size))
+        return -1;
+    /* an index image holds every key once as f16 with its id: about this */
+    const int64_t images = (int64_t)n_kinds * hp->n_layer * hp->n_kv_head *
+                           (n_prefix * ((int64_t)hp->head_dim * 2 + 4) + ((int64_t)1 << 20));
+    kvf_map *map;
+    if (kvf_writer_map(w, images, &map, err, err_size)) {
+        kvf_writer_abort(w);
+        return -1;
+    }
+    int taken = 0;
+    if (context_create(m, p, NULL, map, &taken, out, err, err_size)) {
+        if (!taken) kvf_map_free(map);
+        kvf_writer_abort(w);
+        return -1;
+    }
+    (*out)->kvw = w;
+    (*out)->kvw_n = n_prefix;
+    snprintf((*out)->kvw_indexes, sizeof (*out)->kvw_indexes, "%s", indexes ? indexes : "");
+    return 0;
 }
 
 int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const char *path,
@@ -238,9 +307,9 @@ int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const c
     }
     sparq_context_params pp = *p;
     pp.n_ctx = f->cap;
-    pp.kv_type = f->elem == KV_F16 ? SPARQ_KV_F16 : SPARQ_KV_F32;
+    pp.kv_type = f->elem == KV_F16 ? SPARQ_KV_F16 : f->elem == KV_Q8_0 ? SPARQ_KV_Q8_0 : SPARQ_KV_F32;
     int taken = 0;
-    int rc = context_create(m, &pp, f, &taken, out, err, err_size);
+    int rc = context_create(m, &pp, f, NULL, &taken, out, err, err_size);
     if (rc && !taken) kvf_close(f);
     return rc;
 }
@@ -250,7 +319,9 @@ void sparq_context_free(sparq_context *c)
     if (!c) return;
     if (c->policy && c->policy->state_free) c->policy->state_free(c->policy_state);
     kv_free(&c->kv);
+    kvf_writer_abort(c->kvw); /* a file never finished is removed */
     run_state_free(&c->rs);
+    attn_pf_sparse_free(c->pf);
     free(c);
 }
 
@@ -314,6 +385,7 @@ static int policy_restart(sparq_context *c)
 void sparq_context_reset(sparq_context *c)
 {
     kv_reset(&c->kv);
+    if (c->pf) attn_pf_sparse_reset(c->pf);
     memset(&c->stats, 0, sizeof c->stats);
     policy_restart(c); /* policy state (e.g. H2O scores) restarts too */
 }
@@ -345,6 +417,7 @@ int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard)
     }
     int rc = kv_shift(&c->kv, n_keep, n_discard, cs, hp->rope_dim, c->model->arch->rope_type == ROPE_NEOX);
     free(cs);
+    if (c->pf) attn_pf_sparse_reset(c->pf); /* its lists name the old positions */
     if (rc) {
         snprintf(c->error, sizeof c->error, "context shift: out of memory");
         return -1;
@@ -450,12 +523,24 @@ int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexe
                  (long long)n_tokens, (long long)kv->n);
         return -1;
     }
-    kvf_fingerprint fp;
-    model_fingerprint(c->model, &fp);
     kvf_writer *w;
-    if (kvf_writer_create(path, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
-                          indexes, &w, err, err_size))
-        return -1;
+    if (c->kvw) { /* built in place: this file, finished now */
+        if (strcmp(path, kvf_writer_path(c->kvw)) != 0 || kv->n != c->kvw_n || !tokens ||
+            strcmp(indexes ? indexes : "", c->kvw_indexes) != 0) {
+            snprintf(err, err_size, "save_kv: this context's cache is being built in '%s' for %lld positions "
+                     "with indexes [%s]; it saves there, with those", kvf_writer_path(c->kvw), (long long)c->kvw_n,
+                     c->kvw_indexes);
+            return -1;
+        }
+        w = c->kvw;
+        c->kvw = NULL; /* kvf_write_heads finishes or aborts it */
+    } else {
+        kvf_fingerprint fp;
+        model_fingerprint(c->model, &fp);
+        if (kvf_writer_create(path, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
+                              indexes, &w, err, err_size))
+            return -1;
+    }
     if (tokens) kvf_writer_tokens(w, tokens);
     return kvf_write_heads(w, c->n_threads, &c->params.attn, save_rows, (void *)kv, NULL, err, err_size);
 }

@@ -15,6 +15,7 @@
  */
 #include "core/model.h"
 #include "attn/attn_prefill.h"
+#include "attn/attn_pf_sparse.h"
 #ifdef ATTN_HAVE_AVX512
 #include "attn/attn_avx512.h"
 #endif
@@ -386,7 +387,7 @@ static void attend_prefill_rows(sparq_context *c, int il, int64_t pos0, int n)
  * first so the threads finish together. H2O's column sums reuse the rows'
  * final softmax statistics: one more q.k pass over key tiles, split across
  * threads by key block (each thread owns its columns), no p.V. */
-static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
+static int attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
 {
     const model_hparams *hp = &c->model->hp;
     const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
@@ -399,14 +400,32 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
     if (!scratch || (colsum && !ml)) {
         free(scratch);
         free(ml);
+        if (c->pf) {
+            snprintf(c->error, sizeof c->error, "prefill: out of memory for attention scratch");
+            return -1;
+        }
         attend_prefill_rows(c, il, pos0, n);
-        return;
+        return 0;
     }
+    int failed = 0;
     const int bq = attn_prefill_bq(g), n_qb = (n + bq - 1) / bq;
     const int64_t S = pos0 + n, n_kb = (S + ATTN_PF_BK - 1) / ATTN_PF_BK;
 #pragma omp parallel num_threads(c->n_threads)
     {
         float *s = scratch + (size_t)omp_get_thread_num() * sf;
+        if (c->pf) { /* the older keys of each head's index, before its blocks */
+#pragma omp for schedule(dynamic, 1)
+            for (int h = 0; h < n_kv; h++) {
+                attn_kv_view kv;
+                kv_view(&c->kv, il, h, S, &kv);
+                char e[160];
+                if (attn_pf_sparse_grow(c->pf, il, h, &kv, pos0, e, sizeof e)) {
+#pragma omp critical(pf_error)
+                    if (!failed) snprintf(c->error, sizeof c->error, "%s", e);
+                    failed = 1;
+                }
+            }
+        }
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int qb = n_qb - 1; qb >= 0; qb--)
             for (int h = 0; h < n_kv; h++) {
@@ -414,8 +433,12 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
                 attn_kv_view kv;
                 kv_view(&c->kv, il, h, S, &kv);
                 const size_t off = (size_t)t0 * q_dim + (size_t)h * g * d;
-                attn_prefill_block(&kv, pos0 + t0, nt, c->rs.q + off, q_dim, g, c->rs.att + off, q_dim,
-                                   ml ? ml + ((size_t)h * n + t0) * g * 2 : NULL, s);
+                if (c->pf)
+                    attn_pf_sparse_block(c->pf, omp_get_thread_num(), il, h, &kv, pos0 + t0, nt, c->rs.q + off,
+                                         q_dim, g, c->rs.att + off, q_dim, s, NULL);
+                else
+                    attn_prefill_block(&kv, pos0 + t0, nt, c->rs.q + off, q_dim, g, c->rs.att + off, q_dim,
+                                       ml ? ml + ((size_t)h * n + t0) * g * 2 : NULL, s);
             }
         if (colsum) {
 #pragma omp for schedule(dynamic, 4) collapse(2)
@@ -441,6 +464,7 @@ static void attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
     }
     free(scratch);
     free(ml);
+    return failed ? -1 : 0;
 }
 
 /* One decode step through the policy, all KV heads of layer il, for nc
@@ -614,10 +638,10 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
             kv_write(&c->kv, il, pos0 + t, rs->k + t * kv_dim, rs->v + t * kv_dim);
         if (decode) {
             if (attend_decode_many(&c, 1, il, &pos0, c->n_threads, 0)) return -1; /* the cache's n is unchanged */
-        } else if (n <= PREFILL_ROWS_MAX && !c->policy->observe_prefill) {
+        } else if (n <= PREFILL_ROWS_MAX && !c->policy->observe_prefill && !c->pf) {
             attend_prefill_rows(c, il, pos0, n);
-        } else {
-            attend_prefill(c, il, pos0, n);
+        } else if (attend_prefill(c, il, pos0, n)) {
+            return -1;
         }
         model_matmul(c, rs->xn, rs->att, n, &L->wo);
         FOR_ROWS(par, i, (size_t)n * E, rs->x[i] += rs->xn[i]);

@@ -115,6 +115,10 @@ struct sparq_context {
     run_state           rs;
     int                 n_threads;
     sparq_attn_stats    stats;
+    struct attn_pf_sparse *pf;         /* sparse prefill state, or NULL (exact) */
+    struct kvf_writer  *kvw;           /* the KV file the cache is built in, or NULL */
+    int64_t             kvw_n;         /* positions it will hold                */
+    char                kvw_indexes[64];
     char                error[256];
 };
 

@@ -192,6 +192,14 @@ void idx_assign(const float *x, int64_t n, int d, const float *c,
 void idx_assign_ref(const float *x, int64_t n, int d, const float *c,
                     const float *hn, int nc, int32_t *label, float *best);
 
+/* k-means (the ivf kind's: k-means++ seeding, n_iter Lloyd steps) of nc
+ * centroids over n_train rows sampled from keys [N][d], written blocked as
+ * idx_assign reads them: cb [ceil(nc/16)][d][16], hn [ceil(nc/16)*16]. For
+ * an inverted file grown elsewhere (attn_pf_sparse.c). 0, or -1 with a
+ * message. */
+int idx_ivf_centroids(const float *keys, int64_t N, int d, int nc, int64_t n_train, int n_iter, uint64_t seed,
+                      int n_threads, float *cb, float *hn, char *err, size_t err_size);
+
 /* ---- shared by index_*.c only ---------------------------------------------- */
 
 /* Candidate buffer of one query in one thread: keeps at least the best k of

@@ -351,6 +351,23 @@ static int kmeans_train(kmeans *km, const float *keys, int64_t N, int d, int nc,
     return 0;
 }
 
+int idx_ivf_centroids(const float *keys, int64_t N, int d, int nc, int64_t n_train, int n_iter, uint64_t seed,
+                      int n_threads, float *cb, float *hn, char *err, size_t err_size)
+{
+    if (N < 1 || d < 1 || d > IDX_MAX_D || nc < 1 || nc > N || n_train < nc || n_train > N || n_iter < 0)
+        return err_set(err, err_size, "idx_ivf_centroids: bad sizes (%lld keys, %d lists, %lld samples)",
+                       (long long)N, nc, (long long)n_train);
+    kmeans km;
+    int rc = kmeans_train(&km, keys, N, d, nc, n_train, n_iter, seed, idx_threads(n_threads), err, err_size);
+    if (rc == 0) {
+        const int64_t ncb = (nc + IDX_BLOCK - 1) / IDX_BLOCK * IDX_BLOCK;
+        memcpy(cb, km.cb, (size_t)ncb * d * sizeof(float));
+        memcpy(hn, km.hn, (size_t)ncb * sizeof(float));
+    }
+    kmeans_free(&km);
+    return rc;
+}
+
 /* ---- the image ----------------------------------------------------------------------- */
 
 /* Section offsets: centroids, list_off, list_n, ids, list_bonus, keys,

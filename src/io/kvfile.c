@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -115,7 +116,7 @@ static void describe(const kvf_fingerprint *f, char *buf, size_t size)
 /* ---- layout ---------------------------------------------------------------------- */
 
 typedef struct kvf_layout {
-    uint64_t heads, es;
+    uint64_t heads, es, row; /* heads; K^T element bytes; one K or V row */
     uint64_t tokens_at, vsum_at, crck_at, crcv_at, crckt_at, dir_at; /* in meta */
     uint64_t meta_off, meta_bytes, k_off, v_off, kt_off, kv_bytes, images_off;
 } kvf_layout;
@@ -131,9 +132,9 @@ static int layout_of(const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap
         fp->n_head > 65536 || fp->n_head % fp->n_kv_head)
         return err_set(err, err_size, "bad shape (%d layers, %d/%d heads, d %d)", fp->n_layer,
                     fp->n_head, fp->n_kv_head, fp->head_dim);
-    if (elem == KV_Q8_0) /* not in format version 1: refused, never written as f16 */
-        return err_set(err, err_size, "a q8_0 KV cache cannot be saved to a KV file (use --kv-type f16 or f32)");
-    if (elem != KV_F16 && elem != KV_F32) return err_set(err, err_size, "bad element type %d", elem);
+    if (elem != KV_F16 && elem != KV_F32 && elem != KV_Q8_0) return err_set(err, err_size, "bad element type %d", elem);
+    if (elem == KV_Q8_0 && with_kt) /* K^T's blocks would run along positions: not stored */
+        return err_set(err, err_size, "a q8_0 cache is stored without K^T");
     if (cap < 1 || cap > ((int64_t)1 << 40) || n < 0 || n > cap)
         return err_set(err, err_size, "bad size (%lld positions of capacity %lld)", (long long)n,
                     (long long)cap);
@@ -141,10 +142,11 @@ static int layout_of(const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap
         return err_set(err, err_size, "bad token count %lld (positions %lld)", (long long)n_tokens,
                     (long long)n);
     L->heads = (uint64_t)fp->n_layer * (uint64_t)fp->n_kv_head;
-    L->es = elem == KV_F16 ? 2 : 4;
+    L->es = elem == KV_F16 ? 2 : 4; /* K^T's element (f16/f32 files only) */
     if (n_index < 0 || (uint64_t)n_index > L->heads * KVF_MAX_KINDS)
         return err_set(err, err_size, "bad index count %lld", (long long)n_index);
-    const uint64_t row = (uint64_t)fp->head_dim * L->es; /* <= 16 KiB */
+    const uint64_t row = attn_kv_row_bytes(elem, fp->head_dim); /* <= 16 KiB */
+    L->row = row;
     if ((uint64_t)cap > ((uint64_t)1 << 50) / row / L->heads)
         return err_set(err, err_size, "cache of %lld positions is too large", (long long)cap);
     L->kv_bytes = L->heads * (uint64_t)cap * row;
@@ -311,7 +313,16 @@ int kvf_parse_kinds(const char *list, const char *out[KVF_MAX_KINDS], char *err,
 
 /* ---- writer ------------------------------------------------------------------------ */
 
+/* The data sections [k_off, images_off) of a file being written, mapped
+ * shared (kvf_writer_map); private once the file is finished. */
+struct kvf_map {
+    uint8_t *base;
+    size_t   bytes;
+    uint8_t *k, *v, *kt;
+};
+
 struct kvf_writer {
+    kvf_map        *map;        /* the cache built in place, or NULL (not owned) */
     char           *path, *tmp;
     int             fd;
     kvf_fingerprint fp;
@@ -394,6 +405,56 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
     return 0;
 }
 
+void kvf_map_free(void *map)
+{
+    kvf_map *m = map;
+    if (!m) return;
+    if (m->base) munmap(m->base, m->bytes);
+    free(m);
+}
+
+int kvf_writer_map(kvf_writer *w, int64_t index_bytes, kvf_map **out, char *err, size_t err_size)
+{
+    *out = NULL;
+    const uint64_t data = w->L.images_off - w->L.k_off;
+    /* the whole file, indexes included, is checked against the free space
+     * now: a prefill of hours must not fail at its end */
+    const uint64_t need = w->L.images_off + (uint64_t)(index_bytes > 0 ? index_bytes : 0);
+    const char *slash = strrchr(w->tmp, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - w->tmp) + 1 : 1, slash ? w->tmp : ".");
+    struct statvfs vf;
+    if (statvfs(dir, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need)
+        return err_set(err, err_size, "kvfile '%s': needs %.2f GiB on disk, %.2f GiB free in '%s'", w->path,
+                       need / 1073741824.0, (double)vf.f_bavail * vf.f_frsize / 1073741824.0, dir);
+    kvf_map *m = calloc(1, sizeof *m);
+    if (!m) return err_set(err, err_size, "kvfile: out of memory");
+    /* a sparse file: the space is taken as rows are written */
+    if (ftruncate(w->fd, (off_t)w->L.images_off)) {
+        free(m);
+        return err_set(err, err_size, "kvfile: cannot size '%s': %s", w->tmp, strerror(errno));
+    }
+    void *p = mmap(NULL, (size_t)data, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, w->fd, (off_t)w->L.k_off);
+    if (p == MAP_FAILED) {
+        free(m);
+        return err_set(err, err_size, "kvfile: cannot map %.2f GiB of '%s': %s", data / 1073741824.0, w->tmp,
+                       strerror(errno));
+    }
+    m->base = p;
+    m->bytes = (size_t)data;
+    m->k = m->base;
+    m->v = m->base + (w->L.v_off - w->L.k_off);
+    m->kt = w->with_kt ? m->base + (w->L.kt_off - w->L.k_off) : NULL;
+    w->map = m;
+    *out = m;
+    return 0;
+}
+
+const char *kvf_writer_path(const kvf_writer *w) { return w->path; }
+uint8_t *kvf_map_k(const kvf_map *m) { return m->k; }
+uint8_t *kvf_map_v(const kvf_map *m) { return m->v; }
+uint8_t *kvf_map_kt(const kvf_map *m) { return m->kt; }
+
 int kvf_writer_tokens(kvf_writer *w, const int32_t *tokens)
 {
     if (w->n_tokens) memcpy(w->meta + w->L.tokens_at, tokens, (size_t)w->n_tokens * 4);
@@ -408,9 +469,11 @@ int kvf_writer_head(kvf_writer *w, int layer, int head, const void *k, const voi
         return err_set(err, err_size, "kvfile: no head (%d, %d)", layer, head);
     const int d = w->fp.head_dim;
     const size_t hh = (size_t)layer * w->fp.n_kv_head + head, es = w->L.es;
-    const size_t rows = (size_t)w->n * d * es;
-    const uint64_t at = hh * (uint64_t)w->cap * d * es;
-    if (pwrite_all(w->fd, k, rows, w->L.k_off + at) || pwrite_all(w->fd, v, rows, w->L.v_off + at))
+    const size_t rows = (size_t)w->n * w->L.row;
+    const uint64_t at = hh * (uint64_t)w->cap * w->L.row;
+    /* a cache built in place (kvf_writer_map) is already there */
+    const int in_place = w->map && (const uint8_t *)k == w->map->k + at && (const uint8_t *)v == w->map->v + at;
+    if (!in_place && (pwrite_all(w->fd, k, rows, w->L.k_off + at) || pwrite_all(w->fd, v, rows, w->L.v_off + at)))
         return err_set(err, err_size, "kvfile: writing '%s' failed: %s", w->tmp, strerror(errno));
     put32(w->meta, w->L.crck_at + hh * 4, kvf_crc32c(0, k, rows));
     put32(w->meta, w->L.crcv_at + hh * 4, kvf_crc32c(0, v, rows));
@@ -419,12 +482,23 @@ int kvf_writer_head(kvf_writer *w, int layer, int head, const void *k, const voi
         memcpy(sum, v_sum, (size_t)d * sizeof *sum);
     } else {
         memset(sum, 0, (size_t)d * sizeof *sum);
-        for (int64_t s = 0; s < w->n; s++)
-            for (int j = 0; j < d; j++)
-                sum[j] += w->elem == KV_F16 ? fp16_to_fp32(((const uint16_t *)v)[s * d + j])
-                                            : ((const float *)v)[s * d + j];
+        float *row = malloc((size_t)d * sizeof *row);
+        if (!row) return err_set(err, err_size, "kvfile: out of memory");
+        for (int64_t s = 0; s < w->n; s++) {
+            attn_kv_row_f32(v, w->elem, d, s, d, row);
+            for (int j = 0; j < d; j++) sum[j] += row[j];
+        }
+        free(row);
     }
-    if (w->with_kt) { /* d rows of K^T, each the first n of cap, in blocks of KVF_KT_BLOCK columns */
+    if (w->with_kt && w->map && w->map->kt) { /* built in place: checksum it */
+        uint32_t crc = 0;
+        for (int64_t s0 = 0; s0 < w->n; s0 += KVF_KT_BLOCK) {
+            const int64_t nb = w->n - s0 < KVF_KT_BLOCK ? w->n - s0 : KVF_KT_BLOCK;
+            for (int j = 0; j < d; j++)
+                crc = kvf_crc32c(crc, w->map->kt + at + ((size_t)j * w->cap + (size_t)s0) * es, (size_t)nb * es);
+        }
+        put32(w->meta, w->L.crckt_at + hh * 4, crc);
+    } else if (w->with_kt) { /* d rows of K^T, each the first n of cap, in blocks of KVF_KT_BLOCK columns */
         uint8_t *buf = malloc((size_t)KVF_KT_BLOCK * d * es);
         if (!buf) return err_set(err, err_size, "kvfile: out of memory");
         const uint8_t *kb = k;
@@ -627,8 +701,21 @@ int kvf_writer_finish(kvf_writer *w, char *err, size_t err_size)
     }
     free(w->tmp);
     w->tmp = NULL;
+    int rc = 0;
+    if (w->map) { /* the cache stays where it is, now over a private copy of the finished file */
+        const int fd = open(w->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        void *p = fd < 0 ? MAP_FAILED
+                         : mmap(w->map->base, w->map->bytes, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd, (off_t)w->L.k_off);
+        if (fd >= 0) close(fd);
+        if (p == MAP_FAILED) { /* the file is complete; this cache must not write to it */
+            mprotect(w->map->base, w->map->bytes, PROT_READ);
+            rc = err_set(err, err_size, "kvfile: '%s' is saved, but its cache could not be mapped privately "
+                                        "again (it is now read-only)", w->path);
+        }
+    }
     kvf_writer_abort(w); /* frees; nothing left to unlink */
-    return 0;
+    return rc;
 }
 
 /* ---- reader ------------------------------------------------------------------------- */
@@ -658,7 +745,7 @@ const void *kvf_find_index(const kvf_file *f, int layer, int head, const char *k
 void kvf_advise_random(kvf_file *f)
 {
     const uint64_t kv = page_up((uint64_t)f->fp.n_layer * f->fp.n_kv_head * (uint64_t)f->cap *
-                                (uint64_t)f->fp.head_dim * (f->elem == KV_F16 ? 2u : 4u));
+                                attn_kv_row_bytes(f->elem, f->fp.head_dim));
     madvise(f->k, (size_t)kv, MADV_RANDOM); /* advice only: failure changes nothing */
     madvise(f->v, (size_t)kv, MADV_RANDOM);
     if (f->kt) madvise(f->kt, (size_t)kv, MADV_RANDOM);
@@ -743,12 +830,12 @@ static int verify_data(const kvf_file *f, const uint8_t *meta, const kvf_layout 
 {
     const int64_t heads = (int64_t)L->heads;
     const int d = f->fp.head_dim;
-    const size_t es = L->es, rows = (size_t)f->n * d * es;
+    const size_t es = L->es, rows = (size_t)f->n * L->row;
     int64_t bad = -1;
     char what[8] = "";
 #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1)
     for (int64_t hh = 0; hh < heads; hh++) {
-        const uint64_t at = (uint64_t)hh * f->cap * d * es;
+        const uint64_t at = (uint64_t)hh * f->cap * L->row;
         const char *w = NULL;
         if (kvf_crc32c(0, f->k + at, rows) != get32(meta, L->crck_at + hh * 4)) w = "K";
         else if (kvf_crc32c(0, f->v + at, rows) != get32(meta, L->crcv_at + hh * 4)) w = "V";
@@ -860,7 +947,7 @@ static int open_checked(kvf_file *f, const char *path, const kvf_fingerprint *ex
     f->kt = h.kt_off ? f->map + h.kt_off : NULL;
     f->source.find = find_cb;
     f->source.user = f;
-    const uint64_t per_head = (uint64_t)f->n * f->fp.head_dim * L.es;
+    const uint64_t per_head = (uint64_t)f->n * L.row;
     f->data_bytes = L.heads * per_head * (f->kt ? 3 : 2);
     for (int i = 0; i < f->n_index; i++) f->data_bytes += f->index[i].bytes;
     if (verify == KVF_VERIFY_ALWAYS || f->data_bytes <= KVF_VERIFY_LIMIT) {

@@ -32,7 +32,9 @@
  *    56 i32    n_layer   60 n_head   64 n_kv_head   68 head_dim
  *    72 i32    n_embd    76 n_vocab
  *    80 u64    model hash (model_fingerprint; 0 when synthetic)
- *    88 u32    elem (0 f32, 1 f16)    92 u32 flags (bit 0: K^T present)
+ *    88 u32    elem (0 f32, 1 f16, 2 q8_0: rows of d/32 blocks of an f16
+ *              scale and 32 int8, as the q8_0 cache; never with K^T)
+ *    92 u32    flags (bit 0: K^T present)
  *    96 i64    n (prefix positions)  104 i64 cap (positions per head)
  *   112 i64    n_tokens (0 or n)     120 u32 n_index   124 u32 0
  *   128 u64    meta_off  136 meta_bytes  144 k_off  152 v_off  160 kt_off
@@ -104,7 +106,7 @@ typedef struct kvf_index_entry {
 
 typedef struct kvf_file {
     kvf_fingerprint fp;
-    int       elem;           /* KV_F16 or KV_F32                            */
+    int       elem;           /* KV_F16, KV_F32 or KV_Q8_0                   */
     int64_t   n, cap;
     int64_t   n_tokens;
     const int32_t *tokens;    /* [n_tokens]                                  */
@@ -173,6 +175,24 @@ int  kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
                      int (*rows)(void *user, int layer, int head, kvf_head_rows *out, char *err,
                                  size_t err_size),
                      void *user, double *build_s, char *err, size_t err_size);
+/* A cache built in place: the data sections of the file being written
+ * (K, V and K^T, laid out as kvcache.h's cache of capacity cap) mapped
+ * shared and writable, so rows stored there go to the file's pages (the
+ * page cache, written back by the kernel), not to private memory: a cache
+ * larger than RAM. First checks that the finished file (plus index_bytes
+ * of images) fits in the free disk space. kvf_writer_head then finds a
+ * head's rows in place and only checksums them; kvf_writer_finish maps
+ * the same addresses privately over the finished file, so the cache stays
+ * usable (later rows go to private pages, as with a loaded file). The map
+ * outlives the writer: kvf_map_free (the owner_free of a borrowed cache). */
+typedef struct kvf_map kvf_map;
+int      kvf_writer_map(kvf_writer *w, int64_t index_bytes, kvf_map **out, char *err, size_t err_size);
+const char *kvf_writer_path(const kvf_writer *w); /* the final path */
+uint8_t *kvf_map_k(const kvf_map *m);
+uint8_t *kvf_map_v(const kvf_map *m);
+uint8_t *kvf_map_kt(const kvf_map *m); /* NULL without K^T */
+void     kvf_map_free(void *map);
+
 /* Whether a writer for path could start: path is not a directory or other
  * non-file, and path.tmp can be created (it is removed again unless it was
  * there). For commands that check before a long computation. */
