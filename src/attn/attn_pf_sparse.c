@@ -330,6 +330,12 @@ static int select_older(attn_pf_sparse *s, pf_thread *x, const pf_head *h, const
     return u;
 }
 
+int attn_pf_sparse_exact(const attn_pf_sparse *s, int64_t pos)
+{
+    const int64_t lo = attn_pf_window_lo(&s->p, pos), sink = s->p.n_sink < lo ? s->p.n_sink : lo;
+    return s->p.mode == SPARQ_PREFILL_EXACT || lo <= sink || (s->p.mode == SPARQ_PREFILL_TOPK && lo - sink <= s->p.k);
+}
+
 void attn_pf_sparse_block(attn_pf_sparse *s, int thread, int layer, int head, const attn_kv_view *kv,
                           int64_t pos0, int nt, const float *q, size_t q_stride, int g, float *out,
                           size_t out_stride, float *scratch, int64_t *n_keys)

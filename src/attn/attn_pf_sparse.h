@@ -61,6 +61,10 @@ int64_t attn_pf_window_lo(const sparq_prefill_params *p, int64_t pos0);
 int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_view *kv, int64_t pos0,
                         char *err, size_t err_size);
 
+/* Whether a query block starting at pos (and every earlier one) sees every
+ * earlier position: then callers may take any exact path. */
+int attn_pf_sparse_exact(const attn_pf_sparse *s, int64_t pos);
+
 /* One query block (attn_prefill_block's arguments) through its sinks,
  * selected keys and window, on scratch slot `thread` < n_threads and the
  * tile scratch of attn_prefill_scratch. *n_keys (may be NULL) receives the

@@ -638,7 +638,8 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
             kv_write(&c->kv, il, pos0 + t, rs->k + t * kv_dim, rs->v + t * kv_dim);
         if (decode) {
             if (attend_decode_many(&c, 1, il, &pos0, c->n_threads, 0)) return -1; /* the cache's n is unchanged */
-        } else if (n <= PREFILL_ROWS_MAX && !c->policy->observe_prefill && !c->pf) {
+        } else if (n <= PREFILL_ROWS_MAX && !c->policy->observe_prefill &&
+                   (!c->pf || attn_pf_sparse_exact(c->pf, pos0 + n - 1))) {
             attend_prefill_rows(c, il, pos0, n);
         } else if (attend_prefill(c, il, pos0, n)) {
             return -1;
