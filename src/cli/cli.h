@@ -152,6 +152,7 @@ int cli_run(int argc, char **argv);
 int cli_gen_model(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_eval(int argc, char **argv);
+int cli_eval_prefill(int argc, char **argv); /* eval prefill-fidelity */
 int cli_stats(int argc, char **argv);
 int cli_prefill(int argc, char **argv);
 int cli_topk(int argc, char **argv);

@@ -507,6 +507,8 @@ static void print_help(const task_def *t, cli_group *groups, int n_groups)
 
 int cli_eval(int argc, char **argv)
 {
+    /* the prefill's fidelity compares two caches, not decode policies: its own harness */
+    if (argc >= 1 && strcmp(argv[0], "prefill-fidelity") == 0) return cli_eval_prefill(argc - 1, argv + 1);
     cli_model_opts mo = { 0 };
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);

@@ -1,0 +1,50 @@
+/* prefill_fidelity.h - how close a sparse prefill's cache is to the exact
+ * one (sparq.h, sparq_prefill_params).
+ *
+ * One window of a text: its first N tokens are prefilled twice, exactly and
+ * sparsely, into two contexts of the same model; then the text's next F
+ * tokens are fed to both one decode step at a time (dense decode attention
+ * in both, so the caches are the only difference) and each step's logits
+ * are compared: top-1 agreement, KL(exact || sparse) in nats, and the first
+ * step whose top-1 differs. Several windows at different offsets give
+ * means with standard errors across windows.
+ */
+#ifndef SPARQ_PREFILL_FIDELITY_H
+#define SPARQ_PREFILL_FIDELITY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "sparq.h"
+
+typedef struct eval_pf_window {
+    int64_t offset;       /* first token of the window in the text            */
+    double  top1;         /* fraction of the F steps whose argmax agree       */
+    double  kl;           /* mean KL(exact || sparse) over the F steps, nats  */
+    double  kl_max;
+    int     first_div;    /* first disagreeing step (F if none)               */
+    double  exact_s, sparse_s; /* prefill seconds                             */
+} eval_pf_window;
+
+typedef struct eval_pf_result {
+    int    n_windows;
+    double top1, top1_se;      /* means over windows, standard errors         */
+    double kl, kl_se;
+    double first_div, first_div_se;
+    double exact_s, sparse_s;  /* mean prefill seconds                        */
+} eval_pf_result;
+
+/* Runs n_windows windows of N + F tokens spread evenly over ids[n_ids]
+ * (each at least N + F long; they may overlap when the text is short).
+ * base: the contexts' parameters (n_ctx is set to N + F; base->prefill is
+ * ignored: one context is exact, the other uses sparse). win[n_windows]
+ * receives each window (may be NULL). progress (may be NULL) is called
+ * after each window. 0, or -1 with a message. */
+int eval_prefill_fidelity(sparq_model *m, const sparq_context_params *base, const sparq_prefill_params *sparse,
+                          const int32_t *ids, int64_t n_ids, int N, int F, int n_windows, eval_pf_window *win,
+                          eval_pf_result *out, void (*progress)(void *user, int done, int total), void *user,
+                          char *err, size_t err_size);
+
+/* Mean and standard error of x[0..n) (se 0 when n < 2). */
+void eval_mean_se(const double *x, int n, double *mean, double *se);
+
+#endif
