@@ -2,6 +2,10 @@
  * cycle (src/server/ does the work). */
 #include "cli/cli.h"
 #include "server/server.h"
+#include "util/paths.h"
+
+#include <errno.h>
+#include <fcntl.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -45,15 +49,24 @@ static const cli_opt serve_table[] = {
     { 0 },
 };
 
-static char *read_key(const char *path)
+/* The first line of path; NULL with the reason in err. A FIFO or device
+ * given as the key file is refused at once (the open cannot block). */
+static char *read_key(const char *path, char *err, size_t err_size)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
+    const int fd = path_open_regular(path, O_RDONLY, err, err_size);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) {
+            snprintf(err, err_size, "'%s': %s", path, strerror(errno));
+            close(fd);
+        }
+        return NULL;
+    }
     char buf[512];
     char *line = fgets(buf, sizeof buf, f);
     fclose(f);
-    if (!line) return NULL;
-    buf[strcspn(buf, "\r\n")] = 0;
+    buf[line ? strcspn(buf, "\r\n") : 0] = 0;
+    if (!buf[0]) snprintf(err, err_size, "'%s': no key on its first line", path);
     return buf[0] ? strdup(buf) : NULL;
 }
 
@@ -117,9 +130,10 @@ int cli_serve(int argc, char **argv)
         fprintf(stderr, "error: --kv-type must be f16 or f32\n");
         return 2;
     }
-    char *key = so.api_key ? strdup(so.api_key) : so.api_key_file ? read_key(so.api_key_file) : NULL;
+    char kerr[512] = "out of memory";
+    char *key = so.api_key ? strdup(so.api_key) : so.api_key_file ? read_key(so.api_key_file, kerr, sizeof kerr) : NULL;
     if ((so.api_key || so.api_key_file) && !key) {
-        fprintf(stderr, "error: cannot read an API key from '%s'\n", so.api_key_file ? so.api_key_file : "--api-key");
+        fprintf(stderr, "error: serve: cannot read an API key: %s\n", so.api_key_file ? kerr : "--api-key: out of memory");
         return 2;
     }
     char path[1024], err[512];

@@ -443,6 +443,12 @@ static int save_rows(void *user, int layer, int head, kvf_head_rows *out, char *
 int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
                           const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size)
 {
+    return context_save_kv_as(c, path, NULL, indexes, tokens, n_tokens, err, err_size);
+}
+
+int context_save_kv_as(sparq_context *c, const char *path, const char *tmp, const char *indexes,
+                       const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size)
+{
     const kv_cache *kv = &c->kv;
     if (tokens && n_tokens != kv->n)
         {
@@ -453,8 +459,8 @@ int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexe
     kvf_fingerprint fp;
     model_fingerprint(c->model, &fp);
     kvf_writer *w;
-    if (kvf_writer_create(path, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
-                          indexes, &w, err, err_size))
+    if (kvf_writer_create_as(path, tmp, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
+                             indexes, &w, err, err_size))
         return -1;
     if (tokens) kvf_writer_tokens(w, tokens);
     return kvf_write_heads(w, c->n_threads, &c->params.attn, save_rows, (void *)kv, NULL, err, err_size);

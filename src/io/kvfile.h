@@ -146,6 +146,12 @@ typedef struct kvf_writer kvf_writer;
 int  kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int64_t n,
                        int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
                        kvf_writer **out, char *err, size_t err_size);
+/* The same, written under the name tmp (NULL: path.tmp) and renamed to
+ * path by kvf_writer_finish. tmp is created exclusively: a file or symlink
+ * already under that name is unlinked, never written through. */
+int  kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprint *fp, int elem, int64_t n,
+                          int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
+                          kvf_writer **out, char *err, size_t err_size);
 int  kvf_writer_tokens(kvf_writer *w, const int32_t *tokens);
 /* One head: k, v [n][d] rows of elem; v_sum [d] (the cache's running sum,
  * stored as is) or NULL (summed here in position order, as kv_write does).
