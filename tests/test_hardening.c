@@ -9,7 +9,15 @@
  *    the request is served (prefilled) instead of hanging the scheduler;
  *  - a symlink planted at a KV writer's temp name (`--kv-dir`'s per-writer
  *    name, `prefill --save-kv`'s FILE.tmp) never lets the writer change
- *    the file it points to.
+ *    the file it points to;
+ *  - HTTP: a duplicate key is a 400 naming it; paths with %00 or a raw
+ *    NUL are 400s; 404/405/413/401 are JSON error objects; a wrong API key
+ *    or a declared body over the limit is answered from the head alone
+ *    (the body is never sent here, and the answer comes at once);
+ *  - one log line per request on stderr (status, route, tokens, time,
+ *    cancel reason), also for a head libmicrohttpd refused itself (431:
+ *    its HTML, the one error body that is not ours); a client's cancellation counts in
+ *    sparq_requests_cancelled_total, not in sparq_request_errors_total.
  */
 #include "test.h"
 #include "test_proc.h"
@@ -203,6 +211,21 @@ static int http_t(int port, const char *method, const char *path, const char *bo
 static int http(int port, const char *method, const char *path, const char *body, resp *r)
 {
     return http_t(port, method, path, body, 120, r);
+}
+
+/* The body is an OpenAI error object with a message containing want. */
+static int is_error(const resp *r, const char *want)
+{
+    char err[256];
+    if (!r->body) return 0;
+    json_doc *d = json_parse(r->body, strlen(r->body), 0, err, sizeof err);
+    if (!d) return 0;
+    const json_value *e = json_get(json_root(d), "error");
+    const char *msg = json_get_str(e, "message", NULL);
+    const json_value *type = json_get(e, "type"), *code = json_get(e, "code");
+    int ok = msg && strstr(msg, want) && type && type->type == JSON_STRING && code;
+    json_free(d);
+    return ok;
 }
 
 static long long metric(int port, const char *name)
@@ -493,6 +516,159 @@ static void kv_dir_symlinks(const char *model)
     CHECK(system(cmd) == 0, "rm %s", dir);
 }
 
+/* ---- HTTP ------------------------------------------------------------------------ */
+
+/* The log line of the request that matches all of the given parts, or NULL. */
+static const char *log_line(const char *log, const char *a, const char *b, const char *c)
+{
+    for (const char *p = log ? strstr(log, "serve: request ") : NULL; p; p = strstr(p + 1, "serve: request ")) {
+        const char *end = strchr(p, '\n');
+        if (!end) return NULL;
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(end - p), p);
+        if (strstr(line, a) && (!b || strstr(line, b)) && (!c || strstr(line, c))) return p;
+    }
+    return NULL;
+}
+
+static void http_hardening(const char *model)
+{
+    server s;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 256 -t 1 --api-key %s --max-body 65536", model, key);
+    if (start_server(&s, args)) return;
+    resp r;
+    /* a key twice */
+    CHECK(http(s.port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1, \"max_tokens\": 500}", &r) == 0 &&
+              r.status == 400 && is_error(&r, "duplicate key \"max_tokens\""),
+          "duplicate key: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    /* NUL in the path, encoded or raw: never /health */
+    static const char *const nul_paths[] = { "/health%00", "/health%00x", "/v1/models%00/x" };
+    for (int i = 0; i < 3; i++) {
+        CHECK(http(s.port, "GET", nul_paths[i], NULL, &r) == 0 && r.status == 400 && is_error(&r, "NUL"),
+              "GET %s: %d %s", nul_paths[i], r.status, r.body ? r.body : "");
+        resp_free(&r);
+    }
+    static const char raw_nul[] = "GET /health\0x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    CHECK(raw(s.port, raw_nul, sizeof raw_nul - 1, 10, &r) == 0 && r.status == 400 && is_error(&r, "NUL"),
+          "a raw NUL in the path: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    CHECK(http(s.port, "GET", "/health?x=%00", NULL, &r) == 0 && r.status == 200, "%%00 in the query is not the path");
+    resp_free(&r);
+    /* the error statuses the server sends are JSON error objects */
+    CHECK(http(s.port, "GET", "/nowhere", NULL, &r) == 0 && r.status == 404 && is_error(&r, "no endpoint"),
+          "404: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    CHECK(http(s.port, "PUT", "/v1/completions", NULL, &r) == 0 && r.status == 405 && is_error(&r, "POST") &&
+              strstr(r.head, "Allow: POST"),
+          "405: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    /* refused from the head: the body is never sent, the answer must not
+     * wait for it (the old code waited for the whole declared body) */
+    static const char wrong_key[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                                    "Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n";
+    CHECK(raw(s.port, wrong_key, sizeof wrong_key - 1, 5, &r) == 0 && r.status == 401 && is_error(&r, "API key") &&
+              r.secs < 5,
+          "wrong key with a body to come: %d after %.1f s", r.status, r.secs);
+    resp_free(&r);
+    static const char huge[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key-123\r\n"
+                               "Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n";
+    CHECK(raw(s.port, huge, sizeof huge - 1, 5, &r) == 0 && r.status == 413 && is_error(&r, "exceeds the limit") &&
+              r.secs < 5,
+          "declared body over the limit: %d after %.1f s", r.status, r.secs);
+    resp_free(&r);
+    /* a chunked body (no Content-Length) over the limit: 413 at its end */
+    {
+        text_buf t = { 0 };
+        const char *h = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer "
+                        "test-key-123\r\nTransfer-Encoding: chunked\r\n\r\n";
+        text_append(&t, h, strlen(h));
+        char chunk[8192 + 16];
+        const int hn = snprintf(chunk, sizeof chunk, "2000\r\n");
+        memset(chunk + hn, ' ', 8192);
+        memcpy(chunk + hn + 8192, "\r\n", 2);
+        for (int i = 0; i < 10; i++) text_append(&t, chunk, (size_t)hn + 8194);
+        text_append(&t, "0\r\n\r\n", 5);
+        CHECK(t.data && raw(s.port, t.data, t.len, 20, &r) == 0 && r.status == 413 && is_error(&r, "exceeds"),
+              "chunked body over the limit: %d %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+        free(t.data);
+    }
+    /* headers over libmicrohttpd's memory limit: it answers 431 itself
+     * (HTML; 0.9.75 has no hook for its own error bodies), before our
+     * handler runs; the request is still logged */
+    {
+        const size_t big = 300 * 1024;
+        char *h = malloc(big + 128);
+        CHECK(h != NULL, "out of memory");
+        if (h) {
+            int hn = snprintf(h, 128, "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ");
+            memset(h + hn, 'a', big);
+            memcpy(h + hn + big, "\r\n\r\n", 4);
+            CHECK(raw(s.port, h, (size_t)hn + big + 4, 10, &r) == 0 && (r.status == 431 || r.status == 413),
+                  "over-size headers: %d", r.status);
+            resp_free(&r);
+            free(h);
+        }
+    }
+    /* one completion, for its log line */
+    CHECK(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 3, \"temperature\": 0, "
+                                                  "\"ignore_eos\": true}", &r) == 0 && r.status == 200,
+          "completion: %d", r.status);
+    resp_free(&r);
+    char *log = NULL;
+    CHECK(stop_server(&s, &log) == 0, "SIGTERM did not end the server cleanly");
+    CHECK(log_line(log, "route=/v1/completions", "status=400", "method=POST"), "no log line of the 400");
+    CHECK(log_line(log, "route=/health", "status=400", "method=GET"), "no log line of the NUL path");
+    CHECK(log_line(log, "route=- ", "status=404", NULL), "no log line of the 404 (the path itself is not logged)");
+    CHECK(log_line(log, "status=405", "method=PUT", NULL), "no log line of the 405");
+    CHECK(log_line(log, "status=401", NULL, NULL), "no log line of the 401");
+    CHECK(log_line(log, "status=413", NULL, NULL), "no log line of the 413");
+    CHECK(log_line(log, "status=200 tokens_in=3 tokens_out=3", "completion=cmpl-", " ms="),
+          "no log line of the completion");
+    CHECK(log_line(log, "status=0 ", "cancel=bad_head", NULL), "no log line of the over-size head");
+    int lines = 0;
+    for (const char *p = log ? strstr(log, "serve: request ") : NULL; p; p = strstr(p + 1, "serve: request ")) lines++;
+    CHECK(lines == 13, "%d request log lines for 13 requests:\n%s", lines, log ? log : "");
+    free(log);
+}
+
+/* A client that leaves mid-stream: cancelled, not an error; logged so. */
+static void cancel_counted_apart(const char *tiny)
+{
+    server s;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 8192 -t 1 --parallel 1 --api-key %s", tiny, key);
+    if (start_server(&s, args)) return;
+    const char *body = "{\"prompt\": [1, 2, 3], \"max_tokens\": 8000, \"ignore_eos\": true, \"temperature\": 0, "
+                       "\"stream\": true}";
+    char head[512];
+    int n = snprintf(head, sizeof head,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n%s",
+                     key, strlen(body), body);
+    int fd = dial(s.port);
+    CHECK(fd >= 0 && send_all(fd, head, (size_t)n) == 0, "stream request");
+    char buf[4096];
+    ssize_t got = 0;
+    for (double t0 = now(); fd >= 0 && got <= 0 && now() - t0 < 60;) {
+        struct pollfd p = { fd, POLLIN, 0 };
+        if (poll(&p, 1, 200) > 0) got = recv(fd, buf, sizeof buf - 1, 0);
+    }
+    CHECK(got > 0, "the stream did not start");
+    if (fd >= 0) close(fd);
+    long long cancelled = 0;
+    for (double t0 = now(); now() - t0 < 30 && cancelled < 1; usleep(50000))
+        cancelled = metric(s.port, "requests_cancelled_total");
+    const long long errors = metric(s.port, "request_errors_total");
+    CHECK(cancelled == 1 && errors == 0, "a client's disconnect: cancelled %lld, errors %lld", cancelled, errors);
+    char *log = NULL;
+    CHECK(stop_server(&s, &log) == 0, "SIGTERM did not end the server cleanly");
+    CHECK(log_line(log, "route=/v1/completions", "status=200", "cancel=client_closed"),
+          "no log line of the cancelled stream:\n%s", log ? log : "");
+    free(log);
+}
+
 int main(void)
 {
     char model[1024];
@@ -509,7 +685,15 @@ int main(void)
         return test_summary("test_hardening");
     }
     cli_refuses_non_files(model);
+    http_hardening(model);
     kv_dir_fifo(model);
     kv_dir_symlinks(model);
+    char tiny[64], cmd[1200];
+    snprintf(tiny, sizeof tiny, "/tmp/sparq_test_hardening_tiny_%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape tiny --type Q8_0 -c 8192 -o %s >/dev/null 2>&1", bin, tiny);
+    const int rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "gen-model tiny failed");
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) cancel_counted_apart(tiny);
+    unlink(tiny);
     return test_summary("test_hardening");
 }

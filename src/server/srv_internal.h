@@ -87,6 +87,7 @@ struct srv_server {
     int             n_attached;  /* [lock] requests whose connection is open */
     int             stopping;    /* [lock] 1: no new work; 2: cancel all   */
     srv_metrics     metrics;     /* [lock] */
+    unsigned long long n_requests; /* [lock] HTTP requests seen (the log's ids) */
     int             port;
     double          t_start;
     int             n_vocab;
