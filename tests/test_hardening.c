@@ -14,6 +14,8 @@
  *    NUL are 400s; 404/405/413/401 are JSON error objects; a wrong API key
  *    or a declared body over the limit is answered from the head alone
  *    (the body is never sent here, and the answer comes at once);
+ *  - past --max-conns / --max-conns-per-ip a 503 error object, not a
+ *    reset; a head trickling in is cut at --read-timeout;
  *  - one log line per request on stderr (status, route, tokens, time,
  *    cancel reason), also for a head libmicrohttpd refused itself (431:
  *    its HTML, the one error body that is not ours); a client's cancellation counts in
@@ -634,6 +636,69 @@ static void http_hardening(const char *model)
     free(log);
 }
 
+/* Connections past --max-conns (or --max-conns-per-ip from one address)
+ * get a 503 error object at once, not a reset; a request whose head
+ * trickles in a byte at a time is cut at --read-timeout (libmicrohttpd's
+ * own timeout counts idle time only, so it never fires for such a
+ * client). */
+static void connection_limits(const char *model)
+{
+    server s;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 256 -t 1 --max-conns 3 --read-timeout 2", model);
+    if (start_server(&s, args) == 0) {
+        int idle[3];
+        for (int i = 0; i < 3; i++) idle[i] = dial(s.port);
+        usleep(200000);
+        resp r;
+        static const char health[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        CHECK(raw(s.port, health, sizeof health - 1, 5, &r) == 0 && r.status == 503 &&
+                  is_error(&r, "too many open connections") && strstr(r.head, "Retry-After") && r.secs < 1.5,
+              "a 4th connection past --max-conns 3: %d after %.1f s", r.status, r.secs);
+        resp_free(&r);
+        for (int i = 0; i < 3; i++)
+            if (idle[i] >= 0) close(idle[i]);
+        usleep(200000);
+        CHECK(raw(s.port, health, sizeof health - 1, 5, &r) == 0 && r.status == 200, "served again: %d", r.status);
+        resp_free(&r);
+        /* the request line, then a header byte every 0.2 s */
+        const int fd = dial(s.port);
+        const char *line = "GET /health HTTP/1.1\r\nHost: x\r\n";
+        CHECK(fd >= 0 && send_all(fd, line, strlen(line)) == 0, "slow client");
+        const double t0 = now();
+        double cut = -1;
+        for (int i = 0; fd >= 0 && cut < 0 && now() - t0 < 8; i++) {
+            const char c = "X-Slow: 1\r\n"[i % 11];
+            if (send(fd, &c, 1, MSG_NOSIGNAL) != 1) cut = now() - t0;
+            struct pollfd p = { fd, POLLIN, 0 };
+            char b;
+            if (cut < 0 && poll(&p, 1, 200) > 0 && recv(fd, &b, 1, 0) <= 0) cut = now() - t0;
+        }
+        if (fd >= 0) close(fd);
+        CHECK(cut > 1 && cut < 4, "a head trickling in for 8 s: cut after %.1f s (-1: never)", cut);
+        char *log = NULL;
+        CHECK(stop_server(&s, &log) == 0, "SIGTERM did not end the server cleanly");
+        CHECK(log_line(log, "route=/health", "status=503", NULL), "no log line of the 503");
+        CHECK(log_line(log, "status=0 ", "cancel=read_timeout", NULL), "no log line of the cut request:\n%s",
+              log ? log : "");
+        free(log);
+    }
+    snprintf(args, sizeof args, "-m %s -c 256 -t 1 --max-conns-per-ip 2", model);
+    if (start_server(&s, args) == 0) {
+        int idle[2];
+        for (int i = 0; i < 2; i++) idle[i] = dial(s.port);
+        usleep(200000);
+        resp r;
+        static const char health[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        CHECK(raw(s.port, health, sizeof health - 1, 5, &r) == 0 && r.status == 503 && is_error(&r, "your address"),
+              "a 3rd connection from one address past --max-conns-per-ip 2: %d", r.status);
+        resp_free(&r);
+        for (int i = 0; i < 2; i++)
+            if (idle[i] >= 0) close(idle[i]);
+        CHECK(stop_server(&s, NULL) == 0, "SIGTERM did not end the server cleanly");
+    }
+}
+
 /* A client that leaves mid-stream: cancelled, not an error; logged so. */
 static void cancel_counted_apart(const char *tiny)
 {
@@ -686,6 +751,7 @@ int main(void)
     }
     cli_refuses_non_files(model);
     http_hardening(model);
+    connection_limits(model);
     kv_dir_fifo(model);
     kv_dir_symlinks(model);
     char tiny[64], cmd[1200];

@@ -24,6 +24,8 @@ typedef struct serve_opts {
     const char *api_key, *api_key_file, *chat_template, *alias, *port_file;
     const char *kv_dir;
     int         kv_dir_mb;
+    int         max_conns, max_conns_per_ip;
+    float       read_timeout;
 } serve_opts;
 
 static const cli_opt serve_table[] = {
@@ -45,6 +47,13 @@ static const cli_opt serve_table[] = {
     { "--kv-dir", NULL, OPT_STR, OFF(kv_dir), "DIR",
       "also save cached prefixes as KV files in DIR and load other replicas' from it (a shared directory)" },
     { "--kv-dir-max", NULL, OPT_INT, OFF(kv_dir_mb), "MIB", "size budget of --kv-dir, least recently used files deleted (default 4096; 0 = none)" },
+    { "--max-conns", NULL, OPT_INT, OFF(max_conns), "N",
+      "open connections before a new request gets 503 (default: parallel + queue + 64)" },
+    { "--max-conns-per-ip", NULL, OPT_INT, OFF(max_conns_per_ip), "N",
+      "the same from one client address (default 0 = no limit; behind a proxy every client is its address)" },
+    { "--read-timeout", NULL, OPT_FLOAT, OFF(read_timeout), "SEC",
+      "a request's head and body must arrive within SEC of its first byte, or of the connection's previous "
+      "answer (default 30)" },
     { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
     { 0 },
 };
@@ -106,7 +115,7 @@ int cli_serve(int argc, char **argv)
     memset(&mo, 0, sizeof mo);
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096 };
+    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30 };
     cli_group groups[] = {
         { "model", cli_model_table, &mo },
         { "server", serve_table, &so },
@@ -119,6 +128,11 @@ int cli_serve(int argc, char **argv)
         so.queue > 100000 || so.max_body < 1024 || !(so.timeout > 0) || so.prefix_mb < 0) {
         fprintf(stderr, "error: serve: --port 0..65535, --parallel 1..256, --queue 0..100000, --max-body >= 1024 "
                         "and --timeout > 0\n");
+        return 2;
+    }
+    if (so.max_conns < 0 || so.max_conns > 100000 || so.max_conns_per_ip < 0 || so.max_conns_per_ip > 100000 ||
+        !(so.read_timeout > 0)) {
+        fprintf(stderr, "error: serve: --max-conns and --max-conns-per-ip 0..100000, --read-timeout > 0\n");
         return 2;
     }
     if (so.kv_dir_mb < 0 || (so.kv_dir && access(so.kv_dir, W_OK | X_OK) != 0)) {
@@ -164,6 +178,9 @@ int cli_serve(int argc, char **argv)
     cfg.prefix_cache_bytes = (size_t)so.prefix_mb << 20;
     cfg.kv_dir = so.kv_dir;
     cfg.kv_dir_bytes = (size_t)so.kv_dir_mb << 20;
+    cfg.max_conns = so.max_conns;
+    cfg.max_conns_per_ip = so.max_conns_per_ip;
+    cfg.read_timeout = so.read_timeout;
     if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         sparq_model_free(m);

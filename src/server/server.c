@@ -37,6 +37,7 @@ typedef struct conn {
     int          too_large;
     int          started;       /* the access handler has seen the headers  */
     int          nul_in_path;   /* the raw path holds %00                   */
+    int          cut;           /* the read deadline passed (the watchdog)  */
     const char  *raw_uri;       /* on_uri's view of the request target ...  */
     size_t       raw_len;       /* ... and its length as a C string         */
     int          status;        /* the HTTP status queued (0: none)         */
@@ -54,6 +55,18 @@ typedef struct conn {
     size_t       sent_text;
     int          sent_toks, sent_role, finished;
 } conn;
+
+/* One open connection (libmicrohttpd's socket context), in the server's
+ * list from accept to close: what the connection limits count and what
+ * the watchdog cuts when a request takes too long to arrive. [lock] */
+typedef struct srv_sock {
+    struct srv_sock *prev, *next;
+    int      fd;
+    uint32_t addr;              /* the peer's IPv4 address (network order)  */
+    double   t0;                /* when the current request began to arrive */
+    int      reading;           /* 1 until its head and body are in         */
+    int      cut;               /* the watchdog shut it down                */
+} srv_sock;
 
 /* ---- responses --------------------------------------------------------------- */
 
@@ -625,6 +638,84 @@ static int authorised(struct MHD_Connection *c, const srv_server *s)
  * the server read, let alone buffer, its body. libmicrohttpd then closes
  * the connection instead of reading the rest. Returns MHD_YES with nothing
  * queued when the request goes on to its body. */
+/* Starts (1) or stops (0) the read deadline of k's connection; notes in
+ * k whether the watchdog had cut it. */
+static void sock_reading(conn *k, int reading)
+{
+    const union MHD_ConnectionInfo *si = MHD_get_connection_info(k->mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_sock *so = si ? si->socket_context : NULL;
+    if (!so) return;
+    pthread_mutex_lock(&k->s->lock);
+    k->cut |= so->cut;
+    so->reading = reading;
+    so->t0 = srv_now();
+    pthread_mutex_unlock(&k->s->lock);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    srv_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        srv_sock *so = calloc(1, sizeof *so);
+        *socket_context = so;
+        if (!so) return; /* neither limited nor watched: the daemon's hard limit still holds */
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        so->fd = fi ? fi->connect_fd : -1;
+        if (ai && ai->client_addr && ai->client_addr->sa_family == AF_INET)
+            so->addr = ((const struct sockaddr_in *)(const void *)ai->client_addr)->sin_addr.s_addr;
+        so->reading = 1;
+        so->t0 = srv_now();
+        pthread_mutex_lock(&s->lock);
+        so->next = s->socks;
+        if (s->socks) s->socks->prev = so;
+        s->socks = so;
+        s->n_socks++;
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    srv_sock *so = *socket_context;
+    if (!so) return;
+    /* libmicrohttpd closes the socket after this returns: once out of the
+     * list (under the lock) the watchdog can no longer touch its fd */
+    pthread_mutex_lock(&s->lock);
+    if (so->prev) so->prev->next = so->next;
+    else s->socks = so->next;
+    if (so->next) so->next->prev = so->prev;
+    s->n_socks--;
+    pthread_mutex_unlock(&s->lock);
+    free(so);
+    *socket_context = NULL;
+}
+
+/* libmicrohttpd's connection timeout counts idle time only: a client that
+ * sends its head (or body) one byte every few seconds holds a connection,
+ * and with one thread per connection a thread, for as long as it likes.
+ * This thread shuts down (the socket, not the fd: libmicrohttpd still owns
+ * and closes it) every connection whose request has not fully arrived
+ * read_timeout seconds after it began. */
+static void *watchdog_main(void *arg)
+{
+    srv_server *s = arg;
+    pthread_mutex_lock(&s->lock);
+    while (!s->stopping) {
+        const double now = srv_now();
+        for (srv_sock *so = s->socks; so; so = so->next)
+            if (so->reading && !so->cut && so->fd >= 0 && now - so->t0 > s->cfg.read_timeout) {
+                shutdown(so->fd, SHUT_RDWR);
+                so->cut = 1;
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->wake_watchdog, &s->lock, &ts);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
 static conn *conn_new(srv_server *s)
 {
     conn *k = calloc(1, sizeof *k);
@@ -669,6 +760,20 @@ static enum MHD_Result on_head(conn *k, const char *url, const char *method, int
         MHD_destroy_response(res);
         return rc;
     }
+    /* past the connection limits: a 503 the client can act on, while
+     * libmicrohttpd's own (higher) limit would only reset the connection */
+    int n_socks = 0, from_addr = 0;
+    const union MHD_ConnectionInfo *si = MHD_get_connection_info(k->mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const srv_sock *me = si ? si->socket_context : NULL;
+    pthread_mutex_lock(&s->lock);
+    n_socks = s->n_socks;
+    if (me && s->cfg.max_conns_per_ip > 0)
+        for (const srv_sock *o = s->socks; o; o = o->next) from_addr += o->addr == me->addr;
+    pthread_mutex_unlock(&s->lock);
+    if (n_socks > s->cfg.max_conns || (s->cfg.max_conns_per_ip > 0 && from_addr > s->cfg.max_conns_per_ip))
+        return err_reply(k, 503, "too_many_connections",
+                         n_socks > s->cfg.max_conns ? "too many open connections; retry later"
+                                                    : "too many open connections from your address; retry later");
     if (ep != EP_HEALTH && !authorised(k->mc, s))
         return err_reply(k, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
     const char *cl = MHD_lookup_connection_value(k->mc, MHD_HEADER_KIND, "Content-Length");
@@ -725,6 +830,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (k->too_large) return body_too_large(k); /* a chunked body without a Content-Length */
+    sock_reading(k, 0); /* all of it is in: the read deadline no longer applies */
     switch (ep) {
     case EP_COMPLETIONS: return handle_generate(k, 0);
     case EP_CHAT: return handle_generate(k, 1);
@@ -753,7 +859,8 @@ static void log_request(const conn *k, enum MHD_RequestTerminationCode why)
     if (why != MHD_REQUEST_TERMINATED_COMPLETED_OK && !cancel)
         cancel = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "idle_timeout"
                  : why == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown" : "client_closed";
-    if (!k->started) cancel = "bad_head"; /* status 0: libmicrohttpd answered (431, ...) or closed */
+    if (k->cut) cancel = "read_timeout";
+    else if (!k->started) cancel = "bad_head"; /* status 0: libmicrohttpd answered (431, ...) or closed */
     else if (!status) status = 499;
     char line[384];
     const int n = snprintf(line, sizeof line,
@@ -769,8 +876,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 {
     srv_server *s = cls;
     conn *k = *con_cls;
-    (void)c;
     if (!k) return;
+    k->mc = c;
+    sock_reading(k, 1); /* a kept-alive connection waits for its next request: on the clock again */
     if (k->r) {
         pthread_mutex_lock(&s->lock);
         if (k->r->state != REQ_DONE) { /* the client left before the end */
@@ -824,15 +932,25 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
     s->t_start = srv_now();
     if (s->cfg.n_ctx <= 0) s->cfg.n_ctx = sparq_model_n_ctx_train(m);
     if (s->cfg.max_prompt <= 0 || s->cfg.max_prompt > s->cfg.n_ctx - 1) s->cfg.max_prompt = (int)(s->cfg.n_ctx - 1);
+    if (s->cfg.max_conns <= 0) s->cfg.max_conns = cfg->parallel + cfg->queue + 64;
+    if (s->cfg.max_conns_per_ip < 0) s->cfg.max_conns_per_ip = 0;
+    if (!(s->cfg.read_timeout > 0)) s->cfg.read_timeout = 30;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake_sched, NULL);
     pthread_cond_init(&s->progress, NULL);
+    pthread_cond_init(&s->wake_watchdog, NULL);
     if (pthread_create(&s->sched, NULL, srv_sched_main, s) != 0) {
         snprintf(err, err_size, "serve: cannot start the scheduler thread");
         srv_stop(s, 0);
         return NULL;
     }
     s->sched_started = 1;
+    if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
+        snprintf(err, err_size, "serve: cannot start the watchdog thread");
+        srv_stop(s, 0);
+        return NULL;
+    }
+    s->watchdog_started = 1;
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
@@ -847,7 +965,11 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->parallel + cfg->queue + 64),
+                                 MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                                 /* beyond ours, so a client past ours gets a 503, not a reset */
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->cfg.max_conns + 32),
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                 (unsigned)(s->cfg.max_conns_per_ip ? s->cfg.max_conns_per_ip + 8 : 0),
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
                                  MHD_OPTION_END);
@@ -879,8 +1001,10 @@ void srv_stop(srv_server *s, double grace)
     }
     s->stopping = 2; /* cancel what is left */
     pthread_cond_signal(&s->wake_sched);
+    pthread_cond_signal(&s->wake_watchdog);
     pthread_mutex_unlock(&s->lock);
     if (s->sched_started) pthread_join(s->sched, NULL);
+    if (s->watchdog_started) pthread_join(s->watchdog, NULL);
     /* every request is finished now; give their connections a moment to
      * send the end (a stream's [DONE], the error object) before closing */
     pthread_mutex_lock(&s->lock);
@@ -896,6 +1020,7 @@ void srv_stop(srv_server *s, double grace)
     if (s->daemon) MHD_stop_daemon(s->daemon);
     pthread_cond_destroy(&s->progress);
     pthread_cond_destroy(&s->wake_sched);
+    pthread_cond_destroy(&s->wake_watchdog);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
