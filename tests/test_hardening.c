@@ -3,7 +3,7 @@
  * test):
  *
  *  - a FIFO, a directory or a device where a file is read (the GGUF
- *    loader, KV files, prompt files, `serve --api-key-file`, `run -f`,
+ *    loader, KV files, prompt files, .gz evaluation data, `serve --api-key-file`, `run -f`,
  *    `run --load-kv`, `serve -m`) is refused at once with a one-line error;
  *  - a FIFO under a KV file's name in `serve --kv-dir` is left alone and
  *    the request is served (prefilled) instead of hanging the scheduler;
@@ -23,6 +23,7 @@
  */
 #include "test.h"
 #include "test_proc.h"
+#include "eval/task_impl.h"
 #include "io/kvfile.h"
 #include "tensor/gguf.h"
 #include "util/json.h"
@@ -245,7 +246,8 @@ static long long metric(int port, const char *name)
 /* ---- files that are not files ---------------------------------------------------- */
 
 /* In a child, so a blocking open is a failure here and not a stuck test:
- * which = 0 gguf_open, 1 kvf_open, 2 text_read_file, 3 sparq_model_load.
+ * which = 0 gguf_open, 1 kvf_open, 2 text_read_file, 3 sparq_model_load,
+ * 4 task_read_gz (the evaluation's .gz data).
  * The child exits 0 if path was refused with "regular" in the message. */
 static int refused_in_child(int which, const char *path)
 {
@@ -270,10 +272,15 @@ static int refused_in_child(int which, const char *path)
             rc = t ? 0 : -1;
             snprintf(err, sizeof err, "regular");
             free(t);
-        } else {
+        } else if (which == 3) {
             sparq_model *m = NULL;
             rc = sparq_model_load(path, &m, err, sizeof err);
             if (m) sparq_model_free(m);
+        } else {
+            char *t = NULL;
+            size_t n;
+            rc = task_read_gz("test", path, &t, &n, err, sizeof err);
+            free(t);
         }
         _exit(rc != 0 && (strstr(err, "regular") || strstr(err, "directory")) && !strchr(err, '\n') ? 0 : 1);
     }
@@ -286,9 +293,9 @@ static void library_refuses_non_files(void)
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     snprintf(fifo, sizeof fifo, "%s/f", dir);
     CHECK(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
-    static const char *const what[] = { "gguf_open", "kvf_open", "text_read_file", "sparq_model_load" };
+    static const char *const what[] = { "gguf_open", "kvf_open", "text_read_file", "sparq_model_load", "task_read_gz" };
     const char *paths[] = { fifo, dir, "/dev/null" };
-    for (int w = 0; w < 4; w++)
+    for (int w = 0; w < 5; w++)
         for (int p = 0; p < 3; p++) {
             const int rc = refused_in_child(w, paths[p]);
             CHECK(rc == 0, "%s('%s'): %s", what[w], paths[p],
