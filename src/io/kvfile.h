@@ -180,8 +180,10 @@ int  kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
                                  size_t err_size),
                      void *user, double *build_s, char *err, size_t err_size);
 /* Whether a writer for path could start: path is not a directory or other
- * non-file, and path.tmp can be created (it is removed again unless it was
- * there). For commands that check before a long computation. */
+ * non-file, and path.tmp can be created (probed exclusively and removed
+ * again; if something is there already, its directory must be writable for
+ * the writer to replace it). For commands that check before a long
+ * computation. */
 int  kvf_check_writable(const char *path, char *err, size_t err_size);
 /* Checks every head and slot was written, writes metadata and header,
  * syncs and renames. Frees w whatever the outcome (the temp file is

@@ -631,13 +631,6 @@ static int authorised(struct MHD_Connection *c, const srv_server *s)
     return diff == 0;
 }
 
-/* The access handler's first call for a request (the head is complete, no
- * byte of the body has been read): everything that can be decided from
- * the head is answered now, so a client that is refused (unknown path,
- * wrong method, no API key, a declared body over the limit) never makes
- * the server read, let alone buffer, its body. libmicrohttpd then closes
- * the connection instead of reading the rest. Returns MHD_YES with nothing
- * queued when the request goes on to its body. */
 /* Starts (1) or stops (0) the read deadline of k's connection; notes in
  * k whether the watchdog had cut it. */
 static void sock_reading(conn *k, int reading)
@@ -736,6 +729,13 @@ static enum MHD_Result body_too_large(conn *k)
     return err_reply(k, 413, "body_too_large", msg);
 }
 
+/* The access handler's first call for a request (the head is complete, no
+ * byte of the body has been read): everything that can be decided from
+ * the head is answered now, so a client that is refused (unknown path,
+ * wrong method, no API key, a declared body over the limit) never makes
+ * the server read, let alone buffer, its body. libmicrohttpd then closes
+ * the connection instead of reading the rest. Returns MHD_YES with nothing
+ * queued when the request goes on to its body. */
 static enum MHD_Result on_head(conn *k, const char *url, const char *method, int ep, const char *allow)
 {
     srv_server *s = k->s;
@@ -891,7 +891,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         pthread_cond_broadcast(&s->progress);
         pthread_mutex_unlock(&s->lock);
     } else {
-        log_request(k, why); /* never started: libmicrohttpd refused the head itself (status 0) */
+        log_request(k, why); /* no generation: another endpoint, a refused head, or one libmicrohttpd refused */
     }
     free(k->body.data);
     free(k->out);
