@@ -50,9 +50,9 @@ static const cli_opt serve_table[] = {
     { "--max-conns", NULL, OPT_INT, OFF(max_conns), "N",
       "open connections before a new request gets 503 (default: parallel + queue + 64)" },
     { "--max-conns-per-ip", NULL, OPT_INT, OFF(max_conns_per_ip), "N",
-      "the same from one client address (default 0 = no limit; behind a proxy every client is its address)" },
+      "the same from one client address (default 0 = no limit; behind a proxy every client has its address)" },
     { "--read-timeout", NULL, OPT_FLOAT, OFF(read_timeout), "SEC",
-      "a request's head and body must arrive within SEC of its first byte, or of the connection's previous "
+      "a request's head and body must arrive within SEC of the connection opening, or of its previous "
       "answer (default 30)" },
     { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
     { 0 },
