@@ -256,9 +256,51 @@ static void test_writer(void)
     free(w);
 }
 
+/* json_find_duplicate: nested objects and arrays, keys equal byte for
+ * byte only (\u0000 included), small objects and large (sorted) ones. */
+static void test_duplicates(void)
+{
+    static const struct { const char *text, *dup; } cases[] = {
+        { "{\"a\":1,\"b\":2}", NULL },
+        { "{\"a\":1,\"a\":2}", "a" },
+        { "[1,{\"x\":[{\"k\":1,\"K\":2}]},{\"y\":{\"k\":1,\"k\":2}}]", "k" },
+        { "{\"a\\u0000b\":1,\"a\":2,\"a\\u0000c\":3}", NULL },
+        { "{\"a\\u0000b\":1,\"a\\u0000b\":2}", "a" },
+        { "{\"\\u00e9\":1,\"\xc3\xa9\":2}", "\xc3\xa9" }, /* an escape and the raw bytes: one key */
+        { "\"top\"", NULL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_doc *d = parse(cases[i].text);
+        CHECK(d != NULL, "case %zu did not parse", i);
+        if (!d) continue;
+        const json_member *m = NULL;
+        const int rc = json_find_duplicate(json_root(d), &m);
+        CHECK(rc == (cases[i].dup != NULL) && (!cases[i].dup || (m && !strcmp(m->key, cases[i].dup))),
+              "case %zu: %d, '%s'", i, rc, m ? m->key : "(none)");
+        json_free(d);
+    }
+    /* 2000 distinct keys, then the same with one repeated far apart */
+    char *buf = malloc(64 * 2001);
+    CHECK(buf != NULL, "out of memory");
+    if (!buf) return;
+    for (int rep = 0; rep < 2; rep++) {
+        int n = sprintf(buf, "{");
+        for (int i = 0; i < 2000; i++) n += sprintf(buf + n, "%s\"k%d\":%d", i ? "," : "", rep && i == 1999 ? 3 : i, i);
+        sprintf(buf + n, "}");
+        json_doc *d = parse(buf);
+        const json_member *m = NULL;
+        const int rc = d ? json_find_duplicate(json_root(d), &m) : -2;
+        CHECK(rc == rep && (!rep || (m && !strcmp(m->key, "k3") && m->value.u.number == 1999)),
+              "2000 keys, repeat %d: %d '%s'", rep, rc, m ? m->key : "(none)");
+        json_free(d);
+    }
+    free(buf);
+}
+
 int main(void)
 {
     test_valid();
+    test_duplicates();
     test_escapes();
     test_malformed();
     test_depth();

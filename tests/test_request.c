@@ -21,6 +21,7 @@
 #include "server/request.h"
 #include "util/json.h"
 #include "util/paths.h"
+#include "util/textbuf.h"
 
 static srv_parse_env ENV;
 static int n_vocab;
@@ -232,11 +233,20 @@ static void test_fields(void)
         refused(SRV_EP_COMPLETIONS, big, SRV_PARSE_INVALID, "1 to 128");
     }
 
-    /* logit_bias: OpenAI's object of "id": bias, kept in order */
+    /* logit_bias: OpenAI's object of "id": bias, one entry per id (in id order) */
     r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"3\":-100,\"511\":2.5,\"0\":100}}");
-    CHECK(r->n_bias == 3 && r->bias_ids[0] == 3 && r->bias[0] == -100.0f && r->bias_ids[1] == 511 &&
-              r->bias[1] == 2.5f && r->bias_ids[2] == 0 && r->bias[2] == 100.0f,
+    CHECK(r->n_bias == 3 && r->bias_ids[0] == 0 && r->bias[0] == 100.0f && r->bias_ids[1] == 3 &&
+              r->bias[1] == -100.0f && r->bias_ids[2] == 511 && r->bias[2] == 2.5f,
           "logit_bias: %d entries", r->n_bias);
+    srv_request_release(r);
+    /* one id under several spellings: its biases add up, clamped to
+     * [-100, 100] (three times +60 is +100, not +180) */
+    r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"5\":60,\"05\":60,\"7\":-60,\"005\":60,"
+                                     "\"07\":-60}}");
+    CHECK(r->n_bias == 2 && r->bias_ids[0] == 5 && r->bias[0] == 100.0f && r->bias_ids[1] == 7 &&
+              r->bias[1] == -100.0f,
+          "logit_bias of one id spelt three ways: %d entries, first %d: %g", r->n_bias, r->n_bias ? r->bias_ids[0] : -1,
+          r->n_bias ? (double)r->bias[0] : 0.0);
     srv_request_release(r);
     r = accepted(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{}}");
     CHECK(r->n_bias == 0, "empty logit_bias: %d", r->n_bias);
@@ -250,6 +260,26 @@ static void test_fields(void)
     refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"5\":101}}", SRV_PARSE_INVALID, "[-100, 100]");
     refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":{\"5\":\"-100\"}}", SRV_PARSE_INVALID, "[-100, 100]");
     refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"logit_bias\":[[5,-100]]}", SRV_PARSE_INVALID, "must be an object");
+
+    /* a key twice in any object of the body: refused, naming the key
+     * (parsers disagree on which value counts) */
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"max_tokens\":1,\"max_tokens\":500}", SRV_PARSE_INVALID,
+            "duplicate key \"max_tokens\"");
+    refused(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"attn\":\"sparq\",\"attn\":\"dense\"}}",
+            SRV_PARSE_INVALID, "duplicate key \"attn\"");
+    refused(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"role\":\"system\"}]}",
+            SRV_PARSE_INVALID, "duplicate key \"role\"");
+    refused(SRV_EP_TOKENIZE, "{\"content\":\"a\",\"content\":\"b\"}", SRV_PARSE_INVALID, "duplicate key \"content\"");
+    {
+        /* 512 times "5": 1 (the sorted check of a large object) */
+        text_buf t = { 0 };
+        text_append(&t, "{\"prompt\":[1],\"logit_bias\":{", 28);
+        for (int i = 0; i < 512; i++) text_append(&t, i ? ",\"5\":1" : "\"5\":1", i ? 6 : 5);
+        text_append(&t, "}}", 2);
+        CHECK(t.data != NULL, "out of memory");
+        if (t.data) refused(SRV_EP_COMPLETIONS, t.data, SRV_PARSE_INVALID, "duplicate key \"5\"");
+        free(t.data);
+    }
 
     /* /detokenize: the ids as given; /tokenize of "" without specials: none */
     r = accepted(SRV_EP_DETOKENIZE, "{\"tokens\":[0,511,3]}");

@@ -277,7 +277,7 @@ static void raw_http(int port)
         huge[big - 2] = '"';
         huge[big - 1] = '}';
         huge[big] = 0;
-        CHECK(http(port, "POST", "/v1/completions", huge, big, 1, &r) == 0 && r.status == 400 &&
+        CHECK(http(port, "POST", "/v1/completions", huge, big, 1, &r) == 0 && r.status == 413 &&
                   is_error(&r, "exceeds the limit"), "huge body: %d %s", r.status, r.body ? r.body : "");
         resp_free(&r);
         free(huge);

@@ -21,9 +21,16 @@ int main(void)
     free(back);
     unlink(path);
     CHECK(text_read_file("/nonexistent/file", &n) == NULL, "missing file");
-    back = text_read_file("/dev/null", &n);
+    char empty[] = "/tmp/sparq_textbuf_empty_XXXXXX";
+    fd = mkstemp(empty);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd >= 0) close(fd);
+    back = text_read_file(empty, &n);
     CHECK(back && n == 0 && back[0] == 0, "empty file");
     free(back);
+    unlink(empty);
+    /* a device is not a file: /dev/zero would never end */
+    CHECK(text_read_file("/dev/null", &n) == NULL, "character device refused");
     /* a FIFO would block until a writer comes: refused at once */
     char dir[] = "/tmp/sparq_textbuf_fifo_XXXXXX", fifo[64];
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");

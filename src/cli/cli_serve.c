@@ -2,6 +2,10 @@
  * cycle (src/server/ does the work). */
 #include "cli/cli.h"
 #include "server/server.h"
+#include "util/paths.h"
+
+#include <errno.h>
+#include <fcntl.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -20,6 +24,8 @@ typedef struct serve_opts {
     const char *api_key, *api_key_file, *chat_template, *alias, *port_file;
     const char *kv_dir;
     int         kv_dir_mb;
+    int         max_conns, max_conns_per_ip;
+    float       read_timeout;
 } serve_opts;
 
 static const cli_opt serve_table[] = {
@@ -41,19 +47,35 @@ static const cli_opt serve_table[] = {
     { "--kv-dir", NULL, OPT_STR, OFF(kv_dir), "DIR",
       "also save cached prefixes as KV files in DIR and load other replicas' from it (a shared directory)" },
     { "--kv-dir-max", NULL, OPT_INT, OFF(kv_dir_mb), "MIB", "size budget of --kv-dir, least recently used files deleted (default 4096; 0 = none)" },
+    { "--max-conns", NULL, OPT_INT, OFF(max_conns), "N",
+      "open connections before a new request gets 503 (default: parallel + queue + 64)" },
+    { "--max-conns-per-ip", NULL, OPT_INT, OFF(max_conns_per_ip), "N",
+      "the same from one client address (default 0 = no limit; behind a proxy every client has its address)" },
+    { "--read-timeout", NULL, OPT_FLOAT, OFF(read_timeout), "SEC",
+      "a request's head and body must arrive within SEC of the connection opening, or of its previous "
+      "answer (default 30)" },
     { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
     { 0 },
 };
 
-static char *read_key(const char *path)
+/* The first line of path; NULL with the reason in err. A FIFO or device
+ * given as the key file is refused at once (the open cannot block). */
+static char *read_key(const char *path, char *err, size_t err_size)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
+    const int fd = path_open_regular(path, O_RDONLY, err, err_size);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) {
+            snprintf(err, err_size, "'%s': %s", path, strerror(errno));
+            close(fd);
+        }
+        return NULL;
+    }
     char buf[512];
     char *line = fgets(buf, sizeof buf, f);
     fclose(f);
-    if (!line) return NULL;
-    buf[strcspn(buf, "\r\n")] = 0;
+    buf[line ? strcspn(buf, "\r\n") : 0] = 0;
+    if (!buf[0]) snprintf(err, err_size, "'%s': no key on its first line", path);
     return buf[0] ? strdup(buf) : NULL;
 }
 
@@ -93,7 +115,7 @@ int cli_serve(int argc, char **argv)
     memset(&mo, 0, sizeof mo);
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096 };
+    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30 };
     cli_group groups[] = {
         { "model", cli_model_table, &mo },
         { "server", serve_table, &so },
@@ -108,6 +130,11 @@ int cli_serve(int argc, char **argv)
                         "and --timeout > 0\n");
         return 2;
     }
+    if (so.max_conns < 0 || so.max_conns > 100000 || so.max_conns_per_ip < 0 || so.max_conns_per_ip > 100000 ||
+        !(so.read_timeout > 0)) {
+        fprintf(stderr, "error: serve: --max-conns and --max-conns-per-ip 0..100000, --read-timeout > 0\n");
+        return 2;
+    }
     if (so.kv_dir_mb < 0 || (so.kv_dir && access(so.kv_dir, W_OK | X_OK) != 0)) {
         fprintf(stderr, "error: serve: --kv-dir must be a writable directory and --kv-dir-max >= 0\n");
         return 2;
@@ -117,9 +144,10 @@ int cli_serve(int argc, char **argv)
         fprintf(stderr, "error: --kv-type must be f16 or f32\n");
         return 2;
     }
-    char *key = so.api_key ? strdup(so.api_key) : so.api_key_file ? read_key(so.api_key_file) : NULL;
+    char kerr[512] = "out of memory";
+    char *key = so.api_key ? strdup(so.api_key) : so.api_key_file ? read_key(so.api_key_file, kerr, sizeof kerr) : NULL;
     if ((so.api_key || so.api_key_file) && !key) {
-        fprintf(stderr, "error: cannot read an API key from '%s'\n", so.api_key_file ? so.api_key_file : "--api-key");
+        fprintf(stderr, "error: serve: cannot read an API key: %s\n", so.api_key_file ? kerr : "--api-key: out of memory");
         return 2;
     }
     char path[1024], err[512];
@@ -150,6 +178,9 @@ int cli_serve(int argc, char **argv)
     cfg.prefix_cache_bytes = (size_t)so.prefix_mb << 20;
     cfg.kv_dir = so.kv_dir;
     cfg.kv_dir_bytes = (size_t)so.kv_dir_mb << 20;
+    cfg.max_conns = so.max_conns;
+    cfg.max_conns_per_ip = so.max_conns_per_ip;
+    cfg.read_timeout = so.read_timeout;
     if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         sparq_model_free(m);

@@ -516,6 +516,12 @@ static int save_rows(void *user, int layer, int head, kvf_head_rows *out, char *
 int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
                           const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size)
 {
+    return context_save_kv_as(c, path, NULL, indexes, tokens, n_tokens, err, err_size);
+}
+
+int context_save_kv_as(sparq_context *c, const char *path, const char *tmp, const char *indexes,
+                       const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size)
+{
     const kv_cache *kv = &c->kv;
     if (tokens && n_tokens != kv->n)
         {
@@ -525,7 +531,7 @@ int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexe
     }
     kvf_writer *w;
     if (c->kvw) { /* built in place: this file, finished now */
-        if (strcmp(path, kvf_writer_path(c->kvw)) != 0 || kv->n != c->kvw_n || !tokens ||
+        if (strcmp(path, kvf_writer_path(c->kvw)) != 0 || tmp || kv->n != c->kvw_n || !tokens ||
             strcmp(indexes ? indexes : "", c->kvw_indexes) != 0) {
             snprintf(err, err_size, "save_kv: this context's cache is being built in '%s' for %lld positions "
                      "with indexes [%s]; it saves there, with those", kvf_writer_path(c->kvw), (long long)c->kvw_n,
@@ -537,8 +543,8 @@ int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexe
     } else {
         kvf_fingerprint fp;
         model_fingerprint(c->model, &fp);
-        if (kvf_writer_create(path, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
-                              indexes, &w, err, err_size))
+        if (kvf_writer_create_as(path, tmp, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
+                                 indexes, &w, err, err_size))
             return -1;
     }
     if (tokens) kvf_writer_tokens(w, tokens);

@@ -166,4 +166,10 @@ void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const
 struct kvf_fingerprint;
 void model_fingerprint(const sparq_model *m, struct kvf_fingerprint *out);
 
+/* sparq_context_save_kv written under the name tmp (NULL: path.tmp), then
+ * renamed to path: one rename, and tmp created exclusively (the server's
+ * --kv-dir gives each writer its own temp name). context.c. */
+int context_save_kv_as(sparq_context *c, const char *path, const char *tmp, const char *indexes,
+                       const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size);
+
 #endif

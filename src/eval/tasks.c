@@ -19,10 +19,12 @@
 #include "util/paths.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 
@@ -357,8 +359,15 @@ int task_read_gz(const char *task, const char *path, char **out, size_t *n_out, 
 {
     *out = NULL;
     *n_out = 0;
-    gzFile g = gzopen(path, "rb");
-    if (!g) return err_set(err, err_size, "%s: cannot open %s", task, path);
+    /* a FIFO or device here would block gzopen: open it ourselves */
+    char why[300];
+    const int fd = path_open_regular(path, O_RDONLY, why, sizeof why);
+    if (fd < 0) return err_set(err, err_size, "%s: %s", task, why);
+    gzFile g = gzdopen(fd, "rb");
+    if (!g) {
+        close(fd);
+        return err_set(err, err_size, "%s: cannot open %s", task, path);
+    }
     size_t cap = 1 << 22, n = 0;
     char *buf = malloc(cap);
     int rc = 0;

@@ -13,6 +13,7 @@
  *   context             sparq_context_save_kv (sparq.h)
  */
 #include "util/err.h"
+#include "util/paths.h"
 #include "io/kvfile.h"
 #include "index/index.h"
 #include "tensor/quant.h"
@@ -354,6 +355,25 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
                       int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
                       kvf_writer **out, char *err, size_t err_size)
 {
+    return kvf_writer_create_as(path, NULL, fp, elem, n, cap, with_kt, n_tokens, kinds, out, err, err_size);
+}
+
+/* Creates tmp for writing, never through a name planted there: O_EXCL and
+ * O_NOFOLLOW refuse an existing file or symlink, which (a left-over of a
+ * crashed writer, or a link aimed at a victim) is unlinked, not followed,
+ * and the create tried once more. */
+static int create_exclusive(const char *tmp)
+{
+    const int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int fd = open(tmp, flags, 0644);
+    if (fd < 0 && errno == EEXIST && unlink(tmp) == 0) fd = open(tmp, flags, 0644);
+    return fd;
+}
+
+int kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprint *fp, int elem, int64_t n,
+                         int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
+                         kvf_writer **out, char *err, size_t err_size)
+{
     *out = NULL;
     kvf_writer *w = calloc(1, sizeof *w);
     if (!w) return err_set(err, err_size, "kvfile: out of memory");
@@ -380,9 +400,9 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
         kvf_writer_abort(w);
         return err_set(err, err_size, "kvfile '%s': nothing to save (the cache is empty)", path);
     }
-    const size_t plen = strlen(path);
+    const size_t plen = strlen(path), tlen = tmp ? strlen(tmp) + 1 : plen + 5;
     w->path = malloc(plen + 1);
-    w->tmp = malloc(plen + 5);
+    w->tmp = malloc(tlen);
     w->meta = calloc(1, w->L.meta_bytes ? (size_t)w->L.meta_bytes : 1);
     w->head_done = calloc((size_t)heads, 1);
     w->slot_done = calloc((size_t)(heads * (nk ? nk : 1)), 1);
@@ -391,14 +411,17 @@ int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int
         return err_set(err, err_size, "kvfile '%s': out of memory", path);
     }
     memcpy(w->path, path, plen + 1);
-    snprintf(w->tmp, plen + 5, "%s.tmp", path);
-    w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (tmp) memcpy(w->tmp, tmp, tlen);
+    else snprintf(w->tmp, tlen, "%s.tmp", path);
+    w->fd = create_exclusive(w->tmp);
     if (w->fd < 0) {
         int e = errno;
+        char t[4096];
+        snprintf(t, sizeof t, "%s", w->tmp);
         free(w->tmp);
         w->tmp = NULL; /* nothing of ours to unlink */
         kvf_writer_abort(w);
-        return err_set(err, err_size, "kvfile: cannot create '%s.tmp': %s", path, strerror(e));
+        return err_set(err, err_size, "kvfile: cannot create '%s': %s", t, strerror(e));
     }
     w->append = w->L.images_off;
     *out = w;
@@ -628,12 +651,21 @@ int kvf_check_writable(const char *path, char *err, size_t err_size)
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
         return err_set(err, err_size, "kvfile: path of %zu bytes is too long", strlen(path));
-    /* the writer creates path.tmp and renames it: try exactly that */
-    const int existed = access(tmp, F_OK) == 0;
-    const int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return err_set(err, err_size, "kvfile: cannot create '%s': %s", tmp, strerror(errno));
-    close(fd);
-    if (!existed) unlink(tmp);
+    /* the writer creates path.tmp and renames it: try exactly that, never
+     * through a name already there (it would follow a planted symlink) */
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+        return 0;
+    }
+    if (errno != EEXIST) return err_set(err, err_size, "kvfile: cannot create '%s': %s", tmp, strerror(errno));
+    /* something is there already: the writer will unlink it, which takes
+     * a writable directory */
+    char *slash = strrchr(tmp, '/');
+    if (slash) slash[slash == tmp ? 1 : 0] = 0;
+    if (access(slash ? tmp : ".", W_OK | X_OK) != 0)
+        return err_set(err, err_size, "kvfile: cannot write in the directory of '%s': %s", path, strerror(errno));
     return 0;
 }
 
@@ -891,8 +923,9 @@ static int fingerprint_check(const kvf_fingerprint *file, const kvf_fingerprint 
 static int open_checked(kvf_file *f, const char *path, const kvf_fingerprint *expect, int verify,
                         char *err, size_t err_size)
 {
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) return err_set(err, err_size, "cannot open: %s", strerror(errno));
+    f->fd = path_open_regular(path, O_RDONLY, NULL, 0); /* a FIFO here would block the reader for good */
+    if (f->fd < 0)
+        return err_set(err, err_size, "cannot open: %s", errno == EINVAL ? "not a regular file" : strerror(errno));
     struct stat st;
     if (fstat(f->fd, &st) != 0) return err_set(err, err_size, "cannot stat: %s", strerror(errno));
     if (st.st_size < KVF_PAGE)

@@ -148,6 +148,12 @@ typedef struct kvf_writer kvf_writer;
 int  kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int64_t n,
                        int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
                        kvf_writer **out, char *err, size_t err_size);
+/* The same, written under the name tmp (NULL: path.tmp) and renamed to
+ * path by kvf_writer_finish. tmp is created exclusively: a file or symlink
+ * already under that name is unlinked, never written through. */
+int  kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprint *fp, int elem, int64_t n,
+                          int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
+                          kvf_writer **out, char *err, size_t err_size);
 int  kvf_writer_tokens(kvf_writer *w, const int32_t *tokens);
 /* One head: k, v [n][d] rows of elem; v_sum [d] (the cache's running sum,
  * stored as is) or NULL (summed here in position order, as kv_write does).
@@ -194,8 +200,10 @@ uint8_t *kvf_map_kt(const kvf_map *m); /* NULL without K^T */
 void     kvf_map_free(void *map);
 
 /* Whether a writer for path could start: path is not a directory or other
- * non-file, and path.tmp can be created (it is removed again unless it was
- * there). For commands that check before a long computation. */
+ * non-file, and path.tmp can be created (probed exclusively and removed
+ * again; if something is there already, its directory must be writable for
+ * the writer to replace it). For commands that check before a long
+ * computation. */
 int  kvf_check_writable(const char *path, char *err, size_t err_size);
 /* Checks every head and slot was written, writes metadata and header,
  * syncs and renames. Frees w whatever the outcome (the temp file is

@@ -92,12 +92,13 @@ static int kvdir_sweep(const srv_kvdir *kd, const char *keep)
     while ((e = readdir(d))) {
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", kd->dir, e->d_name);
-        if (e->d_name[0] == '.' && strstr(e->d_name, ".part") && stat(p, &st) == 0 &&
+        /* lstat: a symlink is judged as itself, not by what it points to */
+        if (e->d_name[0] == '.' && strstr(e->d_name, ".part") && lstat(p, &st) == 0 &&
             now - st.st_mtime > KVDIR_STALE_SECONDS) {
             deleted += unlink(p) == 0;
             continue;
         }
-        if (!is_kv_name(e->d_name) || stat(p, &st) != 0) continue;
+        if (!is_kv_name(e->d_name) || lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) continue;
         total += (size_t)st.st_size;
         if (!strcmp(p, keep)) continue;
         if (n == cap) {
@@ -132,20 +133,12 @@ int kvdir_save(srv_kvdir *kd, sparq_context *c, const int32_t *tokens, int n, co
     if (id) kvdir_path_named(kd, id, path, sizeof path);
     else kvdir_path(kd, tokens, n, path, sizeof path);
     if (!replace && access(path, F_OK) == 0) return 0;
-    /* unique per writer: save_kv writes part.tmp and renames it to part */
+    /* unique per writer, created exclusively (a symlink planted under the
+     * name is unlinked, never written through) and renamed straight to its
+     * KV name: a rename replaces whatever entry is there, it never follows
+     * a symlink at the destination */
     snprintf(part, sizeof part, "%s/.%s.%ld.%u.part", kd->dir, strrchr(path, '/') + 1, (long)getpid(), kd->seq++);
-    if (sparq_context_save_kv(c, part, NULL, tokens, n, err, err_size)) {
-        char tmp[PATH_MAX + 8];
-        snprintf(tmp, sizeof tmp, "%s.tmp", part);
-        unlink(tmp);
-        unlink(part);
-        return -1;
-    }
-    if (rename(part, path) != 0) {
-        snprintf(err, err_size, "kv-dir: rename '%s': %s", path, strerror(errno));
-        unlink(part);
-        return -1;
-    }
+    if (context_save_kv_as(c, path, part, NULL, tokens, n, err, err_size)) return -1;
     *evicted = kvdir_sweep(kd, path);
     return 1;
 }
@@ -158,6 +151,14 @@ static sparq_context *load_path(const srv_kvdir *kd, sparq_model *m, const char 
 {
     char err[256];
     *match = 0;
+    /* only files a writer renamed into place: a FIFO, device or symlink
+     * planted under a KV name is left alone (never opened, never removed) */
+    struct stat st;
+    if (lstat(path, &st) != 0) return NULL;
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "serve: kv-dir: ignoring '%s': not a regular file\n", path);
+        return NULL;
+    }
     if (access(path, R_OK) != 0) return NULL;
     kvf_file *kf = NULL;
     int64_t stored = -1;

@@ -95,6 +95,13 @@ static int fgetf(const json_value *o, const char *key, double lo, double hi, flo
     return 0;
 }
 
+/* Orders indexes into the ids array given as ctx (qsort_r), by id. */
+static int bias_cmp(const void *a, const void *b, void *ctx)
+{
+    const int32_t *ids = ctx, x = ids[*(const int32_t *)a], y = ids[*(const int32_t *)b];
+    return (x > y) - (x < y);
+}
+
 /* OpenAI's "logit_bias": {"<token id>": bias, ...}, bias in [-100, 100],
  * added to the logits before sampling (greedy included), as OpenAI and
  * llama-server do; -100 all but bans a token. Logprobs stay those of the
@@ -131,7 +138,39 @@ static int parse_logit_bias(const srv_parse_env *e, const json_value *b, srv_req
         r->bias_ids[i] = (int32_t)id;
         r->bias[i] = (float)m->value.u.number;
     }
-    r->n_bias = (int)b->n;
+    /* one entry per token id ("5" and "05" name the same one): the sum of
+     * its biases, clamped to the documented range, so no id gets more than
+     * +-100 however often it is written */
+    int32_t *ord = malloc(b->n * sizeof *ord);
+    if (!ord) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < b->n; i++) ord[i] = (int32_t)i;
+    qsort_r(ord, b->n, sizeof *ord, bias_cmp, r->bias_ids);
+    int32_t *ids = malloc(b->n * sizeof *ids);
+    float *val = malloc(b->n * sizeof *val);
+    if (!ids || !val) {
+        free(ord);
+        free(ids);
+        free(val);
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    int m = 0;
+    for (size_t i = 0; i < b->n;) {
+        const int32_t id = r->bias_ids[ord[i]];
+        double sum = 0;
+        for (; i < b->n && r->bias_ids[ord[i]] == id; i++) sum += r->bias[ord[i]];
+        ids[m] = id;
+        val[m++] = (float)(sum > 100 ? 100 : sum < -100 ? -100 : sum);
+    }
+    free(ord);
+    free(r->bias_ids);
+    free(r->bias);
+    r->bias_ids = ids;
+    r->bias = val;
+    r->n_bias = m;
     return 0;
 }
 
@@ -500,6 +539,18 @@ int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *bod
     json_doc *d = json_parse(body ? body : "", body ? len : 0, 64, err, err_size);
     if (!d) return SRV_PARSE_BAD_JSON;
     const json_value *o = json_root(d);
+    /* which of two values counts differs between parsers (a proxy that
+     * checked the last "max_tokens" would pass a first one it never saw):
+     * a request says each field once */
+    const json_member *dup = NULL;
+    const int drc = json_find_duplicate(o, &dup);
+    if (drc) {
+        char q[300];
+        if (drc > 0) snprintf(err, err_size, "duplicate key \"%s\"", quote(q, sizeof q, dup->key, dup->key_len, 64));
+        else snprintf(err, err_size, "out of memory");
+        json_free(d);
+        return SRV_PARSE_INVALID;
+    }
     int rc;
     switch (ep) {
     case SRV_EP_COMPLETIONS: rc = parse_generate(env, o, 0, r, err, err_size); break;

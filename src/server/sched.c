@@ -311,7 +311,7 @@ static void finish(srv_server *s, slot *sl, const char *reason, int status, cons
     if (status) {
         r->err_status = status;
         snprintf(r->error, sizeof r->error, "%s", msg);
-        s->metrics.errors++;
+        s->metrics.errors += status != 499; /* a client's cancellation is counted apart, not as a failure */
     }
     r->state = REQ_DONE;
     r->text_ok = r->text.len;
@@ -909,7 +909,7 @@ void *srv_sched_main(void *arg)
                 snprintf(r->error, sizeof r->error, "%s", gone ? "cancelled" : "request timed out");
                 r->finish = gone ? "stop" : "length";
                 r->state = REQ_DONE;
-                s->metrics.errors++;
+                s->metrics.errors += !gone;
                 s->metrics.cancelled += gone;
                 srv_request_release(r);
                 continue;

@@ -28,12 +28,22 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { EP_NONE, EP_COMPLETIONS, EP_CHAT };
+enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE };
 
 typedef struct conn {
     srv_server  *s;
+    struct MHD_Connection *mc;
     text_buf     body;
     int          too_large;
+    int          started;       /* the access handler has seen the headers  */
+    int          nul_in_path;   /* the raw path holds %00                   */
+    int          cut;           /* the read deadline passed (the watchdog)  */
+    const char  *raw_uri;       /* on_uri's view of the request target ...  */
+    size_t       raw_len;       /* ... and its length as a C string         */
+    int          status;        /* the HTTP status queued (0: none)         */
+    double       t0;            /* when the request line arrived            */
+    unsigned long long seq;     /* this process's request number            */
+    char         method[12], route[24];
     srv_request *r;             /* generation in flight (one reference)    */
     int          chat;
     char         id[48];
@@ -46,16 +56,36 @@ typedef struct conn {
     int          sent_toks, sent_role, finished;
 } conn;
 
+/* One open connection (libmicrohttpd's socket context), in the server's
+ * list from accept to close: what the connection limits count and what
+ * the watchdog cuts when a request takes too long to arrive. [lock] */
+typedef struct srv_sock {
+    struct srv_sock *prev, *next;
+    int      fd;
+    uint32_t addr;              /* the peer's IPv4 address (network order)  */
+    double   t0;                /* when the current request began to arrive */
+    int      reading;           /* 1 until its head and body are in         */
+    int      cut;               /* the watchdog shut it down                */
+} srv_sock;
+
 /* ---- responses --------------------------------------------------------------- */
 
-static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *ctype, const char *body,
+/* Every response goes out here, so the request log knows its status. */
+static enum MHD_Result queue(conn *k, int status, struct MHD_Response *res)
+{
+    const enum MHD_Result rc = MHD_queue_response(k->mc, (unsigned)status, res);
+    if (rc == MHD_YES) k->status = status;
+    return rc;
+}
+
+static enum MHD_Result reply(conn *k, int status, const char *ctype, const char *body,
                              size_t len, const char *extra_header, const char *extra_value)
 {
     struct MHD_Response *res = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!res) return MHD_NO;
     MHD_add_response_header(res, "Content-Type", ctype);
     if (extra_header) MHD_add_response_header(res, extra_header, extra_value);
-    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, res);
+    enum MHD_Result rc = queue(k, status, res);
     MHD_destroy_response(res);
     return rc;
 }
@@ -88,20 +118,20 @@ static char *err_json(int status, const char *code, const char *msg)
     return buf;
 }
 
-static enum MHD_Result err_reply(struct MHD_Connection *c, int status, const char *code, const char *msg)
+static enum MHD_Result err_reply(conn *k, int status, const char *code, const char *msg)
 {
     char *b = err_json(status, code, msg);
     if (!b) return MHD_NO;
-    enum MHD_Result rc = reply(c, status, "application/json", b, strlen(b),
+    enum MHD_Result rc = reply(k, status, "application/json", b, strlen(b),
                                status == 503 ? "Retry-After" : status == 405 ? "Allow" : NULL,
                                status == 503 ? "1" : "POST");
     free(b);
     return rc;
 }
 
-static enum MHD_Result json_reply(struct MHD_Connection *c, int status, char *buf, size_t len)
+static enum MHD_Result json_reply(conn *k, int status, char *buf, size_t len)
 {
-    enum MHD_Result rc = buf ? reply(c, status, "application/json", buf, len, NULL, NULL) : MHD_NO;
+    enum MHD_Result rc = buf ? reply(k, status, "application/json", buf, len, NULL, NULL) : MHD_NO;
     free(buf);
     return rc;
 }
@@ -377,21 +407,21 @@ static srv_parse_env parse_env(const srv_server *s)
     return e;
 }
 
-static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int chat)
+static enum MHD_Result handle_generate(conn *k, int chat)
 {
     srv_server *s = k->s;
     char err[512];
     srv_request *r = calloc(1, sizeof *r);
     int status = 400;
     const char *code = "invalid_request";
-    if (!r) return err_reply(c, 500, NULL, "out of memory");
+    if (!r) return err_reply(k, 500, NULL, "out of memory");
     r->refs = 1;
     const srv_parse_env env = parse_env(s);
     const int prc = srv_parse_request(&env, chat ? SRV_EP_CHAT : SRV_EP_COMPLETIONS, k->body.data, k->body.len, r,
                                       err, sizeof err);
     if (prc == SRV_PARSE_BAD_JSON) {
         srv_request_release(r);
-        return err_reply(c, 400, "invalid_json", err);
+        return err_reply(k, 400, "invalid_json", err);
     }
     if (prc == SRV_PARSE_TOO_LONG) code = "context_length_exceeded";
     if (prc) goto bad;
@@ -406,10 +436,10 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int ch
         s->metrics.rejected++;
         const int stopping = s->stopping;
         pthread_mutex_unlock(&s->lock);
-        return err_reply(c, 503, "server_busy",
+        return err_reply(k, 503, "server_busy",
                          stopping ? "the server is shutting down" : "the queue is full; retry later");
     }
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(k->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     k->fd = ci ? ci->connect_fd : -1;
     static const char *const alpha = "abcdefghijklmnopqrstuvwxyz0123456789";
     uint8_t rb[20];
@@ -427,7 +457,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int ch
             char *e = err_json(r->err_status, NULL, r->error);
             int st = r->err_status;
             pthread_mutex_unlock(&s->lock);
-            enum MHD_Result rc = e ? reply(c, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
+            enum MHD_Result rc = e ? reply(k, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
             free(e);
             return rc;
         }
@@ -436,7 +466,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int ch
         if (!res) return MHD_NO;
         MHD_add_response_header(res, "Content-Type", "text/event-stream");
         MHD_add_response_header(res, "Cache-Control", "no-cache");
-        enum MHD_Result rc = MHD_queue_response(c, MHD_HTTP_OK, res);
+        enum MHD_Result rc = queue(k, MHD_HTTP_OK, res);
         MHD_destroy_response(res);
         return rc;
     }
@@ -448,24 +478,24 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, conn *k, int ch
         char *e = err_json(r->err_status, r->err_status == 504 ? "timeout" : NULL, r->error);
         int st = r->err_status;
         pthread_mutex_unlock(&s->lock);
-        enum MHD_Result rc = e ? reply(c, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
+        enum MHD_Result rc = e ? reply(k, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
         free(e);
         return rc;
     }
     size_t len = 0;
     char *body = write_completion(k, &len);
     pthread_mutex_unlock(&s->lock);
-    return json_reply(c, 200, body, len);
+    return json_reply(k, 200, body, len);
 bad:
     srv_request_release(r);
     pthread_mutex_lock(&s->lock);
     s->metrics.requests++;
     s->metrics.errors++;
     pthread_mutex_unlock(&s->lock);
-    return err_reply(c, status, code, err);
+    return err_reply(k, status, code, err);
 }
 
-static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *k, int detok)
+static enum MHD_Result handle_tokenize(conn *k, int detok)
 {
     srv_server *s = k->s;
     char err[512];
@@ -478,7 +508,7 @@ static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *k, int de
     const int n = r.n_prompt;
     if (prc) {
         free(ids);
-        return err_reply(c, 400, prc == SRV_PARSE_BAD_JSON ? "invalid_json" : "invalid_request", err);
+        return err_reply(k, 400, prc == SRV_PARSE_BAD_JSON ? "invalid_json" : "invalid_request", err);
     }
     char *buf = NULL;
     size_t len = 0;
@@ -506,11 +536,12 @@ static enum MHD_Result handle_tokenize(struct MHD_Connection *c, conn *k, int de
     }
     fclose(f);
     free(ids);
-    return json_reply(c, 200, buf, len);
+    return json_reply(k, 200, buf, len);
 }
 
-static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
+static enum MHD_Result handle_metrics(conn *k)
 {
+    srv_server *s = k->s;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -522,9 +553,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
 #define METRIC(name, type, help, fmt, val) \
     fprintf(f, "# HELP sparq_" name " " help "\n# TYPE sparq_" name " " type "\nsparq_" name " " fmt "\n", val)
     METRIC("requests_total", "counter", "Generation requests received.", "%lld", (long long)m.requests);
-    METRIC("request_errors_total", "counter", "Generation requests that failed (4xx/5xx).", "%lld", (long long)m.errors);
+    METRIC("request_errors_total", "counter", "Generation requests that failed (4xx/5xx; not client cancellations).",
+           "%lld", (long long)m.errors);
     METRIC("requests_rejected_total", "counter", "Requests refused because the queue was full (503).", "%lld", (long long)m.rejected);
-    METRIC("requests_cancelled_total", "counter", "Sequences cancelled by a client disconnect.", "%lld", (long long)m.cancelled);
+    METRIC("requests_cancelled_total", "counter", "Generation requests cancelled by their client (a disconnect), apart from errors.", "%lld", (long long)m.cancelled);
     METRIC("queue_depth", "gauge", "Requests waiting for a slot.", "%d", queued);
     METRIC("active_sequences", "gauge", "Sequences being prefilled or decoded.", "%d", active);
     METRIC("prefill_tokens_total", "counter", "Prompt tokens prefilled.", "%lld", (long long)m.prefill_tokens);
@@ -566,13 +598,14 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, srv_server *s)
     for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)
         fprintf(f, "sparq_attn_bytes_read_total{policy=\"%s\"} %lld\n", sparq_attn_policy_name(i), (long long)m.attn_bytes[i]);
     fclose(f);
-    enum MHD_Result rc = buf ? reply(c, 200, "text/plain; version=0.0.4", buf, len, NULL, NULL) : MHD_NO;
+    enum MHD_Result rc = buf ? reply(k, 200, "text/plain; version=0.0.4", buf, len, NULL, NULL) : MHD_NO;
     free(buf);
     return rc;
 }
 
-static enum MHD_Result handle_models(struct MHD_Connection *c, srv_server *s)
+static enum MHD_Result handle_models(conn *k)
 {
+    srv_server *s = k->s;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -581,7 +614,7 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, srv_server *s)
     json_write_str(f, s->cfg.model_id, strlen(s->cfg.model_id));
     fprintf(f, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"sparq\"}]}", (long)time(NULL));
     fclose(f);
-    return json_reply(c, 200, buf, len);
+    return json_reply(k, 200, buf, len);
 }
 
 /* ---- routing --------------------------------------------------------------------------------- */
@@ -598,20 +631,197 @@ static int authorised(struct MHD_Connection *c, const srv_server *s)
     return diff == 0;
 }
 
+/* Starts (1) or stops (0) the read deadline of k's connection; notes in
+ * k whether the watchdog had cut it. */
+static void sock_reading(conn *k, int reading)
+{
+    const union MHD_ConnectionInfo *si = MHD_get_connection_info(k->mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_sock *so = si ? si->socket_context : NULL;
+    if (!so) return;
+    pthread_mutex_lock(&k->s->lock);
+    k->cut |= so->cut;
+    so->reading = reading;
+    so->t0 = srv_now();
+    pthread_mutex_unlock(&k->s->lock);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    srv_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        srv_sock *so = calloc(1, sizeof *so);
+        *socket_context = so;
+        if (!so) return; /* neither limited nor watched: the daemon's hard limit still holds */
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        so->fd = fi ? fi->connect_fd : -1;
+        if (ai && ai->client_addr && ai->client_addr->sa_family == AF_INET)
+            so->addr = ((const struct sockaddr_in *)(const void *)ai->client_addr)->sin_addr.s_addr;
+        so->reading = 1;
+        so->t0 = srv_now();
+        pthread_mutex_lock(&s->lock);
+        so->next = s->socks;
+        if (s->socks) s->socks->prev = so;
+        s->socks = so;
+        s->n_socks++;
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    srv_sock *so = *socket_context;
+    if (!so) return;
+    /* libmicrohttpd closes the socket after this returns: once out of the
+     * list (under the lock) the watchdog can no longer touch its fd */
+    pthread_mutex_lock(&s->lock);
+    if (so->prev) so->prev->next = so->next;
+    else s->socks = so->next;
+    if (so->next) so->next->prev = so->prev;
+    s->n_socks--;
+    pthread_mutex_unlock(&s->lock);
+    free(so);
+    *socket_context = NULL;
+}
+
+/* libmicrohttpd's connection timeout counts idle time only: a client that
+ * sends its head (or body) one byte every few seconds holds a connection,
+ * and with one thread per connection a thread, for as long as it likes.
+ * This thread shuts down (the socket, not the fd: libmicrohttpd still owns
+ * and closes it) every connection whose request has not fully arrived
+ * read_timeout seconds after it began. */
+static void *watchdog_main(void *arg)
+{
+    srv_server *s = arg;
+    pthread_mutex_lock(&s->lock);
+    while (!s->stopping) {
+        const double now = srv_now();
+        for (srv_sock *so = s->socks; so; so = so->next)
+            if (so->reading && !so->cut && so->fd >= 0 && now - so->t0 > s->cfg.read_timeout) {
+                shutdown(so->fd, SHUT_RDWR);
+                so->cut = 1;
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->wake_watchdog, &s->lock, &ts);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+static conn *conn_new(srv_server *s)
+{
+    conn *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->s = s;
+    k->fd = -1;
+    k->t0 = srv_now();
+    pthread_mutex_lock(&s->lock);
+    k->seq = ++s->n_requests;
+    pthread_mutex_unlock(&s->lock);
+    return k;
+}
+
+static enum MHD_Result body_too_large(conn *k)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "the request body exceeds the limit of %zu bytes", k->s->cfg.max_body);
+    return err_reply(k, 413, "body_too_large", msg);
+}
+
+/* The access handler's first call for a request (the head is complete, no
+ * byte of the body has been read): everything that can be decided from
+ * the head is answered now, so a client that is refused (unknown path,
+ * wrong method, no API key, a declared body over the limit) never makes
+ * the server read, let alone buffer, its body. libmicrohttpd then closes
+ * the connection instead of reading the rest. Returns MHD_YES with nothing
+ * queued when the request goes on to its body. */
+static enum MHD_Result on_head(conn *k, const char *url, const char *method, int ep, const char *allow)
+{
+    srv_server *s = k->s;
+    if (k->nul_in_path) return err_reply(k, 400, "invalid_request", "the path holds a NUL byte (%00)");
+    if (!ep && !allow) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no endpoint %.100s", url);
+        return err_reply(k, 404, "not_found", msg);
+    }
+    if (allow) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%.60s takes %s, not %.16s", url, allow, method);
+        char *b = err_json(405, "method_not_allowed", msg);
+        struct MHD_Response *res;
+        if (!b || !(res = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE))) {
+            free(b);
+            return MHD_NO;
+        }
+        MHD_add_response_header(res, "Content-Type", "application/json");
+        MHD_add_response_header(res, "Allow", allow);
+        enum MHD_Result rc = queue(k, 405, res);
+        MHD_destroy_response(res);
+        return rc;
+    }
+    /* past the connection limits: a 503 the client can act on, while
+     * libmicrohttpd's own (higher) limit would only reset the connection */
+    int n_socks = 0, from_addr = 0;
+    const union MHD_ConnectionInfo *si = MHD_get_connection_info(k->mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const srv_sock *me = si ? si->socket_context : NULL;
+    pthread_mutex_lock(&s->lock);
+    n_socks = s->n_socks;
+    if (me && s->cfg.max_conns_per_ip > 0)
+        for (const srv_sock *o = s->socks; o; o = o->next) from_addr += o->addr == me->addr;
+    pthread_mutex_unlock(&s->lock);
+    if (n_socks > s->cfg.max_conns || (s->cfg.max_conns_per_ip > 0 && from_addr > s->cfg.max_conns_per_ip))
+        return err_reply(k, 503, "too_many_connections",
+                         n_socks > s->cfg.max_conns ? "too many open connections; retry later"
+                                                    : "too many open connections from your address; retry later");
+    if (ep != EP_HEALTH && !authorised(k->mc, s))
+        return err_reply(k, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
+    const char *cl = MHD_lookup_connection_value(k->mc, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) k->too_large = 1;
+    if (k->too_large) return body_too_large(k);
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
     srv_server *s = cls;
-    (void)version;
     conn *k = *con_cls;
-    if (!k) {
-        if (!(k = calloc(1, sizeof *k))) return MHD_NO;
-        k->s = s;
-        k->fd = -1;
+    if (!k) { /* on_uri could not allocate */
+        if (!(k = conn_new(s))) return MHD_NO;
         *con_cls = k;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) k->too_large = 1;
-        return MHD_YES;
+    }
+    k->mc = c;
+    static const struct { const char *path, *method; int ep; } routes[] = {
+        { "/v1/completions", "POST", EP_COMPLETIONS }, { "/v1/chat/completions", "POST", EP_CHAT },
+        { "/v1/models", "GET", EP_MODELS }, { "/health", "GET", EP_HEALTH }, { "/metrics", "GET", EP_METRICS },
+        { "/tokenize", "POST", EP_TOKENIZE }, { "/detokenize", "POST", EP_DETOKENIZE },
+        { "/completions", "POST", EP_COMPLETIONS }, { "/chat/completions", "POST", EP_CHAT },
+        { "/models", "GET", EP_MODELS },
+    };
+    int ep = EP_NONE;
+    const char *allow = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !ep && !allow; i++) {
+        if (strcmp(url, routes[i].path) != 0) continue;
+        if (strcmp(method, routes[i].method) != 0) allow = routes[i].method;
+        else ep = routes[i].ep;
+    }
+    if (!k->started) {
+        k->started = 1;
+        /* A NUL byte sent as is: libmicrohttpd 0.9.75 parses the request
+         * line in place, the target from url up to the NUL it wrote over
+         * the space before the version, so a target that ends (as a C
+         * string) before that NUL held one. Checked only when the pointers
+         * show that layout; otherwise nothing is concluded. */
+        if (k->raw_uri == url && version > url && (size_t)(version - url) < ((size_t)1 << 20) &&
+            (size_t)(version - url) > k->raw_len + 1)
+            k->nul_in_path = 1;
+        /* the log names the route, never the client's own path */
+        snprintf(k->route, sizeof k->route, "%s", ep || allow ? url : "-");
+        snprintf(k->method, sizeof k->method, "%s", method);
+        for (char *m = k->method; *m; m++)
+            if (*m < 'A' || *m > 'Z') *m = '?';
+        return on_head(k, url, method, ep, allow);
     }
     if (*upload_size) {
         if (!k->too_large && k->body.len + *upload_size > s->cfg.max_body) k->too_large = 1;
@@ -619,75 +829,92 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
-    static const struct { const char *path, *method; int ep; } routes[] = {
-        { "/v1/completions", "POST", 1 }, { "/v1/chat/completions", "POST", 2 }, { "/v1/models", "GET", 3 },
-        { "/health", "GET", 4 }, { "/metrics", "GET", 5 }, { "/tokenize", "POST", 6 }, { "/detokenize", "POST", 7 },
-        { "/completions", "POST", 1 }, { "/chat/completions", "POST", 2 }, { "/models", "GET", 3 },
-    };
-    int ep = 0;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !ep; i++) {
-        if (strcmp(url, routes[i].path) != 0) continue;
-        if (strcmp(method, routes[i].method) != 0) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "%s takes %s, not %.16s", url, routes[i].method, method);
-            struct MHD_Response *res;
-            char *b = err_json(405, "method_not_allowed", msg);
-            if (!b || !(res = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE))) {
-                free(b);
-                return MHD_NO;
-            }
-            MHD_add_response_header(res, "Content-Type", "application/json");
-            MHD_add_response_header(res, "Allow", routes[i].method);
-            enum MHD_Result rc = MHD_queue_response(c, 405, res);
-            MHD_destroy_response(res);
-            return rc;
-        }
-        ep = routes[i].ep;
-    }
-    if (!ep) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "no endpoint %.100s", url);
-        return err_reply(c, 404, "not_found", msg);
-    }
-    if (ep == 4) return reply(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL, NULL);
-    if (!authorised(c, s)) return err_reply(c, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
-    if (k->too_large) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body exceeds the limit of %zu bytes", s->cfg.max_body);
-        return err_reply(c, 400, "body_too_large", msg);
-    }
+    if (k->too_large) return body_too_large(k); /* a chunked body without a Content-Length */
+    sock_reading(k, 0); /* all of it is in: the read deadline no longer applies */
     switch (ep) {
-    case 1: return handle_generate(c, k, 0);
-    case 2: return handle_generate(c, k, 1);
-    case 3: return handle_models(c, s);
-    case 5: return handle_metrics(c, s);
-    case 6: return handle_tokenize(c, k, 0);
-    default: return handle_tokenize(c, k, 1);
+    case EP_COMPLETIONS: return handle_generate(k, 0);
+    case EP_CHAT: return handle_generate(k, 1);
+    case EP_MODELS: return handle_models(k);
+    case EP_HEALTH: return reply(k, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL, NULL);
+    case EP_METRICS: return handle_metrics(k);
+    case EP_TOKENIZE: return handle_tokenize(k, 0);
+    default: return handle_tokenize(k, 1);
     }
+}
+
+/* A request's one log line, on stderr when it ends, whatever its outcome:
+ * what it was, its status, tokens in and out, its time, and why it ended
+ * early if it did. A response never queued (the client left, or the
+ * scheduler's answer came after it did) is logged as 499, nginx's status
+ * for a client that closed first; a head libmicrohttpd refused before our
+ * handler saw it (over-size headers: its own 431) as status 0, bad_head. */
+static void log_request(const conn *k, enum MHD_RequestTerminationCode why)
+{
+    const srv_request *r = k->r;
+    const char *cancel = NULL;
+    int status = k->status;
+    if (r && r->cancelled) cancel = "client_closed";
+    if (r && r->err_status == 504) cancel = "timeout";
+    else if (r && r->err_status == 503) cancel = "shutdown"; /* admitted, then the server stopped */
+    if (why != MHD_REQUEST_TERMINATED_COMPLETED_OK && !cancel)
+        cancel = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "idle_timeout"
+                 : why == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown" : "client_closed";
+    if (k->cut) cancel = "read_timeout";
+    else if (!k->started) cancel = "bad_head"; /* status 0: libmicrohttpd answered (431, ...) or closed */
+    else if (!status) status = 499;
+    char line[384];
+    const int n = snprintf(line, sizeof line,
+                           "serve: request id=%llu%s%s method=%s route=%s status=%d tokens_in=%d tokens_out=%d "
+                           "ms=%.1f%s%s\n",
+                           k->seq, k->id[0] ? " completion=" : "", k->id, k->method[0] ? k->method : "-",
+                           k->route[0] ? k->route : "-", status, r ? r->n_prompt : 0, r ? r->n_gen : 0,
+                           (srv_now() - k->t0) * 1000.0, cancel ? " cancel=" : "", cancel ? cancel : "");
+    if (n > 0) fputs(line, stderr); /* one write: lines of concurrent requests do not interleave */
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
 {
     srv_server *s = cls;
     conn *k = *con_cls;
-    (void)c;
-    (void)why;
     if (!k) return;
+    k->mc = c;
+    sock_reading(k, 1); /* a kept-alive connection waits for its next request: on the clock again */
     if (k->r) {
         pthread_mutex_lock(&s->lock);
         if (k->r->state != REQ_DONE) { /* the client left before the end */
             k->r->cancelled = 1;
             pthread_cond_signal(&s->wake_sched);
         }
+        log_request(k, why);
         srv_request_release(k->r);
         s->n_attached--;
         pthread_cond_broadcast(&s->progress);
         pthread_mutex_unlock(&s->lock);
+    } else {
+        log_request(k, why); /* no generation: another endpoint, a refused head, or one libmicrohttpd refused */
     }
     free(k->body.data);
     free(k->out);
     free(k);
     *con_cls = NULL;
+}
+
+/* Called once the request line has arrived, before the headers: the raw
+ * path, before libmicrohttpd decodes it into the C string the handler
+ * sees, where "/health%00x" would end at the NUL and pass as "/health".
+ * The conn made here is the request's *con_cls from the start. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)c;
+    conn *k = conn_new(cls);
+    if (!k) return NULL;
+    const char *q = strchr(uri, '?');
+    const size_t path_len = q ? (size_t)(q - uri) : strlen(uri);
+    for (size_t i = 0; i + 2 < path_len; i++)
+        if (uri[i] == '%' && uri[i + 1] == '0' && uri[i + 2] == '0') k->nul_in_path = 1;
+    k->raw_uri = uri;
+    k->raw_len = strlen(uri);
+    return k;
 }
 
 /* ---- life cycle ------------------------------------------------------------------------------ */
@@ -705,15 +932,25 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
     s->t_start = srv_now();
     if (s->cfg.n_ctx <= 0) s->cfg.n_ctx = sparq_model_n_ctx_train(m);
     if (s->cfg.max_prompt <= 0 || s->cfg.max_prompt > s->cfg.n_ctx - 1) s->cfg.max_prompt = (int)(s->cfg.n_ctx - 1);
+    if (s->cfg.max_conns <= 0) s->cfg.max_conns = cfg->parallel + cfg->queue + 64;
+    if (s->cfg.max_conns_per_ip < 0) s->cfg.max_conns_per_ip = 0;
+    if (!(s->cfg.read_timeout > 0)) s->cfg.read_timeout = 30;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake_sched, NULL);
     pthread_cond_init(&s->progress, NULL);
+    pthread_cond_init(&s->wake_watchdog, NULL);
     if (pthread_create(&s->sched, NULL, srv_sched_main, s) != 0) {
         snprintf(err, err_size, "serve: cannot start the scheduler thread");
         srv_stop(s, 0);
         return NULL;
     }
     s->sched_started = 1;
+    if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
+        snprintf(err, err_size, "serve: cannot start the watchdog thread");
+        srv_stop(s, 0);
+        return NULL;
+    }
+    s->watchdog_started = 1;
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
@@ -727,7 +964,12 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
                                  (uint16_t)cfg->port, NULL, NULL, on_request, s,
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->parallel + cfg->queue + 64),
+                                 MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+                                 MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                                 /* beyond ours, so a client past ours gets a 503, not a reset */
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->cfg.max_conns + 32),
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                 (unsigned)(s->cfg.max_conns_per_ip ? s->cfg.max_conns_per_ip + 8 : 0),
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
                                  MHD_OPTION_END);
@@ -759,8 +1001,10 @@ void srv_stop(srv_server *s, double grace)
     }
     s->stopping = 2; /* cancel what is left */
     pthread_cond_signal(&s->wake_sched);
+    pthread_cond_signal(&s->wake_watchdog);
     pthread_mutex_unlock(&s->lock);
     if (s->sched_started) pthread_join(s->sched, NULL);
+    if (s->watchdog_started) pthread_join(s->watchdog, NULL);
     /* every request is finished now; give their connections a moment to
      * send the end (a stream's [DONE], the error object) before closing */
     pthread_mutex_lock(&s->lock);
@@ -776,6 +1020,7 @@ void srv_stop(srv_server *s, double grace)
     if (s->daemon) MHD_stop_daemon(s->daemon);
     pthread_cond_destroy(&s->progress);
     pthread_cond_destroy(&s->wake_sched);
+    pthread_cond_destroy(&s->wake_watchdog);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

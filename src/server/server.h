@@ -39,6 +39,9 @@ typedef struct srv_config {
     size_t      prefix_cache_bytes; /* 0: no prefix cache                     */
     const char *kv_dir;         /* NULL: prefixes are not saved as KV files    */
     size_t      kv_dir_bytes;   /* the directory's budget (0: unlimited)       */
+    int         max_conns;      /* open connections before 503 (0: parallel + queue + 64) */
+    int         max_conns_per_ip; /* from one address before 503 (0: no limit) */
+    double      read_timeout;   /* seconds for a request's head and body (0: 30) */
 } srv_config;
 
 typedef struct srv_server srv_server;

@@ -87,6 +87,12 @@ struct srv_server {
     int             n_attached;  /* [lock] requests whose connection is open */
     int             stopping;    /* [lock] 1: no new work; 2: cancel all   */
     srv_metrics     metrics;     /* [lock] */
+    unsigned long long n_requests; /* [lock] HTTP requests seen (the log's ids) */
+    struct srv_sock *socks;      /* [lock] open connections (server.c)      */
+    int             n_socks;     /* [lock]                                  */
+    pthread_t       watchdog;    /* cuts connections past the read deadline */
+    int             watchdog_started;
+    pthread_cond_t  wake_watchdog;
     int             port;
     double          t_start;
     int             n_vocab;

@@ -15,6 +15,7 @@
  * reader never allocates more than a small constant times the file size.
  */
 #include "util/err.h"
+#include "util/paths.h"
 #include "tensor/gguf.h"
 
 #include "tensor/quant.h"
@@ -520,9 +521,16 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t err_size)
 int gguf_open_mode(const char *path, int mode, gguf_file **out, char *err, size_t err_size)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* never blocks: a FIFO or device named as the model is refused at once */
+    int fd = path_open_regular(path, O_RDONLY, NULL, 0);
     if (fd < 0) {
-        err_set(err, err_size, "gguf: cannot open '%s': %s", path, strerror(errno));
+        if (errno == EINVAL) {
+            struct stat ls;
+            err_set(err, err_size, "gguf: '%s': %s", path,
+                    stat(path, &ls) == 0 && S_ISDIR(ls.st_mode) ? "is a directory" : "not a regular file");
+        } else {
+            err_set(err, err_size, "gguf: cannot open '%s': %s", path, strerror(errno));
+        }
         return -1;
     }
     struct stat st;

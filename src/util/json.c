@@ -468,6 +468,52 @@ const char *json_get_str(const json_value *obj, const char *key, size_t *len)
     return json_str(json_get(obj, key), len);
 }
 
+static int member_cmp(const void *a, const void *b)
+{
+    const json_member *x = *(const json_member *const *)a, *y = *(const json_member *const *)b;
+    if (x->key_len != y->key_len) return x->key_len < y->key_len ? -1 : 1;
+    const int c = memcmp(x->key, y->key, x->key_len);
+    if (c) return c;
+    return x < y ? -1 : x > y; /* document order: the second of a pair is reported */
+}
+
+int json_find_duplicate(const json_value *v, const json_member **dup)
+{
+    *dup = NULL;
+    if (!v) return 0;
+    if (v->type == JSON_ARRAY) {
+        for (size_t i = 0; i < v->n; i++) {
+            const int rc = json_find_duplicate(&v->u.items[i], dup);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    if (v->type != JSON_OBJECT) return 0;
+    if (v->n >= 2 && v->n <= 16) { /* pairwise: no allocation for the usual small object */
+        for (size_t i = 1; i < v->n; i++)
+            for (size_t j = 0; j < i; j++)
+                if (v->u.members[i].key_len == v->u.members[j].key_len &&
+                    !memcmp(v->u.members[i].key, v->u.members[j].key, v->u.members[i].key_len)) {
+                    *dup = &v->u.members[i];
+                    return 1;
+                }
+    } else if (v->n > 16) { /* sorted: n log n however many members a client sends */
+        const json_member **m = malloc(v->n * sizeof *m);
+        if (!m) return -1;
+        for (size_t i = 0; i < v->n; i++) m[i] = &v->u.members[i];
+        qsort(m, v->n, sizeof *m, member_cmp);
+        for (size_t i = 1; i < v->n && !*dup; i++)
+            if (m[i]->key_len == m[i - 1]->key_len && !memcmp(m[i]->key, m[i - 1]->key, m[i]->key_len)) *dup = m[i];
+        free(m);
+        if (*dup) return 1;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        const int rc = json_find_duplicate(&v->u.members[i].value, dup);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* ---- writer --------------------------------------------------------- */
 
 void json_write_str(FILE *f, const char *s, size_t n)

@@ -89,6 +89,13 @@ const char *json_str(const json_value *v, size_t *len);
 /* Convenience: json_str(json_get(obj, key), len). */
 const char *json_get_str(const json_value *obj, const char *key, size_t *len);
 
+/* Looks through v and everything inside it for an object with two members
+ * of the same key (byte for byte, "\u0000" included): 1 with *dup the
+ * later of the two, 0 if there is none, -1 out of memory. For input whose
+ * meaning must not depend on which of two values a reader takes (a server
+ * request: first wins here, last in other parsers). */
+int json_find_duplicate(const json_value *v, const json_member **dup);
+
 /* Writes s[0..n) to f as one JSON string literal: quotes, backslash and
  * control characters escaped (\n, \t, ... or \u00XX). Valid UTF-8 passes
  * through; each byte of an invalid UTF-8 sequence becomes \ufffd, because

@@ -4,6 +4,8 @@
 
 #include <sys/stat.h>
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,11 +49,47 @@ const char *path_search_description(void)
     return "$SPARQ_MODEL_PATH, ../shared/models, ../shared";
 }
 
+static const char *kind_of(mode_t m)
+{
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket" : "a device";
+}
+
 int path_check_regular(const char *path, char *err, size_t err_size)
 {
     struct stat st;
     if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return 0;
-    const char *what = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
-                       : S_ISSOCK(st.st_mode) ? "a socket" : "a device";
-    return err_set(err, err_size, "'%s' is %s, not a regular file", path, what);
+    return err_set(err, err_size, "'%s' is %s, not a regular file", path, kind_of(st.st_mode));
+}
+
+int path_open_regular(const char *path, int flags, char *err, size_t err_size)
+{
+    /* O_NOCTTY: a terminal device must not become the controlling one */
+    const int fd = open(path, flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        const int e = errno;
+        err_set(err, err_size, "'%s': %s", path, strerror(e));
+        errno = e;
+        return -1;
+    }
+    struct stat st;
+    int e = 0;
+    if (fstat(fd, &st) != 0) {
+        e = errno;
+        err_set(err, err_size, "'%s': cannot stat: %s", path, strerror(e));
+    } else if (!S_ISREG(st.st_mode)) {
+        e = EINVAL;
+        err_set(err, err_size, "'%s' is %s, not a regular file", path, kind_of(st.st_mode));
+    } else if (!(flags & O_NONBLOCK)) {
+        const int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+            e = errno;
+            err_set(err, err_size, "'%s': fcntl: %s", path, strerror(e));
+        }
+    }
+    if (e) {
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
 }

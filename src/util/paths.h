@@ -22,4 +22,12 @@ const char *path_search_description(void);
  * comes, so every file the engine reads is checked first. */
 int path_check_regular(const char *path, char *err, size_t err_size);
 
+/* open(path, flags) for reading a file that must be a regular one: the
+ * open itself never blocks (O_NONBLOCK, cleared again once fstat has shown
+ * a regular file), so a FIFO, device, socket or directory put where a file
+ * is expected is refused at once, with no window between a check and the
+ * open. Returns the descriptor (O_CLOEXEC), or -1 with "'path': why" in err
+ * and errno set (EINVAL for a file of the wrong kind). */
+int path_open_regular(const char *path, int flags, char *err, size_t err_size);
+
 #endif

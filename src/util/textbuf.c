@@ -1,5 +1,9 @@
 /* textbuf.c - see textbuf.h. */
 #include "util/textbuf.h"
+#include "util/paths.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <sys/stat.h>
 
@@ -25,12 +29,14 @@ int text_append(text_buf *t, const char *s, size_t n)
 
 char *text_read_file(const char *path, size_t *len)
 {
-    /* a FIFO or socket would block until a writer comes; character
-     * devices stay allowed (/dev/null is a fine empty file) */
-    struct stat st;
-    if (stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISDIR(st.st_mode))) return NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    /* a FIFO or socket would block until a writer comes; the open itself
+     * must not block either (a check before it would leave a window) */
+    const int fd = path_open_regular(path, O_RDONLY, NULL, 0);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
     text_buf t = { 0 };
     char chunk[1 << 16];
     size_t got;
