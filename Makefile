@@ -9,6 +9,11 @@
 # so adding a module, a layer folder or a test never needs an edit here.
 # src/README.md says what each layer owns and what it may include.
 
+# Parallel by default (one job a core); `make -jN` on the command line wins.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+
 CC      ?= cc
 ARCH    ?= -march=native
 OPT     ?= -O2
@@ -63,7 +68,7 @@ PIC_OBJ := $(LIB_OBJ:$(BUILD)/obj/%=$(BUILD)/pic/%)
 # libsparq): libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
 SRV_LIBS := -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan test-avx2 test-deploy fuzz setup clean bench install uninstall testmodel FORCE
+.PHONY: all run test test-asan test-avx2 test-deploy fuzz setup setup-run clean bench install uninstall testmodel FORCE
 all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
@@ -153,18 +158,31 @@ uninstall:
 	      $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUB_HDRS))) $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
-# Installs what the project needs from Debian (idempotent; skipped when present).
+# Installs what the project needs from Debian (idempotent; skipped when
+# present): `setup` all of it (make test), `setup-run` only what building
+# and running the command need (make run).
 setup:
 	@scripts/setup.sh
 
-run: setup all
+setup-run:
+	@scripts/setup.sh --run
+
+# The packages go in before anything compiles: a prerequisite list would
+# build them in parallel with the objects that need their headers.
+run:
+	@scripts/setup.sh --run
+	@$(MAKE) --no-print-directory all
 	./$(BUILD)/sparq run -p "Once upon a time" -n 64 --temp 0
 
-test: setup all $(TEST_BIN)
+test:
+	@scripts/setup.sh
+	@$(MAKE) --no-print-directory all $(TEST_BIN)
 	@scripts/run_tests.sh $(BUILD)
 
 # Three replicas behind deploy/nginx/sparq.conf (also part of `make test`).
-test-deploy: setup all $(BUILD)/tests/test_deploy
+test-deploy:
+	@scripts/setup.sh
+	@$(MAKE) --no-print-directory all $(BUILD)/tests/test_deploy
 	SPARQ_BUILD=$(BUILD) ./$(BUILD)/tests/test_deploy
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.

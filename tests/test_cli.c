@@ -144,6 +144,45 @@ static void test_issue16(const char *model)
     expect_error("run -p hi -c 2e9", "not a valid integer", 2);
 }
 
+/* A bare checkout: run from a directory with no ../shared beside it and
+ * $SPARQ_MODEL_PATH unset, the default model is the repository's
+ * models/stories260K.gguf, found beside the binary's directory. */
+static void test_models_beside_binary(void)
+{
+    char cwd[512], abs_bin[4096], cmd[8192], o[600], e[600];
+    if (!realpath(bin, abs_bin)) {
+        CHECK(0, "realpath %s", bin);
+        return;
+    }
+    tpath(cwd, sizeof cwd, "cwd"); /* tmp/cwd: its ../shared would be tmp/shared, which is absent */
+    tpath(o, sizeof o, "bare_out.txt");
+    tpath(e, sizeof e, "bare_err.txt");
+    CHECK(mkdir(cwd, 0700) == 0, "mkdir %s", cwd);
+    snprintf(cmd, sizeof cmd, "cd %s && test ! -e ../shared && env -u SPARQ_MODEL_PATH timeout 60 %s run "
+             "-p 'Once upon a time' -n 8 --temp 0 --json >%s 2>%s", cwd, abs_bin, o, e);
+    int st = system(cmd);
+    size_t n;
+    char *out = test_read_file(o, &n), *err = test_read_file(e, &n);
+    const char *model = out ? strstr(out, "\"model\":\"") : NULL;
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && model && strstr(model, "/models/stories260K.gguf\"") &&
+              !strstr(out, "shared") && strstr(out, "\"tokens\":[432,383,286,261,"),
+          "no ../shared, no SPARQ_MODEL_PATH: the default model from models/: %s %s", out ? out : "",
+          err ? err : "");
+    free(out);
+    free(err);
+    /* a name that is nowhere: the error lists where it looked */
+    snprintf(cmd, sizeof cmd, "cd %s && env -u SPARQ_MODEL_PATH timeout 60 %s run -m nowhere.gguf -p hi >%s 2>%s",
+             cwd, abs_bin, o, e);
+    st = system(cmd);
+    err = test_read_file(e, &n);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, "not found") &&
+              strstr(err, "beside the binary"), "not found names the search path: %s", err ? err : "");
+    free(err);
+    unlink(o);
+    unlink(e);
+    rmdir(cwd);
+}
+
 /* bench decode --plot draws tok/s against depth (it used to write nothing) */
 static void test_bench_plot(const char *model)
 {
@@ -350,6 +389,7 @@ int main(void)
     unlink(p1);
 
     test_issue16(model);
+    test_models_beside_binary();
     test_bench_plot(model);
     test_json_fields();
     test_sampling_options();

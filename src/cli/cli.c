@@ -16,7 +16,7 @@
 
 const cli_opt cli_model_table[] = {
     { "-m", "--model", OPT_STR, OFF(cli_model_opts, model), "FILE",
-      "GGUF model (searched in $SPARQ_MODEL_PATH, ../shared/models; default stories260K.gguf)" },
+      "GGUF model (searched as given, in $SPARQ_MODEL_PATH, then models/ beside the binary; default stories260K.gguf)" },
     { "-c", "--ctx-size", OPT_I64_0, OFF(cli_model_opts, n_ctx), "N", "context size in tokens (0 = the model's, the default; the KV cache is reserved lazily, "
       "a context whose attention scratch exceeds the RAM is refused at once)" },
     { "-t", "--threads", OPT_INT0, OFF(cli_model_opts, n_threads), "N", "threads (0 = all cores, the default)" },
