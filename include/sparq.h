@@ -137,6 +137,11 @@ typedef struct sparq_chat_msg { const char *role, *content; } sparq_chat_msg;
 SPARQ_API int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat_msg *msgs,
                         int n_msgs, int add_assistant, int32_t *ids, int max_ids,
                         char *err, size_t err_size);
+/* The template family read from the model's tokenizer.chat_template
+ * ("llama3", "chatml", ...), or NULL when it has none sparq recognises:
+ * base models, stories260K. Front ends that fall back to a default (as
+ * llama-cli and llama-server fall back to chatml) ask this first. */
+SPARQ_API const char *sparq_model_chat_template(const sparq_model *m);
 
 /* ---- context: KV cache + scratch for one sequence --------------------- */
 

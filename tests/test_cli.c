@@ -183,6 +183,56 @@ static void test_models_beside_binary(void)
     rmdir(cwd);
 }
 
+static int count_str(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *q = s; (q = strstr(q, needle)) != NULL; q++) n++;
+    return n;
+}
+
+/* The JSON array "key":[...] of s as text (static buffer), or "". */
+static const char *json_array(const char *s, const char *key)
+{
+    static char buf[4096];
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":[", key);
+    const char *a = strstr(s, pat), *e = a ? strchr(a, ']') : NULL;
+    buf[0] = 0;
+    if (a && e && (size_t)(e - a) < sizeof buf) snprintf(buf, sizeof buf, "%.*s", (int)(e - a + 1), a);
+    return buf;
+}
+
+/* --chat on a model without a chat template (stories260K): chatml, as
+ * llama-cli falls back, said once on stderr; --chat-template overrides. */
+static void test_chat_fallback(void)
+{
+    char *out, *e, *ref, *e2, want[4096], args[1024], in[512];
+    int rc = run("run --chat -p 'Tell me a story' -n 6 --temp 0 -t 1 --json", &out, &e);
+    int rc2 = run("run --chat --chat-template chatml -p 'Tell me a story' -n 6 --temp 0 -t 1 --json", &ref, &e2);
+    snprintf(want, sizeof want, "%s", json_array(ref, "prompt_tokens"));
+    CHECK(rc == 0 && rc2 == 0 && want[0] && strcmp(json_array(out, "prompt_tokens"), want) == 0 &&
+              strcmp(json_array(out, "tokens"), json_array(ref, "tokens")) == 0,
+          "--chat without a template is chatml: exit %d: %s | %s %s", rc, out, ref, e);
+    CHECK(count_str(e, "no chat template; using chatml") == 1 && count_str(e2, "no chat template") == 0,
+          "the fallback is said once, and not when --chat-template is given: '%s' '%s'", e, e2);
+    free(out); free(e); free(ref); free(e2);
+    /* another template given: no note, another prompt */
+    rc = run("run --chat --chat-template llama3 -p 'Tell me a story' -n 2 --temp 0 -t 1 --json", &out, &e);
+    CHECK(rc == 0 && !strstr(e, "no chat template") && strcmp(json_array(out, "prompt_tokens"), want) != 0,
+          "--chat-template llama3 overrides: exit %d %s %s", rc, out, e);
+    free(out); free(e);
+    /* interactive, two turns: still one note */
+    tpath(in, sizeof in, "turns.txt");
+    FILE *f = fopen(in, "w");
+    CHECK(f && fputs("Hello\nTell me more\n", f) >= 0 && fclose(f) == 0, "write %s", in);
+    snprintf(args, sizeof args, "run --chat -n 4 --temp 0 -t 1 <%s", in);
+    rc = run(args, &out, &e);
+    CHECK(rc == 0 && count_str(e, "no chat template; using chatml") == 1 && count_str(e, "turn 2:") == 1,
+          "interactive chat without a template: exit %d: %s", rc, e);
+    free(out); free(e);
+    unlink(in);
+}
+
 /* bench decode --plot draws tok/s against depth (it used to write nothing) */
 static void test_bench_plot(const char *model)
 {
@@ -390,6 +440,7 @@ int main(void)
 
     test_issue16(model);
     test_models_beside_binary();
+    test_chat_fallback();
     test_bench_plot(model);
     test_json_fields();
     test_sampling_options();

@@ -1,5 +1,6 @@
 /* cli.c - option parsing and helpers shared by the subcommands (main.c: the entry point). */
 #include "cli/cli.h"
+#include "core/chat.h"
 #include "eval/sweep.h"
 #include "util/json.h"
 #include "util/paths.h"
@@ -364,6 +365,14 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_siz
         return NULL;
     }
     return m;
+}
+
+const char *cli_chat_template(const sparq_model *m, const char *given)
+{
+    if (given || sparq_model_chat_template(m)) return given;
+    fprintf(stderr, "note: the model has no chat template; using chatml (--chat-template NAME to choose: %s)\n",
+            chat_template_names());
+    return "chatml";
 }
 
 void cli_progress_start(cli_progress *p)

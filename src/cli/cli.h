@@ -100,6 +100,11 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
  * it; on failure prints the error (with download advice) and returns NULL. */
 sparq_model *cli_load_model(const cli_model_opts *o, char *path_out, size_t path_size);
 
+/* The chat template to use: `given` (--chat-template) if set, else NULL
+ * (the model's own) when the model has a recognised one, else "chatml"
+ * with a note on stderr, as llama-cli and llama-server fall back. */
+const char *cli_chat_template(const sparq_model *m, const char *given);
+
 /* 0 if path is a regular file or absent; else prints "error: 'P' is a
  * FIFO, not a regular file" and returns -1 (a FIFO would block). */
 int cli_check_regular(const char *path);

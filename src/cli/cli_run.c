@@ -632,6 +632,7 @@ int cli_run(int argc, char **argv)
     if (!m) goto done;
     double t_load = cli_now() - t_load0;
     const int n_vocab = sparq_model_n_vocab(m);
+    if (ro.chat) ro.chat_template = cli_chat_template(m, ro.chat_template);
 
     /* the prompt, as token ids (interactive turns come later) */
     int n_prompt = 0;

@@ -143,7 +143,7 @@ int cli_serve(int argc, char **argv)
     cfg.api_key = key;
     const char *base = strrchr(path, '/');
     cfg.model_id = so.alias ? so.alias : base ? base + 1 : path;
-    cfg.chat_template = so.chat_template;
+    cfg.chat_template = cli_chat_template(m, so.chat_template);
     cfg.max_body = (size_t)so.max_body;
     cfg.max_prompt = so.max_prompt;
     cfg.timeout = so.timeout;
