@@ -121,6 +121,16 @@ $(BUILD)/sparq.pc: FORCE
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 FORCE:
 
+# `sparq --version` names the commit it was built from; cli.o is rebuilt
+# when that changes (the file is rewritten only then), "unknown" outside git.
+GIT_COMMIT := $(or $(if $(wildcard .git),$(shell git rev-parse --short HEAD 2>/dev/null)),unknown)
+$(BUILD)/git-commit: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(GIT_COMMIT)' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(BUILD)/obj/cli/cli.o: $(BUILD)/git-commit
+$(BUILD)/obj/cli/cli.o: CFLAGS += -DSPARQ_GIT_COMMIT='"$(GIT_COMMIT)"'
+
 $(BUILD)/libsparq-server.a: $(SRV_OBJ)
 	@rm -f $@
 	ar rcs $@ $^

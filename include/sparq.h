@@ -155,7 +155,7 @@ typedef struct sparq_context_params {
                                tokens arrive, but the attention scratch
                                (threads x n_ctx) is allocated at creation:
                                more than the RAM is refused there        */
-    int     n_threads;      /* 0 = all cores                                */
+    int     n_threads;      /* 0 = the physical cores (as llama.cpp)        */
     int     n_batch;        /* prefill tokens per batch (0 = 512)           */
     int     kv_type;        /* SPARQ_KV_F16 (default), _F32 or _Q8_0        */
     sparq_attn_params attn; /* decode attention policy                      */
@@ -263,7 +263,7 @@ SPARQ_API int     sparq_context_attach_prefix(sparq_context *dst, const sparq_pr
 
 SPARQ_API int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
 SPARQ_API int64_t sparq_context_n_ctx(const sparq_context *c);
-SPARQ_API int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> cores */
+SPARQ_API int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> physical cores */
 SPARQ_API int     sparq_context_n_batch(const sparq_context *c);   /* resolved: 0 -> 512  */
 SPARQ_API const char *sparq_context_error(const sparq_context *c); /* last error    */
 /* Timing only: appends n positions of random keys and values (about

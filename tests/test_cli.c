@@ -127,7 +127,7 @@ static void test_issue16(const char *model)
     /* where 0 is the convention, --help says so */
     char *out, *e;
     int rc = run("run --help", &out, &e);
-    CHECK(rc == 0 && strstr(out, "threads (0 = all cores") && strstr(out, "(0 = 512") &&
+    CHECK(rc == 0 && strstr(out, "threads (0 = the physical cores") && strstr(out, "(0 = 512") &&
               strstr(out, "(0 = the model's"), "help documents 0 = default");
     free(out);
     free(e);

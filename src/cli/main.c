@@ -27,7 +27,8 @@ static const subcommand subcommands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sparq COMMAND [options]   (sparq COMMAND --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: sparq COMMAND [options]   (sparq COMMAND --help for its options)\n"
+               "       sparq -m MODEL -p TEXT [options]   (no command: run, as llama-cli)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
 }
@@ -48,9 +49,11 @@ int main(int argc, char **argv)
     }
     for (int i = 1; i < argc; i++) /* every command, before its own dispatch */
         if (strcmp(argv[i], "--version") == 0) {
-            printf("sparq %s\n", sparq_version());
+            cli_print_version(stdout);
             return 0;
         }
+    /* options first and no command: llama-cli's habit, `run` */
+    if (argv[1][0] == '-' && argv[1][1]) return cli_run(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
