@@ -41,6 +41,9 @@ BINDIR     ?= $(PREFIX)/bin
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+# the default model, where the installed library looks (util/paths.c)
+MODELDIR   ?= $(PREFIX)/share/sparq/models
+MODEL_FILES := models/stories260K.gguf models/LICENSE.llama2.c.MIT.txt
 
 LIB_SRC  := $(filter-out src/cli/% src/server/%,$(wildcard src/*/*.c))
 CLI_SRC  := $(wildcard src/cli/*.c)
@@ -152,7 +155,8 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(HDRS) $(BUILD)/libsparq-serv
 # DESTDIR stages the tree (packaging, tests/test_install.c); a real install
 # into the system refreshes the loader cache so ctypes finds libsparq.so.0.
 install: all
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) \
+	    $(DESTDIR)$(MODELDIR)
 	install -m 755 $(BUILD)/sparq $(DESTDIR)$(BINDIR)/sparq
 	install -m 644 $(BUILD)/libsparq.a $(DESTDIR)$(LIBDIR)/libsparq.a
 	install -m 755 $(BUILD)/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SO_REAL)
@@ -160,12 +164,15 @@ install: all
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libsparq.so
 	install -m 644 $(PUB_HDRS) $(DESTDIR)$(INCLUDEDIR)/
 	install -m 644 $(BUILD)/sparq.pc $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
+	install -m 644 $(MODEL_FILES) $(DESTDIR)$(MODELDIR)/
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/sparq $(DESTDIR)$(LIBDIR)/libsparq.a \
 	      $(DESTDIR)$(LIBDIR)/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libsparq.so \
-	      $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUB_HDRS))) $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
+	      $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUB_HDRS))) $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc \
+	      $(addprefix $(DESTDIR)$(MODELDIR)/,$(notdir $(MODEL_FILES)))
+	-rmdir $(DESTDIR)$(MODELDIR) $(DESTDIR)$(dir $(MODELDIR)) 2>/dev/null || true
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 # Installs what the project needs from Debian (idempotent; skipped when
