@@ -10,8 +10,11 @@
 # src/README.md says what each layer owns and what it may include.
 
 # Parallel by default (one job a core); `make -jN` on the command line wins.
-ifeq ($(filter -j%,$(MAKEFLAGS)),)
-  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+# Only at the top: a sub-make (make run, make test) joins its parent's jobs.
+ifeq ($(MAKELEVEL),0)
+  ifeq ($(filter -j%,$(MAKEFLAGS)),)
+    MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+  endif
 endif
 
 CC      ?= cc
