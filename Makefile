@@ -9,6 +9,14 @@
 # so adding a module, a layer folder or a test never needs an edit here.
 # src/README.md says what each layer owns and what it may include.
 
+# Parallel by default (one job a core); `make -jN` on the command line wins.
+# Only at the top: a sub-make (make run, make test) joins its parent's jobs.
+ifeq ($(MAKELEVEL),0)
+  ifeq ($(filter -j%,$(MAKEFLAGS)),)
+    MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+  endif
+endif
+
 CC      ?= cc
 ARCH    ?= -march=native
 OPT     ?= -O2
@@ -36,6 +44,9 @@ BINDIR     ?= $(PREFIX)/bin
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+# the default model, where the installed library looks (util/paths.c)
+MODELDIR   ?= $(PREFIX)/share/sparq/models
+MODEL_FILES := models/stories260K.gguf models/LICENSE.llama2.c.MIT.txt
 
 LIB_SRC  := $(filter-out src/cli/% src/server/%,$(wildcard src/*/*.c))
 CLI_SRC  := $(wildcard src/cli/*.c)
@@ -63,7 +74,7 @@ PIC_OBJ := $(LIB_OBJ:$(BUILD)/obj/%=$(BUILD)/pic/%)
 # libsparq): libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
 SRV_LIBS := -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan test-avx2 test-deploy fuzz setup clean bench install uninstall testmodel FORCE
+.PHONY: all run test test-asan test-avx2 test-deploy fuzz setup setup-run clean bench install uninstall testmodel FORCE
 all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
@@ -116,6 +127,16 @@ $(BUILD)/sparq.pc: FORCE
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 FORCE:
 
+# `sparq --version` names the commit it was built from; cli.o is rebuilt
+# when that changes (the file is rewritten only then), "unknown" outside git.
+GIT_COMMIT := $(or $(if $(wildcard .git),$(shell git rev-parse --short HEAD 2>/dev/null)),unknown)
+$(BUILD)/git-commit: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(GIT_COMMIT)' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(BUILD)/obj/cli/cli.o: $(BUILD)/git-commit
+$(BUILD)/obj/cli/cli.o: CFLAGS += -DSPARQ_GIT_COMMIT='"$(GIT_COMMIT)"'
+
 $(BUILD)/libsparq-server.a: $(SRV_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -137,7 +158,8 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(HDRS) $(BUILD)/libsparq-serv
 # DESTDIR stages the tree (packaging, tests/test_install.c); a real install
 # into the system refreshes the loader cache so ctypes finds libsparq.so.0.
 install: all
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) \
+	    $(DESTDIR)$(MODELDIR)
 	install -m 755 $(BUILD)/sparq $(DESTDIR)$(BINDIR)/sparq
 	install -m 644 $(BUILD)/libsparq.a $(DESTDIR)$(LIBDIR)/libsparq.a
 	install -m 755 $(BUILD)/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SO_REAL)
@@ -145,26 +167,42 @@ install: all
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libsparq.so
 	install -m 644 $(PUB_HDRS) $(DESTDIR)$(INCLUDEDIR)/
 	install -m 644 $(BUILD)/sparq.pc $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
+	install -m 644 $(MODEL_FILES) $(DESTDIR)$(MODELDIR)/
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/sparq $(DESTDIR)$(LIBDIR)/libsparq.a \
 	      $(DESTDIR)$(LIBDIR)/$(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libsparq.so \
-	      $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUB_HDRS))) $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
+	      $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUB_HDRS))) $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc \
+	      $(addprefix $(DESTDIR)$(MODELDIR)/,$(notdir $(MODEL_FILES)))
+	-rmdir $(DESTDIR)$(MODELDIR) $(DESTDIR)$(dir $(MODELDIR)) 2>/dev/null || true
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
-# Installs what the project needs from Debian (idempotent; skipped when present).
+# Installs what the project needs from Debian (idempotent; skipped when
+# present): `setup` all of it (make test), `setup-run` only what building
+# and running the command need (make run).
 setup:
 	@scripts/setup.sh
 
-run: setup all
+setup-run:
+	@scripts/setup.sh --run
+
+# The packages go in before anything compiles: a prerequisite list would
+# build them in parallel with the objects that need their headers.
+run:
+	@scripts/setup.sh --run
+	@$(MAKE) --no-print-directory all
 	./$(BUILD)/sparq run -p "Once upon a time" -n 64 --temp 0
 
-test: setup all $(TEST_BIN)
+test:
+	@scripts/setup.sh
+	@$(MAKE) --no-print-directory all $(TEST_BIN)
 	@scripts/run_tests.sh $(BUILD)
 
 # Three replicas behind deploy/nginx/sparq.conf (also part of `make test`).
-test-deploy: setup all $(BUILD)/tests/test_deploy
+test-deploy:
+	@scripts/setup.sh
+	@$(MAKE) --no-print-directory all $(BUILD)/tests/test_deploy
 	SPARQ_BUILD=$(BUILD) ./$(BUILD)/tests/test_deploy
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.

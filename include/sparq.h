@@ -137,6 +137,11 @@ typedef struct sparq_chat_msg { const char *role, *content; } sparq_chat_msg;
 SPARQ_API int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat_msg *msgs,
                         int n_msgs, int add_assistant, int32_t *ids, int max_ids,
                         char *err, size_t err_size);
+/* The template family read from the model's tokenizer.chat_template
+ * ("llama3", "chatml", ...), or NULL when it has none sparq recognises:
+ * base models, stories260K. Front ends that fall back to a default (as
+ * llama-cli and llama-server fall back to chatml) ask this first. */
+SPARQ_API const char *sparq_model_chat_template(const sparq_model *m);
 
 /* ---- context: KV cache + scratch for one sequence --------------------- */
 
@@ -178,7 +183,7 @@ typedef struct sparq_context_params {
                                tokens arrive, but the attention scratch
                                (threads x n_ctx) is allocated at creation:
                                more than the RAM is refused there        */
-    int     n_threads;      /* 0 = all cores                                */
+    int     n_threads;      /* 0 = the physical cores (as llama.cpp)        */
     int     n_batch;        /* prefill tokens per batch (0 = 512)           */
     int     kv_type;        /* SPARQ_KV_F16 (default), _F32 or _Q8_0        */
     sparq_attn_params attn; /* decode attention policy                      */
@@ -300,7 +305,7 @@ SPARQ_API int     sparq_context_attach_prefix(sparq_context *dst, const sparq_pr
 
 SPARQ_API int64_t sparq_context_pos(const sparq_context *c);   /* tokens in cache   */
 SPARQ_API int64_t sparq_context_n_ctx(const sparq_context *c);
-SPARQ_API int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> cores */
+SPARQ_API int     sparq_context_n_threads(const sparq_context *c); /* resolved: 0 -> physical cores */
 SPARQ_API int     sparq_context_n_batch(const sparq_context *c);   /* resolved: 0 -> 512  */
 SPARQ_API const char *sparq_context_error(const sparq_context *c); /* last error    */
 /* Timing only: appends n positions of random keys and values (about

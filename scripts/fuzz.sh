@@ -45,6 +45,11 @@ if ! "$CC_FUZZ" -fsanitize=fuzzer "$probe" -o "$OUT/probe" >/dev/null 2>&1; then
 fi
 rm -f "$probe" "$OUT/probe"
 
+# The harnesses find their data through the library's search path, which
+# knows no directory relative to the working directory: the checkout's
+# models/ and the reference data beside it are added here, as tests/test.h does.
+export SPARQ_MODEL_PATH="${SPARQ_MODEL_PATH:+$SPARQ_MODEL_PATH:}models:../shared/models:../shared"
+
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 FLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer -fopenmp -Iinclude -Isrc"
 LIBS="-lz -lm -fopenmp -lpthread"
@@ -123,10 +128,10 @@ if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/tensor/gguf.c src/tensor/quant_types
   echo "fuzz: could not generate seeds (continuing with the others)" >&2
 fi
 
-# Real files from the search path: $SPARQ_MODEL_PATH, ../shared/models, ../shared.
+# Real files from the search path ($SPARQ_MODEL_PATH, with the fallbacks above).
 find_data() {
   local IFS=:
-  for d in ${SPARQ_MODEL_PATH:-} ../shared/models ../shared; do
+  for d in ${SPARQ_MODEL_PATH:-}; do
     [ -n "$d" ] && [ -r "$d/$1" ] && { echo "$d/$1"; return 0; }
   done
   return 1

@@ -2,36 +2,52 @@
 # Installs the Debian packages sparq needs beyond gcc/make. Idempotent: a
 # package already installed is left alone, so `make run` / `make test` call it
 # every time at no cost.
-#   zlib1g-dev          reading .gz evaluation data
+# With --run (make run) only what building and running the command needs:
+#   zlib1g-dev          reading .gz evaluation data (the command links -lz)
+#   libmicrohttpd-dev   the HTTP server of `sparq serve` (linked into the command)
+# Without it (make test) also:
 #   libclang-rt-14-dev  libFuzzer runtime for the GGUF fuzz harness (clang)
 #   gnuplot-nox         --plot output of bench/eval
 #   libfaiss-dev, libopenblas-dev   the optional HNSW index (Faiss)
 #   python3-pytest, python3-numpy   the Python package's tests (numpy: logits as arrays)
 #   python3-setuptools, python3-pip, python3-venv   installing the Python package offline
 #   pkg-config          building the C example against an installed tree (sparq.pc)
-#   libmicrohttpd-dev   the HTTP server of `sparq serve`
 #   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
 #   nginx               the deploy test (three replicas behind deploy/nginx/sparq.conf)
 # With --train (make testmodel) also:
 #   python3-torch, python3-matplotlib   training models/tiny-d64.gguf and its loss plot
 set -u
-pkgs="zlib1g-dev clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev
-      python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config libmicrohttpd-dev curl
+run_pkgs="zlib1g-dev libmicrohttpd-dev"
+pkgs="$run_pkgs clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev
+      python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config curl
       nginx"
-[ "${1:-}" = "--train" ] && pkgs="$pkgs python3-torch python3-matplotlib"
+mode=${1:-}
+case "$mode" in
+  --run) pkgs=$run_pkgs ;;
+  --train) pkgs="$pkgs python3-torch python3-matplotlib" ;;
+  "") ;;
+  *) echo "usage: scripts/setup.sh [--run | --train]" >&2; exit 2 ;;
+esac
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 # node from any source will do (nodesource's bundles npm; Debian's splits it)
-command -v node >/dev/null || missing="$missing nodejs"
-command -v npm >/dev/null || missing="$missing npm"
+if [ "$mode" != "--run" ]; then
+  command -v node >/dev/null || missing="$missing nodejs"
+  command -v npm >/dev/null || missing="$missing npm"
+fi
 [ -z "$missing" ] && exit 0
 echo "setup: installing$missing" >&2
 SUDO=""
 [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends $missing; } >&2; then
+  if [ "$mode" = "--run" ]; then
+    # not fatal: they may be installed another way than dpkg knows
+    echo "setup: could not install$missing; building sparq needs them (apt-get install$missing)" >&2
+    exit 0
+  fi
   echo "setup: could not install$missing; the parts that need them (fuzzing, plots, HNSW, Python tests) are skipped" >&2
 fi
 exit 0

@@ -4,8 +4,12 @@
  * CHECK_NEAR(a, b, tol) for floats. Each program ends with
  * `return test_summary("name");`, which prints "name: N passed, M failed" as
  * its last line (scripts/run_tests.sh sums those) and returns the exit code.
- * test_find() resolves data in ../shared through the library's search path;
- * a test whose data is absent is skipped with a message, never passed.
+ * Data is found through the library's search path (util/paths.h), to
+ * which every test program adds, before main, the development fallbacks
+ * the library itself does not know: models/ (the checkout's, from the
+ * repository root where tests run) and ../shared/models, ../shared (the
+ * reference data beside the checkout). Children the tests start inherit
+ * them. A test whose data is absent is skipped with a message, never passed.
  */
 #ifndef SPARQ_TEST_H
 #define SPARQ_TEST_H
@@ -14,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "util/paths.h"
 
 static int test_n_pass, test_n_fail, test_n_skip;
 
@@ -35,6 +41,12 @@ static int test_n_pass, test_n_fail, test_n_skip;
         CHECK(fabs(ta_ - tb_) <= (tol), "%s=%.9g %s=%.9g tol=%g", #a, ta_,   \
               #b, tb_, (double)(tol));                                       \
     } while (0)
+
+__attribute__((constructor)) static void test_search_path(void)
+{
+    if (path_append_env("models:../shared/models:../shared") != 0)
+        fprintf(stderr, "warning: cannot extend SPARQ_MODEL_PATH\n");
+}
 
 static inline void test_skip(const char *why)
 {

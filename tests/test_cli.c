@@ -127,7 +127,7 @@ static void test_issue16(const char *model)
     /* where 0 is the convention, --help says so */
     char *out, *e;
     int rc = run("run --help", &out, &e);
-    CHECK(rc == 0 && strstr(out, "threads (0 = all cores") && strstr(out, "(0 = 512") &&
+    CHECK(rc == 0 && strstr(out, "threads (0 = the physical cores") && strstr(out, "(0 = 512") &&
               strstr(out, "(0 = the model's"), "help documents 0 = default");
     free(out);
     free(e);
@@ -142,6 +142,95 @@ static void test_issue16(const char *model)
     expect_error("run -p hi -c 2000000000", "attention scratch", 1);
     expect_error("run -p hi -c 1099511627776", "too large", 1);
     expect_error("run -p hi -c 2e9", "not a valid integer", 2);
+}
+
+/* A bare checkout: run from a directory with no ../shared beside it and
+ * $SPARQ_MODEL_PATH unset, the default model is the repository's
+ * models/stories260K.gguf, found beside the binary's directory. */
+static void test_models_beside_binary(void)
+{
+    char cwd[512], abs_bin[4096], cmd[8192], o[600], e[600];
+    if (!realpath(bin, abs_bin)) {
+        CHECK(0, "realpath %s", bin);
+        return;
+    }
+    tpath(cwd, sizeof cwd, "cwd"); /* tmp/cwd: its ../shared would be tmp/shared, which is absent */
+    tpath(o, sizeof o, "bare_out.txt");
+    tpath(e, sizeof e, "bare_err.txt");
+    CHECK(mkdir(cwd, 0700) == 0, "mkdir %s", cwd);
+    snprintf(cmd, sizeof cmd, "cd %s && test ! -e ../shared && env -u SPARQ_MODEL_PATH timeout 60 %s run "
+             "-p 'Once upon a time' -n 8 --temp 0 --json >%s 2>%s", cwd, abs_bin, o, e);
+    int st = system(cmd);
+    size_t n;
+    char *out = test_read_file(o, &n), *err = test_read_file(e, &n);
+    const char *model = out ? strstr(out, "\"model\":\"") : NULL;
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && model && strstr(model, "/models/stories260K.gguf\"") &&
+              !strstr(out, "shared") && strstr(out, "\"tokens\":[432,383,286,261,"),
+          "no ../shared, no SPARQ_MODEL_PATH: the default model from models/: %s %s", out ? out : "",
+          err ? err : "");
+    free(out);
+    free(err);
+    /* a name that is nowhere: the error lists where it looked */
+    snprintf(cmd, sizeof cmd, "cd %s && env -u SPARQ_MODEL_PATH timeout 60 %s run -m nowhere.gguf -p hi >%s 2>%s",
+             cwd, abs_bin, o, e);
+    st = system(cmd);
+    err = test_read_file(e, &n);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, "not found") &&
+              strstr(err, "beside the binary"), "not found names the search path: %s", err ? err : "");
+    free(err);
+    unlink(o);
+    unlink(e);
+    rmdir(cwd);
+}
+
+static int count_str(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *q = s; (q = strstr(q, needle)) != NULL; q++) n++;
+    return n;
+}
+
+/* The JSON array "key":[...] of s as text (static buffer), or "". */
+static const char *json_array(const char *s, const char *key)
+{
+    static char buf[4096];
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":[", key);
+    const char *a = strstr(s, pat), *e = a ? strchr(a, ']') : NULL;
+    buf[0] = 0;
+    if (a && e && (size_t)(e - a) < sizeof buf) snprintf(buf, sizeof buf, "%.*s", (int)(e - a + 1), a);
+    return buf;
+}
+
+/* --chat on a model without a chat template (stories260K): chatml, as
+ * llama-cli falls back, said once on stderr; --chat-template overrides. */
+static void test_chat_fallback(void)
+{
+    char *out, *e, *ref, *e2, want[4096], args[1024], in[512];
+    int rc = run("run --chat -p 'Tell me a story' -n 6 --temp 0 -t 1 --json", &out, &e);
+    int rc2 = run("run --chat --chat-template chatml -p 'Tell me a story' -n 6 --temp 0 -t 1 --json", &ref, &e2);
+    snprintf(want, sizeof want, "%s", json_array(ref, "prompt_tokens"));
+    CHECK(rc == 0 && rc2 == 0 && want[0] && strcmp(json_array(out, "prompt_tokens"), want) == 0 &&
+              strcmp(json_array(out, "tokens"), json_array(ref, "tokens")) == 0,
+          "--chat without a template is chatml: exit %d: %s | %s %s", rc, out, ref, e);
+    CHECK(count_str(e, "no chat template; using chatml") == 1 && count_str(e2, "no chat template") == 0,
+          "the fallback is said once, and not when --chat-template is given: '%s' '%s'", e, e2);
+    free(out); free(e); free(ref); free(e2);
+    /* another template given: no note, another prompt */
+    rc = run("run --chat --chat-template llama3 -p 'Tell me a story' -n 2 --temp 0 -t 1 --json", &out, &e);
+    CHECK(rc == 0 && !strstr(e, "no chat template") && strcmp(json_array(out, "prompt_tokens"), want) != 0,
+          "--chat-template llama3 overrides: exit %d %s %s", rc, out, e);
+    free(out); free(e);
+    /* interactive, two turns: still one note */
+    tpath(in, sizeof in, "turns.txt");
+    FILE *f = fopen(in, "w");
+    CHECK(f && fputs("Hello\nTell me more\n", f) >= 0 && fclose(f) == 0, "write %s", in);
+    snprintf(args, sizeof args, "run --chat -n 4 --temp 0 -t 1 <%s", in);
+    rc = run(args, &out, &e);
+    CHECK(rc == 0 && count_str(e, "no chat template; using chatml") == 1 && count_str(e, "turn 2:") == 1,
+          "interactive chat without a template: exit %d: %s", rc, e);
+    free(out); free(e);
+    unlink(in);
 }
 
 /* bench decode --plot draws tok/s against depth (it used to write nothing) */
@@ -350,6 +439,8 @@ int main(void)
     unlink(p1);
 
     test_issue16(model);
+    test_models_beside_binary();
+    test_chat_fallback();
     test_bench_plot(model);
     test_json_fields();
     test_sampling_options();

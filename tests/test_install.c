@@ -158,7 +158,8 @@ int main(void)
 
     static const char *const files[] = {
         "bin/sparq", "lib/libsparq.a", "lib/libsparq.so", "lib/libsparq.so.0", "include/sparq.h",
-        "include/sparq_attn.h", "lib/pkgconfig/sparq.pc",
+        "include/sparq_attn.h", "lib/pkgconfig/sparq.pc", "share/sparq/models/stories260K.gguf",
+        "share/sparq/models/LICENSE.llama2.c.MIT.txt",
     };
     char path[1024];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -202,6 +203,11 @@ int main(void)
         rc = sh(buf, "'%s/usr/local/bin/sparq' run -m '%s' -p '%s' -n 40 --temp 0 -c 512 2>/dev/null", tmp,
                 model, prompt);
         CHECK(rc == 0 && strcmp(buf, want) == 0, "installed sparq printed '%s'", buf);
+        /* and finds its default model in PREFIX/share/sparq/models: no -m,
+         * no SPARQ_MODEL_PATH, a cwd with no ../shared */
+        rc = sh(buf, "mkdir -p '%s/cwd' && cd '%s/cwd' && test ! -e ../shared && env -u SPARQ_MODEL_PATH "
+                     "'%s/usr/local/bin/sparq' run -p '%s' -n 40 --temp 0 -c 512 2>/dev/null", tmp, tmp, tmp, prompt);
+        CHECK(rc == 0 && strcmp(buf, want) == 0, "installed sparq without -m printed '%s'", buf);
     }
 
     rc = sh(buf, "env -u MAKEFLAGS -u MAKELEVEL make -s --no-print-directory uninstall BUILD='%s' "

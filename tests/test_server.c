@@ -223,6 +223,44 @@ static char *run_capture(const char *args)
 
 static void json_str_to(FILE *f, const char *s) { json_write_str(f, s, strlen(s)); }
 
+/* A model without a chat template (stories260K) and no --chat-template:
+ * /v1/chat/completions answers in chatml, as llama-server does, and the
+ * log says so once. The reply equals `sparq run --chat --chat-template
+ * chatml`'s, and two requests leave one note. */
+static void chat_fallback(const char *model, const server *s)
+{
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Tell me a story\"}], "
+                       "\"max_tokens\": 12, \"temperature\": 0}";
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s --chat --chat-template chatml -p 'Tell me a story' -n 12 --temp 0 -t 1", model);
+    char *want = run_capture(args);
+    CHECK(want != NULL, "sparq run --chat --chat-template chatml failed");
+    for (int i = 0; i < 2; i++) {
+        resp r;
+        int rc = http(s->port, "POST", "/v1/chat/completions", body, strlen(body), 1, &r);
+        CHECK(rc == 0 && r.status == 200, "chat without a template: status %d %s", rc ? -1 : r.status,
+              rc ? "" : r.body);
+        if (rc) continue;
+        char err[256];
+        json_doc *d = json_parse(r.body, strlen(r.body), 0, err, sizeof err);
+        size_t n = 0;
+        const char *got = d ? json_get_str(json_get(json_at(json_get(json_root(d), "choices"), 0), "message"),
+                                           "content", &n) : NULL;
+        CHECK(got && want && strlen(want) == n && memcmp(got, want, n) == 0,
+              "chat reply '%.*s' is sparq run --chat-template chatml's '%s'", got ? (int)n : 0, got ? got : "",
+              want ? want : "");
+        json_free(d);
+        resp_free(&r);
+    }
+    free(want);
+    size_t n;
+    char *log = test_read_file(s->log, &n);
+    int notes = 0;
+    for (const char *q = log; q && (q = strstr(q, "no chat template; using chatml")) != NULL; q++) notes++;
+    CHECK(notes == 1, "the chatml fallback is said once in the log (%d times): %s", notes, log ? log : "");
+    free(log);
+}
+
 /* ---- the tests ------------------------------------------------------------------- */
 
 static void raw_http(int port)
@@ -1083,6 +1121,7 @@ int main(void)
         snprintf(args, sizeof args, "-m %s -c 256 -t 1 --api-key %s", model, key);
         if (start_server(&s, args) == 0) {
             named_document(model, s.port);
+            chat_fallback(model, &s);
             CHECK(stop_server(&s) == 0, "named-document server: SIGTERM did not end it cleanly");
         }
     }

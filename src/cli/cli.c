@@ -1,5 +1,6 @@
 /* cli.c - option parsing and helpers shared by the subcommands (main.c: the entry point). */
 #include "cli/cli.h"
+#include "core/chat.h"
 #include "eval/sweep.h"
 #include "util/json.h"
 #include "util/paths.h"
@@ -16,13 +17,18 @@
 
 const cli_opt cli_model_table[] = {
     { "-m", "--model", OPT_STR, OFF(cli_model_opts, model), "FILE",
-      "GGUF model (searched in $SPARQ_MODEL_PATH, ../shared/models; default stories260K.gguf)" },
+      "GGUF model (searched as given, in $SPARQ_MODEL_PATH, then models/ beside the binary; default stories260K.gguf)" },
     { "-c", "--ctx-size", OPT_I64_0, OFF(cli_model_opts, n_ctx), "N", "context size in tokens (0 = the model's, the default; the KV cache is reserved lazily, "
       "a context whose attention scratch exceeds the RAM is refused at once)" },
-    { "-t", "--threads", OPT_INT0, OFF(cli_model_opts, n_threads), "N", "threads (0 = all cores, the default)" },
+    { "-t", "--threads", OPT_INT0, OFF(cli_model_opts, n_threads), "N",
+      "threads (0 = the physical cores, the default, as llama.cpp counts them: SMT siblings once)" },
     { "-b", "--batch-size", OPT_INT0, OFF(cli_model_opts, n_batch), "N", "prefill batch size (0 = 512, the default)" },
     { "--kv-type", NULL, OPT_STR, OFF(cli_model_opts, kv_type), "f16|f32|q8_0",
       "KV cache element type (default f16; q8_0: blocks of 32 with a scale, about half of f16's bytes)" },
+    { "-ctk", "--cache-type-k", OPT_STR, OFF(cli_model_opts, cache_type_k), "TYPE",
+      "llama.cpp's K cache type: the same as --kv-type (K and V share one type here)" },
+    { "-ctv", "--cache-type-v", OPT_STR, OFF(cli_model_opts, cache_type_v), "TYPE",
+      "llama.cpp's V cache type: the same as --kv-type (K and V share one type here)" },
     { "--json", NULL, OPT_FLAG, OFF(cli_model_opts, json), NULL, "print one JSON object on stdout" },
     { "--mmap", NULL, OPT_FLAG, OFF(cli_model_opts, use_mmap), NULL,
       "map the model file instead of reading it into huge pages (less memory, slower decode)" },
@@ -68,6 +74,32 @@ int cli_prefill_params(const cli_prefill_opts *o, sparq_prefill_params *out, cha
     out->nlist = o->nlist;
     out->nprobe = o->nprobe;
     return 0;
+}
+
+const cli_opt cli_compat_table[] = {
+    { "-ngl", "--n-gpu-layers", OPT_STR, OFF(cli_compat_opts, ngl), "N", "accepted; nothing (CPU only)" },
+    { "-fa", "--flash-attn", OPT_ONOFF, OFF(cli_compat_opts, flash_attn), "[on|off|auto]",
+      "accepted; nothing (sparq's own CPU attention kernels always run)" },
+    { "--mlock", NULL, OPT_FLAG, OFF(cli_compat_opts, mlock), NULL,
+      "accepted; nothing (the model is read into memory, not mapped, unless --mmap)" },
+    { "--no-warmup", NULL, OPT_FLAG, OFF(cli_compat_opts, no_warmup), NULL, "accepted; nothing (sparq runs no warm-up)" },
+    { "--color", NULL, OPT_FLAG, OFF(cli_compat_opts, color), NULL, "accepted; nothing (output is never coloured)" },
+    { "-ub", "--ubatch-size", OPT_INT1, OFF(cli_compat_opts, ubatch), "N",
+      "sparq has one batch, the prefill's: -ub sets it as -b does (the smaller of the two when both are given)" },
+    { "-v", "--verbose", OPT_FLAG, OFF(cli_compat_opts, verbose), NULL,
+      "print the resolved settings (model file, context, threads, batch, KV type, template) on stderr" },
+    { 0 },
+};
+
+void cli_compat_apply(const cli_compat_opts *c, cli_model_opts *mo)
+{
+    if (c->ngl) fprintf(stderr, "note: -ngl %s: ignored, sparq runs on the CPU only\n", c->ngl);
+    if (c->flash_attn)
+        fprintf(stderr, "note: --flash-attn %s: ignored, sparq's own CPU attention kernels always run\n", c->flash_attn);
+    if (c->mlock) fprintf(stderr, "note: --mlock: ignored, the model is read into memory (not mapped) unless --mmap\n");
+    if (c->no_warmup) fprintf(stderr, "note: --no-warmup: ignored, sparq runs no warm-up\n");
+    if (c->color) fprintf(stderr, "note: --color: ignored, sparq's output is not coloured\n");
+    if (c->ubatch > 0 && (mo->n_batch <= 0 || c->ubatch < mo->n_batch)) mo->n_batch = c->ubatch;
 }
 
 const cli_opt cli_attn_table[] = {
@@ -160,10 +192,16 @@ static int parse_number(const cli_opt *o, const char *val, void *dst, char *err,
         return 0;
     }
     case OPT_FLAG: *(int *)dst = 1; return 0;
+    case OPT_ONOFF: *(const char **)dst = val; return 0; /* checked by cli_parse */
     }
     snprintf(err, err_size, "option %s: '%s' is not a valid %s", o->name, val,
              o->kind == OPT_FLOAT ? "finite number" : o->kind == OPT_U64 ? "non-negative integer" : "integer");
     return -1;
+}
+
+static int is_onoff(const char *v)
+{
+    return strcmp(v, "on") == 0 || strcmp(v, "off") == 0 || strcmp(v, "auto") == 0;
 }
 
 int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
@@ -210,6 +248,15 @@ int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
             *(int *)dst = 1;
             continue;
         }
+        if (found->kind == OPT_ONOFF) {
+            const char *v = eq ? eq + 1 : i + 1 < argc && is_onoff(argv[i + 1]) ? argv[++i] : "on";
+            if (!is_onoff(v)) {
+                snprintf(err, err_size, "option %s: '%s' must be on, off or auto", found->name, v);
+                return -1;
+            }
+            *(const char **)dst = v;
+            continue;
+        }
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
             snprintf(err, err_size, "option %s needs a value (%s)", found->name, found->metavar);
@@ -227,7 +274,7 @@ int cli_parse_command(const cli_group *groups, int n_groups, int argc, char **ar
     int n = 0, help = 0;
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--version") == 0) {
-            printf("sparq %s\n", sparq_version());
+            cli_print_version(stdout);
             return 0;
         }
     if (cli_parse(groups, n_groups, argc, argv, pos ? pos : none, max_pos, &n, &help, err, sizeof err)) {
@@ -254,6 +301,61 @@ void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_g
             fprintf(f, "  %-28s %s\n", left, o->help);
         }
     }
+}
+
+#ifndef SPARQ_GIT_COMMIT
+#define SPARQ_GIT_COMMIT "unknown"
+#endif
+
+/* The widest vector extension this build was compiled for (-march). */
+static const char *simd_level(void)
+{
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512BF16__)
+    return "AVX-512 (F, BW, VL, VNNI, BF16)";
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    return "AVX-512 (F, BW, VL, VNNI)";
+#elif defined(__AVX512F__)
+    return "AVX-512 (F)";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "AVX2 + FMA";
+#elif defined(__AVX2__)
+    return "AVX2";
+#elif defined(__AVX__)
+    return "AVX";
+#elif defined(__SSE2__)
+    return "SSE2";
+#elif defined(__ARM_NEON)
+    return "NEON";
+#else
+    return "none (portable C)";
+#endif
+}
+
+void cli_print_version(FILE *f)
+{
+    fprintf(f, "sparq %s (commit %s, SIMD %s)\n", sparq_version(), SPARQ_GIT_COMMIT, simd_level());
+}
+
+int cli_model_kv_type(const cli_model_opts *o, char *err, size_t err_size)
+{
+    const char *given[3] = { o->kv_type, o->cache_type_k, o->cache_type_v };
+    static const char *const opt[3] = { "--kv-type", "-ctk", "-ctv" };
+    const char *name = NULL;
+    int first = -1;
+    for (int i = 0; i < 3; i++) {
+        if (!given[i]) continue;
+        if (cli_kv_type(given[i]) < 0) {
+            snprintf(err, err_size, "%s must be f16, f32 or q8_0, not '%s'", opt[i], given[i]);
+            return -1;
+        }
+        if (name && strcmp(name, given[i]) != 0) {
+            snprintf(err, err_size, "%s %s and %s %s differ: the K and V caches have one type here "
+                     "(give both the same, or --kv-type)", opt[first], name, opt[i], given[i]);
+            return -1;
+        }
+        if (!name) { name = given[i]; first = i; }
+    }
+    return cli_kv_type(name);
 }
 
 int cli_check_regular(const char *path)
@@ -400,6 +502,14 @@ sparq_model *cli_load_model(const cli_model_opts *o, char *path, size_t path_siz
         return NULL;
     }
     return m;
+}
+
+const char *cli_chat_template(const sparq_model *m, const char *given)
+{
+    if (given || sparq_model_chat_template(m)) return given;
+    fprintf(stderr, "note: the model has no chat template; using chatml (--chat-template NAME to choose: %s)\n",
+            chat_template_names());
+    return "chatml";
 }
 
 void cli_progress_start(cli_progress *p)

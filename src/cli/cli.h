@@ -16,8 +16,10 @@
  * would silently mean "the default"), OPT_INT0 / OPT_I64_0 refuse
  * negatives (the help says what 0 means). OPT_FLOAT never accepts NaN or
  * Inf. OPT_STRS appends to a cli_strs (repeatable option). */
+/* OPT_ONOFF: an optional on|off|auto after the name (llama.cpp's -fa):
+ * taken when the next argument is one of those, else "on". */
 typedef enum { OPT_STR, OPT_INT, OPT_I64, OPT_U64, OPT_FLOAT, OPT_FLAG, OPT_INT1, OPT_INT0, OPT_I64_0,
-               OPT_STRS } cli_opt_kind;
+               OPT_STRS, OPT_ONOFF } cli_opt_kind;
 
 #define CLI_STRS_MAX 16
 typedef struct cli_strs { const char *v[CLI_STRS_MAX]; int n; } cli_strs;
@@ -31,7 +33,10 @@ typedef struct cli_opt {
     const char  *help;
 } cli_opt;
 
-/* "sparq VERSION": printed by `sparq --version` and `sparq CMD --version`. */
+/* "sparq VERSION (commit C, SIMD S)": printed by `sparq --version` and
+ * `sparq CMD --version`; the commit is the checkout's it was built from
+ * ("unknown" outside git), the SIMD level the one compiled in. */
+void cli_print_version(FILE *f);
 
 typedef struct cli_group {
     const char    *title;   /* section in --help                          */
@@ -60,12 +65,33 @@ typedef struct cli_model_opts {
     int         n_threads;  /* -t                                         */
     int         n_batch;    /* -b                                         */
     const char *kv_type;    /* --kv-type f16|f32                          */
+    const char *cache_type_k, *cache_type_v; /* -ctk / -ctv (llama.cpp)   */
     int         json;       /* --json                                     */
     int         use_mmap;   /* --mmap (--no-mmap: the default, accepted)  */
     int         no_mmap;
     int         no_repack;  /* -nr/--no-repack                           */
 } cli_model_opts;
 extern const cli_opt cli_model_table[];
+
+/* The KV type of --kv-type, -ctk and -ctv together: K and V share one type
+ * here, so different ones are an error. Returns the SPARQ_KV_* or -1 with
+ * a message. */
+int cli_model_kv_type(const cli_model_opts *o, char *err, size_t err_size);
+
+/* llama-cli / llama-server options accepted for their habits: -ngl,
+ * --mlock, -fa, --no-warmup, --color do nothing on this CPU engine (one
+ * note each on stderr says so); -ub sets the one batch size sparq has;
+ * -v prints the resolved settings. */
+typedef struct cli_compat_opts {
+    const char *ngl;        /* -ngl N                                     */
+    const char *flash_attn; /* -fa [on|off|auto]                          */
+    int mlock, no_warmup, color, verbose;
+    int ubatch;             /* -ub N                                      */
+} cli_compat_opts;
+extern const cli_opt cli_compat_table[];
+
+/* Prints the notes and folds -ub into mo->n_batch. */
+void cli_compat_apply(const cli_compat_opts *c, cli_model_opts *mo);
 
 /* Attention policy options (run, bench, eval). */
 typedef struct cli_attn_opts {
@@ -111,6 +137,11 @@ int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params 
 /* Resolves -m (or the default model) through the search path and loads
  * it; on failure prints the error (with download advice) and returns NULL. */
 sparq_model *cli_load_model(const cli_model_opts *o, char *path_out, size_t path_size);
+
+/* The chat template to use: `given` (--chat-template) if set, else NULL
+ * (the model's own) when the model has a recognised one, else "chatml"
+ * with a note on stderr, as llama-cli and llama-server fall back. */
+const char *cli_chat_template(const sparq_model *m, const char *given);
 
 /* 0 if path is a regular file or absent; else prints "error: 'P' is a
  * FIFO, not a regular file" and returns -1 (a FIFO would block). */

@@ -33,6 +33,8 @@ typedef struct run_opts {
     const char *logits_out;
     int         ignore_eos;
     int         chat;          /* --chat / -cnv */
+    int         no_chat;       /* -no-cnv */
+    int         interactive;   /* -i: turns from stdin (-p is the first) */
     const char *chat_template;
     const char *system;
     const char *load_kv;       /* --load-kv FILE */
@@ -49,7 +51,9 @@ static const cli_opt run_table[] = {
     { "-p", "--prompt", OPT_STR, OFF(prompt), "TEXT", "prompt text" },
     { "-f", "--file", OPT_STR, OFF(prompt_file), "FILE", "read the prompt from FILE" },
     { "--prompt-tokens", NULL, OPT_STR, OFF(prompt_tokens), "ID,ID,...", "prompt as token ids (no BOS added)" },
-    { "-n", "--n-predict", OPT_INT0, OFF(n_predict), "N", "tokens to generate (default 128; 0: only evaluate the prompt)" },
+    { "-n", "--n-predict", OPT_INT, OFF(n_predict), "N",
+      "tokens to generate (default 128; 0: only evaluate the prompt; -1: until end of generation or the context "
+      "is full, with a context shift at most -c tokens a reply)" },
     { "--temp", NULL, OPT_FLOAT, OFF(sp.temp), "T", "temperature (0 = greedy; default 0.8)" },
     { "--top-k", NULL, OPT_INT0, OFF(sp.top_k), "K", "top-k sampling (0 = off; default 40)" },
     { "--top-p", NULL, OPT_FLOAT, OFF(sp.top_p), "P", "top-p sampling (1 = off; default 0.95)" },
@@ -66,16 +70,23 @@ static const cli_opt run_table[] = {
       "stop generating when the text contains TEXT (repeatable; not printed)" },
     { "-l", "--logit-bias", OPT_STRS, OFF(logit_bias), "ID(+|-)BIAS",
       "add BIAS to the logit of token ID before sampling, as llama.cpp (-l 15043+1; -l 15043-inf bans it; repeatable, up to 16)" },
-    { "--seed", NULL, OPT_U64, OFF(sp.seed), "N", "sampling seed (default: a random one; --json prints it)" },
+    { "-s", "--seed", OPT_U64, OFF(sp.seed), "N", "sampling seed (default: a random one; --json prints it)" },
     { "--logits-out", NULL, OPT_STR, OFF(logits_out), "FILE",
       "write float32 logits [n_rows][n_vocab] of every prompt position and generation step" },
     { "--ignore-eos", NULL, OPT_FLAG, OFF(ignore_eos), NULL, "do not stop at end-of-generation tokens" },
     { "--chat", "-cnv", OPT_FLAG, OFF(chat), NULL,
       "chat format: -p/-f is one user message; without them, user turns are read "
-      "from stdin, one per line, until EOF (the cache is kept between turns)" },
+      "from stdin, one per line, until EOF (the cache is kept between turns); a model without a "
+      "chat template gets chatml" },
+    { "--conversation", NULL, OPT_FLAG, OFF(chat), NULL, "the same as --chat (llama-cli's spelling)" },
+    { "-no-cnv", "--no-conversation", OPT_FLAG, OFF(no_chat), NULL,
+      "plain text completion, no chat format (the default here)" },
+    { "-i", "--interactive", OPT_FLAG, OFF(interactive), NULL,
+      "interactive chat: user turns from stdin, one per line; -p, if given, is the first turn" },
     { "--chat-template", NULL, OPT_STR, OFF(chat_template), "NAME",
       "llama3 | chatml | phi3 | mistral | gemma (default: from the model)" },
-    { "--system", NULL, OPT_STR, OFF(system), "TEXT", "system message for --chat" },
+    { "--system", NULL, OPT_STR, OFF(system), "TEXT", "system message; implies --chat" },
+    { "-sys", "--system-prompt", OPT_STR, OFF(system), "TEXT", "the same as --system (llama-cli's spelling)" },
     { "--load-kv", NULL, OPT_STR, OFF(load_kv), "FILE",
       "start from a saved KV cache (sparq prefill --save-kv); the prompt continues it" },
     { "--verify-kv", NULL, OPT_FLAG, OFF(verify_kv), NULL,
@@ -452,9 +463,20 @@ static int run_chat(const gen_ctx *g, const run_opts *ro)
     double t_prefill = 0, t_decode = 0;
     int64_t n_prefilled = 0, n_decoded = 0;
     const int tty = isatty(0);
-    for (;;) {
-        if (tty) { fputs("> ", stderr); fflush(stderr); }
-        int lrc = read_line(&lr, &line, &consumed);
+    /* -i -p TEXT: TEXT is the first turn, as llama-cli's prompt is */
+    char *first = ro->prompt ? strdup(ro->prompt) : NULL;
+    if (ro->prompt && !first) {
+        fprintf(stderr, "error: out of memory\n");
+        return 1;
+    }
+    for (int use_first = first != NULL;; use_first = 0) {
+        int lrc = LINE_OK;
+        if (use_first) {
+            line = first;
+        } else {
+            if (tty) { fputs("> ", stderr); fflush(stderr); }
+            lrc = read_line(&lr, &line, &consumed);
+        }
         if (lrc == LINE_INTERRUPT) {
             if (cleared) break; /* the second Ctrl-C in a row */
             cleared = 1;
@@ -493,7 +515,7 @@ static int run_chat(const gen_ctx *g, const run_opts *ro)
         sparq_generation r;
         if (interrupted) abort_now = 1; /* Ctrl-C during the prefill: no reply */
         armed = 1;
-        int grc = generate(g, ro->n_predict, &r);
+        int grc = generate(g, ro->n_predict < 0 ? (int)sparq_context_n_ctx(g->c) : ro->n_predict, &r);
         armed = 0;
         interrupted = 0; /* the Ctrl-C that ended the reply is spent; one from now on is at the prompt */
         if (grc) goto done;
@@ -530,6 +552,7 @@ done:
     free(ids);
     free(lr.buf);
     free(prev);
+    free(first);
     return rc;
 }
 
@@ -559,6 +582,7 @@ static double attn_summary(const sparq_context *c, const sparq_attn_params *ap, 
 int cli_run(int argc, char **argv)
 {
     cli_model_opts mo = { 0 };
+    cli_compat_opts co = { 0 };
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
     run_opts ro = { 0 };
@@ -570,19 +594,38 @@ int cli_run(int argc, char **argv)
         { "model", cli_model_table, &mo },
         { "attention", cli_attn_table, &ao },
         { "prefill attention", cli_prefill_table, &pfo },
+        { "llama-cli options accepted (docs/CLI.md)", cli_compat_table, &co },
     };
-    const int n_groups = 4;
+    const int n_groups = 5;
     char err[512], path[4096];
     const int parsed = cli_parse_command(groups, n_groups, argc, argv,
                                          "usage: sparq run [-m MODEL] (-p TEXT | -f FILE | --prompt-tokens IDS) [options]\n"
-                                         "       sparq run [-m MODEL] --chat [options] < turns.txt   (interactive)",
+                                         "       sparq run [-m MODEL] --chat [options] < turns.txt   (interactive)\n"
+                                         "       sparq -m MODEL -p TEXT [options]                     (the same: run is the default)",
                                          NULL, 0, NULL);
     if (parsed >= 0) return parsed;
-    int kv_type = cli_kv_type(mo.kv_type);
+    int kv_type = cli_model_kv_type(&mo, err, sizeof err);
     if (kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16, f32 or q8_0, not '%s'\n", mo.kv_type);
+        fprintf(stderr, "error: %s\n", err);
         return 2;
     }
+    if (ro.n_predict < -1) {
+        fprintf(stderr, "error: -n %d: give N >= 0, or -1 for until end of generation or a full context\n",
+                ro.n_predict);
+        return 2;
+    }
+    if (ro.no_chat && (ro.chat || ro.interactive || ro.system)) {
+        fprintf(stderr, "error: -no-cnv cannot be combined with %s\n",
+                ro.chat ? "--chat/-cnv" : ro.interactive ? "-i" : "--system/-sys");
+        return 2;
+    }
+    if (ro.interactive && (ro.prompt_file || ro.prompt_tokens)) {
+        fprintf(stderr, "error: -i reads the turns from stdin (-p may give the first); not with %s\n",
+                ro.prompt_file ? "-f" : "--prompt-tokens");
+        return 2;
+    }
+    if (ro.system || ro.interactive) ro.chat = 1; /* a system message or turns need the chat format */
+    cli_compat_apply(&co, &mo);
     if (!!ro.prompt + !!ro.prompt_file + !!ro.prompt_tokens > 1) {
         fprintf(stderr, "error: give only one of -p, -f and --prompt-tokens\n");
         return 2;
@@ -613,9 +656,9 @@ int cli_run(int argc, char **argv)
         }
     if (ro.prompt_file && cli_check_regular(ro.prompt_file)) return 1;
     if (ro.load_kv && cli_check_regular(ro.load_kv)) return 1;
-    const int interactive = ro.chat && !ro.prompt && !ro.prompt_file && !ro.prompt_tokens;
+    const int interactive = ro.interactive || (ro.chat && !ro.prompt && !ro.prompt_file && !ro.prompt_tokens);
     if (interactive && (mo.json || ro.logits_out || ro.load_kv)) {
-        fprintf(stderr, "error: interactive --chat (no -p/-f) cannot be combined with %s\n",
+        fprintf(stderr, "error: interactive chat (-i, or --chat without -p/-f) cannot be combined with %s\n",
                 mo.json ? "--json" : ro.logits_out ? "--logits-out" : "--load-kv");
         return 2;
     }
@@ -634,6 +677,7 @@ int cli_run(int argc, char **argv)
     if (!m) goto done;
     double t_load = cli_now() - t_load0;
     const int n_vocab = sparq_model_n_vocab(m);
+    if (ro.chat) ro.chat_template = cli_chat_template(m, ro.chat_template);
 
     /* the prompt, as token ids (interactive turns come later) */
     int n_prompt = 0;
@@ -698,6 +742,12 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
+    if (co.verbose)
+        fprintf(stderr, "verbose: model %s | context %lld | threads %d | batch %d | KV %s | attention %s | %s\n", path,
+                (long long)sparq_context_n_ctx(c), sparq_context_n_threads(c), sparq_context_n_batch(c),
+                kv_type == SPARQ_KV_F32 ? "f32" : kv_type == SPARQ_KV_Q8_0 ? "q8_0" : "f16",
+                cp.attn.policy ? cp.attn.policy : "dense",
+                !ro.chat ? "no chat format" : ro.chat_template ? ro.chat_template : "the model's chat template");
     smp = sparq_sampler_create(&ro.sp, n_vocab);
     for (int i = 0; smp && i < n_prompt; i++) sparq_sampler_accept(smp, ids[i]); /* penalties see the prompt */
     logits = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * n_vocab * sizeof(float));
@@ -757,9 +807,21 @@ int cli_run(int argc, char **argv)
 
     /* decode */
     double t1 = cli_now();
-    if (generate(&g, ro.n_predict, &r)) goto done;
+    /* -n -1: until the end of generation or a full cache; the bound lets
+     * the loop see the cache full rather than stop one token before */
+    int n_predict = ro.n_predict;
+    if (n_predict < 0) {
+        const int64_t room = sparq_context_n_ctx(c) - sparq_context_pos(c) + 2;
+        n_predict = shift ? (int)sparq_context_n_ctx(c) : room < INT32_MAX ? (int)room : INT32_MAX - 1;
+    }
+    if (generate(&g, n_predict, &r)) goto done;
     double t_decode = cli_now() - t1;
-    if (!mo.json) fputc('\n', stdout);
+    if (!mo.json) {
+        /* flushed now: when stdout and stderr share a pipe, the text's
+         * line must end before the timing lines */
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
 
     double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0;
     double decode_tps = t_decode > 0 && r.n_decoded > 0 ? r.n_decoded / t_decode : 0;

@@ -113,6 +113,8 @@ int cli_serve(int argc, char **argv)
 {
     cli_model_opts mo;
     memset(&mo, 0, sizeof mo);
+    char err[512];
+    cli_compat_opts co = { 0 };
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
     serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30 };
@@ -121,8 +123,9 @@ int cli_serve(int argc, char **argv)
         { "server", serve_table, &so },
         { "default attention (a request may choose its own: \"sparq\": {\"attn\": ..., \"ratio\": ...})",
           cli_attn_table, &ao },
+        { "llama-server options accepted (docs/CLI.md)", cli_compat_table, &co },
     };
-    int rc = cli_parse_command(groups, 3, argc, argv, "usage: sparq serve [-m MODEL] [--port N] [options]", NULL, 0, NULL);
+    int rc = cli_parse_command(groups, 4, argc, argv, "usage: sparq serve [-m MODEL] [--port N] [options]", NULL, 0, NULL);
     if (rc >= 0) return rc;
     if (so.port < 0 || so.port > 65535 || so.parallel < 1 || so.parallel > 256 || so.queue < 0 ||
         so.queue > 100000 || so.max_body < 1024 || !(so.timeout > 0) || so.prefix_mb < 0) {
@@ -139,18 +142,19 @@ int cli_serve(int argc, char **argv)
         fprintf(stderr, "error: serve: --kv-dir must be a writable directory and --kv-dir-max >= 0\n");
         return 2;
     }
-    const int kv_type = cli_kv_type(mo.kv_type ? mo.kv_type : "f16");
+    const int kv_type = cli_model_kv_type(&mo, err, sizeof err);
     if (kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16 or f32\n");
+        fprintf(stderr, "error: %s\n", err);
         return 2;
     }
+    cli_compat_apply(&co, &mo);
     char kerr[512] = "out of memory";
     char *key = so.api_key ? strdup(so.api_key) : so.api_key_file ? read_key(so.api_key_file, kerr, sizeof kerr) : NULL;
     if ((so.api_key || so.api_key_file) && !key) {
         fprintf(stderr, "error: serve: cannot read an API key: %s\n", so.api_key_file ? kerr : "--api-key: out of memory");
         return 2;
     }
-    char path[1024], err[512];
+    char path[1024];
     sparq_model *m = load_model_on_own_thread(&mo, path, sizeof path);
     if (!m) {
         free(key);
@@ -171,7 +175,7 @@ int cli_serve(int argc, char **argv)
     cfg.api_key = key;
     const char *base = strrchr(path, '/');
     cfg.model_id = so.alias ? so.alias : base ? base + 1 : path;
-    cfg.chat_template = so.chat_template;
+    cfg.chat_template = cli_chat_template(m, so.chat_template);
     cfg.max_body = (size_t)so.max_body;
     cfg.max_prompt = so.max_prompt;
     cfg.timeout = so.timeout;
@@ -203,6 +207,11 @@ int cli_serve(int argc, char **argv)
     }
     fprintf(stderr, "serve: %s on http://%s:%d (%d parallel, context %lld, attention %s)\n", cfg.model_id, cfg.host,
             srv_port(s), cfg.parallel, (long long)cfg.n_ctx, cfg.attn.policy ? cfg.attn.policy : "dense");
+    if (co.verbose)
+        fprintf(stderr, "verbose: model %s | context %lld a sequence | threads %d (0 = physical cores) | batch %d | "
+                "KV %s | chat template %s\n", path, (long long)cfg.n_ctx, cfg.n_threads, cfg.n_batch,
+                kv_type == SPARQ_KV_F32 ? "f32" : kv_type == SPARQ_KV_Q8_0 ? "q8_0" : "f16",
+                cfg.chat_template ? cfg.chat_template : "the model's");
     if (so.port_file) {
         char tmp[1100];
         snprintf(tmp, sizeof tmp, "%s.tmp", so.port_file);

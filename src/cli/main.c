@@ -3,6 +3,7 @@
  * parser turns its "sparq" extension field into attention parameters with
  * cli_attn_params) without a second main(). */
 #include "cli/cli.h"
+#include "util/paths.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -26,13 +27,18 @@ static const subcommand subcommands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sparq COMMAND [options]   (sparq COMMAND --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: sparq COMMAND [options]   (sparq COMMAND --help for its options)\n"
+               "       sparq -m MODEL -p TEXT [options]   (no command: run, as llama-cli)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
 }
 
 int main(int argc, char **argv)
 {
+    /* A development fallback of the command, not of the library: run from
+     * a checkout, the reference models and data beside it are found. */
+    if (path_append_env("../shared/models:../shared") != 0)
+        fprintf(stderr, "warning: cannot extend SPARQ_MODEL_PATH\n");
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -43,9 +49,11 @@ int main(int argc, char **argv)
     }
     for (int i = 1; i < argc; i++) /* every command, before its own dispatch */
         if (strcmp(argv[i], "--version") == 0) {
-            printf("sparq %s\n", sparq_version());
+            cli_print_version(stdout);
             return 0;
         }
+    /* options first and no command: llama-cli's habit, `run` */
+    if (argv[1][0] == '-' && argv[1][1]) return cli_run(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "error: unknown command '%s'\n", argv[1]);

@@ -12,6 +12,7 @@
 #include "core/model.h"
 #include "attn/attn_pf_sparse.h"
 #include "util/paths.h"
+#include "util/cpu.h"
 
 #include <math.h>
 #include <omp.h>
@@ -163,7 +164,7 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     }
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
     c->rope_factors = model_rope_factors(m, n_ctx);
-    c->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_num_procs();
+    c->n_threads = p->n_threads > 0 ? p->n_threads : cpu_physical_cores();
     c->rs.n_batch = p->n_batch > 0 ? p->n_batch : 512;
     if (c->rs.n_batch > n_ctx) c->rs.n_batch = (int)n_ctx;
     if (p->kv_type != SPARQ_KV_F16 && p->kv_type != SPARQ_KV_F32 && p->kv_type != SPARQ_KV_Q8_0) {

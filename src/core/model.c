@@ -501,16 +501,18 @@ int sparq_token_bos(const sparq_model *m) { return tok_bos(m->tok); }
 int sparq_token_eos(const sparq_model *m) { return tok_eos(m->tok); }
 int sparq_token_is_eog(const sparq_model *m, int32_t id) { return tok_is_eog(m->tok, id); }
 
+const char *sparq_model_chat_template(const sparq_model *m)
+{
+    gguf_str jinja;
+    if (!m || gguf_get_str(m->file, "tokenizer.chat_template", &jinja) != 1) return NULL;
+    return chat_template_detect(jinja.data, (size_t)jinja.len);
+}
+
 int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat_msg *msgs,
                         int n_msgs, int add_assistant, int32_t *ids, int max_ids,
                         char *err, size_t err_size)
 {
-    const char *name = tmpl ? chat_template_canonical(tmpl) : NULL;
-    if (!tmpl) {
-        gguf_str jinja;
-        if (gguf_get_str(m->file, "tokenizer.chat_template", &jinja) == 1)
-            name = chat_template_detect(jinja.data, (size_t)jinja.len);
-    }
+    const char *name = tmpl ? chat_template_canonical(tmpl) : sparq_model_chat_template(m);
     if (!name) {
         snprintf(err, err_size, tmpl ? "chat: unknown template '%s' (known: %s)"
                                       : "chat: the model has no recognised tokenizer.chat_template%s; "

@@ -1,9 +1,13 @@
 /* paths.h - where sparq looks for models and data.
  *
- * One search path for everything that is not in the repo: each directory in
- * $SPARQ_MODEL_PATH (colon-separated), then ../shared/models, then ../shared
- * (so "stories260K.gguf" and "data/text/x.txt" both resolve). A name that
- * exists as given is returned unchanged; an absolute one is never searched.
+ * One search path for everything: a name that exists as given is returned
+ * unchanged (an absolute one is never searched); then each directory in
+ * $SPARQ_MODEL_PATH (colon-separated); then models/ beside the directory of
+ * the binary (the shared library, or the executable it is linked into):
+ * build/sparq finds the checkout's models/, and an installed
+ * PREFIX/bin/sparq finds PREFIX/share/sparq/models. The library knows no
+ * directory relative to the working directory: the command and the tests
+ * add their development fallbacks (../shared) with path_append_env.
  */
 #ifndef SPARQ_PATHS_H
 #define SPARQ_PATHS_H
@@ -12,6 +16,14 @@
 /* Writes the first existing match for `name` into out[out_size].
  * Returns 0 on success, -1 if nothing matched (out then holds "") */
 int path_find(const char *name, char *out, size_t out_size);
+
+/* The directory of the binary this code is linked into (libsparq.so, or
+ * the executable). Returns 0, or -1 with out = "". */
+int path_binary_dir(char *out, size_t out_size);
+
+/* Appends dirs ("a:b") to $SPARQ_MODEL_PATH, after what the user set, so
+ * the user's directories are searched first. Returns 0, or -1. */
+int path_append_env(const char *dirs);
 
 /* The search path as one human-readable string, for error messages. */
 const char *path_search_description(void);
