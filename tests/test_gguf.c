@@ -9,13 +9,16 @@
  * 3. Writer round trip through a temp file; writer errors.
  * 4. Real files: stories260K.gguf against llama2.c's stories260K.bin and the
  *    golden README facts, every model in golden/llamacpp/MODELS.md (types,
- *    shapes, sizes, packed layout), and llama.cpp's vocab-only GGUFs.
+ *    shapes, sizes, packed layout; a section without a table through the
+ *    section it borrows shapes from and its one-sentence type rule), and
+ *    llama.cpp's vocab-only GGUFs.
  */
 #include "tensor/gguf.h"
 #include "util/paths.h"
 #include "tensor/quant.h"
 #include "test.h"
 
+#include <fnmatch.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -959,6 +962,137 @@ static void check_model_entry(const char *rel, const char *arch, const char *fty
     gguf_close(f);
 }
 
+/* A section of MODELS.md may have no tensor table and instead borrow the
+ * shapes of another section ("Same shapes as NAME above.") and state the
+ * types in one sentence of this form:
+ *   Every matrix T [except `GLOB` (T)[, `GLOB` (T)]...[ and `GLOB` (T)]][; norms T].
+ * A tensor takes the type of the first exception whose glob matches its
+ * name, else the norms' type if its name ends in "norm.weight", else the
+ * matrices' type if it is 2-D. Anything else fails the check instead of
+ * being let through: a sentence in another form or naming an unknown type,
+ * a tensor the sentence does not cover, an exception no tensor matches. */
+enum { RULE_MAX_EXC = 8 };
+typedef struct type_rule {
+    char matrix[16], norms[16]; /* norms "": the sentence says nothing of them */
+    int n_exc;
+    char exc_glob[RULE_MAX_EXC][80], exc_type[RULE_MAX_EXC][16];
+} type_rule;
+
+static int rule_lit(const char **p, const char *w)
+{
+    size_t n = strlen(w);
+    if (strncmp(*p, w, n) != 0) return 0;
+    *p += n;
+    return 1;
+}
+
+/* A ggml type name the type table knows ("Q6_K"), copied into out[16]. */
+static int rule_type_word(const char **p, char *out)
+{
+    size_t n = strspn(*p, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_");
+    if (n == 0 || n >= 16) return 0;
+    memcpy(out, *p, n);
+    out[n] = 0;
+    for (uint32_t t = 0; t < QT_COUNT; t++) {
+        const quant_traits *tr = quant_traits_of(t);
+        if (tr && strcmp(tr->name, out) == 0) {
+            *p += n;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int parse_type_rule(const char *s, type_rule *r)
+{
+    memset(r, 0, sizeof *r);
+    const char *p = s;
+    if (!rule_lit(&p, "Every matrix ") || !rule_type_word(&p, r->matrix)) return -1;
+    if (rule_lit(&p, " except ")) {
+        do {
+            if (r->n_exc == RULE_MAX_EXC || !rule_lit(&p, "`")) return -1;
+            size_t n = strcspn(p, "`");
+            if (n == 0 || n >= sizeof r->exc_glob[0] || p[n] != '`') return -1;
+            memcpy(r->exc_glob[r->n_exc], p, n);
+            r->exc_glob[r->n_exc][n] = 0;
+            p += n;
+            if (!rule_lit(&p, "` (") || !rule_type_word(&p, r->exc_type[r->n_exc]) || !rule_lit(&p, ")")) return -1;
+            r->n_exc++;
+        } while (rule_lit(&p, ", and ") || rule_lit(&p, ", ") || rule_lit(&p, " and "));
+    }
+    if (rule_lit(&p, "; norms ") && !rule_type_word(&p, r->norms)) return -1;
+    rule_lit(&p, ".");
+    p += strspn(p, " \t\r\n");
+    return *p ? -1 : 0;
+}
+
+/* The type the rule gives tensor `name` with ne1 rows, or NULL if it says
+ * nothing about it; exc_hit[k] counts the tensors exception k decided. */
+static const char *rule_type_of(const type_rule *r, const char *name, int64_t ne1, int *exc_hit)
+{
+    for (int k = 0; k < r->n_exc; k++)
+        if (fnmatch(r->exc_glob[k], name, 0) == 0) {
+            exc_hit[k]++;
+            return r->exc_type[k];
+        }
+    size_t n = strlen(name), tail = strlen("norm.weight");
+    if (n >= tail && strcmp(name + n - tail, "norm.weight") == 0) return r->norms[0] ? r->norms : NULL;
+    return ne1 > 1 ? r->matrix : NULL;
+}
+
+static void test_type_rule(void)
+{
+    type_rule r;
+    int hit[RULE_MAX_EXC] = { 0 };
+    CHECK(parse_type_rule("Every matrix IQ4_XS except `output.weight` (Q6_K) and `blk.*.attn_v.weight` (Q5_K); "
+                          "norms F32.\n", &r) == 0 && r.n_exc == 2, "rule parses");
+    static const struct { const char *name; int64_t ne1; const char *want; } cases[] = {
+        { "output.weight", 512, "Q6_K" },          { "blk.1.attn_v.weight", 64, "Q5_K" },
+        { "blk.0.ffn_down.weight", 256, "IQ4_XS" }, { "token_embd.weight", 512, "IQ4_XS" },
+        { "output_norm.weight", 1, "F32" },        { "blk.0.attn_q.bias", 1, NULL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = rule_type_of(&r, cases[i].name, cases[i].ne1, hit);
+        CHECK(cases[i].want ? got && strcmp(got, cases[i].want) == 0 : got == NULL, "rule: %s is %s, want %s",
+              cases[i].name, got ? got : "(none)", cases[i].want ? cases[i].want : "(none)");
+    }
+    CHECK(hit[0] == 1 && hit[1] == 1, "rule exceptions used %d, %d times", hit[0], hit[1]);
+    CHECK(parse_type_rule("Every matrix Q8_0 except `a` (Q6_K), `b` (Q5_K), and `c` (F16)", &r) == 0 && r.n_exc == 3 &&
+          strcmp(r.exc_type[2], "F16") == 0 && r.norms[0] == 0, "rule list with commas");
+    CHECK(rule_type_of(&r, "blk.0.ffn_norm.weight", 1, hit) == NULL, "no norms clause: norms not covered");
+    static const char *const bad[] = {
+        "Every matrix IQ4_XQ; norms F32.",                           /* unknown type */
+        "Every matrix IQ4_XS except output.weight (Q6_K).",          /* glob not quoted */
+        "Every matrix IQ4_XS except `output.weight` Q6_K.",          /* type not in parentheses */
+        "Every matrix IQ4_XS except `output.weight` (Q6_K) or so.",  /* trailing words */
+        "Every matrix IQ4_XS; norms F32 and biases F16.",
+        "Most matrices IQ4_XS.",
+        "",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(parse_type_rule(bad[i], &r) != 0, "rule rejected: '%s'", bad[i]);
+}
+
+/* One "## PATH" section of MODELS.md; its table rows are md_*[first..first+n). */
+typedef struct md_section {
+    char rel[512], arch[64], ftype[32];
+    long long size;
+    int first, n;
+    char same_as[128]; /* "Same shapes as NAME above": NAME */
+    char rule[512];    /* the "Every matrix ..." sentence */
+    int n_rules;
+} md_section;
+
+/* rel's file name without ".gguf" ("rand-llama-iq4_nl"), which is how a
+ * section names another; the full path is accepted too. */
+static int md_names_section(const md_section *m, const char *name)
+{
+    if (strcmp(m->rel, name) == 0) return 1;
+    const char *base = strrchr(m->rel, '/') ? strrchr(m->rel, '/') + 1 : m->rel;
+    size_t n = strlen(name);
+    return strncmp(base, name, n) == 0 && (base[n] == 0 || strcmp(base + n, ".gguf") == 0);
+}
+
 static void test_models_md(void)
 {
     char path[1024];
@@ -966,40 +1100,94 @@ static void test_models_md(void)
     FILE *fp = fopen(path, "r");
     CHECK(fp != NULL, "open MODELS.md");
     if (!fp) return;
-    enum { MAXT = 512 };
-    static char names[MAXT][80], types[MAXT][16];
+    enum { MAXT = 4096, MAXM = 128 };
+    static char names[MAXT][80], types[MAXT][16], dtypes[MAXT][16];
     static int64_t shapes[MAXT][2];
-    char rel[512] = "", arch[64] = "", ftype[32] = "", line[1024];
-    long long size = 0;
-    int n = 0, n_models = 0;
-    for (;;) {
-        char *got = fgets(line, sizeof line, fp);
-        if (!got || strncmp(line, "## ", 3) == 0) {
-            if (rel[0]) { check_model_entry(rel, arch, ftype, size, names, types, shapes, n); n_models++; }
-            if (!got) break;
-            snprintf(rel, sizeof rel, "%.500s", line + 3);
-            rel[strcspn(rel, " \r\n")] = 0;
-            n = 0;
-            arch[0] = ftype[0] = 0;
+    static md_section md[MAXM];
+    char line[1024];
+    int n_rows = 0, n_md = 0, overflow = 0;
+    md_section *cur = NULL;
+    while (fgets(line, sizeof line, fp)) {
+        if (strncmp(line, "## ", 3) == 0) {
+            if (n_md == MAXM) { overflow = 1; cur = NULL; continue; }
+            cur = &md[n_md++];
+            memset(cur, 0, sizeof *cur);
+            snprintf(cur->rel, sizeof cur->rel, "%.500s", line + 3);
+            cur->rel[strcspn(cur->rel, " \r\n")] = 0;
+            cur->first = n_rows;
             continue;
         }
+        if (!cur) continue;
         if (strncmp(line, "arch `", 6) == 0) {
-            sscanf(line, "arch `%63[^`]`, general.file_type %31[^,], %lld bytes", arch, ftype, &size);
+            sscanf(line, "arch `%63[^`]`, general.file_type %31[^,], %lld bytes", cur->arch, cur->ftype, &cur->size);
+            continue;
+        }
+        if (strncmp(line, "Same shapes as ", 15) == 0) {
+            sscanf(line + 15, "%127s", cur->same_as);
+            continue;
+        }
+        if (strncmp(line, "Every matrix ", 13) == 0) {
+            snprintf(cur->rule, sizeof cur->rule, "%.510s", line);
+            cur->n_rules++;
             continue;
         }
         char name[80], type[16];
         long long a, b = 1;
         int k = sscanf(line, "| %79s | %15s | %lld x %lld |", name, type, &a, &b);
-        if (k >= 3 && n < MAXT && strcmp(name, "tensor") != 0) {
-            snprintf(names[n], sizeof names[n], "%s", name);
-            snprintf(types[n], sizeof types[n], "%s", type);
-            shapes[n][0] = a;
-            shapes[n][1] = k == 4 ? b : 1;
-            n++;
+        if (k >= 3 && strcmp(name, "tensor") != 0) {
+            if (n_rows == MAXT) { overflow = 1; continue; }
+            snprintf(names[n_rows], sizeof names[n_rows], "%s", name);
+            snprintf(types[n_rows], sizeof types[n_rows], "%s", type);
+            shapes[n_rows][0] = a;
+            shapes[n_rows][1] = k == 4 ? b : 1;
+            n_rows++;
+            cur->n++;
         }
     }
     fclose(fp);
-    CHECK(n_models >= 15, "MODELS.md lists %d models", n_models);
+    CHECK(!overflow, "MODELS.md has more than %d sections or %d tensor rows", MAXM, MAXT);
+
+    for (int i = 0; i < n_md; i++) {
+        const md_section *m = &md[i], *src = m;
+        CHECK(m->n_rules <= 1, "%s: %d type sentences", m->rel, m->n_rules);
+        if (m->n == 0) {
+            /* no table: the shapes come from the section named, the types from the sentence */
+            CHECK(m->same_as[0], "%s: neither a tensor table nor 'Same shapes as'", m->rel);
+            CHECK(m->rule[0], "%s: no table and no 'Every matrix ...' sentence for the types", m->rel);
+            if (!m->same_as[0] || !m->rule[0]) continue;
+            int found = 0;
+            for (int j = 0; j < n_md; j++)
+                if (j != i && md_names_section(&md[j], m->same_as)) { src = &md[j]; found++; }
+            CHECK(found == 1 && src->n > 0, "%s: 'Same shapes as %s' names %d sections with a table", m->rel,
+                  m->same_as, found);
+            if (found != 1 || src->n == 0) continue;
+        } else {
+            CHECK(!m->same_as[0], "%s: a tensor table and 'Same shapes as %s'", m->rel, m->same_as);
+        }
+        char (*want)[16] = types + src->first;
+        if (m->rule[0]) { /* the sentence's types; with a table of its own they must agree with it */
+            type_rule r;
+            int hit[RULE_MAX_EXC] = { 0 }, uncovered = 0, differ = 0;
+            CHECK(parse_type_rule(m->rule, &r) == 0, "%s: cannot read the type sentence '%.*s'", m->rel,
+                  (int)strcspn(m->rule, "\r\n"), m->rule);
+            if (parse_type_rule(m->rule, &r) != 0) continue;
+            for (int t = 0; t < src->n; t++) {
+                const char *ty = rule_type_of(&r, names[src->first + t], shapes[src->first + t][1], hit);
+                if (!ty && uncovered++ < 3)
+                    CHECK(0, "%s: the type sentence does not cover %s", m->rel, names[src->first + t]);
+                snprintf(dtypes[t], sizeof dtypes[t], "%s", ty ? ty : "?");
+                if (m->n && strcmp(dtypes[t], types[m->first + t]) != 0 && differ++ < 3)
+                    CHECK(0, "%s: %s is %s in the table but %s by the sentence", m->rel, names[m->first + t],
+                          types[m->first + t], dtypes[t]);
+            }
+            for (int k = 0; k < r.n_exc; k++)
+                CHECK(hit[k] > 0, "%s: no tensor matches `%s`", m->rel, r.exc_glob[k]);
+            if (uncovered || differ) continue;
+            want = dtypes;
+        }
+        check_model_entry(m->rel, m->arch, m->ftype, m->size, names + src->first, want, shapes + src->first, src->n);
+    }
+    CHECK(n_md >= 15, "MODELS.md lists %d models", n_md);
 }
 
 /* llama.cpp's vocab-only test files: no tensors, large string arrays. */
@@ -1085,6 +1273,7 @@ int main(void)
     test_files();
     test_writer();
     test_stories();
+    test_type_rule();
     test_models_md();
     test_vocab_files();
     return test_summary("test_gguf");
