@@ -715,12 +715,12 @@ static void test_golden(void)
         CHECK(0, "%s", err);
         return;
     }
-    /* IQ4_XS is not in the golden set (README F.2 left it out): no file here */
     const char *models[] = { "rand-llama-q8_0.gguf", "rand-llama-q4_0.gguf", "rand-llama-q4_k_m.gguf",
                              "rand-llama-q5_k_m.gguf", "rand-llama-q6_k.gguf", "rand-llama-f16.gguf",
                              "rand-llama-bf16.gguf", "rand-llama-q4_1.gguf", "rand-llama-q5_0.gguf",
                              "rand-llama-q5_1.gguf", "rand-llama-q2_k.gguf", "rand-llama-q3_k_s.gguf",
-                             "rand-llama-q4_k_s.gguf", "rand-llama-q5_k_s.gguf", "rand-llama-iq4_nl.gguf" };
+                             "rand-llama-q4_k_s.gguf", "rand-llama-q5_k_s.gguf", "rand-llama-iq4_nl.gguf",
+                             "rand-llama-iq4_xs.gguf" };
     for (size_t k = 0; k < sizeof models / sizeof *models; k++) golden_model(models[k], ff);
     gguf_close(ff);
 }
