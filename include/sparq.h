@@ -202,18 +202,28 @@ SPARQ_API int  sparq_context_create(sparq_model *m, const sparq_context_params *
                           sparq_context **out, char *err, size_t err_size);
 
 /* A context whose KV cache is built in place in the KV cache file `path`
- * (docs/KVFILE.md) that will hold the first n_prefix positions with the
- * index kinds `indexes`: what the prefill stores goes to the file's pages,
- * written back by the kernel, so private memory stays about constant
- * however long the context (a million tokens of smollm2 are ~12 GB of q8_0
- * cache). The free disk space is checked first. The file is finished (its
- * checksums, indexes and header written, renamed from path.tmp) by
- * sparq_context_save_kv(c, path, indexes, tokens, n_prefix) once the cache
- * holds n_prefix positions; the context then goes on over a private
- * mapping of it. Freed unfinished, the partial file is removed. */
+ * (docs/KVFILE.md) that will hold the document tokens[0..n_prefix) with
+ * the index kinds `indexes`: what the prefill stores goes to the file's
+ * pages, written back by the kernel, so private memory stays about
+ * constant however long the context (a million tokens of smollm2 are
+ * ~12 GB of q8_0 cache). The free disk space is checked first. Until it
+ * is finished the file is path.tmp, and after every batch it records how
+ * far the prefill got. It is finished (checksums, indexes and header
+ * written, renamed to path) by sparq_context_save_kv(c, path, indexes,
+ * tokens, n_prefix) once the cache holds the document; the context then
+ * goes on over a private mapping of it.
+ * flags: SPARQ_IN_FILE_KEEP: freed unfinished, path.tmp stays (else it is
+ * removed); SPARQ_IN_FILE_RESUME: continue the partial path.tmp of the
+ * same model, document, shape and indexes, its positions already cached
+ * (sparq_context_pos says how many; evaluate the rest). Returns 0, -1 on
+ * errors, or with RESUME 1 when there is nothing to continue (err says
+ * why; the partial file is left as it was). A sparse prefill's index is
+ * rebuilt from the cached keys on resume, so the rest of its selections
+ * may differ from an uninterrupted run's; an exact prefill's do not. */
+enum { SPARQ_IN_FILE_KEEP = 1, SPARQ_IN_FILE_RESUME = 2 };
 SPARQ_API int  sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, const char *path,
-                                  int64_t n_prefix, const char *indexes, sparq_context **out, char *err,
-                                  size_t err_size);SPARQ_API void sparq_context_free(sparq_context *c);
+                                  const int32_t *tokens, int64_t n_prefix, const char *indexes, int flags,
+                                  sparq_context **out, char *err, size_t err_size);SPARQ_API void sparq_context_free(sparq_context *c);
 
 /* Appends n tokens at the current position and runs the model. n > 1 is a
  * prefill (exact dense attention, batched); n == 1 is a decode step through

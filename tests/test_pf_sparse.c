@@ -19,6 +19,7 @@
 #include "util/paths.h"
 #include "sparq.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,7 +268,7 @@ static void model_identities(void)
             cp.prefill = topk;
             sparq_context *cf = NULL, *cl = NULL;
             float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
-            int ok = a && b && sparq_context_create_in_file(m, &cp, file, n, "ivf", &cf, err, sizeof err) == 0;
+            int ok = a && b && sparq_context_create_in_file(m, &cp, file, ids, n, "ivf", 0, &cf, err, sizeof err) == 0;
             CHECK(ok, "in-file context (%s): %s", q8 ? "q8_0" : "f16", err);
             CHECK(!ok || access(file, F_OK) != 0, "nothing at the final path while building");
             ok = ok && sparq_eval(cf, ids, n, NULL) == 0;
@@ -288,7 +289,7 @@ static void model_identities(void)
             cp.prefill = topk;
             cp.n_ctx = 512;
             cf = NULL;
-            if (sparq_context_create_in_file(m, &cp, file, n, "", &cf, err, sizeof err) == 0) {
+            if (sparq_context_create_in_file(m, &cp, file, ids, n, "", 0, &cf, err, sizeof err) == 0) {
                 sparq_eval(cf, ids, n / 2, NULL);
                 sparq_context_free(cf);
             }
@@ -303,11 +304,64 @@ static void model_identities(void)
     sparq_model_free(m);
 }
 
+/* A prefill killed (SIGKILL) mid-way leaves FILE.tmp; --resume finishes it
+ * into the very file an uninterrupted run writes (exact prefill: the same
+ * bytes); --resume with nothing to continue starts afresh. */
+static void kill_and_resume(void)
+{
+    char found[1024], model[PATH_MAX], bdir[PATH_MAX];
+    if (path_find("tiny-d64.gguf", found, sizeof found) || !realpath(found, model)) {
+        test_skip("tiny-d64.gguf not found");
+        return;
+    }
+    const char *b = getenv("SPARQ_BUILD");
+    if (!realpath(b ? b : "build", bdir)) {
+        CHECK(0, "no build directory");
+        return;
+    }
+    b = bdir; /* the commands below run in a temp directory */
+    char bin[PATH_MAX + 16], dir_t[] = "/tmp/test_pf_resume_XXXXXX";
+    snprintf(bin, sizeof bin, "%s/sparq", b);
+    char *dir = mkdtemp(dir_t);
+    if (!dir || access(bin, X_OK) != 0) {
+        CHECK(0, "%s not built, or no temp dir", bin);
+        return;
+    }
+    char text[600], cmd[4 * PATH_MAX], base[3 * PATH_MAX];
+    snprintf(text, sizeof text, "%s/doc.txt", dir);
+    FILE *f = fopen(text, "w");
+    for (int i = 0; f && i < 50; i++) fprintf(f, "Line %d: the quick brown fox jumps over the lazy dog. ", i);
+    if (f) fclose(f);
+    snprintf(base, sizeof base, "%s prefill -m %s -f %s -c 2048 -b 2 -t 1 --index ivf", bin, model, text); /* small batches: time to kill it */
+    snprintf(cmd, sizeof cmd, "%s --save-kv %s/a.kv 2>/dev/null", base, dir);
+    CHECK(system(cmd) == 0, "uninterrupted prefill");
+    snprintf(cmd, sizeof cmd,
+             "cd %s && (SPARQ_PROGRESS_SECONDS=0 %s --save-kv b.kv --progress 2>b.log & p=$!; "
+             "i=0; while kill -0 $p 2>/dev/null && ! grep -q 'prefill: [0-9]* /' b.log && [ $i -lt 3000 ]; do "
+             "sleep 0.01; i=$((i+1)); done; "
+             "kill -9 $p; wait $p; exit 0)", dir, base);
+    CHECK(system(cmd) == 0, "killed prefill");
+    char a[700], bk[700], bt[700];
+    snprintf(a, sizeof a, "%s/a.kv", dir);
+    snprintf(bk, sizeof bk, "%s/b.kv", dir);
+    snprintf(bt, sizeof bt, "%s/b.kv.tmp", dir);
+    CHECK(access(bk, F_OK) != 0 && access(bt, F_OK) == 0, "killed mid-way: b.kv.tmp left, no b.kv");
+    snprintf(cmd, sizeof cmd, "cd %s && %s --save-kv b.kv --resume 2>b2.log && grep -q 'already in' b2.log && "
+                              "cmp -s a.kv b.kv", dir, base);
+    CHECK(system(cmd) == 0, "--resume continues it into the same bytes as an uninterrupted run");
+    snprintf(cmd, sizeof cmd, "cd %s && %s --save-kv c.kv --resume 2>c.log && grep -q 'starting afresh' c.log && "
+                              "cmp -s a.kv c.kv", dir, base);
+    CHECK(system(cmd) == 0, "--resume without a partial file starts afresh");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "clean up");
+}
+
 int main(void)
 {
     segments_vs_naive();
     selection_finds_planted(600, 16);   /* 600 < 16 x 64: the scan phase */
     selection_finds_planted(5000, 64);  /* trained inverted file */
     model_identities();
+    kill_and_resume();
     return test_summary("test_pf_sparse");
 }

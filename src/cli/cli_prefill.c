@@ -21,7 +21,7 @@
 typedef struct prefill_opts {
     const char *prompt, *prompt_file, *save;
     const char *index;   /* kinds to store; NULL: the default, ivf */
-    int progress;
+    int progress, resume;
 } prefill_opts;
 
 #define OFF(f) offsetof(prefill_opts, f)
@@ -36,6 +36,9 @@ static const cli_opt prefill_table[] = {
     { "--progress", NULL, OPT_FLAG, OFF(progress), NULL,
       "prefill progress on stderr even when it is not a terminal: a line after the first batch, "
       "every 5 s ($SPARQ_PROGRESS_SECONDS) and at the end, with tokens done / total, tok/s and ETA" },
+    { "--resume", NULL, OPT_FLAG, OFF(resume), NULL,
+      "continue the partial FILE.tmp that an interrupted prefill of the same model, context and options left "
+      "(else start afresh, saying why)" },
     { 0 },
 };
 #undef OFF
@@ -159,20 +162,37 @@ int cli_prefill(int argc, char **argv)
     cp.abort_flag = &interrupted;
     /* the cache is built in the output file itself: no copy at the end, and
      * private memory does not grow with the context */
-    if (sparq_context_create_in_file(m, &cp, po.save, n, indexes, &c, err, sizeof err)) {
+    int64_t resumed = 0;
+    if (po.resume) {
+        const int r = sparq_context_create_in_file(m, &cp, po.save, ids, n, indexes,
+                                                   SPARQ_IN_FILE_KEEP | SPARQ_IN_FILE_RESUME, &c, err, sizeof err);
+        if (r < 0) {
+            fprintf(stderr, "error: %s\n", err);
+            goto done;
+        }
+        if (r > 0) {
+            fprintf(stderr, "resume: %s; starting afresh\n", err);
+        } else {
+            resumed = sparq_context_pos(c);
+            fprintf(stderr, "resume: %lld of %d tokens already in '%s.tmp'\n", (long long)resumed, n, po.save);
+        }
+    }
+    if (!c && sparq_context_create_in_file(m, &cp, po.save, ids, n, indexes, SPARQ_IN_FILE_KEEP, &c, err,
+                                           sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
     signal(SIGINT, on_sigint);
     cli_progress_start(prog);
     double t0 = cli_now();
-    if (sparq_eval(c, ids, n, NULL)) {
-        if (interrupted) { /* Ctrl-C: the eval stopped between batches; nothing is written */
+    if (resumed < n && sparq_eval(c, ids + resumed, (int)(n - resumed), NULL)) {
+        if (interrupted) { /* Ctrl-C: the eval stopped between batches; the partial file stays */
             const double t = cli_now() - t0;
             const int64_t done_pos = sparq_context_pos(c);
             fprintf(stderr, "%sinterrupted: prefill stopped after %lld of %d tokens (%.1f tok/s, %.0f ms); "
-                            "nothing saved\n", prog->tty ? "\n" : "", (long long)done_pos, n,
-                    t > 0 ? done_pos / t : 0.0, t * 1e3);
+                            "'%s.tmp' holds them: the same command with --resume continues\n",
+                    prog->tty ? "\n" : "", (long long)done_pos, n, t > 0 ? (done_pos - resumed) / t : 0.0, t * 1e3,
+                    po.save);
             rc = 130;
             goto done;
         }
@@ -180,8 +200,9 @@ int cli_prefill(int argc, char **argv)
         goto done;
     }
     double t_prefill = cli_now() - t0;
-    fprintf(stderr, "prefill: %d tokens in %.2f s (%.1f tok/s); saving with indexes [%s]\n", n, t_prefill,
-            n / (t_prefill > 0 ? t_prefill : 1e-9), indexes);
+    fprintf(stderr, "prefill: %lld tokens in %.2f s (%.1f tok/s)%s; saving with indexes [%s]\n",
+            (long long)(n - resumed), t_prefill, (n - resumed) / (t_prefill > 0 ? t_prefill : 1e-9),
+            resumed ? " after the resumed ones" : "", indexes);
     t0 = cli_now();
     if (sparq_context_save_kv(c, po.save, indexes, ids, n, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);

@@ -14,6 +14,7 @@
 #include "util/paths.h"
 #include "util/cpu.h"
 
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -144,7 +145,7 @@ static void kvf_release(void *f) { kvf_close(f); }
 /* kvf != NULL: the cache is the file's private mapping holding its prefix;
  * *kvf_taken tells whether the context now owns kvf (freed with it). */
 static int context_create(sparq_model *m, const sparq_context_params *p, kvf_file *kvf, kvf_map *map,
-                          int *kvf_taken, sparq_context **out, char *err, size_t err_size)
+                          int64_t map_n, int *kvf_taken, sparq_context **out, char *err, size_t err_size)
 {
     *out = NULL;
     *kvf_taken = 0;
@@ -190,9 +191,9 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
                                err_size))
             goto fail;
         *kvf_taken = 1;
-    } else if (map) { /* built in place in the file being written: empty, in its pages */
+    } else if (map) { /* built in place in the file being written (map_n positions there) */
         if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf_map_k(map),
-                               kvf_map_v(map), kvf_map_kt(map), 0, NULL, !!(needs & ATTN_NEEDS_KT),
+                               kvf_map_v(map), kvf_map_kt(map), map_n, NULL, !!(needs & ATTN_NEEDS_KT),
                                !!(needs & ATTN_NEEDS_VSUM), map, kvf_map_free, err, err_size))
             goto fail;
         *kvf_taken = 1;
@@ -235,21 +236,28 @@ int sparq_context_create(sparq_model *m, const sparq_context_params *p,
                          sparq_context **out, char *err, size_t err_size)
 {
     int taken;
-    return context_create(m, p, NULL, NULL, &taken, out, err, err_size);
+    return context_create(m, p, NULL, NULL, 0, &taken, out, err, err_size);
 }
 
 int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, const char *path,
-                                 int64_t n_prefix, const char *indexes, sparq_context **out, char *err,
-                                 size_t err_size)
+                                 const int32_t *tokens, int64_t n_prefix, const char *indexes, int flags,
+                                 sparq_context **out, char *err, size_t err_size)
 {
     *out = NULL;
     const model_hparams *hp = &m->hp;
     const int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
-    if (n_prefix < 1 || n_prefix > n_ctx) {
-        snprintf(err, err_size, "context: a file of %lld positions for a context of %lld", (long long)n_prefix,
-                 (long long)n_ctx);
+    if (!tokens || n_prefix < 1 || n_prefix > n_ctx) {
+        snprintf(err, err_size, "context: a file of %lld positions (token ids %s) for a context of %lld",
+                 (long long)n_prefix, tokens ? "given" : "missing", (long long)n_ctx);
         return -1;
     }
+    const int vocab = hp->n_vocab;
+    for (int64_t i = 0; i < n_prefix; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab) {
+            snprintf(err, err_size, "context: token id %d at index %lld is outside [0, %d)", tokens[i], (long long)i,
+                     vocab);
+            return -1;
+        }
     const char *name = p->attn.policy ? p->attn.policy : "dense";
     const attn_policy *pol = attn_policy_find(name);
     const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : p->kv_type == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F32;
@@ -265,9 +273,19 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
     if (n_kinds < 0) return -1;
     kvf_fingerprint fp;
     model_fingerprint(m, &fp);
-    kvf_writer *w;
-    if (kvf_writer_create(path, &fp, elem, n_prefix, n_ctx, with_kt, n_prefix, indexes, &w, err, err_size))
+    const uint32_t tokens_crc = kvf_crc32c(0, tokens, (size_t)n_prefix * sizeof *tokens);
+    kvf_writer *w = NULL;
+    int64_t done = 0;
+    if (flags & SPARQ_IN_FILE_RESUME) {
+        const int r = kvf_writer_resume(path, &fp, elem, n_prefix, n_ctx, with_kt, n_prefix, indexes, tokens_crc, &w,
+                                        &done, err, err_size);
+        if (r < 0) return -1;
+        if (r > 0) return 1; /* nothing to resume: err says why */
+    } else if (kvf_writer_create(path, &fp, elem, n_prefix, n_ctx, with_kt, n_prefix, indexes, &w, err, err_size)) {
         return -1;
+    }
+    kvf_writer_tokens(w, tokens);
+    kvf_writer_keep(w, !!(flags & SPARQ_IN_FILE_KEEP));
     /* an index image holds every key once as f16 with its id: about this */
     const int64_t images = (int64_t)n_kinds * hp->n_layer * hp->n_kv_head *
                            (n_prefix * ((int64_t)hp->head_dim * 2 + 4) + ((int64_t)1 << 20));
@@ -277,15 +295,29 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
         return -1;
     }
     int taken = 0;
-    if (context_create(m, p, NULL, map, &taken, out, err, err_size)) {
+    if (context_create(m, p, NULL, map, done, &taken, out, err, err_size)) {
         if (!taken) kvf_map_free(map);
         kvf_writer_abort(w);
         return -1;
     }
-    (*out)->kvw = w;
-    (*out)->kvw_n = n_prefix;
-    snprintf((*out)->kvw_indexes, sizeof (*out)->kvw_indexes, "%s", indexes ? indexes : "");
+    sparq_context *c = *out;
+    c->kvw = w;
+    c->kvw_n = n_prefix;
+    c->kvw_crc = tokens_crc;
+    snprintf(c->kvw_indexes, sizeof c->kvw_indexes, "%s", indexes ? indexes : "");
+    if (kvf_writer_progress(w, tokens_crc, done)) {
+        snprintf(err, err_size, "context: cannot write to '%s.tmp': %s", path, strerror(errno));
+        sparq_context_free(c);
+        *out = NULL;
+        return -1;
+    }
     return 0;
+}
+
+void ctx_file_progress(sparq_context *c)
+{
+    /* only positions of the document count; a failed record only costs a resume */
+    if (c->kvw && c->kv.n <= c->kvw_n) (void)kvf_writer_progress(c->kvw, c->kvw_crc, c->kv.n);
 }
 
 int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const char *path,
@@ -310,7 +342,7 @@ int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const c
     pp.n_ctx = f->cap;
     pp.kv_type = f->elem == KV_F16 ? SPARQ_KV_F16 : f->elem == KV_Q8_0 ? SPARQ_KV_Q8_0 : SPARQ_KV_F32;
     int taken = 0;
-    int rc = context_create(m, &pp, f, NULL, &taken, out, err, err_size);
+    int rc = context_create(m, &pp, f, NULL, 0, &taken, out, err, err_size);
     if (rc && !taken) kvf_close(f);
     return rc;
 }
@@ -320,7 +352,7 @@ void sparq_context_free(sparq_context *c)
     if (!c) return;
     if (c->policy && c->policy->state_free) c->policy->state_free(c->policy_state);
     kv_free(&c->kv);
-    kvf_writer_abort(c->kvw); /* a file never finished is removed */
+    kvf_writer_abort(c->kvw); /* a file never finished is removed, unless kept to resume */
     run_state_free(&c->rs);
     attn_pf_sparse_free(c->pf);
     free(c);
@@ -533,9 +565,11 @@ int context_save_kv_as(sparq_context *c, const char *path, const char *tmp, cons
     kvf_writer *w;
     if (c->kvw) { /* built in place: this file, finished now */
         if (strcmp(path, kvf_writer_path(c->kvw)) != 0 || tmp || kv->n != c->kvw_n || !tokens ||
+            kvf_crc32c(0, tokens, (size_t)n_tokens * sizeof *tokens) != c->kvw_crc ||
             strcmp(indexes ? indexes : "", c->kvw_indexes) != 0) {
             snprintf(err, err_size, "save_kv: this context's cache is being built in '%s' for %lld positions "
-                     "with indexes [%s]; it saves there, with those", kvf_writer_path(c->kvw), (long long)c->kvw_n,
+                     "with indexes [%s]; it saves there, with those and its tokens", kvf_writer_path(c->kvw),
+                     (long long)c->kvw_n,
                      c->kvw_indexes);
             return -1;
         }

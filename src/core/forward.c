@@ -708,6 +708,7 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
         if (decode) c->stats.steps++;
         if (last && logits && !all_logits) memcpy(logits, c->rs.logits, (size_t)n_vocab * sizeof(float));
         done += nb;
+        ctx_file_progress(c);
         if (c->params.progress && n > 1) c->params.progress(c->params.progress_user, done, n);
     }
     return 0;

@@ -118,6 +118,7 @@ struct sparq_context {
     struct attn_pf_sparse *pf;         /* sparse prefill state, or NULL (exact) */
     struct kvf_writer  *kvw;           /* the KV file the cache is built in, or NULL */
     int64_t             kvw_n;         /* positions it will hold                */
+    uint32_t            kvw_crc;       /* CRC-32C of their token ids            */
     char                kvw_indexes[64];
     char                error[256];
 };
@@ -127,6 +128,10 @@ struct sparq_context {
  * per row, in 16 lanes (one running sum took 104 us per row at a 128k
  * vocabulary, 1.7 ms of a 16-sequence decode step; 9 us so). context.c. */
 int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos);
+
+/* After a batch: a cache built in its KV file records how far it got, so
+ * a prefill that dies can be resumed (sparq_context_create_in_file). */
+void ctx_file_progress(sparq_context *c);
 
 /* The first index of the largest of x[0..n) (ties to the lowest; a NaN never
  * wins, except at index 0): greedy decoding, in the sampler and in

@@ -324,6 +324,7 @@ struct kvf_map {
 
 struct kvf_writer {
     kvf_map        *map;        /* the cache built in place, or NULL (not owned) */
+    int             keep;       /* abort leaves the temp file (a resumable prefill) */
     char           *path, *tmp;
     int             fd;
     kvf_fingerprint fp;
@@ -342,7 +343,7 @@ void kvf_writer_abort(kvf_writer *w)
 {
     if (!w) return;
     if (w->fd >= 0) close(w->fd);
-    if (w->tmp) unlink(w->tmp);
+    if (w->tmp && !w->keep) unlink(w->tmp);
     free(w->path);
     free(w->tmp);
     free(w->meta);
@@ -428,6 +429,89 @@ int kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprin
     return 0;
 }
 
+/* ---- resumable prefills ------------------------------------------------------------ */
+
+/* Page 0 of a file built in place holds, until kvf_writer_finish writes the
+ * header there, a record of how far the prefill got:
+ *   0 u8[8] "SPARQRSM"   8 u64 model hash   16 i64 n   24 i64 cap
+ *   32 u32 elem   36 u32 with_kt   40 u32 CRC-32C of the n token ids
+ *   44 u32 index kinds   48 i64 positions done   56 u32 CRC-32C of [0, 56)
+ * Rows reach the file through the shared mapping before the record that
+ * counts them, so a process that dies (Ctrl-C, kill, a crash) leaves a
+ * file whose record never claims a row that is not there. */
+#define KVF_RESUME_MAGIC "SPARQRSM"
+
+static void resume_record(const kvf_writer *w, uint32_t tokens_crc, int64_t done, uint8_t rec[64])
+{
+    memset(rec, 0, 64);
+    memcpy(rec, KVF_RESUME_MAGIC, 8);
+    put64(rec, 8, w->fp.model_hash);
+    put64(rec, 16, (uint64_t)w->n);
+    put64(rec, 24, (uint64_t)w->cap);
+    put32(rec, 32, (uint32_t)w->elem);
+    put32(rec, 36, (uint32_t)w->with_kt);
+    put32(rec, 40, tokens_crc);
+    put32(rec, 44, (uint32_t)w->n_kinds);
+    put64(rec, 48, (uint64_t)done);
+    put32(rec, 56, kvf_crc32c(0, rec, 56));
+}
+
+int kvf_writer_progress(kvf_writer *w, uint32_t tokens_crc, int64_t done)
+{
+    uint8_t rec[64];
+    resume_record(w, tokens_crc, done, rec);
+    return pwrite_all(w->fd, rec, sizeof rec, 0);
+}
+
+void kvf_writer_keep(kvf_writer *w, int keep) { w->keep = keep; }
+
+int kvf_writer_resume(const char *path, const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap, int with_kt,
+                      int64_t n_tokens, const char *kinds, uint32_t tokens_crc, kvf_writer **out, int64_t *done,
+                      char *err, size_t err_size)
+{
+    *out = NULL;
+    *done = 0;
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+        return err_set(err, err_size, "kvfile: path of %zu bytes is too long", strlen(path));
+    /* the partial file is ours only if it is a regular file: no links followed */
+    const int fd = open(tmp, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        err_set(err, err_size, "no partial prefill at '%s' (%s)", tmp, strerror(errno));
+        return 1;
+    }
+    struct stat st;
+    uint8_t rec[64], want[64];
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || pread_all(fd, rec, sizeof rec, 0)) {
+        close(fd);
+        err_set(err, err_size, "'%s' is not a readable partial KV file", tmp);
+        return 1;
+    }
+    kvf_writer *w;
+    /* a writer of the same shape, on a scratch name, then moved onto tmp */
+    char scratch[4200];
+    snprintf(scratch, sizeof scratch, "%s.resume", tmp);
+    if (kvf_writer_create_as(path, scratch, fp, elem, n, cap, with_kt, n_tokens, kinds, &w, err, err_size)) {
+        close(fd);
+        return -1;
+    }
+    close(w->fd);
+    unlink(w->tmp);
+    snprintf(w->tmp, strlen(w->tmp) + 1, "%s", tmp); /* tmp is shorter than scratch */
+    w->fd = fd;
+    const int64_t got = (int64_t)get64(rec, 48);
+    resume_record(w, tokens_crc, got, want);
+    if (memcmp(rec, want, 64) != 0 || got < 0 || got > n || (uint64_t)st.st_size != w->L.images_off) {
+        w->keep = 1; /* not ours to delete: the caller decides */
+        kvf_writer_abort(w);
+        err_set(err, err_size, "'%s' is not a partial prefill of this model, document and cache shape", tmp);
+        return 1;
+    }
+    *out = w;
+    *done = got;
+    return 0;
+}
+
 void kvf_map_free(void *map)
 {
     kvf_map *m = map;
@@ -447,7 +531,10 @@ int kvf_writer_map(kvf_writer *w, int64_t index_bytes, kvf_map **out, char *err,
     char dir[4096];
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - w->tmp) + 1 : 1, slash ? w->tmp : ".");
     struct statvfs vf;
-    if (statvfs(dir, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need)
+    struct stat st; /* a resumed file already holds part of it */
+    const uint64_t held = fstat(w->fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+    const uint64_t more = need > held ? need - held : 0;
+    if (statvfs(dir, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < more)
         return err_set(err, err_size, "kvfile '%s': needs %.2f GiB on disk, %.2f GiB free in '%s'", w->path,
                        need / 1073741824.0, (double)vf.f_bavail * vf.f_frsize / 1073741824.0, dir);
     kvf_map *m = calloc(1, sizeof *m);

@@ -199,6 +199,19 @@ uint8_t *kvf_map_v(const kvf_map *m);
 uint8_t *kvf_map_kt(const kvf_map *m); /* NULL without K^T */
 void     kvf_map_free(void *map);
 
+/* Resumable prefills: kvf_writer_progress records in the temp file that
+ * its first `done` positions are written (tokens_crc: CRC-32C of the
+ * document's token ids); kvf_writer_keep(w, 1) makes an abort leave the
+ * temp file; kvf_writer_resume reopens path.tmp for a writer of this shape
+ * whose record matches (model, shape, kinds, tokens) and says how far it
+ * got. Resume returns 0 (and *done), 1 when there is no matching partial
+ * file (the reason in err; the file is left alone), -1 on errors. */
+int  kvf_writer_progress(kvf_writer *w, uint32_t tokens_crc, int64_t done);
+void kvf_writer_keep(kvf_writer *w, int keep);
+int  kvf_writer_resume(const char *path, const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap, int with_kt,
+                       int64_t n_tokens, const char *kinds, uint32_t tokens_crc, kvf_writer **out, int64_t *done,
+                       char *err, size_t err_size);
+
 /* Whether a writer for path could start: path is not a directory or other
  * non-file, and path.tmp can be created (probed exclusively and removed
  * again; if something is there already, its directory must be writable for
