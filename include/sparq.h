@@ -160,9 +160,15 @@ enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1, SPARQ_KV_Q8_0 = 2 };
  *                         the block's mean query; the union over the
  *                         group's heads), found through an inverted file of
  *                         the older keys grown as the chunks go.
+ *   SPARQ_PREFILL_POLICY  every token one decode step through the
+ *                         context's attention policy: for a short prompt
+ *                         after a long cached prefix (a question about a
+ *                         loaded book), whose exact prefill would read the
+ *                         whole cache per token; a topk policy reads the
+ *                         prefix's stored index instead.
  * A window reaching position 0, or k at least the older positions, gives
  * the exact prefill bit for bit. */
-enum { SPARQ_PREFILL_EXACT = 0, SPARQ_PREFILL_WINDOW = 1, SPARQ_PREFILL_TOPK = 2 };
+enum { SPARQ_PREFILL_EXACT = 0, SPARQ_PREFILL_WINDOW = 1, SPARQ_PREFILL_TOPK = 2, SPARQ_PREFILL_POLICY = 3 };
 typedef struct sparq_prefill_params {
     int mode;     /* SPARQ_PREFILL_*                                         */
     int window;   /* positions before a query block (0 = 1024)               */
@@ -172,10 +178,13 @@ typedef struct sparq_prefill_params {
     int nprobe;   /* topk: lists probed per block (0 = 16)                   */
 } sparq_prefill_params;
 
-/* Name of mode i ("exact", "window", "topk"; NULL past the end), and the
+/* Name of mode i ("exact", "window", "topk", "policy"; NULL past the end), and the
  * mode named `name` (-1 if none): the one list help text and parsers use. */
 SPARQ_API const char *sparq_prefill_mode_name(int i);
 SPARQ_API int         sparq_prefill_mode_find(const char *name);
+/* p with its zero fields replaced by the defaults for a context of n_ctx
+ * positions (what a context created with p uses). */
+SPARQ_API sparq_prefill_params sparq_prefill_resolve(const sparq_prefill_params *p, int64_t n_ctx);
 
 typedef struct sparq_context_params {
     int64_t n_ctx;          /* KV capacity in tokens (0 = model's trained);

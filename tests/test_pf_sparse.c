@@ -254,6 +254,33 @@ static void model_identities(void)
     }
     free(le); free(lw); free(lt); free(ls); free(lsw);
 
+    /* policy mode: a prompt fed as decode steps, as sparq_eval one token at a time */
+    {
+        sparq_context_params cp = sparq_context_default_params();
+        cp.n_ctx = 512;
+        cp.n_threads = 2;
+        cp.attn.policy = "sparq";
+        sparq_context *c1 = NULL, *c2 = NULL;
+        float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+        int ok = a && b && sparq_context_create(m, &cp, &c1, err, sizeof err) == 0;
+        cp.prefill.mode = SPARQ_PREFILL_POLICY;
+        ok = ok && sparq_context_create(m, &cp, &c2, err, sizeof err) == 0;
+        CHECK(ok, "policy-mode contexts: %s", err);
+        sparq_context_reset(c1);
+        sparq_context_reset(c2);
+        for (int i = 0; ok && i < 120; i++) ok = sparq_eval(c1, &ids[i], 1, a) == 0;
+        ok = ok && sparq_eval(c2, ids, 120, b) == 0;
+        CHECK(ok && memcmp(a, b, (size_t)V * sizeof(float)) == 0,
+              "--prefill-attn policy = the prompt fed one decode step at a time");
+        sparq_context_reset(c1);
+        ok = ok && sparq_eval(c1, ids, 120, a) == 0;
+        CHECK(ok && memcmp(a, b, (size_t)V * sizeof(float)) != 0, "and is not the tiled exact prefill (other kernels)");
+        sparq_context_free(c1);
+        sparq_context_free(c2);
+        free(a);
+        free(b);
+    }
+
     /* the cache built in its KV file decodes as the context that built it */
     char dir_t[] = "/tmp/test_pf_sparse_XXXXXX";
     char *dir = mkdtemp(dir_t);

@@ -40,7 +40,7 @@ struct attn_pf_sparse {
     pf_thread *thr;    /* [n_threads]          */
 };
 
-static const char *const mode_names[] = { "exact", "window", "topk" };
+static const char *const mode_names[] = { "exact", "window", "topk", "policy" };
 enum { N_MODES = (int)(sizeof mode_names / sizeof mode_names[0]) };
 
 const char *sparq_prefill_mode_name(int i) { return i >= 0 && i < N_MODES ? mode_names[i] : NULL; }
@@ -64,6 +64,11 @@ sparq_prefill_params attn_pf_resolve(const sparq_prefill_params *p, int64_t cap)
     }
     if (r.nprobe == 0) r.nprobe = 16;
     return r;
+}
+
+sparq_prefill_params sparq_prefill_resolve(const sparq_prefill_params *p, int64_t n_ctx)
+{
+    return attn_pf_resolve(p, n_ctx);
 }
 
 int attn_pf_check(const sparq_prefill_params *p, char *err, size_t err_size)
@@ -237,8 +242,11 @@ int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_vi
     float *x = keys_f32(kv, sink, lo);
     if (!x) return err_set(err, err_size, "sparse prefill: out of memory training the index");
     char e2[160];
-    const int rc = idx_ivf_centroids(x, n, s->d, (int)nl, n, PF_KMEANS_ITER, 0x5eed + (uint64_t)layer * 131 + head,
-                                     1, h->cb, h->hn, e2, sizeof e2);
+    /* a sample of 32 keys per list is plenty for k-means; a context loaded
+     * with many positions must not train on all of them */
+    const int64_t n_train = n < 2 * PF_TRAIN_PER_LIST * nl ? n : 2 * PF_TRAIN_PER_LIST * nl;
+    const int rc = idx_ivf_centroids(x, n, s->d, (int)nl, n_train, PF_KMEANS_ITER,
+                                     0x5eed + (uint64_t)layer * 131 + head, 1, h->cb, h->hn, e2, sizeof e2);
     free(x);
     if (rc) return err_set(err, err_size, "sparse prefill: %s", e2);
     h->trained = 1;

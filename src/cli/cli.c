@@ -41,9 +41,10 @@ const cli_opt cli_model_table[] = {
 };
 
 const cli_opt cli_prefill_table[] = {
-    { "--prefill-attn", NULL, OPT_STR, OFF(cli_prefill_opts, mode), "exact|window|topk",
+    { "--prefill-attn", NULL, OPT_STR, OFF(cli_prefill_opts, mode), "exact|window|topk|policy",
       "prefill attention (default exact): window = the sinks and a window before each query block; "
-      "topk = also the top-k older positions through a key index grown during the prefill" },
+      "topk = also the top-k older positions through a key index grown during the prefill; policy = each "
+      "prompt token one decode step through --attn (a question after --load-kv of a long cache)" },
     { "--prefill-window", NULL, OPT_INT1, OFF(cli_prefill_opts, window), "N",
       "window|topk: positions before each query block (default 1024)" },
     { "--prefill-sink", NULL, OPT_INT1, OFF(cli_prefill_opts, n_sink), "N",
@@ -63,8 +64,9 @@ int cli_prefill_params(const cli_prefill_opts *o, sparq_prefill_params *out, cha
     const char *name = o->mode ? o->mode : "exact";
     out->mode = sparq_prefill_mode_find(name);
     if (out->mode < 0)
-        return snprintf(err, err_size, "--prefill-attn must be exact, window or topk, not '%s'", name), -1;
-    const char *stray = out->mode == SPARQ_PREFILL_EXACT && (o->window || o->n_sink) ? "--prefill-window/-sink"
+        return snprintf(err, err_size, "--prefill-attn must be exact, window, topk or policy, not '%s'", name), -1;
+    const char *stray = (out->mode == SPARQ_PREFILL_EXACT || out->mode == SPARQ_PREFILL_POLICY) &&
+                                (o->window || o->n_sink) ? "--prefill-window/-sink"
                         : out->mode != SPARQ_PREFILL_TOPK && (o->k || o->nlist || o->nprobe)
                             ? "--prefill-k/-nlist/-nprobe" : NULL;
     if (stray) return snprintf(err, err_size, "%s does not apply to --prefill-attn %s", stray, name), -1;

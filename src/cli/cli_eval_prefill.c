@@ -58,8 +58,9 @@ int cli_eval_prefill(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         return 2;
     }
-    if (sp.mode == SPARQ_PREFILL_EXACT) {
-        fprintf(stderr, "error: --prefill-attn exact compares the exact prefill with itself\n");
+    if (sp.mode == SPARQ_PREFILL_EXACT || sp.mode == SPARQ_PREFILL_POLICY) {
+        fprintf(stderr, "error: --prefill-attn %s: compare window or topk with the exact prefill\n",
+                sparq_prefill_mode_name(sp.mode));
         return 2;
     }
     int64_t depths[MAX_DEPTHS];
@@ -133,6 +134,7 @@ int cli_eval_prefill(int argc, char **argv)
             goto done;
         }
         const char *mode = sparq_prefill_mode_name(sp.mode);
+        const sparq_prefill_params rp = sparq_prefill_resolve(&sp, depths[i] + F); /* what ran */
         if (mo.json) {
             printf("{\"model\":");
             cli_json_str(stdout, path, strlen(path));
@@ -142,8 +144,8 @@ int cli_eval_prefill(int argc, char **argv)
                    "\"k\":%d,\"nlist\":%d,\"nprobe\":%d,\"forced\":%d,\"windows\":%d,\"top1\":%.6f,"
                    "\"top1_se\":%.6f,\"kl\":%.6g,\"kl_se\":%.6g,\"first_div\":%.2f,\"first_div_se\":%.2f,"
                    "\"exact_s\":%.3f,\"sparse_s\":%.3f}\n",
-                   repeated ? "true" : "false", (long long)depths[i], mode, sp.window, sp.n_sink, sp.k, sp.nlist,
-                   sp.nprobe, F, W, r.top1, r.top1_se, r.kl, r.kl_se, r.first_div, r.first_div_se, r.exact_s,
+                   repeated ? "true" : "false", (long long)depths[i], mode, rp.window, rp.n_sink, rp.k, rp.nlist,
+                   rp.nprobe, F, W, r.top1, r.top1_se, r.kl, r.kl_se, r.first_div, r.first_div_se, r.exact_s,
                    r.sparse_s);
         } else {
             printf("%8lld %8s %8.4f (%.4f) %11.5f (%.5f) %8.1f (%5.1f) %10.2f %10.2f\n", (long long)depths[i], mode,

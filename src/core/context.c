@@ -215,6 +215,8 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     if (p->prefill.mode != SPARQ_PREFILL_EXACT) {
         c->params.prefill = attn_pf_resolve(&p->prefill, n_ctx);
         if (attn_pf_check(&c->params.prefill, err, err_size)) goto fail;
+    }
+    if (p->prefill.mode == SPARQ_PREFILL_WINDOW || p->prefill.mode == SPARQ_PREFILL_TOPK) {
         if (c->policy->observe_prefill) { /* its state is the prompt's exact attention */
             snprintf(err, err_size, "context: the %s policy observes the exact prefill; it cannot follow a "
                                     "sparse prefill", c->policy->name);

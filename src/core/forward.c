@@ -696,12 +696,14 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
             snprintf(c->error, sizeof c->error, "eval: aborted");
             return -1;
         }
-        int nb = n - done < c->rs.n_batch ? n - done : c->rs.n_batch;
+        /* SPARQ_PREFILL_POLICY: one token at a time, each a decode step */
+        const int stepwise = c->params.prefill.mode == SPARQ_PREFILL_POLICY && !prefill;
+        int nb = stepwise ? 1 : n - done < c->rs.n_batch ? n - done : c->rs.n_batch;
         int last = done + nb == n;
         float *out = NULL;
         if (all_logits) out = logits + (size_t)done * n_vocab;
         else if (last && logits) out = c->rs.logits;
-        const int decode = n == 1 && !prefill;
+        const int decode = (n == 1 && !prefill) || stepwise;
         if (forward(c, tokens + done, nb, decode, out, all_logits)) return -1;
         if (out && ctx_check_logits(c, out, all_logits ? nb : 1, all_logits ? c->kv.n - nb : c->kv.n - 1))
             return -1; /* NaN/Inf weights or activations: say where, never decode garbage */
@@ -709,7 +711,7 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
         if (last && logits && !all_logits) memcpy(logits, c->rs.logits, (size_t)n_vocab * sizeof(float));
         done += nb;
         ctx_file_progress(c);
-        if (c->params.progress && n > 1) c->params.progress(c->params.progress_user, done, n);
+        if (c->params.progress && n > 1 && (!stepwise || last)) c->params.progress(c->params.progress_user, done, n);
     }
     return 0;
 }
