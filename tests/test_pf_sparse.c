@@ -354,7 +354,7 @@ static void kill_and_resume(void)
         CHECK(0, "%s not built, or no temp dir", bin);
         return;
     }
-    char text[600], cmd[4 * PATH_MAX], base[3 * PATH_MAX];
+    char text[600], cmd[8 * PATH_MAX], base[3 * PATH_MAX];
     snprintf(text, sizeof text, "%s/doc.txt", dir);
     FILE *f = fopen(text, "w");
     for (int i = 0; f && i < 50; i++) fprintf(f, "Line %d: the quick brown fox jumps over the lazy dog. ", i);
@@ -379,6 +379,13 @@ static void kill_and_resume(void)
     snprintf(cmd, sizeof cmd, "cd %s && %s --save-kv c.kv --resume 2>c.log && grep -q 'starting afresh' c.log && "
                               "cmp -s a.kv c.kv", dir, base);
     CHECK(system(cmd) == 0, "--resume without a partial file starts afresh");
+    /* run --kv-file: the cache in a file gives the same logits, and the file goes */
+    snprintf(cmd, sizeof cmd,
+             "cd %s && %s run -m %s -f %s -c 2048 -n 8 --temp 0 -t 1 --logits-out m.bin >m.txt 2>/dev/null && "
+             "%s run -m %s -f %s -c 2048 -n 8 --temp 0 -t 1 --kv-file %s/r.kv --logits-out f.bin >f.txt 2>/dev/null && "
+             "cmp -s m.bin f.bin && cmp -s m.txt f.txt && test -s m.bin && ! test -e r.kv.tmp && ! test -e r.kv",
+             dir, bin, model, text, bin, model, text, dir);
+    CHECK(system(cmd) == 0, "run --kv-file: the same logits as in memory, no file left");
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0, "clean up");
 }

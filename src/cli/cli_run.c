@@ -38,6 +38,7 @@ typedef struct run_opts {
     const char *chat_template;
     const char *system;
     const char *load_kv;       /* --load-kv FILE */
+    const char *kv_file;       /* --kv-file FILE */
     int         verify_kv;     /* --verify-kv */
     cli_strs    reverse;       /* -r TEXT ... */
     cli_strs    logit_bias;    /* -l ID+BIAS ... */
@@ -89,6 +90,9 @@ static const cli_opt run_table[] = {
     { "-sys", "--system-prompt", OPT_STR, OFF(system), "TEXT", "the same as --system (llama-cli's spelling)" },
     { "--load-kv", NULL, OPT_STR, OFF(load_kv), "FILE",
       "start from a saved KV cache (sparq prefill --save-kv); the prompt continues it" },
+    { "--kv-file", NULL, OPT_STR, OFF(kv_file), "PATH",
+      "keep the KV cache in the file PATH.tmp (removed at the end) instead of memory: a context larger than "
+      "RAM; chosen by itself, in $TMPDIR, when the cache would take over half of the available memory" },
     { "--verify-kv", NULL, OPT_FLAG, OFF(verify_kv), NULL,
       "check the data checksums of --load-kv even when the file is over 1 GiB" },
     { "--context-shift", NULL, OPT_FLAG, OFF(context_shift), NULL,
@@ -579,6 +583,33 @@ static double attn_summary(const sparq_context *c, const sparq_attn_params *ap, 
     return ratio;
 }
 
+/* Where the cache lives: --kv-file, or a file of its own in $TMPDIR when
+ * it would take over half of the available memory (said once), or NULL
+ * (memory). Interactive chat has no prompt to size the file by. */
+static const char *run_kv_file(const run_opts *ro, const sparq_model *m, const sparq_context_params *cp,
+                               int interactive, int n_prompt, char *buf, size_t size)
+{
+    if (interactive || n_prompt < 1) return NULL;
+    if (ro->kv_file) return ro->kv_file;
+    const int d = sparq_model_head_dim(m);
+    const double row = cp->kv_type == SPARQ_KV_F32 ? 4.0 * d : cp->kv_type == SPARQ_KV_Q8_0 ? (d + 31) / 32 * 34.0
+                                                                                            : 2.0 * d;
+    const double bytes = 2.0 * row * sparq_model_n_layer(m) * sparq_model_n_kv_head(m) * (double)cp->n_ctx;
+    long long avail_kib = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &avail_kib) == 1) break;
+    if (f) fclose(f);
+    if (avail_kib <= 0 || bytes <= 0.5 * avail_kib * 1024.0) return NULL;
+    const char *dir = getenv("TMPDIR");
+    snprintf(buf, size, "%s/sparq-kv-%ld.kv", dir && *dir ? dir : "/tmp", (long)getpid());
+    fprintf(stderr, "note: the KV cache (%.1f GiB for -c %lld) would take over half of the available memory; "
+                    "it lives in %s.tmp (removed at the end; --kv-file PATH chooses the place)\n",
+            bytes / 1073741824.0, (long long)cp->n_ctx, buf);
+    return buf;
+}
+
 int cli_run(int argc, char **argv)
 {
     cli_model_opts mo = { 0 };
@@ -666,6 +697,8 @@ int cli_run(int argc, char **argv)
     int rc = 1;
     sparq_model *m = NULL;
     sparq_context *c = NULL;
+    const char *kv_path = NULL;
+    char kv_auto[4096];
     sparq_sampler *smp = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
@@ -736,6 +769,13 @@ int cli_run(int argc, char **argv)
         if (sparq_context_pos(c) + n_prompt > sparq_context_n_ctx(c)) {
             fprintf(stderr, "error: the prompt has %d tokens but the loaded cache has room for %lld more\n",
                     n_prompt, (long long)(sparq_context_n_ctx(c) - sparq_context_pos(c)));
+            goto done;
+        }
+    } else if ((kv_path = run_kv_file(&ro, m, &cp, interactive, n_prompt, kv_auto, sizeof kv_auto))) {
+        /* the cache in a file: its pages, not private memory, hold it; the
+         * file is never finished, so freeing the context removes it */
+        if (sparq_context_create_in_file(m, &cp, kv_path, ids, n_prompt, "", 0, &c, err, sizeof err)) {
+            fprintf(stderr, "error: --kv-file: %s\n", err);
             goto done;
         }
     } else if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
