@@ -78,8 +78,9 @@ def test_library_found_without_sparq_lib_next_to_package(tmp_path):
 
 def test_pip_install_offline_in_venv(tmp_path, model_path):
     """`pip install --no-build-isolation ./python` into a venv that sees
-    Debian's setuptools, with no index (offline); the installed package
-    generates. (System-wide on Debian 12 it needs --break-system-packages.)"""
+    the system's packages, with no index (offline); the installed package
+    generates. (System-wide on Debian 12 it needs --break-system-packages;
+    test_packaging.py installs into bare venvs.)"""
     src = tmp_path / "src"
     shutil.copytree(os.path.join(ROOT, "python"), src)  # builds write beside the source
     venv = tmp_path / "venv"
