@@ -123,6 +123,7 @@ PROTOTYPES = {
     "sparq_sampler_free": (None, [c_void_p]),
     "sparq_sampler_check": (c_int, [P(sparq_sampler_params), ctypes.c_char_p, ctypes.c_size_t]),
     "sparq_sample": (c_int32, [c_void_p, P(c_float)]),
+    "sparq_sampler_accept": (None, [c_void_p, c_int32]),
     "sparq_sampler_set_logit_bias": (c_int, [c_void_p, P(c_int32), P(c_float), c_int, c_char_p, c_size_t]),
     "sparq_attn_run": (c_int, [P(sparq_attn_params), c_int, P(c_float), P(c_float), P(c_float), P(c_float),
                                P(c_float), c_int64, c_int, c_int, P(c_float), P(c_int32), P(c_int64),

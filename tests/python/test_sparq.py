@@ -537,10 +537,18 @@ def test_bad_sampling_options(model_path):
             with pytest.raises(ValueError):
                 llm(PROMPT, max_tokens=2, **kw)
         # llama-cpp-python options sparq lacks: "off" is accepted, anything else refused
-        for kw in (dict(logprobs=5), dict(grammar="root ::= x"), dict(no_such_option=1)):
+        for kw in (dict(grammar="root ::= x"), dict(mirostat_mode=2)):
             with pytest.raises(ValueError, match="not supported by sparq: " + list(kw)[0]):
                 llm(PROMPT, max_tokens=2, **kw)
             with pytest.raises(ValueError, match="not supported"):
+                llm.create_chat_completion([{"role": "user", "content": "x"}], **kw)
+        with pytest.raises(ValueError, match="not supported by sparq: logprobs"):
+            llm.create_chat_completion([{"role": "user", "content": "x"}], logprobs=5)
+        # a name llama-cpp-python does not have is a misspelling: TypeError, as Python's own
+        for kw in (dict(no_such_option=1), dict(no_such_option=None), dict(max_tokenz=3)):
+            with pytest.raises(TypeError, match="unexpected keyword argument '%s'" % list(kw)[0]):
+                llm(PROMPT, max_tokens=2, **kw)
+            with pytest.raises(TypeError, match="unexpected keyword argument"):
                 llm.create_chat_completion([{"role": "user", "content": "x"}], **kw)
         with pytest.raises(ValueError):
             sparq.Llama(model_path, attn="dense", sparq_ratio="1/8", n_threads=1)
