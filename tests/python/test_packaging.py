@@ -17,10 +17,15 @@ from conftest import BUILD, ROOT
 PKG = os.path.join(ROOT, "python")
 
 
-def _env(**over):
+def _env(preload=False, **over):
+    """The environment for a child; without preload, minus LD_PRELOAD: the
+    sanitizer runtimes a sanitizer build's tests preload only slow venv and
+    pip down (a minute), and only a process that loads libsparq needs them."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env.pop("PYTHONHOME", None)
+    if not preload:
+        env.pop("LD_PRELOAD", None)
     env.update(over)
     return env
 
@@ -107,12 +112,12 @@ def _install_and_import(python, tmp_path):
     code = ("import sparq, sparq._lib as L; assert sparq.__file__.startswith(%r), sparq.__file__;"
             "print(sparq.version(), L.load()._name)" % venv)
     r = subprocess.run([vpy, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       universal_newlines=True, env=_env(SPARQ_LIB=lib), cwd=str(tmp_path))
+                       universal_newlines=True, env=_env(True, SPARQ_LIB=lib), cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout
     assert r.stdout.split() == [sparq.version(), lib]
     if os.path.realpath(BUILD) == os.path.realpath(os.path.join(ROOT, "build")):
         # installed, used from inside the checkout: the checkout's build/ is found
-        env = _env()
+        env = _env(True)
         env.pop("SPARQ_LIB", None)
         r = subprocess.run([vpy, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            universal_newlines=True, env=env, cwd=os.path.join(ROOT, "tests"))
@@ -126,7 +131,7 @@ def test_import_from_checkout_finds_build(tmp_path):
     lib = os.path.realpath(os.path.join(ROOT, "build", "libsparq.so.0"))
     if not os.path.exists(lib):
         pytest.skip("build without build/libsparq.so.0 (SPARQ_BUILD=%s)" % BUILD)
-    env = _env(PYTHONPATH=PKG)
+    env = _env(True, PYTHONPATH=PKG)
     env.pop("SPARQ_LIB", None)
     code = "import sparq, sparq._lib as L; print(L.load()._name); print(sparq.version())"
     for cwd in (str(tmp_path), PKG):
