@@ -3,6 +3,7 @@
 # `make test` runs every test (C programs and the Python package's pytest);
 # `make install PREFIX=/usr/local DESTDIR=` installs the command, both
 # libraries, the public headers and sparq.pc; `make uninstall` removes them.
+# PYTHON_INSTALL=path/to/python adds the Python package (make install-python).
 #
 # Every src/LAYER/*.c goes into the library (except src/cli/, the command, and
 # *.cc shims), every tests/test_*.c becomes one test program linked against it,
@@ -74,7 +75,8 @@ PIC_OBJ := $(LIB_OBJ:$(BUILD)/obj/%=$(BUILD)/pic/%)
 # libsparq): libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev)
 SRV_LIBS := -lmicrohttpd -lpthread
 
-.PHONY: all run test test-asan test-avx2 test-deploy fuzz setup setup-run clean bench install uninstall testmodel FORCE
+.PHONY: all run test test-asan test-avx2 test-deploy fuzz setup setup-run clean bench install uninstall testmodel \
+	install-python FORCE
 all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS)
@@ -169,6 +171,17 @@ install: all
 	install -m 644 $(BUILD)/sparq.pc $(DESTDIR)$(PKGCONFIGDIR)/sparq.pc
 	install -m 644 $(MODEL_FILES) $(DESTDIR)$(MODELDIR)/
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
+	@if [ -n "$(PYTHON_INSTALL)" ]; then $(MAKE) --no-print-directory install-python; fi
+
+# The Python package (python/) into the interpreter PYTHON_INSTALL names (a
+# venv's python, say); `make install PYTHON_INSTALL=...` runs this too. Its
+# build backend is stdlib only, so this works offline in a bare venv.
+# PIP_FLAGS: e.g. --break-system-packages for Debian's own python3.
+PYTHON_INSTALL ?=
+PIP_FLAGS ?=
+install-python:
+	$(or $(PYTHON_INSTALL),python3) -m pip install --no-index $(if $(DESTDIR),--root $(DESTDIR)) \
+	    $(PIP_FLAGS) ./python
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/sparq $(DESTDIR)$(LIBDIR)/libsparq.a \

@@ -1,9 +1,12 @@
 """Finds libsparq.so, declares every C prototype, and checks the struct mirrors.
 
 The library is looked for, in order: the file named by $SPARQ_LIB; a
-libsparq.so* beside this package; the system's library path (what
-`make install` sets up: /usr/local/lib after ldconfig). It is loaded on first
-use, so `import sparq` works without it and the error says where it looked.
+libsparq.so* beside this package; build/libsparq.so.0 of the checkout the
+package sits in (python/sparq/../../build, what `make` just built); the same
+in the checkout around the current directory (an installed package used from
+inside a checkout); the system's library path (what `make install` sets up:
+/usr/local/lib after ldconfig). It is loaded on first use, so `import sparq`
+works without it and the error says where it looked.
 """
 import ctypes
 import ctypes.util
@@ -120,6 +123,7 @@ PROTOTYPES = {
     "sparq_sampler_free": (None, [c_void_p]),
     "sparq_sampler_check": (c_int, [P(sparq_sampler_params), ctypes.c_char_p, ctypes.c_size_t]),
     "sparq_sample": (c_int32, [c_void_p, P(c_float)]),
+    "sparq_sampler_accept": (None, [c_void_p, c_int32]),
     "sparq_sampler_set_logit_bias": (c_int, [c_void_p, P(c_int32), P(c_float), c_int, c_char_p, c_size_t]),
     "sparq_attn_run": (c_int, [P(sparq_attn_params), c_int, P(c_float), P(c_float), P(c_float), P(c_float),
                                P(c_float), c_int64, c_int, c_int, P(c_float), P(c_int32), P(c_int64),
@@ -135,6 +139,24 @@ _lock = threading.Lock()
 _lib = None
 
 
+def _is_checkout(root):
+    # a sparq source tree: its header and its Python package side by side
+    return (os.path.isfile(os.path.join(root, "include", "sparq.h")) and
+            os.path.isdir(os.path.join(root, "python", "sparq")))
+
+
+def _checkout_of(d):
+    """The sparq checkout holding directory d (d or a parent), or None."""
+    d = os.path.abspath(d)
+    while True:
+        if _is_checkout(d):
+            return d
+        up = os.path.dirname(d)
+        if up == d:
+            return None
+        d = up
+
+
 def candidates():
     """Where the library is looked for, in order (for errors and tests)."""
     out = []
@@ -143,6 +165,11 @@ def candidates():
         return [env]  # an explicit choice is not second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
     out += sorted(glob.glob(os.path.join(here, "libsparq.so*")))
+    for root in (os.path.dirname(os.path.dirname(here)), _checkout_of(os.getcwd())):
+        if root and _is_checkout(root):
+            lib = os.path.join(root, "build", "libsparq.so.0")
+            if os.path.exists(lib) and lib not in out:
+                out.append(lib)
     found = ctypes.util.find_library("sparq")
     if found:
         out.append(found)

@@ -6,6 +6,7 @@ raises instead of crashing.
 """
 import ctypes
 import os
+import struct
 import weakref
 
 from . import _lib as L
@@ -541,6 +542,12 @@ class Sampler:
         if self._lib.sparq_sampler_set_logit_bias(self._h, ids, vals, n, err, ERR_SIZE):
             raise ValueError(err.value.decode("utf-8", "replace"))
 
+    def accept(self, token):
+        """Adds a token to the penalty window without drawing (prompt ids)."""
+        if self._h is None:
+            raise SparqError("the sampler is closed")
+        self._lib.sparq_sampler_accept(self._h, _int(token, "token"))
+
     def sample(self, logits):
         if self._h is None:
             raise SparqError("the sampler is closed")
@@ -593,3 +600,71 @@ def attn_run(attn, q, K, V, S, d, g=1, KT=None, v_mean=None, kv_type="f32"):
     return {"out": _floats_out(out, (g, d)), "sel": sorted(sel[:n_sel.value]),
             "i1": list(i1[:r]) if ap.policy == "sparq" and r > 0 else [],
             "alpha": _floats_out(alpha), "elements": elements.value, "formula_elements": formula}
+
+
+# ---- GGUF metadata ---------------------------------------------------------
+# The C API gives typed accessors (arch, n_vocab, ...) but no key/value
+# listing, so the header is read here: it is a plain little-endian format
+# (docs: gguf.md of ggml), and only its key/value section is needed.
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_metadata(path, arrays=False):
+    """The key/value pairs of a GGUF file's header as {key: str}, the way
+    llama.cpp's llama_model_meta_val_str prints them (what llama-cpp-python's
+    Llama.metadata holds): numbers in decimal, floats as C's %f, bools as
+    true/false; arrays (the vocabulary, ...) are left out unless arrays=True,
+    which keeps them as Python lists."""
+    with open(os.fspath(path), "rb") as f:
+        def read(n):
+            b = f.read(n)
+            if len(b) != n:
+                raise SparqError("%s: truncated GGUF header" % path)
+            return b
+
+        def unpack(fmt):
+            return struct.unpack(fmt, read(struct.calcsize(fmt)))[0]
+
+        if read(4) != b"GGUF":
+            raise SparqError("%s is not a GGUF file" % path)
+        version = unpack("<I")
+        count = "<I" if version == 1 else "<Q"
+        unpack(count)  # tensors
+        n_kv = unpack(count)
+
+        def string():
+            return read(unpack(count)).decode("utf-8", "replace")
+
+        def value(t, keep=True):
+            if t == 8:
+                return string()
+            if t in _GGUF_SCALARS:
+                return unpack(_GGUF_SCALARS[t])
+            if t == 9:
+                et, n = unpack("<I"), unpack(count)
+                if not keep and et in _GGUF_SCALARS:
+                    f.seek(n * struct.calcsize(_GGUF_SCALARS[et]), 1)
+                    return None
+                vals = [value(et, keep) for _ in range(n)]
+                return vals if keep else None
+            raise SparqError("%s: unknown GGUF value type %d" % (path, t))
+
+        out = {}
+        for _ in range(n_kv):
+            key = string()
+            t = unpack("<I")
+            v = value(t, keep=arrays or t != 9)
+            if t == 9:
+                if arrays:
+                    out[key] = v
+                continue
+            if t == 7:
+                v = "true" if v else "false"
+            elif t in (6, 12):
+                v = "%f" % v
+            else:
+                v = str(v)
+            out[key] = v
+        return out

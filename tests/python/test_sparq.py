@@ -78,8 +78,9 @@ def test_library_found_without_sparq_lib_next_to_package(tmp_path):
 
 def test_pip_install_offline_in_venv(tmp_path, model_path):
     """`pip install --no-build-isolation ./python` into a venv that sees
-    Debian's setuptools, with no index (offline); the installed package
-    generates. (System-wide on Debian 12 it needs --break-system-packages.)"""
+    the system's packages, with no index (offline); the installed package
+    generates. (System-wide on Debian 12 it needs --break-system-packages;
+    test_packaging.py installs into bare venvs.)"""
     src = tmp_path / "src"
     shutil.copytree(os.path.join(ROOT, "python"), src)  # builds write beside the source
     venv = tmp_path / "venv"
@@ -536,10 +537,18 @@ def test_bad_sampling_options(model_path):
             with pytest.raises(ValueError):
                 llm(PROMPT, max_tokens=2, **kw)
         # llama-cpp-python options sparq lacks: "off" is accepted, anything else refused
-        for kw in (dict(logprobs=5), dict(grammar="root ::= x"), dict(no_such_option=1)):
+        for kw in (dict(grammar="root ::= x"), dict(mirostat_mode=2)):
             with pytest.raises(ValueError, match="not supported by sparq: " + list(kw)[0]):
                 llm(PROMPT, max_tokens=2, **kw)
             with pytest.raises(ValueError, match="not supported"):
+                llm.create_chat_completion([{"role": "user", "content": "x"}], **kw)
+        with pytest.raises(ValueError, match="not supported by sparq: logprobs"):
+            llm.create_chat_completion([{"role": "user", "content": "x"}], logprobs=5)
+        # a name llama-cpp-python does not have is a misspelling: TypeError, as Python's own
+        for kw in (dict(no_such_option=1), dict(no_such_option=None), dict(max_tokenz=3)):
+            with pytest.raises(TypeError, match="unexpected keyword argument '%s'" % list(kw)[0]):
+                llm(PROMPT, max_tokens=2, **kw)
+            with pytest.raises(TypeError, match="unexpected keyword argument"):
                 llm.create_chat_completion([{"role": "user", "content": "x"}], **kw)
         with pytest.raises(ValueError):
             sparq.Llama(model_path, attn="dense", sparq_ratio="1/8", n_threads=1)
