@@ -312,6 +312,16 @@ static void model_identities(void)
             sparq_context_free(cf);
             sparq_context_free(cl);
             unlink(file);
+            /* a cache that cannot fit on the disk is refused before anything runs */
+            cp.n_ctx = (int64_t)1 << 36;
+            cf = NULL;
+            CHECK(sparq_context_create_in_file(m, &cp, file, ids, n, "ivf", SPARQ_IN_FILE_KEEP, &cf, err,
+                                               sizeof err) != 0 && !cf && strstr(err, "GiB free"),
+                  "a file larger than the free disk: %s", err);
+            char tmp0[300];
+            snprintf(tmp0, sizeof tmp0, "%s.tmp", file);
+            CHECK(access(tmp0, F_OK) != 0, "and leaves no temp file");
+            cp.n_ctx = 512;
             /* freed before it is saved: no file, no temp file left */
             cp.prefill = topk;
             cp.n_ctx = 512;

@@ -287,7 +287,6 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
         return -1;
     }
     kvf_writer_tokens(w, tokens);
-    kvf_writer_keep(w, !!(flags & SPARQ_IN_FILE_KEEP));
     /* an index image holds every key once as f16 with its id: about this */
     const int64_t images = (int64_t)n_kinds * hp->n_layer * hp->n_kv_head *
                            (n_prefix * ((int64_t)hp->head_dim * 2 + 4) + ((int64_t)1 << 20));
@@ -302,6 +301,8 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
         kvf_writer_abort(w);
         return -1;
     }
+    /* from here on an unfinished file holds work worth resuming */
+    kvf_writer_keep(w, !!(flags & SPARQ_IN_FILE_KEEP));
     sparq_context *c = *out;
     c->kvw = w;
     c->kvw_n = n_prefix;

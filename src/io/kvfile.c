@@ -544,6 +544,24 @@ int kvf_writer_map(kvf_writer *w, int64_t index_bytes, kvf_map **out, char *err,
         free(m);
         return err_set(err, err_size, "kvfile: cannot size '%s': %s", w->tmp, strerror(errno));
     }
+    /* the blocks of the rows the file will hold are reserved now: a store
+     * into a shared mapping whose page the file system cannot allocate is
+     * a SIGBUS, not an error, so a disk that fills up during the prefill
+     * must not get the chance (capacity beyond n stays a hole) */
+    const uint64_t heads = w->L.heads, head_bytes = (uint64_t)w->cap * w->L.row, rows = (uint64_t)w->n * w->L.row;
+    for (uint64_t hh = 0; hh < heads; hh++) {
+        int e = posix_fallocate(w->fd, (off_t)(w->L.k_off + hh * head_bytes), (off_t)rows);
+        if (!e) e = posix_fallocate(w->fd, (off_t)(w->L.v_off + hh * head_bytes), (off_t)rows);
+        for (int j = 0; !e && w->with_kt && j < w->fp.head_dim; j++) /* K^T: the first n columns of each row */
+            e = posix_fallocate(w->fd, (off_t)(w->L.kt_off + hh * head_bytes + (uint64_t)j * w->cap * w->L.es),
+                                (off_t)((uint64_t)w->n * w->L.es));
+        if (e == EOPNOTSUPP || e == EINVAL) break; /* a file system without it: sparse, as before */
+        if (e) {
+            free(m);
+            return err_set(err, err_size, "kvfile: cannot reserve the cache's %.2f GiB in '%s': %s",
+                           (double)heads * rows * 2 / 1073741824.0, w->tmp, strerror(e));
+        }
+    }
     void *p = mmap(NULL, (size_t)data, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, w->fd, (off_t)w->L.k_off);
     if (p == MAP_FAILED) {
         free(m);
