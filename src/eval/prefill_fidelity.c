@@ -43,15 +43,18 @@ static int run_window(sparq_context *ce, sparq_context *cs, const int32_t *ids, 
     double kl = 0;
     w->kl_max = 0;
     w->first_div = F;
-    for (int i = 0; i < F; i++) { /* step i predicts ids[N + i] */
+    /* the prefill's own last row is not compared: it is the sparse
+     * attention's output, not a read of the cache; step i feeds ids[N + i]
+     * through dense decode attention over each cache */
+    for (int i = 0; i < F; i++) {
+        if (sparq_eval(ce, &ids[N + i], 1, le) || sparq_eval(cs, &ids[N + i], 1, ls))
+            return err_set(err, err_size, "forced step %d: %s", i, sparq_context_error(ce));
         const double k = metrics_kl_logits(le, ls, V);
         const int same = metrics_argmax(le, V) == metrics_argmax(ls, V);
         kl += k;
         if (k > w->kl_max) w->kl_max = k;
         agree += same;
         if (!same && w->first_div == F) w->first_div = i;
-        if (i + 1 < F && (sparq_eval(ce, &ids[N + i], 1, le) || sparq_eval(cs, &ids[N + i], 1, ls)))
-            return err_set(err, err_size, "forced step %d: %s", i, sparq_context_error(ce));
     }
     w->top1 = (double)agree / F;
     w->kl = kl / F;

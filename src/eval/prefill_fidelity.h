@@ -4,9 +4,10 @@
  * One window of a text: its first N tokens are prefilled twice, exactly and
  * sparsely, into two contexts of the same model; then the text's next F
  * tokens are fed to both one decode step at a time (dense decode attention
- * in both, so the caches are the only difference) and each step's logits
- * are compared: top-1 agreement, KL(exact || sparse) in nats, and the first
- * step whose top-1 differs. Several windows at different offsets give
+ * in both, so the caches are the only difference) and the logits of each
+ * step are compared: top-1 agreement, KL(exact || sparse) in nats, and the
+ * first step whose top-1 differs. (The prefill's own last row is not: it
+ * is the sparse attention's output, not a read of the cache.) Several windows at different offsets give
  * means with standard errors across windows.
  */
 #ifndef SPARQ_PREFILL_FIDELITY_H
