@@ -835,6 +835,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (k->too_large) return body_too_large(k); /* a chunked body without a Content-Length */
     sock_reading(k, 0); /* all of it is in: the read deadline no longer applies */
+    /* the watchdog cut it as its last bytes came in: it is logged as cut,
+     * and must not go on to be served into a closed socket (and then be
+     * counted as a client's cancellation) */
+    if (k->cut) return MHD_NO;
     switch (ep) {
     case EP_COMPLETIONS: return handle_generate(k, 0);
     case EP_CHAT: return handle_generate(k, 1);
