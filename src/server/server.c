@@ -548,7 +548,7 @@ static enum MHD_Result handle_metrics(conn *k)
     if (!f) return MHD_NO;
     pthread_mutex_lock(&s->lock);
     const srv_metrics m = s->metrics;
-    const int queued = s->n_queued, active = s->n_active;
+    const int queued = s->n_queued, active = s->n_active, socks = s->n_socks, attached = s->n_attached;
     pthread_mutex_unlock(&s->lock);
 #define METRIC(name, type, help, fmt, val) \
     fprintf(f, "# HELP sparq_" name " " help "\n# TYPE sparq_" name " " type "\nsparq_" name " " fmt "\n", val)
@@ -559,6 +559,10 @@ static enum MHD_Result handle_metrics(conn *k)
     METRIC("requests_cancelled_total", "counter", "Generation requests cancelled by their client (a disconnect), apart from errors.", "%lld", (long long)m.cancelled);
     METRIC("queue_depth", "gauge", "Requests waiting for a slot.", "%d", queued);
     METRIC("active_sequences", "gauge", "Sequences being prefilled or decoded.", "%d", active);
+    /* what a connection or handler that never ends would leave behind:
+     * both return to their idle values (1: this scrape; 0) when it is quiet */
+    METRIC("open_connections", "gauge", "Client connections open now, this scrape's own included.", "%d", socks);
+    METRIC("requests_in_flight", "gauge", "Generation requests whose client connection is still open.", "%d", attached);
     METRIC("prefill_tokens_total", "counter", "Prompt tokens prefilled.", "%lld", (long long)m.prefill_tokens);
     METRIC("decode_tokens_total", "counter", "Tokens decoded (batched steps).", "%lld", (long long)m.decode_tokens);
     METRIC("prefill_tokens_per_second", "gauge", "Prefill throughput while prefilling.", "%.3f",
@@ -831,6 +835,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (k->too_large) return body_too_large(k); /* a chunked body without a Content-Length */
     sock_reading(k, 0); /* all of it is in: the read deadline no longer applies */
+    /* the watchdog cut it as its last bytes came in: it is logged as cut,
+     * and must not go on to be served into a closed socket (and then be
+     * counted as a client's cancellation) */
+    if (k->cut) return MHD_NO;
     switch (ep) {
     case EP_COMPLETIONS: return handle_generate(k, 0);
     case EP_CHAT: return handle_generate(k, 1);
