@@ -7,6 +7,7 @@
 #include "bench/bench.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -634,10 +635,26 @@ int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_p
         free(series_of);
         return 0;
     }
-    gp_begin(f, terminal, png_path, title ? title : "speed-up over dense attention");
+    /* the default title says what was measured: shape, threads, cache type */
+    const bench_row *r0 = NULL;
+    int64_t s_min = INT64_MAX, s_max = 0;
+    for (int i = 0; i < n; i++)
+        if (series_of[i] >= 0) {
+            if (!r0) r0 = &rows[i];
+            s_min = rows[i].S < s_min ? rows[i].S : s_min;
+            s_max = rows[i].S > s_max ? rows[i].S : s_max;
+        }
+    char auto_title[256];
+    snprintf(auto_title, sizeof auto_title,
+             "attention speed-up over dense (%d/%d heads, d %d, batch %d, %d threads, %s KV)",
+             r0->H, r0->kv_heads, r0->d, r0->B, r0->threads, bench_kv_name(r0->kv_elem));
+    gp_begin(f, terminal, png_path, title ? title : auto_title);
     fputs("\nset logscale x 2\nset logscale y 2\nset grid\nset key outside right top\n"
           "set xlabel 'context length S (positions)'\n"
           "set ylabel 'speed-up over dense (solid: measured, dashed: theoretical)'\n", f);
+    /* one S alone would be a point on a degenerate axis: an octave each side */
+    if (s_min == s_max) fprintf(f, "set xrange [%lld:%lld]\n", (long long)(s_min / 2 > 0 ? s_min / 2 : 1),
+                                (long long)s_max * 2);
     for (int s = 0; s < n_series; s++) {
         fprintf(f, "$s%d << EOD\n", s);
         /* points in ascending S: selection over the series' rows */
@@ -658,7 +675,11 @@ int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_p
     for (int s = 0; s < n_series; s++) {
         fprintf(f, ", \\\n  $s%d using 1:2 with linespoints lw 2 pt 7 lc %d title ", s, s + 1);
         gp_quote(f, labels[s]);
-        fprintf(f, ", \\\n  $s%d using 1:3 with lines dt 2 lc %d notitle", s, s + 1);
+        /* points too, so a single S still shows its theoretical value */
+        fprintf(f, ", \\\n  $s%d using 1:3 with linespoints dt 2 pt 6 lc %d title ", s, s + 1);
+        char th[160];
+        snprintf(th, sizeof th, "%.120s, theoretical", labels[s]);
+        gp_quote(f, th);
     }
     fputs("\n", f);
     free(series_of);
@@ -705,7 +726,13 @@ int bench_write_gnuplot_decode(FILE *f, const bench_row *rows, int n, const char
         free(series_of);
         return 0;
     }
-    gp_begin(f, terminal, png_path, title ? title : "decode speed against context depth");
+    const bench_row *d0 = NULL;
+    for (int i = 0; i < n && !d0; i++)
+        if (series_of[i] >= 0) d0 = &rows[i];
+    char auto_title[256];
+    snprintf(auto_title, sizeof auto_title, "decode tok/s vs depth (%s, %d threads, %s KV, %s fill)",
+             d0->model, d0->threads, bench_kv_name(d0->kv_elem), d0->fill);
+    gp_begin(f, terminal, png_path, title ? title : auto_title);
     /* depth 0 is a real point, so the x axis stays linear */
     fputs("\nset grid\nset key outside right top\nset yrange [0:*]\n"
           "set xlabel 'depth (positions in the cache)'\nset ylabel 'decode tokens/s'\n", f);
