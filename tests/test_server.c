@@ -13,6 +13,8 @@
  *    503 + Retry-After; a client that disconnects mid-stream frees its slot
  *    (the next request is served long before the abandoned one would have
  *    finished, and the cancellation is counted);
+ *  - fields the server does not implement (response_format other than
+ *    text, tools, suffix, misspelt names) are 400s naming them;
  *  - SIGTERM: both servers exit with status 0.
  */
 #include "test.h"
@@ -343,6 +345,49 @@ static void raw_http(int port)
     CHECK(http(port, "GET", "/health", NULL, 0, 0, &r) == 0 && r.status == 200, "health beside a slow client");
     resp_free(&r);
     if (slow >= 0) close(slow);
+}
+
+/* A POST with the key, its parsed JSON body (caller frees) and status. */
+static json_doc *post_json(int port, const char *path, const char *body, int *status)
+{
+    resp r;
+    *status = -1;
+    if (http(port, "POST", path, body, strlen(body), 1, &r)) return NULL;
+    *status = r.status;
+    char err[256];
+    json_doc *d = json_parse(r.body, strlen(r.body), 0, err, sizeof err);
+    resp_free(&r);
+    return d;
+}
+
+/* Fields the server does not implement are refused by name, never ignored;
+ * "response_format": {"type": "text"} (the default) passes. */
+static void unsupported_fields(int port)
+{
+    const char *chat = "/v1/chat/completions";
+    expect_error(port, "POST", chat,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
+                 "\"response_format\": {\"type\": \"json_object\"}}", 1, 400, "response_format is not supported",
+                 "response_format json_object");
+    expect_error(port, "POST", chat,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, \"tools\": "
+                 "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"auto\"}", 1, 400,
+                 "tools is not supported", "tools");
+    expect_error(port, "POST", chat,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, \"tool_choice\": "
+                 "\"required\"}", 1, 400, "tool_choice is not supported", "tool_choice");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"suffix\": \"y\"}", 1, 400,
+                 "suffix is not supported", "suffix");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"temprature\": 0}", 1, 400,
+                 "unknown field 'temprature'", "misspelt field");
+    expect_error(port, "POST", "/tokenize", "{\"content\": \"x\", \"with_pieces\": true}", 1, 400,
+                 "with_pieces is not supported", "tokenize with_pieces");
+    int st;
+    json_doc *d = post_json(port, chat,
+                            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
+                            "\"response_format\": {\"type\": \"text\"}, \"tools\": [], \"tool_choice\": \"none\"}", &st);
+    CHECK(st == 200 && d && json_len(json_get(json_root(d), "choices")) == 1, "response_format text: status %d", st);
+    json_free(d);
 }
 
 /* --timeout: a request that cannot finish in time ends with 504. */
@@ -1077,6 +1122,7 @@ int main(void)
     CHECK(start_server(&s, args) == 0, "server did not start");
     if (s.pid > 0) {
         raw_http(s.port);
+        unsupported_fields(s.port);
         /* 16 cases: every policy, several prompts */
         static const char *prompts[] = { "Once upon a time", "The little dog", "Lily and Ben went to the park",
                                          "One day" };

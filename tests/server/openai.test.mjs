@@ -131,6 +131,11 @@ async function main() {
     }
   }
   await expectError('n > 1 rejected', () => completion(c0, { n: 2 }), 400, /'n'/);
+  await expectError('response_format refused', () => client.chat.completions.create({ model, messages: msgs,
+    max_tokens: 4, response_format: { type: 'json_object' } }), 400, /response_format is not supported/);
+  await expectError('tools refused', () => client.chat.completions.create({ model, messages: msgs, max_tokens: 4,
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }),
+    400, /tools is not supported/);
   await expectError('bad policy rejected', () => completion(c0, { sparq: { attn: 'nope' } }), 400, /unknown attention policy/);
   await expectError('bad ratio rejected', () => completion(c0, { sparq: { attn: 'sparq', ratio: '3/2' } }), 400, /ratio/);
   await expectError('wrong type rejected', () => completion(c0, { temperature: 'hot' }), 400, /temperature/);
