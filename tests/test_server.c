@@ -14,7 +14,8 @@
  *    (the next request is served long before the abandoned one would have
  *    finished, and the cancellation is counted);
  *  - fields the server does not implement (response_format other than
- *    text, tools, suffix, misspelt names) are 400s naming them;
+ *    text, tools, suffix, misspelt names) are 400s naming them; CORS headers
+ *    on every answer and OPTIONS preflights without the API key;
  *  - SIGTERM: both servers exit with status 0.
  */
 #include "test.h"
@@ -347,6 +348,17 @@ static void raw_http(int port)
     if (slow >= 0) close(slow);
 }
 
+/* A request written out whole (head and body), its response. */
+static int raw_request(int port, const char *text, resp *r)
+{
+    int fd = dial(port);
+    if (fd < 0) return -1;
+    int rc = send_all(fd, text, strlen(text));
+    if (!rc) rc = read_resp(fd, r);
+    close(fd);
+    return rc;
+}
+
 /* A POST with the key, its parsed JSON body (caller frees) and status. */
 static json_doc *post_json(int port, const char *path, const char *body, int *status)
 {
@@ -388,6 +400,53 @@ static void unsupported_fields(int port)
                             "\"response_format\": {\"type\": \"text\"}, \"tools\": [], \"tool_choice\": \"none\"}", &st);
     CHECK(st == 200 && d && json_len(json_get(json_root(d), "choices")) == 1, "response_format text: status %d", st);
     json_free(d);
+}
+
+/* CORS as llama-server: every answer may be read by a page of any origin;
+ * a preflight on a route is answered without the API key. */
+static void cors(int port)
+{
+    resp r;
+    CHECK(http(port, "GET", "/health", NULL, 0, 0, &r) == 0 && strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *"),
+          "CORS on /health: %s", r.head ? r.head : "");
+    resp_free(&r);
+    CHECK(http(port, "GET", "/v1/models", NULL, 0, 0, &r) == 0 && r.status == 401 &&
+              strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *"),
+          "CORS on a 401: %d %s", r.status, r.head ? r.head : "");
+    resp_free(&r);
+    CHECK(http(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1}", 32, 1, &r) == 0 &&
+              r.status == 200 && strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *"),
+          "CORS on a completion: %d %s", r.status, r.head ? r.head : "");
+    resp_free(&r);
+    static const char *const routes[] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize" };
+    for (int i = 0; i < 4; i++) {
+        char req[512];
+        snprintf(req, sizeof req,
+                 "OPTIONS %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nOrigin: http://localhost:5173\r\n"
+                 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type, "
+                 "x-stainless-os\r\n\r\n", routes[i]);
+        const int rc = raw_request(port, req, &r);
+        const char *m = rc ? NULL : strcasestr(r.head, "\r\nAccess-Control-Allow-Methods:");
+        const char *h = rc ? NULL : strcasestr(r.head, "\r\nAccess-Control-Allow-Headers:");
+        CHECK(rc == 0 && (r.status == 204 || r.status == 200) && strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *") &&
+                  m && strstr(m, "GET") && strstr(m, "POST") && strstr(m, "OPTIONS") && h && strcasestr(h, "Authorization") &&
+                  strcasestr(h, "Content-Type") && strcasestr(h, "x-stainless-os"),
+              "preflight %s (no API key): %d %s", routes[i], rc ? -1 : r.status, rc ? "" : r.head);
+        if (!rc) resp_free(&r);
+    }
+    /* a header list that is not plain names is not echoed */
+    CHECK(raw_request(port, "OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                            "Access-Control-Request-Headers: a;b\r\n\r\n", &r) == 0 &&
+              r.status == 204 && !strstr(r.head, "a;b"),
+          "preflight with odd headers: %d %s", r.status, r.head ? r.head : "");
+    resp_free(&r);
+    CHECK(raw_request(port, "OPTIONS /v1/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &r) == 0 &&
+              r.status == 404, "preflight on no route: %d", r.status);
+    resp_free(&r);
+    /* wrong methods still 405, naming OPTIONS too */
+    CHECK(http(port, "GET", "/v1/completions", NULL, 0, 1, &r) == 0 && r.status == 405 &&
+              strcasestr(r.head, "\r\nAllow: POST, OPTIONS"), "405 Allow: %s", r.head ? r.head : "");
+    resp_free(&r);
 }
 
 /* --timeout: a request that cannot finish in time ends with 504. */
@@ -1123,6 +1182,7 @@ int main(void)
     if (s.pid > 0) {
         raw_http(s.port);
         unsupported_fields(s.port);
+        cors(s.port);
         /* 16 cases: every policy, several prompts */
         static const char *prompts[] = { "Once upon a time", "The little dog", "Lily and Ben went to the park",
                                          "One day" };

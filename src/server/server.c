@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE };
+enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_PREFLIGHT };
 
 typedef struct conn {
     srv_server  *s;
@@ -73,6 +73,9 @@ typedef struct srv_sock {
 /* Every response goes out here, so the request log knows its status. */
 static enum MHD_Result queue(conn *k, int status, struct MHD_Response *res)
 {
+    /* browsers (a web UI on another origin) may read every answer, errors
+     * included, as from llama-server; the API key still guards the routes */
+    MHD_add_response_header(res, "Access-Control-Allow-Origin", "*");
     const enum MHD_Result rc = MHD_queue_response(k->mc, (unsigned)status, res);
     if (rc == MHD_YES) k->status = status;
     return rc;
@@ -736,10 +739,40 @@ static enum MHD_Result body_too_large(conn *k)
  * the server read, let alone buffer, its body. libmicrohttpd then closes
  * the connection instead of reading the rest. Returns MHD_YES with nothing
  * queued when the request goes on to its body. */
+/* A CORS preflight (OPTIONS on a route): what a browser needs before the
+ * real request. It carries no credentials, so it is answered without the
+ * API key; the request that follows still needs it. The headers asked for
+ * are allowed when they are plain header names (the openai package adds
+ * its own x-stainless-* ones). */
+static enum MHD_Result preflight(conn *k)
+{
+    char allow_headers[1100] = "Authorization, Content-Type";
+    const char *want = MHD_lookup_connection_value(k->mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    if (want) {
+        const size_t n = strlen(want);
+        int ok = n > 0 && n <= 1024;
+        for (size_t i = 0; ok && i < n; i++) {
+            const unsigned char c = (unsigned char)want[i];
+            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                 c == '_' || c == ',' || c == ' ';
+        }
+        if (ok) snprintf(allow_headers + 27, sizeof allow_headers - 27, ", %s", want);
+    }
+    struct MHD_Response *res = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(res, "Access-Control-Allow-Headers", allow_headers);
+    MHD_add_response_header(res, "Access-Control-Max-Age", "86400");
+    enum MHD_Result rc = queue(k, 204, res);
+    MHD_destroy_response(res);
+    return rc;
+}
+
 static enum MHD_Result on_head(conn *k, const char *url, const char *method, int ep, const char *allow)
 {
     srv_server *s = k->s;
     if (k->nul_in_path) return err_reply(k, 400, "invalid_request", "the path holds a NUL byte (%00)");
+    const int is_preflight = ep == EP_PREFLIGHT;
     if (!ep && !allow) {
         char msg[160];
         snprintf(msg, sizeof msg, "no endpoint %.100s", url);
@@ -754,8 +787,10 @@ static enum MHD_Result on_head(conn *k, const char *url, const char *method, int
             free(b);
             return MHD_NO;
         }
+        char allow_opts[32];
+        snprintf(allow_opts, sizeof allow_opts, "%s, OPTIONS", allow);
         MHD_add_response_header(res, "Content-Type", "application/json");
-        MHD_add_response_header(res, "Allow", allow);
+        MHD_add_response_header(res, "Allow", allow_opts);
         enum MHD_Result rc = queue(k, 405, res);
         MHD_destroy_response(res);
         return rc;
@@ -774,6 +809,7 @@ static enum MHD_Result on_head(conn *k, const char *url, const char *method, int
         return err_reply(k, 503, "too_many_connections",
                          n_socks > s->cfg.max_conns ? "too many open connections; retry later"
                                                     : "too many open connections from your address; retry later");
+    if (is_preflight) return preflight(k);
     if (ep != EP_HEALTH && !authorised(k->mc, s))
         return err_reply(k, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
     const char *cl = MHD_lookup_connection_value(k->mc, MHD_HEADER_KIND, "Content-Length");
@@ -803,7 +839,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     const char *allow = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !ep && !allow; i++) {
         if (strcmp(url, routes[i].path) != 0) continue;
-        if (strcmp(method, routes[i].method) != 0) allow = routes[i].method;
+        if (!strcmp(method, "OPTIONS")) ep = EP_PREFLIGHT;
+        else if (strcmp(method, routes[i].method) != 0) allow = routes[i].method;
         else ep = routes[i].ep;
     }
     if (!k->started) {
@@ -838,7 +875,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_HEALTH: return reply(k, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL, NULL);
     case EP_METRICS: return handle_metrics(k);
     case EP_TOKENIZE: return handle_tokenize(k, 0);
-    default: return handle_tokenize(k, 1);
+    case EP_DETOKENIZE: return handle_tokenize(k, 1);
+    default: return MHD_YES; /* a preflight: answered from its head */
     }
 }
 
