@@ -15,7 +15,7 @@
  *    ids or bytes, empty prompts, bad messages and extension fields; each with
  *    the message a client would read; every field not implemented
  *    (response_format but {"type": "text"}, tools, suffix, ...) or unknown is
- *    refused by name.
+ *    refused by name; n is 1 to 16 and a clone owns its own copies.
  *    Every allocation is freed through
  *    srv_request_release (make test-asan checks for leaks).
  */
@@ -340,6 +340,25 @@ static void test_unsupported_fields(void)
 #undef MSGS
 }
 
+/* n: how many choices, 1 to 16; the default 1. */
+static void test_n(void)
+{
+    srv_request *r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"n\":16,\"seed\":5,\"stop\":[\"a\",\"b\"],"
+                                                  "\"logit_bias\":{\"3\":1},\"sparq\":{\"attn\":\"topk\",\"index\":\"exact\"}}");
+    CHECK(r->n == 16, "n %d", r->n);
+    srv_request *c = srv_request_clone(r, 6);
+    CHECK(c && c->seed == 6 && c->n_prompt == 1 && c->prompt != r->prompt && c->prompt[0] == 1 && c->n_stops == 2 &&
+              c->stops[1] != r->stops[1] && !strcmp(c->stops[1], "b") && c->n_bias == 1 && c->bias_ids != r->bias_ids &&
+              c->bias_ids[0] == 3 && c->attn.policy == c->policy && !strcmp(c->policy, "topk") &&
+              c->attn.index == c->index && c->refs == 1,
+          "clone of a request");
+    srv_request_release(c);
+    srv_request_release(r);
+    r = accepted(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}");
+    CHECK(r->n == 1, "default n %d", r->n);
+    srv_request_release(r);
+}
+
 /* The seeds of fuzz_request (scripts/fuzz.sh), each for its endpoint. */
 static void test_fuzz_seeds(void)
 {
@@ -403,8 +422,9 @@ static void test_hostile(void)
     refused(C, "{\"prompt\":[1],\"top_k\":2.5}", I, "'top_k' must be an integer in [0, 1000000000]");
     refused(C, "{\"prompt\":[1],\"seed\":1e19}", I, "'seed' must be an integer in [-9200000000000000000, 9200000000000000000]");
     refused(C, "{\"prompt\":[1],\"seed\":\"7\"}", I, "'seed' must be an integer");
-    refused(C, "{\"prompt\":[1],\"n\":2}", I, "'n' > 1 is not supported: send one request per completion");
-    refused(C, "{\"prompt\":[1],\"n\":0}", I, "'n' must be an integer in [1, 1000000000]");
+    refused(C, "{\"prompt\":[1],\"n\":0}", I, "'n' must be an integer in [1, 16]");
+    refused(C, "{\"prompt\":[1],\"n\":17}", I, "'n' must be an integer in [1, 16]");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":1.5}", I, "'n' must be an integer");
     refused(C, "{\"prompt\":[1],\"max_tokens\":-1}", I, "'max_tokens' must be an integer in [0, 1000000000]");
     refused(C, "{\"prompt\":[1],\"max_tokens\":-1e300}", I, "'max_tokens' must be an integer in [0, 1000000000]");
     refused(C, "{\"prompt\":[1],\"max_tokens\":1e300}", I, "'max_tokens' must be an integer in [0, 1000000000]");
@@ -569,6 +589,7 @@ int main(void)
     test_fields();
     test_fuzz_seeds();
     test_unsupported_fields();
+    test_n();
     test_hostile();
 
     sparq_model_free(m);

@@ -16,6 +16,8 @@
  *  - fields the server does not implement (response_format other than
  *    text, tools, suffix, misspelt names) are 400s naming them; CORS headers
  *    on every answer and OPTIONS preflights without the API key;
+ *  - n choices: equal at temperature 0, choice i == seed + i alone when
+ *    sampled, usage over all, streamed per index; n past the slots is a 400;
  *  - SIGTERM: both servers exit with status 0.
  */
 #include "test.h"
@@ -372,6 +374,21 @@ static json_doc *post_json(int port, const char *path, const char *body, int *st
     return d;
 }
 
+/* choices[i].text (or .message.content) of a parsed reply, or "" */
+static const char *choice_text(const json_doc *d, size_t i)
+{
+    const json_value *c = json_at(json_get(json_root(d), "choices"), i);
+    const char *t = json_get_str(c, "text", NULL);
+    if (!t) t = json_get_str(json_get(c, "message"), "content", NULL);
+    return t ? t : "";
+}
+
+static int usage_of(const json_doc *d, const char *what)
+{
+    const json_value *v = json_get(json_get(json_root(d), "usage"), what);
+    return v && v->type == JSON_NUMBER ? (int)v->u.number : -1;
+}
+
 /* Fields the server does not implement are refused by name, never ignored;
  * "response_format": {"type": "text"} (the default) passes. */
 static void unsupported_fields(int port)
@@ -447,6 +464,91 @@ static void cors(int port)
     CHECK(http(port, "GET", "/v1/completions", NULL, 0, 1, &r) == 0 && r.status == 405 &&
               strcasestr(r.head, "\r\nAllow: POST, OPTIONS"), "405 Allow: %s", r.head ? r.head : "");
     resp_free(&r);
+}
+
+/* n choices: each sampled with its own seed (seed + i, so choice i is what
+ * seed + i alone gives), all equal at temperature 0; usage counts them all;
+ * streamed, each choice's chunks carry its index. */
+static void n_choices(int port)
+{
+    const char *C = "/v1/completions";
+    int st, st1;
+    json_doc *one = post_json(port, C, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0}", &st1);
+    json_doc *d = post_json(port, C, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0, \"n\": 3}",
+                            &st);
+    const json_value *ch = d ? json_get(json_root(d), "choices") : NULL;
+    int ok = st == 200 && st1 == 200 && one && json_len(ch) == 3;
+    for (size_t i = 0; ok && i < 3; i++) {
+        const json_value *ix = json_get(json_at(ch, i), "index");
+        ok = ix && ix->type == JSON_NUMBER && ix->u.number == (double)i && !strcmp(choice_text(d, i), choice_text(one, 0));
+    }
+    CHECK(ok, "n 3 at temperature 0: three equal choices, index 0..2 (status %d)", st);
+    CHECK(one && d && usage_of(d, "completion_tokens") == 3 * usage_of(one, "completion_tokens") &&
+              usage_of(d, "prompt_tokens") == usage_of(one, "prompt_tokens") &&
+              usage_of(d, "total_tokens") == usage_of(d, "prompt_tokens") + usage_of(d, "completion_tokens"),
+          "n 3 usage: %d completion tokens, one choice %d", d ? usage_of(d, "completion_tokens") : -1,
+          one ? usage_of(one, "completion_tokens") : -1);
+    json_free(d);
+    json_free(one);
+
+    /* sampled: choice i == the request alone with seed 42 + i */
+    const char *fmt = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": %d, \"n\": %d%s}";
+    char body[256];
+    snprintf(body, sizeof body, fmt, 42, 4, "");
+    d = post_json(port, C, body, &st);
+    int distinct = 0;
+    for (int i = 0; i < 4 && d; i++) {
+        snprintf(body, sizeof body, fmt, 42 + i, 1, "");
+        one = post_json(port, C, body, &st1);
+        CHECK(st == 200 && one && !strcmp(choice_text(d, (size_t)i), choice_text(one, 0)),
+              "n 4 sampled: choice %d '%s' is seed %d alone '%s'", i, choice_text(d, (size_t)i), 42 + i,
+              one ? choice_text(one, 0) : "");
+        json_free(one);
+        if (i && strcmp(choice_text(d, (size_t)i), choice_text(d, 0))) distinct = 1;
+    }
+    CHECK(d && distinct, "n 4 sampled: the choices are not all the same");
+    /* streamed: the same texts, chunk by chunk under their index, one [DONE] */
+    snprintf(body, sizeof body, fmt, 42, 4, ", \"stream\": true");
+    resp r;
+    text_buf got[4] = { { 0 } };
+    int fins = 0, usages = 0, dones = 0, bad = 0;
+    if (http(port, "POST", C, body, strlen(body), 1, &r) == 0) {
+        for (char *ev = strstr(r.body, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
+            if (!strncmp(ev + 6, "[DONE]", 6)) {
+                dones++;
+                continue;
+            }
+            char *end = strstr(ev, "\n\n"), err[128];
+            json_doc *e = end ? json_parse(ev + 6, (size_t)(end - ev - 6), 0, err, sizeof err) : NULL;
+            const json_value *c0 = e ? json_at(json_get(json_root(e), "choices"), 0) : NULL;
+            const json_value *ix = json_get(c0, "index");
+            size_t n = 0;
+            const char *t = json_get_str(c0, "text", &n);
+            if (!ix || ix->type != JSON_NUMBER || ix->u.number < 0 || ix->u.number > 3 || !t) bad++;
+            else text_append(&got[(int)ix->u.number], t, n);
+            const json_value *fr = json_get(c0, "finish_reason");
+            fins += fr && fr->type == JSON_STRING;
+            usages += json_get(json_root(e), "usage") != NULL;
+            json_free(e);
+        }
+        resp_free(&r);
+    }
+    CHECK(!bad && fins == 4 && usages == 1 && dones == 1, "n 4 streamed: %d bad events, %d finishes, %d usages, %d [DONE]",
+          bad, fins, usages, dones);
+    for (int i = 0; i < 4; i++) {
+        CHECK(d && got[i].data && !strcmp(got[i].data, choice_text(d, (size_t)i)), "n 4 streamed: choice %d '%s' vs '%s'", i,
+              got[i].data ? got[i].data : "", d ? choice_text(d, (size_t)i) : "");
+        free(got[i].data);
+    }
+    json_free(d);
+    /* chat too */
+    d = post_json(port, "/v1/chat/completions",
+                  "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 6, \"temperature\": 0, \"n\": 2}",
+                  &st);
+    CHECK(st == 200 && d && json_len(json_get(json_root(d), "choices")) == 2 && !strcmp(choice_text(d, 0), choice_text(d, 1)),
+          "chat n 2: status %d", st);
+    json_free(d);
+    expect_error(port, "POST", C, "{\"prompt\": \"x\", \"n\": 17}", 1, 400, "'n' must be an integer in [1, 16]", "n 17");
 }
 
 /* --timeout: a request that cannot finish in time ends with 504. */
@@ -597,6 +699,9 @@ static void overload_and_disconnect(const char *tiny)
     CHECK(rc == 0 && r.status == 503 && strstr(r.head, "Retry-After") && is_error(&r, "queue"),
           "queue full: %d %s", rc ? -1 : r.status, rc ? "" : r.body);
     if (!rc) resp_free(&r);
+    /* more choices than the server can ever hold: 400, not a 503 to retry */
+    expect_error(s.port, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", 1, 400,
+                 "'n' is 2; this server holds at most 1", "n beyond --parallel + --queue");
     /* hang up mid-stream: the next request gets the slot soon */
     if (fd >= 0) close(fd);
     int served = 0;
@@ -1183,6 +1288,7 @@ int main(void)
         raw_http(s.port);
         unsupported_fields(s.port);
         cors(s.port);
+        n_choices(s.port);
         /* 16 cases: every policy, several prompts */
         static const char *prompts[] = { "Once upon a time", "The little dog", "Lily and Ben went to the park",
                                          "One day" };

@@ -259,14 +259,11 @@ static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_reque
         return -1;
     }
     int64_t top_k = 0, nn = 1, seed = -1;
-    if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, 1e9, &nn, err, n) ||
+    if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, SRV_MAX_N, &nn, err, n) ||
         get_int(o, "seed", -9.2e18, 9.2e18, &seed, err, n))
         return -1;
-    if (nn != 1) {
-        snprintf(err, n, "'n' > 1 is not supported: send one request per completion");
-        return -1;
-    }
     r->top_k = (int)top_k;
+    r->n = (int)nn;
     if (json_get(o, "seed") && json_get(o, "seed")->type == JSON_NUMBER) {
         r->seed = (uint64_t)seed;
     } else { /* random when not given, as llama.cpp does */
@@ -586,8 +583,10 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
         return SRV_PARSE_TOO_LONG;
     }
     const int n_vocab = sparq_model_n_vocab(e->model);
-    if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * n_vocab * 4 > 512.0 * 1024 * 1024) {
-        snprintf(err, n, "echo with logprobs is limited to %d prompt tokens", (int)(512.0 * 1024 * 1024 / 4 / n_vocab));
+    /* each of the n choices echoes the prompt with its own log-probabilities */
+    if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * n_vocab * 4 * r->n > 512.0 * 1024 * 1024) {
+        snprintf(err, n, "echo with logprobs is limited to %d prompt tokens (over all n choices)",
+                 (int)(512.0 * 1024 * 1024 / 4 / n_vocab / r->n));
         return SRV_PARSE_INVALID;
     }
     if (max_tokens < 0 || max_tokens > e->n_ctx - r->n_prompt) max_tokens = e->n_ctx - r->n_prompt;
@@ -651,4 +650,46 @@ int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *bod
     }
     json_free(d); /* the request owns copies of what it keeps */
     return rc;
+}
+
+srv_request *srv_request_clone(const srv_request *r, uint64_t seed)
+{
+    srv_request *c = malloc(sizeof *c);
+    if (!c) return NULL;
+    *c = *r;
+    /* what it owns is its own; what the scheduler publishes starts empty */
+    c->prompt = NULL;
+    c->n_stops = 0;
+    c->bias_ids = NULL;
+    c->bias = NULL;
+    memset(&c->text, 0, sizeof c->text);
+    c->toks = NULL;
+    c->n_toks = c->cap_toks = 0;
+    c->refs = 1;
+    c->next = NULL;
+    c->seed = seed;
+    c->attn.policy = c->policy; /* they pointed into r */
+    if (r->attn.index == r->index) c->attn.index = c->index;
+    const size_t np = ((size_t)r->n_prompt + 1) * sizeof *r->prompt;
+    const size_t nb = (size_t)r->n_bias;
+    int ok = (c->prompt = malloc(np)) != NULL;
+    if (ok) memcpy(c->prompt, r->prompt, np - sizeof *r->prompt);
+    for (int i = 0; ok && i < r->n_stops; i++) {
+        if (!(c->stops[i] = strdup(r->stops[i]))) ok = 0;
+        else c->n_stops++;
+    }
+    if (ok && nb) {
+        c->bias_ids = malloc(nb * sizeof *c->bias_ids);
+        c->bias = malloc(nb * sizeof *c->bias);
+        ok = c->bias_ids && c->bias;
+        if (ok) {
+            memcpy(c->bias_ids, r->bias_ids, nb * sizeof *c->bias_ids);
+            memcpy(c->bias, r->bias, nb * sizeof *c->bias);
+        }
+    }
+    if (!ok) {
+        srv_request_release(c);
+        return NULL;
+    }
+    return c;
 }
