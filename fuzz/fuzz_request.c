@@ -79,6 +79,13 @@ static void check_generate(const srv_request *r, int chat)
     /* the document is freed: the policy strings must live in the request */
     if (r->attn.policy != r->policy || (r->attn.index && r->attn.index != r->index)) abort();
     if (!memchr(r->policy, 0, sizeof r->policy)) abort();
+    if (r->n < 1 || r->n > SRV_MAX_N) abort();
+    /* another of its n choices: its own copies, freed apart from r */
+    srv_request *c = srv_request_clone(r, r->seed + 1);
+    if (c && (c->prompt == r->prompt || c->n_prompt != r->n_prompt || c->attn.policy != c->policy ||
+              c->n_stops != r->n_stops || c->n_bias != r->n_bias))
+        abort();
+    srv_request_release(c);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -218,7 +218,8 @@ printf '{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{
 printf '{"prompt":"x","sparq":{"attn":"sparq","ratio":"1/8","select":"logits","no_realloc":true,"l":4}}' > "$R/sparq"
 printf '{"prompt":"x","sparq":{"attn":"topk","index":"ivf","topk_k":32,"schedule":"linear","ivf_nlist":4,"ivf_nprobe":2,"key_type":"i8"}}' > "$R/topk"
 printf '{"prompt":"x","sparq":{"attn":"streaming","attn_k":64,"n_sink":4}}' > "$R/streaming"
-printf '{"content":"Once upon a time","add_special":true,"tokens":[1,2,3]}' > "$R/tokenize"
+printf '{"content":"Once upon a time","add_special":true}' > "$R/tokenize"
+printf '{"tokens":[1,2,3]}' > "$R/detokenize"
 printf '{"prompt":[1,5],"logit_bias":{"3":-100,"258":2.5},"sparq":{"prefix_id":"doc-42"}}' > "$R/bias-prefix"
 
 echo "fuzz: harnesses:$harnesses; ${SECONDS_TOTAL}s each; $n_real real GGUF seeds"

@@ -13,7 +13,10 @@
  *    nesting past the cap, wrong types, out-of-range and huge numbers,
  *    negative or fractional max_tokens, ids outside the vocabulary, too many
  *    ids or bytes, empty prompts, bad messages and extension fields; each with
- *    the message a client would read. Every allocation is freed through
+ *    the message a client would read; every field not implemented
+ *    (response_format but {"type": "text"}, tools, suffix, ...) or unknown is
+ *    refused by name; n is 1 to 16 and a clone owns its own copies.
+ *    Every allocation is freed through
  *    srv_request_release (make test-asan checks for leaks).
  */
 #include "test.h"
@@ -290,6 +293,72 @@ static void test_fields(void)
     srv_request_release(r);
 }
 
+/* Every field is acted on or refused by name: none is accepted and then
+ * ignored (a client asking for JSON output or tool calls must not get a
+ * plain 200). The values that ask for the default pass. */
+static void test_unsupported_fields(void)
+{
+    const srv_endpoint C = SRV_EP_COMPLETIONS, H = SRV_EP_CHAT, T = SRV_EP_TOKENIZE, D = SRV_EP_DETOKENIZE;
+    const int I = SRV_PARSE_INVALID;
+#define MSGS "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+    refused(H, MSGS "\"response_format\":{\"type\":\"json_object\"}}", I, "response_format is not supported");
+    refused(H, MSGS "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}", I,
+            "response_format is not supported");
+    refused(H, MSGS "\"response_format\":{\"type\":\"text\",\"x\":1}}", I, "response_format is not supported");
+    refused(H, MSGS "\"response_format\":\"text\"}", I, "response_format is not supported");
+    refused(C, "{\"prompt\":[1],\"response_format\":{\"type\":\"json_object\"}}", I, "response_format is not supported");
+    refused(H, MSGS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", I, "tools is not supported");
+    refused(H, MSGS "\"tool_choice\":\"auto\"}", I, "tool_choice is not supported");
+    refused(H, MSGS "\"tool_choice\":\"required\"}", I, "tool_choice is not supported");
+    refused(H, MSGS "\"functions\":[{\"name\":\"f\"}]}", I, "functions is not supported");
+    refused(H, MSGS "\"function_call\":\"auto\"}", I, "function_call is not supported");
+    refused(H, MSGS "\"parallel_tool_calls\":false}", I, "parallel_tool_calls is not supported");
+    refused(H, MSGS "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", I,
+            "stream_options is not supported");
+    refused(H, MSGS "\"echo\":true}", I, "echo is not supported on /v1/chat/completions");
+    refused(H, MSGS "\"top_logprobs\":2}", I, "'top_logprobs' needs \"logprobs\": true");
+    refused(C, "{\"prompt\":[1],\"top_logprobs\":2}", I, "top_logprobs is not supported on /v1/completions");
+    refused(C, "{\"prompt\":[1],\"suffix\":\"end\"}", I, "suffix is not supported");
+    refused(C, "{\"prompt\":[1],\"best_of\":3}", I, "best_of is not supported");
+    refused(C, "{\"prompt\":[1],\"grammar\":\"root ::= x\"}", I, "grammar is not supported");
+    refused(C, "{\"prompt\":[1],\"messages\":[]}", I, "messages is not supported on /v1/completions");
+    refused(C, "{\"prompt\":[1],\"temprature\":0}", I, "unknown field 'temprature'");
+    refused(C, "{\"prompt\":[1],\"stop\\u0000x\":\"a\"}", I, "unknown field 'stop\\x00x'");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"name\":\"bob\"}]}", I,
+            "messages[0].name is not supported");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\",\"x\":1}]}]}", I,
+            "messages[0].content parts must be");
+    refused(T, "{\"content\":\"a\",\"with_pieces\":true}", I, "with_pieces is not supported");
+    refused(T, "{\"content\":\"a\",\"tokens\":[1]}", I, "unknown field 'tokens'");
+    refused(D, "{\"tokens\":[1],\"content\":\"a\"}", I, "unknown field 'content'");
+    /* the defaults, and null for absent */
+    srv_request_release(accepted(H, MSGS "\"response_format\":{\"type\":\"text\"},\"tools\":[],\"tool_choice\":\"none\","
+                                        "\"user\":\"u1\",\"suffix\":null,\"stream_options\":null}"));
+    srv_request_release(accepted(C, "{\"prompt\":[1],\"response_format\":{\"type\":\"text\"},\"model\":\"m\","
+                                    "\"max_completion_tokens\":3}"));
+    srv_request_release(accepted(H, MSGS "\"logprobs\":false,\"top_logprobs\":0}"));
+#undef MSGS
+}
+
+/* n: how many choices, 1 to 16; the default 1. */
+static void test_n(void)
+{
+    srv_request *r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"n\":16,\"seed\":5,\"stop\":[\"a\",\"b\"],"
+                                                  "\"logit_bias\":{\"3\":1},\"sparq\":{\"attn\":\"topk\",\"index\":\"exact\"}}");
+    CHECK(r->n == 16, "n %d", r->n);
+    srv_request *c = srv_request_clone(r, 6);
+    CHECK(c && c->seed == 6 && c->n_prompt == 1 && c->prompt != r->prompt && c->prompt[0] == 1 && c->n_stops == 2 &&
+              c->stops[1] != r->stops[1] && !strcmp(c->stops[1], "b") && c->n_bias == 1 && c->bias_ids != r->bias_ids &&
+              c->bias_ids[0] == 3 && c->attn.policy == c->policy && !strcmp(c->policy, "topk") &&
+              c->attn.index == c->index && c->refs == 1,
+          "clone of a request");
+    srv_request_release(c);
+    srv_request_release(r);
+    r = accepted(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}");
+    CHECK(r->n == 1, "default n %d", r->n);
+    srv_request_release(r);
+}
+
 /* The seeds of fuzz_request (scripts/fuzz.sh), each for its endpoint. */
 static void test_fuzz_seeds(void)
 {
@@ -309,8 +378,8 @@ static void test_fuzz_seeds(void)
         { SRV_EP_COMPLETIONS, "{\"prompt\":\"x\",\"sparq\":{\"attn\":\"topk\",\"index\":\"ivf\",\"topk_k\":32,"
                               "\"schedule\":\"linear\",\"ivf_nlist\":4,\"ivf_nprobe\":2,\"key_type\":\"i8\"}}" },
         { SRV_EP_COMPLETIONS, "{\"prompt\":\"x\",\"sparq\":{\"attn\":\"streaming\",\"attn_k\":64,\"n_sink\":4}}" },
-        { SRV_EP_TOKENIZE, "{\"content\":\"Once upon a time\",\"add_special\":true,\"tokens\":[1,2,3]}" },
-        { SRV_EP_DETOKENIZE, "{\"content\":\"Once upon a time\",\"add_special\":true,\"tokens\":[1,2,3]}" },
+        { SRV_EP_TOKENIZE, "{\"content\":\"Once upon a time\",\"add_special\":true}" },
+        { SRV_EP_DETOKENIZE, "{\"tokens\":[1,2,3]}" },
     };
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) srv_request_release(accepted(seeds[i].ep, seeds[i].body));
 }
@@ -353,8 +422,9 @@ static void test_hostile(void)
     refused(C, "{\"prompt\":[1],\"top_k\":2.5}", I, "'top_k' must be an integer in [0, 1000000000]");
     refused(C, "{\"prompt\":[1],\"seed\":1e19}", I, "'seed' must be an integer in [-9200000000000000000, 9200000000000000000]");
     refused(C, "{\"prompt\":[1],\"seed\":\"7\"}", I, "'seed' must be an integer");
-    refused(C, "{\"prompt\":[1],\"n\":2}", I, "'n' > 1 is not supported: send one request per completion");
-    refused(C, "{\"prompt\":[1],\"n\":0}", I, "'n' must be an integer in [1, 1000000000]");
+    refused(C, "{\"prompt\":[1],\"n\":0}", I, "'n' must be an integer in [1, 16]");
+    refused(C, "{\"prompt\":[1],\"n\":17}", I, "'n' must be an integer in [1, 16]");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":1.5}", I, "'n' must be an integer");
     refused(C, "{\"prompt\":[1],\"max_tokens\":-1}", I, "'max_tokens' must be an integer in [0, 1000000000]");
     refused(C, "{\"prompt\":[1],\"max_tokens\":-1e300}", I, "'max_tokens' must be an integer in [0, 1000000000]");
     refused(C, "{\"prompt\":[1],\"max_tokens\":1e300}", I, "'max_tokens' must be an integer in [0, 1000000000]");
@@ -425,7 +495,7 @@ static void test_hostile(void)
     refused(T, "{\"content\":7}", I, "'content' must be a string");
 
     /* chat messages */
-    refused(H, "{\"prompt\":\"a\"}", I, "'messages' must be a non-empty array of {role, content}");
+    refused(H, "{\"prompt\":\"a\"}", I, "prompt is not supported on /v1/chat/completions");
     refused(H, "{\"messages\":[]}", I, "'messages' must be a non-empty array of {role, content}");
     refused(H, "{\"messages\":{\"role\":\"user\"}}", I, "'messages' must be a non-empty array of {role, content}");
     refused(H, "{\"messages\":[{\"role\":\"robot\",\"content\":\"a\"}]}", I,
@@ -518,6 +588,8 @@ int main(void)
     test_text_prompts();
     test_fields();
     test_fuzz_seeds();
+    test_unsupported_fields();
+    test_n();
     test_hostile();
 
     sparq_model_free(m);

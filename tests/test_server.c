@@ -13,6 +13,11 @@
  *    503 + Retry-After; a client that disconnects mid-stream frees its slot
  *    (the next request is served long before the abandoned one would have
  *    finished, and the cancellation is counted);
+ *  - fields the server does not implement (response_format other than
+ *    text, tools, suffix, misspelt names) are 400s naming them; CORS headers
+ *    on every answer and OPTIONS preflights without the API key;
+ *  - n choices: equal at temperature 0, choice i == seed + i alone when
+ *    sampled, usage over all, streamed per index; n past the slots is a 400;
  *  - SIGTERM: both servers exit with status 0.
  */
 #include "test.h"
@@ -345,6 +350,207 @@ static void raw_http(int port)
     if (slow >= 0) close(slow);
 }
 
+/* A request written out whole (head and body), its response. */
+static int raw_request(int port, const char *text, resp *r)
+{
+    int fd = dial(port);
+    if (fd < 0) return -1;
+    int rc = send_all(fd, text, strlen(text));
+    if (!rc) rc = read_resp(fd, r);
+    close(fd);
+    return rc;
+}
+
+/* A POST with the key, its parsed JSON body (caller frees) and status. */
+static json_doc *post_json(int port, const char *path, const char *body, int *status)
+{
+    resp r;
+    *status = -1;
+    if (http(port, "POST", path, body, strlen(body), 1, &r)) return NULL;
+    *status = r.status;
+    char err[256];
+    json_doc *d = json_parse(r.body, strlen(r.body), 0, err, sizeof err);
+    resp_free(&r);
+    return d;
+}
+
+/* choices[i].text (or .message.content) of a parsed reply, or "" */
+static const char *choice_text(const json_doc *d, size_t i)
+{
+    const json_value *c = json_at(json_get(json_root(d), "choices"), i);
+    const char *t = json_get_str(c, "text", NULL);
+    if (!t) t = json_get_str(json_get(c, "message"), "content", NULL);
+    return t ? t : "";
+}
+
+static int usage_of(const json_doc *d, const char *what)
+{
+    const json_value *v = json_get(json_get(json_root(d), "usage"), what);
+    return v && v->type == JSON_NUMBER ? (int)v->u.number : -1;
+}
+
+/* Fields the server does not implement are refused by name, never ignored;
+ * "response_format": {"type": "text"} (the default) passes. */
+static void unsupported_fields(int port)
+{
+    const char *chat = "/v1/chat/completions";
+    expect_error(port, "POST", chat,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
+                 "\"response_format\": {\"type\": \"json_object\"}}", 1, 400, "response_format is not supported",
+                 "response_format json_object");
+    expect_error(port, "POST", chat,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, \"tools\": "
+                 "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"auto\"}", 1, 400,
+                 "tools is not supported", "tools");
+    expect_error(port, "POST", chat,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, \"tool_choice\": "
+                 "\"required\"}", 1, 400, "tool_choice is not supported", "tool_choice");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"suffix\": \"y\"}", 1, 400,
+                 "suffix is not supported", "suffix");
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"temprature\": 0}", 1, 400,
+                 "unknown field 'temprature'", "misspelt field");
+    expect_error(port, "POST", "/tokenize", "{\"content\": \"x\", \"with_pieces\": true}", 1, 400,
+                 "with_pieces is not supported", "tokenize with_pieces");
+    int st;
+    json_doc *d = post_json(port, chat,
+                            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
+                            "\"response_format\": {\"type\": \"text\"}, \"tools\": [], \"tool_choice\": \"none\"}", &st);
+    CHECK(st == 200 && d && json_len(json_get(json_root(d), "choices")) == 1, "response_format text: status %d", st);
+    json_free(d);
+}
+
+/* CORS as llama-server: every answer may be read by a page of any origin;
+ * a preflight on a route is answered without the API key. */
+static void cors(int port)
+{
+    resp r;
+    CHECK(http(port, "GET", "/health", NULL, 0, 0, &r) == 0 && strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *"),
+          "CORS on /health: %s", r.head ? r.head : "");
+    resp_free(&r);
+    CHECK(http(port, "GET", "/v1/models", NULL, 0, 0, &r) == 0 && r.status == 401 &&
+              strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *"),
+          "CORS on a 401: %d %s", r.status, r.head ? r.head : "");
+    resp_free(&r);
+    CHECK(http(port, "POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1}", 32, 1, &r) == 0 &&
+              r.status == 200 && strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *"),
+          "CORS on a completion: %d %s", r.status, r.head ? r.head : "");
+    resp_free(&r);
+    static const char *const routes[] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize" };
+    for (int i = 0; i < 4; i++) {
+        char req[512];
+        snprintf(req, sizeof req,
+                 "OPTIONS %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nOrigin: http://localhost:5173\r\n"
+                 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type, "
+                 "x-stainless-os\r\n\r\n", routes[i]);
+        const int rc = raw_request(port, req, &r);
+        const char *m = rc ? NULL : strcasestr(r.head, "\r\nAccess-Control-Allow-Methods:");
+        const char *h = rc ? NULL : strcasestr(r.head, "\r\nAccess-Control-Allow-Headers:");
+        CHECK(rc == 0 && (r.status == 204 || r.status == 200) && strcasestr(r.head, "\r\nAccess-Control-Allow-Origin: *") &&
+                  m && strstr(m, "GET") && strstr(m, "POST") && strstr(m, "OPTIONS") && h && strcasestr(h, "Authorization") &&
+                  strcasestr(h, "Content-Type") && strcasestr(h, "x-stainless-os"),
+              "preflight %s (no API key): %d %s", routes[i], rc ? -1 : r.status, rc ? "" : r.head);
+        if (!rc) resp_free(&r);
+    }
+    /* a header list that is not plain names is not echoed */
+    CHECK(raw_request(port, "OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                            "Access-Control-Request-Headers: a;b\r\n\r\n", &r) == 0 &&
+              r.status == 204 && !strstr(r.head, "a;b"),
+          "preflight with odd headers: %d %s", r.status, r.head ? r.head : "");
+    resp_free(&r);
+    CHECK(raw_request(port, "OPTIONS /v1/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &r) == 0 &&
+              r.status == 404, "preflight on no route: %d", r.status);
+    resp_free(&r);
+    /* wrong methods still 405, naming OPTIONS too */
+    CHECK(http(port, "GET", "/v1/completions", NULL, 0, 1, &r) == 0 && r.status == 405 &&
+              strcasestr(r.head, "\r\nAllow: POST, OPTIONS"), "405 Allow: %s", r.head ? r.head : "");
+    resp_free(&r);
+}
+
+/* n choices: each sampled with its own seed (seed + i, so choice i is what
+ * seed + i alone gives), all equal at temperature 0; usage counts them all;
+ * streamed, each choice's chunks carry its index. */
+static void n_choices(int port)
+{
+    const char *C = "/v1/completions";
+    int st, st1;
+    json_doc *one = post_json(port, C, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0}", &st1);
+    json_doc *d = post_json(port, C, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0, \"n\": 3}",
+                            &st);
+    const json_value *ch = d ? json_get(json_root(d), "choices") : NULL;
+    int ok = st == 200 && st1 == 200 && one && json_len(ch) == 3;
+    for (size_t i = 0; ok && i < 3; i++) {
+        const json_value *ix = json_get(json_at(ch, i), "index");
+        ok = ix && ix->type == JSON_NUMBER && ix->u.number == (double)i && !strcmp(choice_text(d, i), choice_text(one, 0));
+    }
+    CHECK(ok, "n 3 at temperature 0: three equal choices, index 0..2 (status %d)", st);
+    CHECK(one && d && usage_of(d, "completion_tokens") == 3 * usage_of(one, "completion_tokens") &&
+              usage_of(d, "prompt_tokens") == usage_of(one, "prompt_tokens") &&
+              usage_of(d, "total_tokens") == usage_of(d, "prompt_tokens") + usage_of(d, "completion_tokens"),
+          "n 3 usage: %d completion tokens, one choice %d", d ? usage_of(d, "completion_tokens") : -1,
+          one ? usage_of(one, "completion_tokens") : -1);
+    json_free(d);
+    json_free(one);
+
+    /* sampled: choice i == the request alone with seed 42 + i */
+    const char *fmt = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 1, \"seed\": %d, \"n\": %d%s}";
+    char body[256];
+    snprintf(body, sizeof body, fmt, 42, 4, "");
+    d = post_json(port, C, body, &st);
+    int distinct = 0;
+    for (int i = 0; i < 4 && d; i++) {
+        snprintf(body, sizeof body, fmt, 42 + i, 1, "");
+        one = post_json(port, C, body, &st1);
+        CHECK(st == 200 && one && !strcmp(choice_text(d, (size_t)i), choice_text(one, 0)),
+              "n 4 sampled: choice %d '%s' is seed %d alone '%s'", i, choice_text(d, (size_t)i), 42 + i,
+              one ? choice_text(one, 0) : "");
+        json_free(one);
+        if (i && strcmp(choice_text(d, (size_t)i), choice_text(d, 0))) distinct = 1;
+    }
+    CHECK(d && distinct, "n 4 sampled: the choices are not all the same");
+    /* streamed: the same texts, chunk by chunk under their index, one [DONE] */
+    snprintf(body, sizeof body, fmt, 42, 4, ", \"stream\": true");
+    resp r;
+    text_buf got[4] = { { 0 } };
+    int fins = 0, usages = 0, dones = 0, bad = 0;
+    if (http(port, "POST", C, body, strlen(body), 1, &r) == 0) {
+        for (char *ev = strstr(r.body, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
+            if (!strncmp(ev + 6, "[DONE]", 6)) {
+                dones++;
+                continue;
+            }
+            char *end = strstr(ev, "\n\n"), err[128];
+            json_doc *e = end ? json_parse(ev + 6, (size_t)(end - ev - 6), 0, err, sizeof err) : NULL;
+            const json_value *c0 = e ? json_at(json_get(json_root(e), "choices"), 0) : NULL;
+            const json_value *ix = json_get(c0, "index");
+            size_t n = 0;
+            const char *t = json_get_str(c0, "text", &n);
+            if (!ix || ix->type != JSON_NUMBER || ix->u.number < 0 || ix->u.number > 3 || !t) bad++;
+            else text_append(&got[(int)ix->u.number], t, n);
+            const json_value *fr = json_get(c0, "finish_reason");
+            fins += fr && fr->type == JSON_STRING;
+            usages += json_get(json_root(e), "usage") != NULL;
+            json_free(e);
+        }
+        resp_free(&r);
+    }
+    CHECK(!bad && fins == 4 && usages == 1 && dones == 1, "n 4 streamed: %d bad events, %d finishes, %d usages, %d [DONE]",
+          bad, fins, usages, dones);
+    for (int i = 0; i < 4; i++) {
+        CHECK(d && got[i].data && !strcmp(got[i].data, choice_text(d, (size_t)i)), "n 4 streamed: choice %d '%s' vs '%s'", i,
+              got[i].data ? got[i].data : "", d ? choice_text(d, (size_t)i) : "");
+        free(got[i].data);
+    }
+    json_free(d);
+    /* chat too */
+    d = post_json(port, "/v1/chat/completions",
+                  "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 6, \"temperature\": 0, \"n\": 2}",
+                  &st);
+    CHECK(st == 200 && d && json_len(json_get(json_root(d), "choices")) == 2 && !strcmp(choice_text(d, 0), choice_text(d, 1)),
+          "chat n 2: status %d", st);
+    json_free(d);
+    expect_error(port, "POST", C, "{\"prompt\": \"x\", \"n\": 17}", 1, 400, "'n' must be an integer in [1, 16]", "n 17");
+}
+
 /* --timeout: a request that cannot finish in time ends with 504. */
 static void request_timeout(const char *tiny)
 {
@@ -493,6 +699,9 @@ static void overload_and_disconnect(const char *tiny)
     CHECK(rc == 0 && r.status == 503 && strstr(r.head, "Retry-After") && is_error(&r, "queue"),
           "queue full: %d %s", rc ? -1 : r.status, rc ? "" : r.body);
     if (!rc) resp_free(&r);
+    /* more choices than the server can ever hold: 400, not a 503 to retry */
+    expect_error(s.port, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", 1, 400,
+                 "'n' is 2; this server holds at most 1", "n beyond --parallel + --queue");
     /* hang up mid-stream: the next request gets the slot soon */
     if (fd >= 0) close(fd);
     int served = 0;
@@ -1077,6 +1286,9 @@ int main(void)
     CHECK(start_server(&s, args) == 0, "server did not start");
     if (s.pid > 0) {
         raw_http(s.port);
+        unsupported_fields(s.port);
+        cors(s.port);
+        n_choices(s.port);
         /* 16 cases: every policy, several prompts */
         static const char *prompts[] = { "Once upon a time", "The little dog", "Lily and Ben went to the park",
                                          "One day" };

@@ -174,6 +174,74 @@ static int parse_logit_bias(const srv_parse_env *e, const json_value *b, srv_req
     return 0;
 }
 
+/* 1 if key[0..len) is one of names (NULL-terminated). */
+static int key_in(const char *key, size_t len, const char *const *names)
+{
+    if (memchr(key, 0, len)) return 0; /* "stop\u0000x" is not "stop" */
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(key, names[i])) return 1;
+    return 0;
+}
+
+/* Every top-level field of a body must be one this server acts on: a field
+ * accepted and then ignored would let a client believe it got what it asked
+ * for (JSON output, tool calls, a suffix). Null is the same as absent, as
+ * for the fields read. The few values that ask for the default behaviour
+ * pass: "response_format": {"type": "text"}, "tools": [],
+ * "tool_choice": "none". Known fields that are not implemented are named as
+ * such; anything else is an unknown field. */
+static int check_fields(const json_value *o, srv_endpoint ep, char *err, size_t n)
+{
+    static const char *const generate[] = { "model", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                                            "min_p", "top_k", "frequency_penalty", "presence_penalty",
+                                            "repetition_penalty", "repeat_penalty", "n", "seed", "stream",
+                                            "ignore_eos", "stop", "logit_bias", "logprobs", "sparq", "user", NULL };
+    static const char *const completions[] = { "prompt", "echo", NULL };
+    static const char *const chat[] = { "messages", "top_logprobs", NULL };
+    static const char *const tokenize[] = { "content", "add_special", NULL };
+    static const char *const detokenize[] = { "tokens", NULL };
+    /* OpenAI and llama-server fields this server does not implement */
+    static const char *const unsupported[] = {
+        "response_format", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+        "stream_options", "suffix", "best_of", "echo", "top_logprobs", "store", "metadata", "service_tier",
+        "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "grammar", "json_schema",
+        "n_probs", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "n_predict", "cache_prompt",
+        "samplers", "id_slot", "with_pieces", "prompt", "messages", NULL };
+    const int gen = ep == SRV_EP_COMPLETIONS || ep == SRV_EP_CHAT;
+    for (size_t i = 0; i < o->n; i++) {
+        const json_member *m = &o->u.members[i];
+        const json_value *v = &m->value;
+        if (v->type == JSON_NULL) continue;
+        if (gen ? key_in(m->key, m->key_len, generate) ||
+                      key_in(m->key, m->key_len, ep == SRV_EP_CHAT ? chat : completions)
+                : key_in(m->key, m->key_len, ep == SRV_EP_TOKENIZE ? tokenize : detokenize))
+            continue;
+        const char *hint = "";
+        if (gen && key_in(m->key, m->key_len, (const char *const[]){ "response_format", NULL })) {
+            const json_value *t = v->type == JSON_OBJECT && v->n == 1 ? json_get(v, "type") : NULL;
+            if (t && t->type == JSON_STRING && t->n == 4 && !memcmp(t->u.str, "text", 4)) continue;
+            hint = " (only {\"type\": \"text\"}, the default)";
+        } else if (gen && key_in(m->key, m->key_len, (const char *const[]){ "tools", NULL })) {
+            if (v->type == JSON_ARRAY && json_len(v) == 0) continue;
+            hint = " (no tool calls; only an empty list)";
+        } else if (gen && key_in(m->key, m->key_len, (const char *const[]){ "tool_choice", NULL })) {
+            if (v->type == JSON_STRING && v->n == 4 && !memcmp(v->u.str, "none", 4)) continue;
+            hint = " (no tool calls; only \"none\")";
+        } else if (key_in(m->key, m->key_len, (const char *const[]){ "stream_options", NULL })) {
+            hint = " (a stream's last chunk always carries the usage)";
+        }
+        char q[300];
+        quote(q, sizeof q, m->key, m->key_len, 64);
+        if (key_in(m->key, m->key_len, unsupported))
+            snprintf(err, n, "%s is not supported%s%s", q,
+                     ep == SRV_EP_CHAT ? " on /v1/chat/completions" : ep == SRV_EP_COMPLETIONS ? " on /v1/completions" : "",
+                     hint);
+        else snprintf(err, n, "unknown field '%s'", q);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_request *r, int chat, char *err, size_t n)
 {
     r->temp = 1.0f;
@@ -191,14 +259,11 @@ static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_reque
         return -1;
     }
     int64_t top_k = 0, nn = 1, seed = -1;
-    if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, 1e9, &nn, err, n) ||
+    if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, SRV_MAX_N, &nn, err, n) ||
         get_int(o, "seed", -9.2e18, 9.2e18, &seed, err, n))
         return -1;
-    if (nn != 1) {
-        snprintf(err, n, "'n' > 1 is not supported: send one request per completion");
-        return -1;
-    }
     r->top_k = (int)top_k;
+    r->n = (int)nn;
     if (json_get(o, "seed") && json_get(o, "seed")->type == JSON_NUMBER) {
         r->seed = (uint64_t)seed;
     } else { /* random when not given, as llama.cpp does */
@@ -235,6 +300,10 @@ static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_reque
         int64_t top = 0;
         if (get_bool(o, "logprobs", &lp, err, n) || get_int(o, "top_logprobs", 0, SRV_MAX_TOP, &top, err, n))
             return -1;
+        if (top > 0 && !lp) { /* alternatives without the tokens: OpenAI refuses it too */
+            snprintf(err, n, "'top_logprobs' needs \"logprobs\": true");
+            return -1;
+        }
         if (lp) r->logprobs = (int)top;
     } else {
         int64_t lp = -1;
@@ -416,6 +485,14 @@ static int parse_messages(const srv_parse_env *e, const json_value *o, srv_reque
         size_t rl = 0;
         const char *role = json_get_str(m, "role", &rl);
         const json_value *c = json_get(m, "content");
+        for (size_t j = 0; m->type == JSON_OBJECT && j < m->n; j++) { /* name, tool_calls, ...: not acted on */
+            const json_member *f = &m->u.members[j];
+            if (f->value.type == JSON_NULL || key_in(f->key, f->key_len, (const char *const[]){ "role", "content", NULL }))
+                continue;
+            char q[300];
+            snprintf(err, n, "messages[%zu].%s is not supported", i, quote(q, sizeof q, f->key, f->key_len, 64));
+            goto done;
+        }
         if (!role || has_control(role, rl) || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
                       strcmp(role, "developer"))) {
             snprintf(err, n, "messages[%zu].role must be system, user or assistant", i);
@@ -434,7 +511,9 @@ static int parse_messages(const srv_parse_env *e, const json_value *o, srv_reque
                 size_t tl = 0;
                 const char *type = json_get_str(json_at(c, j), "type", NULL);
                 const char *tx = json_get_str(json_at(c, j), "text", &tl);
-                if (!type || strcmp(type, "text") || !tx || memchr(tx, 0, tl)) {
+                const json_value *part = json_at(c, j);
+                const int extra = part->type == JSON_OBJECT && part->n != 2;
+                if (!type || strcmp(type, "text") || !tx || memchr(tx, 0, tl) || extra) {
                     snprintf(err, n, "messages[%zu].content parts must be {\"type\": \"text\", \"text\": ...}", i);
                     free(t.data);
                     goto done;
@@ -483,6 +562,7 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
         snprintf(err, n, "the body must be a JSON object");
         return SRV_PARSE_INVALID;
     }
+    if (check_fields(o, chat ? SRV_EP_CHAT : SRV_EP_COMPLETIONS, err, n)) return SRV_PARSE_INVALID;
     const json_value *model = json_get(o, "model");
     if (model && model->type != JSON_STRING && model->type != JSON_NULL) {
         snprintf(err, n, "'model' must be a string");
@@ -503,8 +583,10 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
         return SRV_PARSE_TOO_LONG;
     }
     const int n_vocab = sparq_model_n_vocab(e->model);
-    if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * n_vocab * 4 > 512.0 * 1024 * 1024) {
-        snprintf(err, n, "echo with logprobs is limited to %d prompt tokens", (int)(512.0 * 1024 * 1024 / 4 / n_vocab));
+    /* each of the n choices echoes the prompt with its own log-probabilities */
+    if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * n_vocab * 4 * r->n > 512.0 * 1024 * 1024) {
+        snprintf(err, n, "echo with logprobs is limited to %d prompt tokens (over all n choices)",
+                 (int)(512.0 * 1024 * 1024 / 4 / n_vocab / r->n));
         return SRV_PARSE_INVALID;
     }
     if (max_tokens < 0 || max_tokens > e->n_ctx - r->n_prompt) max_tokens = e->n_ctx - r->n_prompt;
@@ -517,6 +599,11 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
 static int parse_tokens(const srv_parse_env *e, const json_value *o, int detok, srv_request *r, char *err, size_t n)
 {
     int cnt = -1;
+    if (o->type != JSON_OBJECT) {
+        snprintf(err, n, detok ? "'tokens' must be an array of token ids" : "'content' must be a string");
+        return SRV_PARSE_INVALID;
+    }
+    if (check_fields(o, detok ? SRV_EP_DETOKENIZE : SRV_EP_TOKENIZE, err, n)) return SRV_PARSE_INVALID;
     if (!detok) {
         size_t tl = 0;
         const char *text = json_get_str(o, "content", &tl);
@@ -563,4 +650,46 @@ int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *bod
     }
     json_free(d); /* the request owns copies of what it keeps */
     return rc;
+}
+
+srv_request *srv_request_clone(const srv_request *r, uint64_t seed)
+{
+    srv_request *c = malloc(sizeof *c);
+    if (!c) return NULL;
+    *c = *r;
+    /* what it owns is its own; what the scheduler publishes starts empty */
+    c->prompt = NULL;
+    c->n_stops = 0;
+    c->bias_ids = NULL;
+    c->bias = NULL;
+    memset(&c->text, 0, sizeof c->text);
+    c->toks = NULL;
+    c->n_toks = c->cap_toks = 0;
+    c->refs = 1;
+    c->next = NULL;
+    c->seed = seed;
+    c->attn.policy = c->policy; /* they pointed into r */
+    if (r->attn.index == r->index) c->attn.index = c->index;
+    const size_t np = ((size_t)r->n_prompt + 1) * sizeof *r->prompt;
+    const size_t nb = (size_t)r->n_bias;
+    int ok = (c->prompt = malloc(np)) != NULL;
+    if (ok) memcpy(c->prompt, r->prompt, np - sizeof *r->prompt);
+    for (int i = 0; ok && i < r->n_stops; i++) {
+        if (!(c->stops[i] = strdup(r->stops[i]))) ok = 0;
+        else c->n_stops++;
+    }
+    if (ok && nb) {
+        c->bias_ids = malloc(nb * sizeof *c->bias_ids);
+        c->bias = malloc(nb * sizeof *c->bias);
+        ok = c->bias_ids && c->bias;
+        if (ok) {
+            memcpy(c->bias_ids, r->bias_ids, nb * sizeof *c->bias_ids);
+            memcpy(c->bias, r->bias, nb * sizeof *c->bias);
+        }
+    }
+    if (!ok) {
+        srv_request_release(c);
+        return NULL;
+    }
+    return c;
 }

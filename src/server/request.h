@@ -43,4 +43,8 @@ enum { SRV_PARSE_OK = 0, SRV_PARSE_BAD_JSON = 1, SRV_PARSE_INVALID = 2, SRV_PARS
 int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *body, size_t len, srv_request *r,
                       char *err, size_t err_size);
 
+/* A copy of r, parsed and not yet submitted, for one more of its n choices:
+ * its own prompt, stops and biases, and seed; NULL when out of memory. */
+srv_request *srv_request_clone(const srv_request *r, uint64_t seed);
+
 #endif

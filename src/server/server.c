@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE };
+enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_PREFLIGHT };
 
 typedef struct conn {
     srv_server  *s;
@@ -44,16 +44,19 @@ typedef struct conn {
     double       t0;            /* when the request line arrived            */
     unsigned long long seq;     /* this process's request number            */
     char         method[12], route[24];
-    srv_request *r;             /* generation in flight (one reference)    */
+    srv_request *r;             /* generation in flight: rs[0]              */
+    srv_request *rs[SRV_MAX_N]; /* its n choices, one reference each        */
+    int          n_rs;
     int          chat;
     char         id[48];
     long         created;
     int          fd;
-    /* streaming */
+    /* streaming, per choice */
     char        *out;           /* pending SSE bytes                       */
     size_t       out_len, out_off;
-    size_t       sent_text;
-    int          sent_toks, sent_role, finished;
+    size_t       sent_text[SRV_MAX_N];
+    int          sent_toks[SRV_MAX_N], sent_role[SRV_MAX_N], sent_finish[SRV_MAX_N];
+    int          finished;      /* [DONE] written                           */
 } conn;
 
 /* One open connection (libmicrohttpd's socket context), in the server's
@@ -73,6 +76,9 @@ typedef struct srv_sock {
 /* Every response goes out here, so the request log knows its status. */
 static enum MHD_Result queue(conn *k, int status, struct MHD_Response *res)
 {
+    /* browsers (a web UI on another origin) may read every answer, errors
+     * included, as from llama-server; the API key still guards the routes */
+    MHD_add_response_header(res, "Access-Control-Allow-Origin", "*");
     const enum MHD_Result rc = MHD_queue_response(k->mc, (unsigned)status, res);
     if (rc == MHD_YES) k->status = status;
     return rc;
@@ -235,52 +241,60 @@ static void write_head(FILE *f, conn *k, const char *object)
     json_write_str(f, k->s->cfg.model_id, strlen(k->s->cfg.model_id));
 }
 
-static void write_usage(FILE *f, const srv_request *r)
+/* The prompt is counted once, the completion tokens of every choice. */
+static void write_usage(FILE *f, const conn *k)
 {
-    fprintf(f, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->n_prompt,
-            r->n_gen, r->n_prompt + r->n_gen);
+    int gen = 0;
+    for (int i = 0; i < k->n_rs; i++) gen += k->rs[i]->n_gen;
+    const int prompt = k->rs[0]->n_prompt;
+    fprintf(f, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", prompt, gen,
+            prompt + gen);
 }
 
 /* The whole (non-streamed) reply. Lock held. */
 static char *write_completion(conn *k, size_t *len)
 {
-    const srv_request *r = k->r;
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
     if (!f) return NULL;
     write_head(f, k, k->chat ? "chat.completion" : "text_completion");
-    fputs(",\"choices\":[{\"index\":0,", f);
-    if (k->chat) {
-        fputs("\"message\":{\"role\":\"assistant\",\"content\":", f);
-        json_write_str(f, r->text.data ? r->text.data : "", r->text.len);
-        fputs("},", f);
-    } else {
-        fputs("\"text\":", f);
-        json_write_str(f, r->text.data ? r->text.data : "", r->text.len);
-        fputc(',', f);
+    fputs(",\"choices\":[", f);
+    for (int i = 0; i < k->n_rs; i++) {
+        const srv_request *r = k->rs[i];
+        fprintf(f, "%s{\"index\":%d,", i ? "," : "", i);
+        if (k->chat) {
+            fputs("\"message\":{\"role\":\"assistant\",\"content\":", f);
+            json_write_str(f, r->text.data ? r->text.data : "", r->text.len);
+            fputs("},", f);
+        } else {
+            fputs("\"text\":", f);
+            json_write_str(f, r->text.data ? r->text.data : "", r->text.len);
+            fputc(',', f);
+        }
+        fputs("\"logprobs\":", f);
+        write_logprobs(f, k->s, r, k->chat, 0, r->n_toks);
+        fprintf(f, ",\"finish_reason\":\"%s\"}", r->finish ? r->finish : "stop");
     }
-    fputs("\"logprobs\":", f);
-    write_logprobs(f, k->s, r, k->chat, 0, r->n_toks);
-    fprintf(f, ",\"finish_reason\":\"%s\"}],", r->finish ? r->finish : "stop");
-    write_usage(f, r);
+    fputs("],", f);
+    write_usage(f, k);
     fputs("}", f);
     fclose(f);
     return buf;
 }
 
-/* One SSE event with text [a, b) and tokens [ta, tb); finish may be NULL.
- * Lock held. */
-static void write_chunk(FILE *f, conn *k, size_t a, size_t b, int ta, int tb, const char *finish)
+/* One SSE event of choice i with text [a, b) and tokens [ta, tb); finish
+ * may be NULL; usage: the whole request's, on its last event. Lock held. */
+static void write_chunk(FILE *f, conn *k, int i, size_t a, size_t b, int ta, int tb, const char *finish, int usage)
 {
-    const srv_request *r = k->r;
+    const srv_request *r = k->rs[i];
     fputs("data: ", f);
     write_head(f, k, k->chat ? "chat.completion.chunk" : "text_completion");
-    fputs(",\"choices\":[{\"index\":0,", f);
+    fprintf(f, ",\"choices\":[{\"index\":%d,", i);
     if (k->chat) {
         fputs("\"delta\":{", f);
-        if (!k->sent_role) {
+        if (!k->sent_role[i]) {
             fputs("\"role\":\"assistant\"", f);
-            k->sent_role = 1;
+            k->sent_role[i] = 1;
             if (b > a || !finish) fputc(',', f);
         }
         if (b > a || !finish) {
@@ -299,9 +313,9 @@ static void write_chunk(FILE *f, conn *k, size_t a, size_t b, int ta, int tb, co
     if (finish) fprintf(f, "\"%s\"", finish);
     else fputs("null", f);
     fputs("}]", f);
-    if (finish) {
+    if (usage) {
         fputc(',', f);
-        write_usage(f, r);
+        write_usage(f, k);
     }
     fputs("}\n\n", f);
 }
@@ -332,7 +346,7 @@ static int wait_for(conn *k, int (*cond)(const conn *))
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&s->progress, &s->lock, &ts);
         if (!cond(k) && peer_gone(k->fd)) {
-            k->r->cancelled = 1;
+            for (int i = 0; i < k->n_rs; i++) k->rs[i]->cancelled = 1;
             pthread_cond_signal(&s->wake_sched);
             return -1;
         }
@@ -340,12 +354,44 @@ static int wait_for(conn *k, int (*cond)(const conn *))
     return 0;
 }
 
-static int is_done(const conn *k) { return k->r->state == REQ_DONE; }
+/* Stops the choices still running (another one failed). Lock held. */
+static void cancel_rest(conn *k)
+{
+    for (int i = 0; i < k->n_rs; i++)
+        if (k->rs[i]->state != REQ_DONE) k->rs[i]->cancelled = 1;
+    pthread_cond_signal(&k->s->wake_sched);
+}
+
+/* The first failed choice, or NULL. */
+static const srv_request *failed(const conn *k)
+{
+    for (int i = 0; i < k->n_rs; i++)
+        if (k->rs[i]->state == REQ_DONE && k->rs[i]->err_status) return k->rs[i];
+    return NULL;
+}
+static int is_done(const conn *k)
+{
+    if (failed(k)) return 1; /* the whole request fails with it */
+    for (int i = 0; i < k->n_rs; i++)
+        if (k->rs[i]->state != REQ_DONE) return 0;
+    return 1;
+}
 static int has_news(const conn *k)
 {
-    return k->r->state == REQ_DONE || k->r->text_ok > k->sent_text || k->r->n_ok_toks > k->sent_toks;
+    for (int i = 0; i < k->n_rs; i++) {
+        const srv_request *r = k->rs[i];
+        if ((r->state == REQ_DONE && !k->sent_finish[i]) || r->text_ok > k->sent_text[i] ||
+            r->n_ok_toks > k->sent_toks[i])
+            return 1;
+    }
+    return 0;
 }
-static int is_started(const conn *k) { return k->r->state == REQ_DONE || k->r->n_prompt_tokens > 0 || k->r->cancelled; }
+/* The stream's headers wait for the first choice to start (or any to
+ * fail): later choices may wait for a slot while the first one streams. */
+static int is_started(const conn *k)
+{
+    return failed(k) || k->r->state == REQ_DONE || k->r->n_prompt_tokens > 0 || k->r->cancelled;
+}
 
 /* The SSE body: blocks until the scheduler has something, then formats it. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
@@ -363,26 +409,36 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             pthread_mutex_unlock(&s->lock);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        srv_request *r = k->r;
         FILE *f = open_memstream(&k->out, &k->out_len);
         if (!f) {
             pthread_mutex_unlock(&s->lock);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (r->state == REQ_DONE && r->err_status) {
-            char *e = err_json(r->err_status, NULL, r->error);
+        const srv_request *bad = failed(k);
+        if (bad) { /* one choice failed: the request ends with its error; the others stop */
+            char *e = err_json(bad->err_status, NULL, bad->error);
             fprintf(f, "data: %s\n\ndata: [DONE]\n\n", e ? e : "{}");
             free(e);
             k->finished = 1;
+            cancel_rest(k);
         } else {
-            const size_t b = r->text_ok;
-            const int tb = r->n_ok_toks;
-            if (b > k->sent_text || tb > k->sent_toks || (!k->sent_role && k->chat))
-                write_chunk(f, k, k->sent_text, b, k->sent_toks, tb, NULL);
-            k->sent_text = b;
-            k->sent_toks = tb;
-            if (r->state == REQ_DONE) {
-                write_chunk(f, k, b, b, tb, tb, r->finish ? r->finish : "stop");
+            int n_fin = 0;
+            for (int i = 0; i < k->n_rs; i++) n_fin += k->sent_finish[i];
+            for (int i = 0; i < k->n_rs; i++) {
+                const srv_request *r = k->rs[i];
+                if (k->sent_finish[i]) continue;
+                const size_t b = r->text_ok;
+                const int tb = r->n_ok_toks;
+                if (b > k->sent_text[i] || tb > k->sent_toks[i] || (!k->sent_role[i] && k->chat))
+                    write_chunk(f, k, i, k->sent_text[i], b, k->sent_toks[i], tb, NULL, 0);
+                k->sent_text[i] = b;
+                k->sent_toks[i] = tb;
+                if (r->state == REQ_DONE) { /* the usage goes with the last choice to end */
+                    write_chunk(f, k, i, b, b, tb, tb, r->finish ? r->finish : "stop", ++n_fin == k->n_rs);
+                    k->sent_finish[i] = 1;
+                }
+            }
+            if (n_fin == k->n_rs) {
                 fputs("data: [DONE]\n\n", f);
                 k->finished = 1;
             }
@@ -425,20 +481,43 @@ static enum MHD_Result handle_generate(conn *k, int chat)
     }
     if (prc == SRV_PARSE_TOO_LONG) code = "context_length_exceeded";
     if (prc) goto bad;
+    /* every choice is a sequence of its own: n beyond what the server can
+     * hold at once could never be admitted */
+    if (r->n > s->cfg.parallel + s->cfg.queue) {
+        snprintf(err, sizeof err, "'n' is %d; this server holds at most %d sequences (--parallel + --queue)", r->n,
+                 s->cfg.parallel + s->cfg.queue);
+        goto bad;
+    }
     r->deadline = srv_now() + s->cfg.timeout;
+    srv_request *rs[SRV_MAX_N] = { r };
+    for (int i = 1; i < r->n; i++) {
+        /* seed + i: choice 0 is what n = 1 gives; the others differ (at
+         * temperature 0 all equal it) */
+        if (!(rs[i] = srv_request_clone(r, r->seed + (uint64_t)i))) {
+            for (int j = 1; j < i; j++) srv_request_release(rs[j]);
+            snprintf(err, sizeof err, "out of memory");
+            status = 500;
+            code = NULL;
+            goto bad;
+        }
+    }
 
     k->chat = chat;
     k->r = r;
+    memcpy(k->rs, rs, sizeof rs);
+    k->n_rs = r->n;
     pthread_mutex_lock(&s->lock);
     s->n_attached++;
     s->metrics.requests++;
-    if (srv_submit(s, r)) {
+    /* all choices or none: a request never runs with part of its n */
+    if (s->stopping || s->n_queued + s->n_active + k->n_rs > s->cfg.parallel + s->cfg.queue) {
         s->metrics.rejected++;
         const int stopping = s->stopping;
         pthread_mutex_unlock(&s->lock);
         return err_reply(k, 503, "server_busy",
                          stopping ? "the server is shutting down" : "the queue is full; retry later");
     }
+    for (int i = 0; i < k->n_rs; i++) srv_submit(s, k->rs[i]); /* room checked above, under the same lock */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(k->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     k->fd = ci ? ci->connect_fd : -1;
     static const char *const alpha = "abcdefghijklmnopqrstuvwxyz0123456789";
@@ -453,9 +532,11 @@ static enum MHD_Result handle_generate(conn *k, int chat)
             pthread_mutex_unlock(&s->lock);
             return MHD_NO;
         }
-        if (r->state == REQ_DONE && r->err_status) {
-            char *e = err_json(r->err_status, NULL, r->error);
-            int st = r->err_status;
+        const srv_request *bad = failed(k);
+        if (bad) {
+            char *e = err_json(bad->err_status, NULL, bad->error);
+            int st = bad->err_status;
+            cancel_rest(k);
             pthread_mutex_unlock(&s->lock);
             enum MHD_Result rc = e ? reply(k, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
             free(e);
@@ -474,9 +555,11 @@ static enum MHD_Result handle_generate(conn *k, int chat)
         pthread_mutex_unlock(&s->lock);
         return MHD_NO; /* the client is gone */
     }
-    if (r->err_status) {
-        char *e = err_json(r->err_status, r->err_status == 504 ? "timeout" : NULL, r->error);
-        int st = r->err_status;
+    const srv_request *bad = failed(k);
+    if (bad) {
+        char *e = err_json(bad->err_status, bad->err_status == 504 ? "timeout" : NULL, bad->error);
+        int st = bad->err_status;
+        cancel_rest(k);
         pthread_mutex_unlock(&s->lock);
         enum MHD_Result rc = e ? reply(k, st, "application/json", e, strlen(e), NULL, NULL) : MHD_NO;
         free(e);
@@ -740,10 +823,40 @@ static enum MHD_Result body_too_large(conn *k)
  * the server read, let alone buffer, its body. libmicrohttpd then closes
  * the connection instead of reading the rest. Returns MHD_YES with nothing
  * queued when the request goes on to its body. */
+/* A CORS preflight (OPTIONS on a route): what a browser needs before the
+ * real request. It carries no credentials, so it is answered without the
+ * API key; the request that follows still needs it. The headers asked for
+ * are allowed when they are plain header names (the openai package adds
+ * its own x-stainless-* ones). */
+static enum MHD_Result preflight(conn *k)
+{
+    char allow_headers[1100] = "Authorization, Content-Type";
+    const char *want = MHD_lookup_connection_value(k->mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    if (want) {
+        const size_t n = strlen(want);
+        int ok = n > 0 && n <= 1024;
+        for (size_t i = 0; ok && i < n; i++) {
+            const unsigned char c = (unsigned char)want[i];
+            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                 c == '_' || c == ',' || c == ' ';
+        }
+        if (ok) snprintf(allow_headers + 27, sizeof allow_headers - 27, ", %s", want);
+    }
+    struct MHD_Response *res = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(res, "Access-Control-Allow-Headers", allow_headers);
+    MHD_add_response_header(res, "Access-Control-Max-Age", "86400");
+    enum MHD_Result rc = queue(k, 204, res);
+    MHD_destroy_response(res);
+    return rc;
+}
+
 static enum MHD_Result on_head(conn *k, const char *url, const char *method, int ep, const char *allow)
 {
     srv_server *s = k->s;
     if (k->nul_in_path) return err_reply(k, 400, "invalid_request", "the path holds a NUL byte (%00)");
+    const int is_preflight = ep == EP_PREFLIGHT;
     if (!ep && !allow) {
         char msg[160];
         snprintf(msg, sizeof msg, "no endpoint %.100s", url);
@@ -758,8 +871,10 @@ static enum MHD_Result on_head(conn *k, const char *url, const char *method, int
             free(b);
             return MHD_NO;
         }
+        char allow_opts[32];
+        snprintf(allow_opts, sizeof allow_opts, "%s, OPTIONS", allow);
         MHD_add_response_header(res, "Content-Type", "application/json");
-        MHD_add_response_header(res, "Allow", allow);
+        MHD_add_response_header(res, "Allow", allow_opts);
         enum MHD_Result rc = queue(k, 405, res);
         MHD_destroy_response(res);
         return rc;
@@ -778,6 +893,7 @@ static enum MHD_Result on_head(conn *k, const char *url, const char *method, int
         return err_reply(k, 503, "too_many_connections",
                          n_socks > s->cfg.max_conns ? "too many open connections; retry later"
                                                     : "too many open connections from your address; retry later");
+    if (is_preflight) return preflight(k);
     if (ep != EP_HEALTH && !authorised(k->mc, s))
         return err_reply(k, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
     const char *cl = MHD_lookup_connection_value(k->mc, MHD_HEADER_KIND, "Content-Length");
@@ -807,7 +923,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     const char *allow = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !ep && !allow; i++) {
         if (strcmp(url, routes[i].path) != 0) continue;
-        if (strcmp(method, routes[i].method) != 0) allow = routes[i].method;
+        if (!strcmp(method, "OPTIONS")) ep = EP_PREFLIGHT;
+        else if (strcmp(method, routes[i].method) != 0) allow = routes[i].method;
         else ep = routes[i].ep;
     }
     if (!k->started) {
@@ -846,7 +963,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_HEALTH: return reply(k, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL, NULL);
     case EP_METRICS: return handle_metrics(k);
     case EP_TOKENIZE: return handle_tokenize(k, 0);
-    default: return handle_tokenize(k, 1);
+    case EP_DETOKENIZE: return handle_tokenize(k, 1);
+    default: return MHD_YES; /* a preflight: answered from its head */
     }
 }
 
@@ -860,10 +978,18 @@ static void log_request(const conn *k, enum MHD_RequestTerminationCode why)
 {
     const srv_request *r = k->r;
     const char *cancel = NULL;
-    int status = k->status;
-    if (r && r->cancelled) cancel = "client_closed";
-    if (r && r->err_status == 504) cancel = "timeout";
-    else if (r && r->err_status == 503) cancel = "shutdown"; /* admitted, then the server stopped */
+    int status = k->status, n_gen = 0;
+    /* the choices of one request: a failure explains their end before a
+     * cancellation does (a failed choice cancels the others) */
+    for (int i = 0; i < k->n_rs; i++) {
+        const srv_request *c = k->rs[i];
+        n_gen += c->n_gen;
+        if (c->cancelled && !cancel) cancel = "client_closed";
+    }
+    for (int i = 0; i < k->n_rs; i++) {
+        if (k->rs[i]->err_status == 504) cancel = "timeout";
+        else if (k->rs[i]->err_status == 503) cancel = "shutdown"; /* admitted, then the server stopped */
+    }
     if (why != MHD_REQUEST_TERMINATED_COMPLETED_OK && !cancel)
         cancel = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "idle_timeout"
                  : why == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown" : "client_closed";
@@ -875,7 +1001,7 @@ static void log_request(const conn *k, enum MHD_RequestTerminationCode why)
                            "serve: request id=%llu%s%s method=%s route=%s status=%d tokens_in=%d tokens_out=%d "
                            "ms=%.1f%s%s\n",
                            k->seq, k->id[0] ? " completion=" : "", k->id, k->method[0] ? k->method : "-",
-                           k->route[0] ? k->route : "-", status, r ? r->n_prompt : 0, r ? r->n_gen : 0,
+                           k->route[0] ? k->route : "-", status, r ? r->n_prompt : 0, n_gen,
                            (srv_now() - k->t0) * 1000.0, cancel ? " cancel=" : "", cancel ? cancel : "");
     if (n > 0) fputs(line, stderr); /* one write: lines of concurrent requests do not interleave */
 }
@@ -889,12 +1015,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     sock_reading(k, 1); /* a kept-alive connection waits for its next request: on the clock again */
     if (k->r) {
         pthread_mutex_lock(&s->lock);
-        if (k->r->state != REQ_DONE) { /* the client left before the end */
-            k->r->cancelled = 1;
-            pthread_cond_signal(&s->wake_sched);
-        }
+        for (int i = 0; i < k->n_rs; i++)
+            if (k->rs[i]->state != REQ_DONE) { /* the client left before the end */
+                k->rs[i]->cancelled = 1;
+                pthread_cond_signal(&s->wake_sched);
+            }
         log_request(k, why);
-        srv_request_release(k->r);
+        for (int i = 0; i < k->n_rs; i++) srv_request_release(k->rs[i]);
         s->n_attached--;
         pthread_cond_broadcast(&s->progress);
         pthread_mutex_unlock(&s->lock);

@@ -10,6 +10,8 @@
 #include <pthread.h>
 
 enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20, SRV_MAX_POLICIES = 32, SRV_MAX_PREFIX_ID = 128 };
+/* choices per request ("n"): each is a sequence of its own */
+enum { SRV_MAX_N = 16 };
 enum { REQ_QUEUED = 0, REQ_RUNNING = 1, REQ_DONE = 2 };
 
 /* One generated (or, with echo, prompt) token as the client sees it. */
@@ -33,6 +35,7 @@ typedef struct srv_request {
     float    temp, top_p, min_p, rep_pen, freq_pen, pres_pen;
     int      top_k, ignore_eos;
     uint64_t seed;
+    int      n;                 /* choices asked for ("n", 1..SRV_MAX_N)    */
     char    *stops[SRV_MAX_STOPS];
     int      n_stops;
     int      logprobs;          /* -1: none; else top alternatives per token */

@@ -130,7 +130,26 @@ async function main() {
       check(e instanceof OpenAI.APIError && e.status === status && re.test(e.message), name, `${e.status} ${e.message}`);
     }
   }
-  await expectError('n > 1 rejected', () => completion(c0, { n: 2 }), 400, /'n'/);
+  await expectError('n > 16 rejected', () => completion(c0, { n: 17 }), 400, /'n'/);
+  await expectError('response_format refused', () => client.chat.completions.create({ model, messages: msgs,
+    max_tokens: 4, response_format: { type: 'json_object' } }), 400, /response_format is not supported/);
+  await expectError('tools refused', () => client.chat.completions.create({ model, messages: msgs, max_tokens: 4,
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }),
+    400, /tools is not supported/);
+
+  // n choices: greedy, each is the text alone; sampled, each as its own seed
+  const r0 = await completion(c0);
+  const n3 = await completion(c0, { n: 3 });
+  check(n3.choices.length === 3 && n3.choices.every((c, i) => c.index === i && c.text === alone[0]) &&
+        n3.usage.completion_tokens === 3 * r0.usage.completion_tokens, 'n 3 greedy', JSON.stringify(n3));
+  const ns = await client.chat.completions.create({ model, messages: msgs, max_tokens: 8, temperature: 1, seed: 7, n: 2,
+                                                    stream: true });
+  const parts = ['', ''];
+  let fins = 0;
+  for await (const c of ns) for (const ch of c.choices) { parts[ch.index] += ch.delta.content || ''; fins += !!ch.finish_reason; }
+  const one = await client.chat.completions.create({ model, messages: msgs, max_tokens: 8, temperature: 1, seed: 8 });
+  check(fins === 2 && parts[1] === one.choices[0].message.content, 'n 2 streamed: choice 1 is seed + 1',
+        `${JSON.stringify(parts)} vs ${JSON.stringify(one.choices[0].message.content)}`);
   await expectError('bad policy rejected', () => completion(c0, { sparq: { attn: 'nope' } }), 400, /unknown attention policy/);
   await expectError('bad ratio rejected', () => completion(c0, { sparq: { attn: 'sparq', ratio: '3/2' } }), 400, /ratio/);
   await expectError('wrong type rejected', () => completion(c0, { temperature: 'hot' }), 400, /temperature/);
