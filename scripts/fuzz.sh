@@ -123,7 +123,7 @@ int main(int argc, char **argv)
 GEN
 mkdir -p "$OUT/seeds/fuzz_gguf" "$OUT/seeds/fuzz_kvfile" "$OUT/seeds/fuzz_tokenizer" "$OUT/seeds/fuzz_json" \
          "$OUT/seeds/fuzz_index" "$OUT/seeds/fuzz_request"
-if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/tensor/gguf.c src/tensor/quant_types.c src/util/err.c -o "$OUT/gen_seeds" &&
+if "$CC_FUZZ" $FLAGS "$OUT/gen_seeds.c" src/tensor/gguf.c src/tensor/quant_types.c src/util/err.c src/util/paths.c -o "$OUT/gen_seeds" &&
    "$OUT/gen_seeds" "$OUT/seeds/fuzz_gguf/gen-model.gguf" "$OUT/seeds/fuzz_gguf/gen-vocab.gguf"; then :; else
   echo "fuzz: could not generate seeds (continuing with the others)" >&2
 fi

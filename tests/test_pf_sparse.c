@@ -15,6 +15,8 @@
 #include "test.h"
 #include "attn/attn_pf_sparse.h"
 #include "attn/attn_prefill.h"
+#include "index/index.h"
+#include "io/kvfile.h"
 #include "tensor/quant.h"
 #include "util/paths.h"
 #include "sparq.h"
@@ -292,6 +294,7 @@ static void model_identities(void)
             cp.n_ctx = 512;
             cp.n_threads = 2;
             cp.kv_type = q8 ? SPARQ_KV_Q8_0 : SPARQ_KV_F16;
+            cp.n_batch = 64; /* chunks: the index grows and trains between them */
             cp.prefill = topk;
             sparq_context *cf = NULL, *cl = NULL;
             float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
@@ -305,6 +308,22 @@ static void model_identities(void)
             cp.n_ctx = 0;
             ok = ok && sparq_context_load_kv(m, &cp, file, SPARQ_VERIFY_ALWAYS, &cl, err, sizeof err) == 0;
             CHECK(ok, "load back: %s", err);
+            /* the stored ivf index is the sparse prefill's own inverted file:
+             * its 16 lists, not a new k-means (sqrt(n) = 20 lists) */
+            kvf_file *kf = NULL;
+            if (ok && kvf_open(file, NULL, KVF_VERIFY_ALWAYS, &kf, err, sizeof err) == 0) {
+                size_t ib = 0;
+                const void *img = kvf_find_index(kf, 1, 0, "ivf", &ib);
+                idx_index *ix = NULL;
+                CHECK(img && idx_deserialize(img, ib, &ix, err, sizeof err) == 0 && idx_nlist(ix) == 16 &&
+                          idx_count(ix) == n,
+                      "saved ivf image: the prefill's lists (nlist %d, %lld keys)", ix ? idx_nlist(ix) : -1,
+                      (long long)(ix ? idx_count(ix) : -1));
+                idx_free(ix);
+                kvf_close(kf);
+            } else {
+                CHECK(0, "kvf_open: %s", err);
+            }
             const int32_t next = 42;
             ok = ok && sparq_eval(cf, &next, 1, a) == 0 && sparq_eval(cl, &next, 1, b) == 0;
             CHECK(ok && memcmp(a, b, (size_t)V * sizeof(float)) == 0,

@@ -480,6 +480,12 @@ int attn_topk_layer_k(const sparq_attn_params *p, int n_layer, int layer);
 int attn_topk_index_image(const sparq_attn_params *p, const char *kind, const attn_kv_view *kv,
                           int64_t n, int n_threads, void **image, size_t *bytes, char *err,
                           size_t err_size);
+/* The ivf image of the first n keys of kv packed into lists already made
+ * (a sparse prefill's growing inverted file): nlist centroids [nlist][d]
+ * and the list of every key, labels[n]; no k-means, no second pass. */
+int attn_topk_ivf_image_preset(const sparq_attn_params *p, const attn_kv_view *kv, int64_t n, int nlist,
+                               const float *centroids, const int32_t *labels, void **image, size_t *bytes,
+                               char *err, size_t err_size);
 /* The selection step of one decode step alone (what attend uses): for each
  * query head h its layer's k best prefix positions by the index, ids[h*k +
  * r] (rank order for exact/ivf/hnsw; -1 pads a short result). Returns k,

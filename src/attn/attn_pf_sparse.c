@@ -255,6 +255,56 @@ int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_vi
     return 0;
 }
 
+int attn_pf_sparse_ivf(const attn_pf_sparse *s, int layer, int head, const attn_kv_view *kv, int64_t n,
+                       void **block, float **centroids, int32_t **labels, int *nlist, char *err, size_t err_size)
+{
+    *block = NULL;
+    const pf_head *h = &s->head[(size_t)layer * s->n_kv_head + head];
+    if (s->p.mode != SPARQ_PREFILL_TOPK || !h->trained) return 1;
+    const int nl = s->p.nlist, d = s->d;
+    if (n < 1 || n > kv->S || nl > n) return 1;
+    const size_t cb = (size_t)nl * d * sizeof(float);
+    uint8_t *mem = malloc(cb + (size_t)n * sizeof(int32_t));
+    if (!mem) return err_set(err, err_size, "sparse prefill: out of memory exporting the index");
+    float *c = (float *)(void *)mem;
+    int32_t *lab = (int32_t *)(void *)(mem + cb);
+    for (int l = 0; l < nl; l++) /* unblock: [ncb][d][16] -> [nl][d] */
+        for (int j = 0; j < d; j++)
+            c[(size_t)l * d + j] = h->cb[((size_t)(l / IDX_BLOCK) * d + j) * IDX_BLOCK + l % IDX_BLOCK];
+    for (int64_t i = 0; i < n; i++) lab[i] = -1;
+    for (int l = 0; l < nl; l++)
+        for (int64_t i = 0; i < h->len[l]; i++)
+            if (h->list[l][i] < n) lab[h->list[l][i]] = l;
+    /* the sinks and the last window never left it: assign them now */
+    enum { CHUNK = 1024 };
+    float *x = malloc((size_t)CHUNK * d * sizeof(float)), *best = malloc(CHUNK * sizeof(float));
+    int32_t *tl = malloc(CHUNK * sizeof(int32_t)), *pos = malloc(CHUNK * sizeof(int32_t));
+    int bad = !x || !best || !tl || !pos;
+    for (int64_t i = 0; !bad && i < n;) {
+        int m = 0;
+        for (; i < n && m < CHUNK; i++)
+            if (lab[i] < 0) {
+                attn_kv_row_f32(kv->K, kv->elem, d, i, d, x + (size_t)m * d);
+                pos[m++] = (int32_t)i;
+            }
+        if (m) idx_assign(x, m, d, h->cb, h->hn, nl, tl, best);
+        for (int r = 0; r < m; r++) lab[pos[r]] = tl[r];
+    }
+    free(x);
+    free(best);
+    free(tl);
+    free(pos);
+    if (bad) {
+        free(mem);
+        return err_set(err, err_size, "sparse prefill: out of memory exporting the index");
+    }
+    *block = mem;
+    *centroids = c;
+    *labels = lab;
+    *nlist = nl;
+    return 0;
+}
+
 /* ---- selection --------------------------------------------------------------------------- */
 
 /* Scores positions pos[0..n) (or a + 0..n when pos is NULL) against the

@@ -61,6 +61,14 @@ int64_t attn_pf_window_lo(const sparq_prefill_params *p, int64_t pos0);
 int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_view *kv, int64_t pos0,
                         char *err, size_t err_size);
 
+/* The inverted file grown for (layer, head), for the KV file's ivf image
+ * (attn_topk_ivf_image_preset): centroids [nlist][d] and the list of each
+ * of the first n positions (those never added - the sinks, the last
+ * window - assigned now), in one malloc'ed *block. 0; 1 when there is no
+ * trained index (not topk, or too few keys); -1 with a message. */
+int attn_pf_sparse_ivf(const attn_pf_sparse *s, int layer, int head, const attn_kv_view *kv, int64_t n,
+                       void **block, float **centroids, int32_t **labels, int *nlist, char *err, size_t err_size);
+
 /* Whether a query block starting at pos (and every earlier one) sees every
  * earlier position: then callers may take any exact path. */
 int attn_pf_sparse_exact(const attn_pf_sparse *s, int64_t pos);

@@ -401,6 +401,51 @@ static int build_idx(const sparq_attn_params *p, const char *kind, const attn_kv
     return rc;
 }
 
+/* The serialized image of ix (freed here), 64-byte aligned. */
+static int image_of(idx_index *ix, const char *kind, void **image, size_t *bytes, char *err, size_t err_size)
+{
+    const size_t sz = idx_serialized_size(ix);
+    void *img = aligned_alloc(64, (sz + 63) & ~(size_t)63);
+    if (!img) {
+        snprintf(err, err_size, "topk: out of memory for a %zu-byte %s index", sz, kind);
+        idx_free(ix);
+        return -1;
+    }
+    int rc = idx_serialize(ix, img, sz, err, err_size);
+    idx_free(ix);
+    if (rc) {
+        free(img);
+        return -1;
+    }
+    *image = img;
+    *bytes = sz;
+    return 0;
+}
+
+int attn_topk_ivf_image_preset(const sparq_attn_params *p, const attn_kv_view *kv, int64_t n, int nlist,
+                               const float *centroids, const int32_t *labels, void **image, size_t *bytes,
+                               char *err, size_t err_size)
+{
+    *image = NULL;
+    *bytes = 0;
+    if (n < 1 || n > kv->S || n > INT32_MAX || nlist < 1 || nlist > n)
+        return err_set(err, err_size, "topk: cannot index %lld of %lld positions in %d lists", (long long)n,
+                       (long long)kv->S, nlist);
+    float *x = keys_f32(kv, n);
+    if (!x) return err_set(err, err_size, "topk: out of memory for %lld keys", (long long)n);
+    idx_params ip = build_params(p, "ivf", 1);
+    ip.nlist = nlist;
+    ip.nprobe = 0; /* the image's default for its own nlist */
+    ip.n_train = 0;
+    ip.centroids = centroids;
+    ip.labels = labels;
+    idx_index *ix = NULL;
+    const int rc = idx_build(&ip, x, n, kv->d, &ix, err, err_size);
+    free(x);
+    if (rc) return -1;
+    return image_of(ix, "ivf", image, bytes, err, err_size);
+}
+
 int attn_topk_index_image(const sparq_attn_params *p, const char *kind, const attn_kv_view *kv,
                           int64_t n, int n_threads, void **image, size_t *bytes, char *err,
                           size_t err_size)
@@ -420,22 +465,7 @@ int attn_topk_index_image(const sparq_attn_params *p, const char *kind, const at
     if (k == K_SPARQ) return kt_image_build(kv, n, image, bytes, err, err_size);
     idx_index *ix = NULL;
     if (build_idx(p, kind, kv, n, n_threads, &ix, err, err_size)) return -1;
-    const size_t sz = idx_serialized_size(ix);
-    void *img = aligned_alloc(64, (sz + 63) & ~(size_t)63);
-    if (!img) {
-        snprintf(err, err_size, "topk: out of memory for a %zu-byte %s index", sz, kind);
-        idx_free(ix);
-        return -1;
-    }
-    int rc = idx_serialize(ix, img, sz, err, err_size);
-    idx_free(ix);
-    if (rc) {
-        free(img);
-        return -1;
-    }
-    *image = img;
-    *bytes = sz;
-    return 0;
+    return image_of(ix, kind, image, bytes, err, err_size);
 }
 
 /* A stored image for this head: 0 and bound when it fits (the right kind,

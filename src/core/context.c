@@ -539,13 +539,26 @@ void model_fingerprint(const sparq_model *m, kvf_fingerprint *out)
 
 /* ---- saving to a KV file --------------------------------------------------- */
 
-/* kvf_write_heads' rows: the cache's own, and its running v_sum as it is. */
+/* kvf_write_heads' rows: the cache's own, and its running v_sum as it is;
+ * after a top-k sparse prefill, also its inverted file, which the ivf
+ * image then packs instead of running k-means over the whole prefix. */
 static int save_rows(void *user, int layer, int head, kvf_head_rows *out, char *err, size_t err_size)
 {
-    (void)err; (void)err_size;
-    const kv_cache *kv = user;
+    const sparq_context *c = user;
+    const kv_cache *kv = &c->kv;
     kv_view(kv, layer, head, kv->n, &out->view);
     out->v_sum = out->view.v_sum;
+    if (c->pf) {
+        float *cent;
+        int32_t *lab;
+        const int r = attn_pf_sparse_ivf(c->pf, layer, head, &out->view, kv->n, &out->owned, &cent, &lab,
+                                         &out->ivf_nlist, err, err_size);
+        if (r < 0) return -1;
+        if (r == 0) {
+            out->ivf_centroids = cent;
+            out->ivf_labels = lab;
+        }
+    }
     return 0;
 }
 
@@ -586,7 +599,7 @@ int context_save_kv_as(sparq_context *c, const char *path, const char *tmp, cons
             return -1;
     }
     if (tokens) kvf_writer_tokens(w, tokens);
-    return kvf_write_heads(w, c->n_threads, &c->params.attn, save_rows, (void *)kv, NULL, err, err_size);
+    return kvf_write_heads(w, c->n_threads, &c->params.attn, save_rows, (void *)c, NULL, err, err_size);
 }
 
 /* ---- shared prefixes (the server's prefix cache) ------------------------------ */

@@ -99,6 +99,11 @@ typedef struct idx_params {
     int      ef_construction; /* hnsw; default 40 (Faiss's)                  */
     int      ef_search;   /* hnsw default efSearch; default 64               */
     int      n_threads;   /* build threads; 0 = omp_get_max_threads()        */
+    /* ivf: lists trained elsewhere (a sparse prefill's growing inverted
+     * file): centroids [nlist][d] and the list of every key; both or
+     * neither. Given, no k-means and no assignment run. */
+    const float   *centroids;
+    const int32_t *labels;
 } idx_params;
 
 /* Search-time knobs; 0 in a field means the index's default. */

@@ -442,9 +442,30 @@ static int ivf_build(const idx_params *p, const float *keys, int64_t N, int d, i
         memset(&km, 0, sizeof km);
         goto done;
     }
-    if (kmeans_train(&km, keys, N, d, nlist, n_train, p->n_iter, p->seed, nt_thr, err, err_size))
-        goto done;
-    assign_par(keys, N, d, km.cb, km.hn, nlist, lab, best, nt_thr);
+    const float *cent; /* row-major [nlist][d] */
+    if (p->centroids && p->labels) { /* lists given: best = x . c - |c|^2 / 2, as the assignment's */
+        memset(&km, 0, sizeof km);
+        cent = p->centroids;
+        for (int64_t i = 0; i < N; i++) {
+            const int32_t l = p->labels[i];
+            if (l < 0 || l >= nlist) {
+                err_set(err, err_size, "idx_build: key %lld is in list %d of %d", (long long)i, l, nlist);
+                goto done;
+            }
+            double dot = 0, cc = 0;
+            for (int j = 0; j < d; j++) {
+                dot += (double)keys[i * d + j] * cent[(int64_t)l * d + j];
+                cc += (double)cent[(int64_t)l * d + j] * cent[(int64_t)l * d + j];
+            }
+            lab[i] = l;
+            best[i] = (float)(dot - 0.5 * cc);
+        }
+    } else {
+        if (kmeans_train(&km, keys, N, d, nlist, n_train, p->n_iter, p->seed, nt_thr, err, err_size))
+            goto done;
+        assign_par(keys, N, d, km.cb, km.hn, nlist, lab, best, nt_thr);
+        cent = km.c;
+    }
 
     /* lists: keys per list, then block offsets */
     for (int64_t i = 0; i < N; i++) fill[lab[i]]++;
@@ -477,7 +498,7 @@ static int ivf_build(const idx_params *p, const float *keys, int64_t N, int d, i
         int32_t l = lab[i];
         ids[list_off[l] * IDX_BLOCK + fill[l]++] = (int32_t)i;
     }
-    idx_pack_rows(IDX_F32, km.c, nlist, d, img + off[S_CENT], NULL);
+    idx_pack_rows(IDX_F32, cent, nlist, d, img + off[S_CENT], NULL);
 
     /* keys: gather each block's rows, then pack them in place */
     size_t bb = (size_t)d * IDX_BLOCK * idx_elt_bytes(p->key_type);
@@ -582,6 +603,8 @@ static int ivf_check(const idx_params *p, int64_t N, char *err, size_t err_size)
     if (p->nlist < 0 || p->nlist > N)
         return err_set(err, err_size, "idx_build: nlist %d outside [0, %lld]", p->nlist, (long long)N);
     if (p->nprobe < 0) return err_set(err, err_size, "idx_build: nprobe %d is negative", p->nprobe);
+    if (!p->centroids != !p->labels || (p->centroids && p->nlist < 1))
+        return err_set(err, err_size, "idx_build: given lists need centroids, labels and nlist");
     if (p->n_iter < 0 || p->n_iter > 1000)
         return err_set(err, err_size, "idx_build: n_iter %d outside [0, 1000]", p->n_iter);
     if (p->n_train < 0 || p->n_train > N)

@@ -686,10 +686,11 @@ static double now_s(void)
 
 /* One head from view (its first n rows) and an image of every index kind
  * the writer announced, built by the topk policy with p. */
-static int writer_head_indexed(kvf_writer *w, int layer, int head, const attn_kv_view *view,
-                               const float *v_sum, const sparq_attn_params *p, double *build_s,
-                               char *err, size_t err_size)
+static int writer_head_indexed(kvf_writer *w, int layer, int head, const kvf_head_rows *r,
+                               const sparq_attn_params *p, double *build_s, char *err, size_t err_size)
 {
+    const attn_kv_view *view = &r->view;
+    const float *v_sum = r->v_sum;
     if (view->S < w->n || view->d != w->fp.head_dim || view->elem != w->elem)
         return err_set(err, err_size, "kvfile: head view of %lld x %d (elem %d) for a file of %lld x %d (elem %d)",
                        (long long)view->S, view->d, view->elem, (long long)w->n, w->fp.head_dim, w->elem);
@@ -699,7 +700,11 @@ static int writer_head_indexed(kvf_writer *w, int layer, int head, const attn_kv
         size_t bytes = 0;
         const double t0 = now_s();
         /* one thread per build: callers run the heads in parallel */
-        rc = attn_topk_index_image(p, w->kinds[i], view, w->n, 1, &img, &bytes, err, err_size);
+        if (r->ivf_labels && strcmp(w->kinds[i], "ivf") == 0)
+            rc = attn_topk_ivf_image_preset(p, view, w->n, r->ivf_nlist, r->ivf_centroids, r->ivf_labels, &img,
+                                            &bytes, err, err_size);
+        else
+            rc = attn_topk_index_image(p, w->kinds[i], view, w->n, 1, &img, &bytes, err, err_size);
         if (build_s) *build_s += now_s() - t0;
         if (!rc) rc = kvf_writer_index(w, layer, head, w->kinds[i], img, bytes, w->n, err, err_size);
         free(img);
@@ -728,7 +733,7 @@ int kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
         memset(&r, 0, sizeof r);
         double b = 0;
         int rc = rows(user, l, h, &r, e, sizeof e);
-        if (!rc) rc = writer_head_indexed(w, l, h, &r.view, r.v_sum, p, &b, e, sizeof e);
+        if (!rc) rc = writer_head_indexed(w, l, h, &r, p, &b, e, sizeof e);
         free(r.owned);
         bsum += b;
         if (rc) {

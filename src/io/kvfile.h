@@ -169,6 +169,11 @@ typedef struct kvf_head_rows {
     attn_kv_view view;     /* K and V of the head, at least n positions      */
     const float *v_sum;    /* as for kvf_writer_head (NULL: summed here)     */
     void        *owned;    /* freed with free() once the head is written     */
+    /* optional: the head's keys already in an inverted file (a sparse
+     * prefill's): its ivf image is packed from these lists */
+    int            ivf_nlist;
+    const float   *ivf_centroids; /* [ivf_nlist][d]                          */
+    const int32_t *ivf_labels;    /* [n]                                     */
 } kvf_head_rows;
 /* Writes every (layer, head) the writer holds with n_threads threads (0 =
  * all cores): rows(user, layer, head, ...) supplies a head's rows (safe to
