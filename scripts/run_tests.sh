@@ -15,7 +15,7 @@ export SPARQ_BUILD="$build"
 ci=0
 case "${CI:-}" in true|1|yes) ci=1 ;; esac
 # Skips that are not missing data: CPU features and optional build parts.
-SKIP_OK=${SPARQ_SKIP_OK:-'AVX-512|AVX512|F16C|Faiss not built|not compiled in|build without'}
+SKIP_OK=${SPARQ_SKIP_OK:-'AVX-512|AVX512|F16C|SIMD level|Faiss not built|not compiled in|build without'}
 total_pass=0; total_fail=0; total_skip=0; crashed=""; ci_fail=""
 
 count_line() { # "name: N passed, M failed[, K skipped]" -> adds to the totals

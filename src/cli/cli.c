@@ -191,7 +191,7 @@ int cli_parse_command(const cli_group *groups, int n_groups, int argc, char **ar
     int n = 0, help = 0;
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--version") == 0) {
-            printf("sparq %s\n", sparq_version());
+            printf("sparq %s (cpu %s)\n", sparq_version(), sparq_cpu_level());
             return 0;
         }
     if (cli_parse(groups, n_groups, argc, argv, pos ? pos : none, max_pos, &n, &help, err, sizeof err)) {

@@ -43,7 +43,7 @@ int main(int argc, char **argv)
     }
     for (int i = 1; i < argc; i++) /* every command, before its own dispatch */
         if (strcmp(argv[i], "--version") == 0) {
-            printf("sparq %s\n", sparq_version());
+            printf("sparq %s (cpu %s)\n", sparq_version(), sparq_cpu_level());
             return 0;
         }
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
