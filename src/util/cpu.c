@@ -2,7 +2,12 @@
  * (cpu.h). */
 #include "util/cpu.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,22 +17,44 @@ int cpu_level_chosen_ = -1;
 static cpu_features feats;
 static pthread_once_t feats_once = PTHREAD_ONCE_INIT, level_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__) || defined(__i386__)
+/* XCR0: which register states the OS saves on a context switch. */
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+#endif
+
+/* From cpuid and XCR0 directly (clang's __builtin_cpu_supports knows no
+ * "f16c"): a feature counts only if the OS also saves its registers. */
 static void detect(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    /* libgcc's detection checks XCR0 too: a feature the OS does not save
-     * the registers of reads as absent */
-    __builtin_cpu_init();
-    feats.avx2 = __builtin_cpu_supports("avx2");
-    feats.fma = __builtin_cpu_supports("fma");
-    feats.f16c = __builtin_cpu_supports("f16c");
-    feats.bmi2 = __builtin_cpu_supports("bmi2");
-    feats.avx512f = __builtin_cpu_supports("avx512f");
-    feats.avx512bw = __builtin_cpu_supports("avx512bw");
-    feats.avx512vl = __builtin_cpu_supports("avx512vl");
-    feats.avx512dq = __builtin_cpu_supports("avx512dq");
-    feats.avx512vnni = __builtin_cpu_supports("avx512vnni");
-    feats.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const int osxsave = c >> 27 & 1, avx = c >> 28 & 1;
+    const uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+    const int ymm = avx && (xcr0 & 0x6) == 0x6;                 /* SSE + AVX state */
+    const int zmm = ymm && (xcr0 & 0xe0) == 0xe0;               /* opmask, ZMM0-15 hi, ZMM16-31 */
+    feats.fma = ymm && (c >> 12 & 1);
+    feats.f16c = ymm && (c >> 29 & 1);
+    unsigned max_leaf = __get_cpuid_max(0, NULL);
+    if (max_leaf < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned sub_leaves = a;
+    feats.avx2 = ymm && (b >> 5 & 1);
+    feats.bmi2 = b >> 8 & 1;
+    feats.avx512f = zmm && (b >> 16 & 1);
+    feats.avx512dq = zmm && (b >> 17 & 1);
+    feats.avx512bw = zmm && (b >> 30 & 1);
+    feats.avx512vl = zmm && (b >> 31 & 1);
+    feats.avx512vnni = zmm && (c >> 11 & 1);
+    if (sub_leaves >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        feats.avx512bf16 = zmm && (a >> 5 & 1);
+    }
 #elif defined(__aarch64__)
     feats.neon = 1; /* Advanced SIMD is part of every ARMv8-A core */
 #endif
