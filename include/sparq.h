@@ -510,6 +510,10 @@ SPARQ_API int64_t sparq_abi_offsetof(const char *type, const char *field);
 SPARQ_API const char *sparq_abi_field(const char *type, int i);
 /* The library's version, "MAJOR.MINOR.PATCH" (MAJOR is the soname's). */
 SPARQ_API const char *sparq_version(void);
+/* The SIMD kernel level running: "avx512", "avx2" or "ref" (the best this
+ * CPU has, or the one the SPARQ_CPU environment variable forces; chosen
+ * once, on first use). */
+SPARQ_API const char *sparq_cpu_level(void);
 
 #ifdef __cplusplus
 }

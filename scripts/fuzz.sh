@@ -51,7 +51,15 @@ rm -f "$probe" "$OUT/probe"
 export SPARQ_MODEL_PATH="${SPARQ_MODEL_PATH:+$SPARQ_MODEL_PATH:}models:../shared/models:../shared"
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
-FLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -march=native -fno-omit-frame-pointer -fopenmp -Iinclude -Isrc"
+FLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp -Iinclude -Isrc"
+# As the Makefile: the portable baseline, and the kernel twins (chosen at
+# run time, src/util/cpu.h) compiled for their instruction sets.
+SIMD_AVX2=""; SIMD_AVX512=""
+if [ "$(uname -m)" = x86_64 ]; then
+  FLAGS="$FLAGS -march=x86-64-v2"
+  SIMD_AVX2="-mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt"
+  SIMD_AVX512="$SIMD_AVX2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16"
+fi
 LIBS="-lz -lm -fopenmp -lpthread"
 # The library (every layer but the command and the server; no Faiss shim),
 # instrumented for coverage; rebuilt only where a source is newer. Of the
@@ -67,8 +75,9 @@ for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/') \
   # instrument their intrinsics: they are built plain (the sanitizer suite,
   # make test-asan, covers them).
   case $src in *_avx512.c|*_avx2.c|*_sse*.c) san="" ;; *) san="$SAN -fsanitize=fuzzer-no-link" ;; esac
+  case $src in *_avx512.c) simd=$SIMD_AVX512 ;; *_avx2.c) simd=$SIMD_AVX2 ;; *) simd="" ;; esac
   if [ ! -e "$o" ] || [ "$src" -nt "$o" ] || [ -n "$(find src include -name '*.h' -newer "$o" | head -1)" ]; then
-    "$CC_FUZZ" $FLAGS $san -c "$src" -o "$o" || { echo "fuzz: build of $src failed" >&2; exit 1; }
+    "$CC_FUZZ" $FLAGS $simd $san -c "$src" -o "$o" || { echo "fuzz: build of $src failed" >&2; exit 1; }
   fi
   objs="$objs $o"
 done

@@ -14,9 +14,10 @@ build=${1:-build}
 export SPARQ_BUILD="$build"
 ci=0
 case "${CI:-}" in true|1|yes) ci=1 ;; esac
-# Skips that are not missing data: CPU features, optional build parts and
-# tools a machine may lack (another Python to install the package into).
-SKIP_OK=${SPARQ_SKIP_OK:-'AVX-512|AVX512|F16C|Faiss not built|not compiled in|build without|not on this machine'}
+# Skips that are not missing data: CPU features, SIMD levels without a twin,
+# optional build parts and tools a machine may lack (another Python to
+# install the package into).
+SKIP_OK=${SPARQ_SKIP_OK:-'AVX-512|AVX512|F16C|SIMD level|Faiss not built|not compiled in|build without|not on this machine'}
 total_pass=0; total_fail=0; total_skip=0; crashed=""; ci_fail=""
 
 count_line() { # "name: N passed, M failed[, K skipped]" -> adds to the totals

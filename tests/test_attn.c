@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef __F16C__
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -74,15 +74,20 @@ static void fill_query(rng *r, float *q, int g, int d)
         }
 }
 
-#ifdef __F16C__
+/* the library's conversions: bit-identical to F16C's (tests/test_quant.c
+ * checks every half against the instructions) */
 static int have_f16 = 1;
-static float round_f16(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
-static uint16_t to_f16(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
-#else
-static int have_f16 = 0;
-static float round_f16(float x) { return x; }
-static uint16_t to_f16(float x) { (void)x; return 0; }
-#endif
+static float round_f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+static uint16_t to_f16(float x) { return fp32_to_fp16(x); }
+
+/* The kernels of the level running (SPARQ_CPU or the CPU's best; the test
+ * runs once per level, tests/test_cpu.c), compared with the reference's. */
+static const attn_kernels *simd;
+static int have_simd(void)
+{
+    if (!simd) simd = attn_kernels_at(cpu_level_get());
+    return simd != &attn_kernels_ref;
+}
 
 static int cmp_i32(const void *a, const void *b)
 {
@@ -250,12 +255,24 @@ static double naive_topk(const float *q, const float *K, const float *V, int64_t
 
 /* ---- 1. half floats ---------------------------------------------------------- */
 
+#if defined(__x86_64__)
+/* the instruction itself, whatever the baseline this file is compiled for */
+__attribute__((target("f16c"))) static float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#else
+#define hw_f16_to_f32 fp16_to_fp32 /* never reached: the test skips */
+#endif
+
 static void test_f16(void)
 {
-    if (!have_f16) { test_skip("f16: no F16C to compare with"); return; }
+#if defined(__x86_64__)
+    if (!cpu_features_get()->f16c) { test_skip("f16: no F16C to compare with"); return; }
+#else
+    test_skip("f16: no F16C to compare with");
+    return;
+#endif
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
-        float a = attn_f16_to_f32((uint16_t)h), b = _cvtsh_ss((uint16_t)h);
+        float a = attn_f16_to_f32((uint16_t)h), b = hw_f16_to_f32((uint16_t)h);
         uint32_t ba, bb;
         memcpy(&ba, &a, 4);
         memcpy(&bb, &b, 4);
@@ -307,7 +324,10 @@ static void test_topk(void)
 
 static void test_topk_filter(void)
 {
-#ifdef ATTN_HAVE_AVX512
+    if (!have_simd()) {
+        test_skip("topk filter twin: no attention twins at SIMD level (SPARQ_CPU)");
+        return;
+    }
     rng r = { 3 };
     const int64_t ns[] = { 0, 1, 15, 16, 17, 100, 1001, 40000 };
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
@@ -319,14 +339,13 @@ static void test_topk_filter(void)
         const float ts[] = { -INFINITY, -1.0f, 0.5f, 2.5f, 10.0f };
         for (int b = 0; b < 5; b++) {
             int64_t c1 = attn_topk_filter_ref(x, n, ts[b], i1);
-            int64_t c2 = attn_topk_filter_avx512(x, n, ts[b], i2);
+            int64_t c2 = simd->topk_filter(x, n, ts[b], i2);
             CHECK(c1 == c2 && memcmp(i1, i2, (size_t)c1 * sizeof *i1) == 0,
                   "topk filter n=%lld t=%g: %lld vs %lld", (long long)n, ts[b], (long long)c1,
                   (long long)c2);
         }
         free(x); free(i1); free(i2);
     }
-#endif
 }
 
 /* attn_topk_above: both twins against a loop written here, with and
@@ -355,12 +374,12 @@ static void test_topk_above(void)
                 CHECK(c1 == n && memcmp(got, want, (size_t)n * sizeof *got) == 0,
                       "topk_above_ref m=%lld t=%u pos=%d: %lld vs %lld", (long long)m, ts[b], withpos,
                       (long long)c1, (long long)n);
-#ifdef ATTN_HAVE_AVX512
-                int64_t c2 = attn_topk_above_avx512(key, pm, m, ts[b], got);
-                CHECK(c2 == n && memcmp(got, want, (size_t)n * sizeof *got) == 0,
-                      "topk_above_avx512 m=%lld t=%u pos=%d: %lld vs %lld", (long long)m, ts[b], withpos,
-                      (long long)c2, (long long)n);
-#endif
+                if (have_simd()) {
+                    int64_t c2 = simd->topk_above(key, pm, m, ts[b], got);
+                    CHECK(c2 == n && memcmp(got, want, (size_t)n * sizeof *got) == 0,
+                          "topk_above %s m=%lld t=%u pos=%d: %lld vs %lld", cpu_level_name(cpu_level_get()),
+                          (long long)m, ts[b], withpos, (long long)c2, (long long)n);
+                }
             }
         free(key); free(pos); free(want); free(got);
     }
@@ -397,11 +416,11 @@ static void test_topk_kth(void)
                 const uint32_t t1 = attn_topk_kth_key_ref(key, m, k);
                 CHECK(t1 == sorted[k - 1], "kth_key_ref m=%lld k=%lld kind=%d: %u, want %u",
                       (long long)m, (long long)k, kind, t1, sorted[k - 1]);
-#ifdef ATTN_HAVE_AVX512
-                const uint32_t t2 = attn_topk_kth_key_avx512(key, m, k);
-                CHECK(t2 == sorted[k - 1], "kth_key_avx512 m=%lld k=%lld kind=%d: %u, want %u",
-                      (long long)m, (long long)k, kind, t2, sorted[k - 1]);
-#endif
+                if (have_simd()) {
+                    const uint32_t t2 = simd->topk_kth_key(key, m, k);
+                    CHECK(t2 == sorted[k - 1], "kth_key %s m=%lld k=%lld kind=%d: %u, want %u",
+                          cpu_level_name(cpu_level_get()), (long long)m, (long long)k, kind, t2, sorted[k - 1]);
+                }
             }
         }
         free(key);
@@ -417,7 +436,6 @@ static void test_topk_kth(void)
  * magnitude ~20 (heavy-tailed queries) one ulp of a score moves its
  * softmax weight by ~2e-6 relative, and the output sums those. */
 
-#ifdef ATTN_HAVE_AVX512
 static double rel_diff(const float *a, const float *b, int64_t n)
 {
     double e = 0;
@@ -460,22 +478,22 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
     for (int use_rows = 0; use_rows < 2; use_rows++) {
         const int32_t *rw = use_rows ? rows : NULL;
         attn_scores_ref(&kv, q, g, rw, n, s1);
-        attn_scores_avx512(&kv, q, g, rw, n, s2);
+        simd->scores(&kv, q, g, rw, n, s2);
         e = fmax(e, rel_diff(s1, s2, g * n));
         memcpy(s2, s1, (size_t)g * n * sizeof *s1);
         attn_softmax_ref(s1, g, n);
-        attn_softmax_avx512(s2, g, n);
+        simd->softmax(s2, g, n);
         e = fmax(e, rel_diff(s1, s2, g * n));
         attn_weighted_sum_ref(&kv, s1, g, rw, n, o1);
-        attn_weighted_sum_avx512(&kv, s1, g, rw, n, o2);
+        simd->weighted_sum(&kv, s1, g, rw, n, o2);
         e = fmax(e, rel_diff(o1, o2, (int64_t)g * d));
         attn_gather_group_ref(&kv, q, g, rw, n, o1, s1);
-        attn_gather_group_avx512(&kv, q, g, rw, n, o2, s2);
+        simd->gather_group(&kv, q, g, rw, n, o2, s2);
         *e_group = fmax(*e_group, rel_diff(o1, o2, (int64_t)g * d));
     }
     for (int rr = 1; rr <= nc; rr += rr < 8 ? 1 : 8) { /* r = 1..8, 9, 17, 25, 33 */
         attn_kt_logits_ref(&kv, qs, comp, rr, g, S, s1);
-        attn_kt_logits_avx512(&kv, qs, comp, rr, g, S, s2);
+        simd->kt_logits(&kv, qs, comp, rr, g, S, s2);
         e = fmax(e, rel_diff(s1, s2, g * S));
     }
     /* the softmax-weighted sum from scores (no weights stored) */
@@ -483,7 +501,7 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
         const int32_t *rw = use_rows ? rows : NULL;
         attn_scores_ref(&kv, q, g, rw, n, s1);
         attn_softmax_weighted_sum_ref(&kv, s1, g, rw, n, o1, NULL);
-        attn_softmax_weighted_sum_avx512(&kv, s1, g, rw, n, o2, NULL);
+        simd->softmax_weighted_sum(&kv, s1, g, rw, n, o2, NULL);
         e = fmax(e, rel_diff(o1, o2, (int64_t)g * d));
     }
     /* SparQ's fused pass (every output) and the group sum over its blocks */
@@ -493,27 +511,27 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
     for (int rr = 1; rr <= nc; rr += rr < 2 ? 1 : 16) { /* r = 1, 2, 18 */
         const int with_lsum = rr != 2;
         attn_kt_exp_ref(&kv, qs, comp, rr, g, S, s1, sc1, with_lsum ? l1 : NULL);
-        attn_kt_exp_avx512(&kv, qs, comp, rr, g, S, s2, sc2, with_lsum ? l2 : NULL);
+        simd->kt_exp(&kv, qs, comp, rr, g, S, s2, sc2, with_lsum ? l2 : NULL);
         e = fmax(e, rel_diff(s1, s2, g * S));
         for (int64_t t = 0; t < g * nb; t++) /* relative: a scale is ~1/S */
             e = fmax(e, fabs(sc1[t] - sc2[t]) / (fabs(sc1[t]) + 1e-30));
         if (with_lsum) e = fmax(e, rel_diff(l1, l2, S));
         for (int64_t t = 0; t < g * nb; t++) sc1[t] = 0.5f + (float)rng_unif(r); /* any scales */
         attn_scaled_head_sum_ref(s1, sc1, g, S, S - 2, l1);
-        attn_scaled_head_sum_avx512(s1, sc1, g, S, S - 2, l2);
+        simd->scaled_head_sum(s1, sc1, g, S, S - 2, l2);
         e = fmax(e, rel_diff(l1, l2, S - 2));
     }
     free(K); free(V); free(KT); free(q); free(qs); free(s1); free(s2); free(o1); free(o2);
     free(rows); free(sc1); free(sc2); free(l1); free(l2);
     return e;
 }
-#endif
 
 static void test_twins(void)
 {
-#ifndef ATTN_HAVE_AVX512
-    test_skip("kernel twins: AVX-512 not compiled in");
-#else
+    if (!have_simd()) {
+        test_skip("kernel twins: no attention twins at SIMD level (SPARQ_CPU)");
+        return;
+    }
     rng r = { 11 };
     const int ds[] = { 1, 7, 16, 33, 64, 80, 100, 128, 256 };
     const int64_t ns[] = { 1, 3, 15, 17, 63, 65, 129, 1001 };
@@ -539,7 +557,7 @@ static void test_twins(void)
     float x[37], y[37];
     for (int i = 0; i < 37; i++) x[i] = y[i] = -110.0f + 3.0f * i;
     attn_softmax_ref(x, 1, 37);
-    attn_softmax_avx512(y, 1, 37);
+    simd->softmax(y, 1, 37);
     double e = 0;
     int not_zero = 0, subnormal = 0;
     for (int i = 0; i < 37; i++) {
@@ -550,7 +568,6 @@ static void test_twins(void)
     CHECK(e <= 1e-6, "softmax over [-110, -2]: max relative err %g above e^-87", e);
     CHECK(not_zero == 0 && subnormal == 0, "softmax over [-110, -2]: %d weights not 0 below e^-87, %d subnormal",
           not_zero, subnormal);
-#endif
 }
 
 /* ---- 3b. kernel meters ----------------------------------------------------------
@@ -682,13 +699,14 @@ static void test_meters(void)
           attn_kt_logits_ref, attn_kt_exp_ref, attn_gather_group_ref },
     };
     int n_sets = 1;
-#ifdef ATTN_HAVE_AVX512
-    sets[n_sets++] = (twin_set){ "avx512", attn_scores_avx512, attn_weighted_sum_avx512,
-                                 attn_softmax_weighted_sum_avx512, attn_kt_logits_avx512,
-                                 attn_kt_exp_avx512, attn_gather_group_avx512 };
-#else
-    test_skip("kernel meters: AVX-512 twins not compiled in (plain-C twins checked)");
-#endif
+    /* every other level this CPU runs, whatever SPARQ_CPU chose */
+    for (int l = CPU_REF + 1; l < CPU_LEVELS; l++) {
+        const attn_kernels *k = attn_kernels_at((cpu_level)l);
+        if (!cpu_level_supported((cpu_level)l) || k == &attn_kernels_ref) continue;
+        sets[n_sets++] = (twin_set){ cpu_level_name((cpu_level)l), k->scores, k->weighted_sum,
+                                     k->softmax_weighted_sum, k->kt_logits, k->kt_exp, k->gather_group };
+    }
+    if (n_sets == 1) test_skip("kernel meters: no attention twins at any SIMD level here (plain-C twins checked)");
     const int64_t ns[] = { 1, 2, 15, 17, 33, 63, 65, 257, 1001 };
     const int ds[] = { 1, 7, 16, 33, 64, 80, 128 };
     const int gs[] = { 1, 3, 4, 5, 8, 17, 65 };

@@ -125,6 +125,15 @@ static void test_peak(void)
 {
     char *out, err[256];
     CHECK(run("bench peak --iters 2000 -r 1 -t 1 --json", &out) == 0, "bench peak exits 0");
+    {
+        char p[256], want[64], *e;
+        size_t n;
+        snprintf(p, sizeof p, "%s/err.txt", tmpdir);
+        snprintf(want, sizeof want, "bench peak: cpu %s\n", quant_simd_name());
+        e = test_read_file(p, &n);
+        CHECK(e && strstr(e, want), "bench peak names the SIMD level: %s", e ? e : "(no stderr)");
+        free(e);
+    }
     json_doc *d = json_parse(out, strlen(out), 0, err, sizeof err);
     CHECK(d != NULL, "bench peak --json is JSON: %s", err);
     if (!d) { free(out); return; }

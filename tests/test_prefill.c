@@ -127,15 +127,10 @@ static void run_case(int f16, int d, int g, int64_t pos0, int n)
  * below, -inf included. The plain-C ops use expf, the reference. */
 static void no_subnormal_weights(void)
 {
-#if defined(ATTN_HAVE_AVX512)
-    const attn_pf_ops *ops = &attn_pf_ops_avx512;
-#elif defined(__AVX2__) && defined(__FMA__)
-    const attn_pf_ops *ops = &attn_pf_ops_avx2;
-#else
-    const attn_pf_ops *ops = NULL;
-#endif
-    if (!ops) {
-        test_skip("no SIMD prefill ops in this build (the reference uses expf)");
+    /* the level running (SPARQ_CPU or the CPU's best) */
+    const attn_pf_ops *ops = attn_pf_ops_at(cpu_level_get());
+    if (ops == &attn_pf_ops_ref) {
+        test_skip("no prefill twins at SIMD level ref (the reference uses expf)");
         return;
     }
     enum { N = 301 };

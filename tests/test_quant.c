@@ -15,12 +15,33 @@
 #include "tensor/gguf.h"
 #include "util/paths.h"
 #include "tensor/quant.h"
+#include "util/cpu.h"
 #include "test.h"
 
 #include <stdint.h>
 
-#if defined(__F16C__) || defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
+
+/* The instructions themselves, whatever baseline this file is compiled for;
+ * called only when util/cpu.h finds them. */
+__attribute__((target("f16c"))) static float hw_h2f(unsigned short h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) static uint16_t hw_f2h(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+__attribute__((target("avx512bf16,avx512vl"))) static uint16_t hw_f2bf(float f)
+{
+    __m128bh r = _mm_cvtneps_pbh(_mm_set1_ps(f));
+    uint16_t h;
+    memcpy(&h, &r, 2);
+    return h;
+}
+#define HAVE_F16C_HW() (cpu_features_get()->f16c)
+#define HAVE_BF16_HW() (cpu_features_get()->avx512bf16 && cpu_features_get()->avx512vl)
+#else
+#define hw_h2f(h) 0.0f
+#define hw_f2h(f) 0
+#define hw_f2bf(f) 0
+#define HAVE_F16C_HW() 0
+#define HAVE_BF16_HW() 0
 #endif
 
 /* ------------------------------------------------------------ utilities */
@@ -55,12 +76,12 @@ static double half_value(uint16_t h)
 
 /* --------------------------------------------- 1. conversions vs hardware */
 
-static void test_half_conversions(void)
+/* Half conversions against F16C's vcvtph2ps / vcvtps2ph. */
+static void half_vs_hardware(void)
 {
-#if defined(__F16C__)
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
-        float hw = _cvtsh_ss((unsigned short)h), sw = fp16_to_fp32((uint16_t)h);
+        float hw = hw_h2f((unsigned short)h), sw = fp16_to_fp32((uint16_t)h);
         if (!same_bits(hw, sw)) { if (bad++ < 5) fprintf(stderr, "fp16_to_fp32(0x%04x) = %08x, hw %08x\n", h, f2u(sw), f2u(hw)); }
         double ref = half_value((uint16_t)h);
         if (!isnan(ref) && (double)sw != ref) bad++;
@@ -79,7 +100,7 @@ static void test_half_conversions(void)
         for (int k = 0; k < 5; k++)
             for (int sg = 0; sg < 2; sg++) {
                 float f = sg ? -cand[k] : cand[k];
-                uint16_t hw = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT), sw = fp32_to_fp16(f);
+                uint16_t hw = hw_f2h(f), sw = fp32_to_fp16(f);
                 n_checked++;
                 if (hw != sw && bad++ < 5) fprintf(stderr, "fp32_to_fp16(%a) = %04x, hw %04x\n", (double)f, sw, hw);
             }
@@ -88,21 +109,24 @@ static void test_half_conversions(void)
                         65504.0f, 65519.99f, 65520.0f, 1e10f, 5.9604645e-8f, 2.9802322e-8f, 2.9802326e-8f,
                         1e-30f, u2f(1), 6.097555e-5f, 6.1035156e-5f };
     for (size_t k = 0; k < sizeof special / sizeof *special; k++) {
-        uint16_t hw = _cvtss_sh(special[k], _MM_FROUND_TO_NEAREST_INT), sw = fp32_to_fp16(special[k]);
+        uint16_t hw = hw_f2h(special[k]), sw = fp32_to_fp16(special[k]);
         n_checked++;
         if (hw != sw && bad++ < 5) fprintf(stderr, "fp32_to_fp16(%a) = %04x, hw %04x\n", (double)special[k], sw, hw);
     }
     int n_rand = test_quick() ? 100000 : 2000000;
     for (int k = 0; k < n_rand; k++) {
         float f = u2f((uint32_t)rng_u64());
-        uint16_t hw = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT), sw = fp32_to_fp16(f);
+        uint16_t hw = hw_f2h(f), sw = fp32_to_fp16(f);
         n_checked++;
         if (hw != sw && bad++ < 5) fprintf(stderr, "fp32_to_fp16(%a) = %04x, hw %04x\n", (double)f, sw, hw);
     }
     CHECK(bad == 0, "%d of %d float->half mismatches", bad, n_checked);
-#else
-    test_skip("fp16 vs hardware: build without F16C");
-#endif
+}
+
+static void test_half_conversions(void)
+{
+    if (HAVE_F16C_HW()) half_vs_hardware();
+    else test_skip("fp16 vs hardware: CPU without F16C");
 
     /* bfloat16: exact widening; narrowing is round-to-nearest-even (ggml's
      * rule), compared with vcvtneps2bf16 on normal numbers (the instruction
@@ -113,22 +137,17 @@ static void test_half_conversions(void)
     CHECK(fp32_to_bf16(u2f(0x3f808001u)) == 0x3f81, "above tie");
     CHECK((fp32_to_bf16(NAN) & 0x7fc0) == 0x7fc0, "nan stays nan");
     CHECK(fp32_to_bf16(u2f(0x7f7fffffu)) == 0x7f80, "max float rounds to inf");
-#if defined(__AVX512BF16__) && defined(__AVX512VL__)
-    {
+    if (HAVE_BF16_HW()) {
         int bbad = 0;
         for (int k = 0; k < 200000; k++) {
             float f = u2f((uint32_t)rng_u64());
             if (isnan(f) || fpclassify(f) == FP_SUBNORMAL) continue;
-            __m128bh r = _mm_cvtneps_pbh(_mm_set1_ps(f));
-            uint16_t hw;
-            memcpy(&hw, &r, 2);
-            if (hw != fp32_to_bf16(f)) bbad++;
+            if (hw_f2bf(f) != fp32_to_bf16(f)) bbad++;
         }
         CHECK(bbad == 0, "%d float->bf16 mismatches vs vcvtneps2bf16", bbad);
+    } else {
+        test_skip("bf16 vs hardware: CPU without AVX512-BF16");
     }
-#else
-    test_skip("bf16 vs hardware: build without AVX512-BF16");
-#endif
 
     /* the row versions, SIMD vs ref, odd lengths */
     int lens[] = { 1, 3, 15, 16, 17, 33, 100, 1023 };

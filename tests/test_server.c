@@ -20,6 +20,7 @@
  *    sampled, usage over all, streamed per index; n past the slots is a 400;
  *  - SIGTERM: both servers exit with status 0.
  */
+#include "sparq.h"
 #include "test.h"
 #include "test_proc.h"
 #include "util/json.h"
@@ -721,6 +722,12 @@ static void overload_and_disconnect(const char *tiny)
     const char *rj = rc ? NULL : strstr(r.body, "\nsparq_requests_rejected_total ");
     CHECK(cn && rj && atoi(cn + 32) == 1 && atoi(rj + 31) >= 1 && strstr(r.body, "# TYPE sparq_queue_depth gauge"),
           "metrics after the disconnect: %s", rc ? "" : r.body);
+    {
+        char info[128];
+        snprintf(info, sizeof info, "\nsparq_build_info{version=\"%s\",cpu=\"%s\"} 1\n", sparq_version(),
+                 sparq_cpu_level());
+        CHECK(!rc && strstr(r.body, info), "metrics name the SIMD level (%s)", info + 1);
+    }
     resp_free(&r);
     /* SIGTERM while a stream is running: it ends, the server exits 0 */
     fd = dial(s.port);

@@ -133,6 +133,7 @@ PROTOTYPES = {
     "sparq_abi_offsetof": (c_int64, [c_char_p, c_char_p]),
     "sparq_abi_field": (c_char_p, [c_char_p, c_int]),
     "sparq_version": (c_char_p, []),
+    "sparq_cpu_level": (c_char_p, []),
 }
 
 _lock = threading.Lock()

@@ -31,6 +31,11 @@ def version():
     return lib().sparq_version().decode()
 
 
+def cpu_level():
+    """The SIMD kernel level the library runs: "avx512", "avx2" or "ref"."""
+    return lib().sparq_cpu_level().decode()
+
+
 def find_model(name):
     """Resolves a model or data file: the name itself, then
     $SPARQ_MODEL_PATH (colon-separated), then the checkout's models/ when

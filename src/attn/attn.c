@@ -4,8 +4,9 @@
  *   registry            attn_policy_find / _count / _at / _names, attn_fail
  *   top-k selection     attn_topk_indices (O(n): sampled threshold, exact
  *                       threshold by bisection on order keys)
- *   dispatch            the un-suffixed kernel names pick the fastest twin
- *                       compiled in (attn_kernels_ref.c, attn_kernels_avx512.c)
+ *   dispatch            the un-suffixed kernel names call the twin of the
+ *                       level chosen at run time (attn_kernels tables:
+ *                       attn_kernels_ref.c, attn_kernels_avx512.c)
  *   group attention     attn_dense_group, attn_gather_group
  *   exact top-k         attn_exact_topk_group (oracle, FlexGen)
  *
@@ -127,65 +128,82 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
     topk_emit(key, NULL, n, attn_topk_kth_key(key, n, k), k, idx);
 }
 
-#ifdef ATTN_HAVE_AVX512
-#define ATTN_BEST(fn) fn##_avx512
-#else
-#define ATTN_BEST(fn) fn##_ref
-#endif
-
 /* ---- dispatch ------------------------------------------------------------ */
+
+const attn_kernels attn_kernels_ref = {
+    attn_topk_filter_ref, attn_scores_ref, attn_softmax_ref, attn_weighted_sum_ref,
+    attn_kt_logits_ref, attn_softmax_weighted_sum_ref, attn_kt_exp_ref, attn_scaled_head_sum_ref,
+    attn_topk_kth_key_ref, attn_topk_above_ref, attn_gather_group_ref,
+};
+
+/* avx2 has no decode-attention twins: the reference's loops are what it
+ * runs (the prefill tiles do have AVX2 twins, attn_prefill.c). */
+static const attn_kernels *const tables[CPU_LEVELS] = {
+    [CPU_REF] = &attn_kernels_ref,
+    [CPU_AVX2] = &attn_kernels_ref,
+#if defined(__x86_64__)
+    [CPU_AVX512] = &attn_kernels_avx512,
+#else
+    [CPU_AVX512] = &attn_kernels_ref,
+#endif
+    [CPU_NEON] = &attn_kernels_ref,
+};
+
+const attn_kernels *attn_kernels_at(cpu_level level) { return tables[level]; }
+
+static inline const attn_kernels *K(void) { return tables[cpu_level_get()]; }
 
 int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx)
 {
-    return ATTN_BEST(attn_topk_filter)(x, n, t, idx);
+    return K()->topk_filter(x, n, t, idx);
 }
 
 void attn_scores(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                  int64_t n, float *s)
 {
-    ATTN_BEST(attn_scores)(kv, q, g, rows, n, s);
+    K()->scores(kv, q, g, rows, n, s);
 }
 
-void attn_softmax(float *s, int g, int64_t n) { ATTN_BEST(attn_softmax)(s, g, n); }
+void attn_softmax(float *s, int g, int64_t n) { K()->softmax(s, g, n); }
 
 void attn_weighted_sum(const attn_kv_view *kv, const float *w, int g, const int32_t *rows,
                        int64_t n, float *out)
 {
-    ATTN_BEST(attn_weighted_sum)(kv, w, g, rows, n, out);
+    K()->weighted_sum(kv, w, g, rows, n, out);
 }
 
 void attn_kt_logits(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                     int g, int64_t n, float *s)
 {
-    ATTN_BEST(attn_kt_logits)(kv, qs, comp, r, g, n, s);
+    K()->kt_logits(kv, qs, comp, r, g, n, s);
 }
 
 void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
                                const int32_t *rows, int64_t n, float *out, float *lse)
 {
-    ATTN_BEST(attn_softmax_weighted_sum)(kv, s, g, rows, n, out, lse);
+    K()->softmax_weighted_sum(kv, s, g, rows, n, out, lse);
 }
 
 void attn_kt_exp(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
                  int64_t n, float *e, float *scale, float *lsum)
 {
-    ATTN_BEST(attn_kt_exp)(kv, qs, comp, r, g, n, e, scale, lsum);
+    K()->kt_exp(kv, qs, comp, r, g, n, e, scale, lsum);
 }
 
 void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, int64_t m,
                           float *out)
 {
-    ATTN_BEST(attn_scaled_head_sum)(e, scale, g, n, m, out);
+    K()->scaled_head_sum(e, scale, g, n, m, out);
 }
 
 uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k)
 {
-    return ATTN_BEST(attn_topk_kth_key)(key, m, k);
+    return K()->topk_kth_key(key, m, k);
 }
 
 int64_t attn_topk_above(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx)
 {
-    return ATTN_BEST(attn_topk_above)(key, pos, m, t, idx);
+    return K()->topk_above(key, pos, m, t, idx);
 }
 
 /* ---- group attention ------------------------------------------------------ */
@@ -252,7 +270,7 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
 void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
                        const int32_t *sel, int64_t n_sel, float *out, float *scratch)
 {
-    ATTN_BEST(attn_gather_group)(kv, q, g, sel, n_sel, out, scratch);
+    K()->gather_group(kv, q, g, sel, n_sel, out, scratch);
 }
 
 void attn_sum_heads(const float *x, int g, int64_t n, float *out)

@@ -20,6 +20,7 @@
 #include "attn/attn_exp.h"
 #include "sparq.h"
 #include "tensor/quant.h"
+#include "util/cpu.h"
 
 enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };   /* element type of K, V and K^T */
 
@@ -319,22 +320,23 @@ void attn_scores_q8i_ref(const attn_kv_view *kv, const float *q, int g, const in
                          int64_t n, float *s);
 void attn_softmax_weighted_sum_q8i_ref(const attn_kv_view *kv, const float *s, int g,
                                        const int32_t *rows, int64_t n, float *out, float *lse);
+/* ATTN_HAVE_AVX512 / ATTN_HAVE_Q8I_AVX512: the file being compiled may use
+ * those instructions (the *_avx512.c files are compiled for them); the
+ * kernels that run are chosen at run time (attn_kernels_at). */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__F16C__) && defined(__FMA__)
 #define ATTN_HAVE_Q8I_AVX512 1
+#endif
 void attn_scores_q8i_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
                             int64_t n, float *s);
 void attn_softmax_weighted_sum_q8i_avx512(const attn_kv_view *kv, const float *s, int g,
                                           const int32_t *rows, int64_t n, float *out, float *lse);
-#define ATTN_Q8I_BEST(fn) fn##_avx512
-#else
-#define ATTN_Q8I_BEST(fn) fn##_ref
-#endif
 
 /* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx512.c) -
  * rows: positions to read, or NULL for 0..n-1. Every kernel has a plain-C
- * `_ref` twin and, when the build targets AVX-512, an `_avx512` twin with
- * the same signature; the un-suffixed name is the fastest one compiled in.
+ * `_ref` twin and an `_avx512` twin with the same signature, gathered in
+ * the attn_kernels tables below; the un-suffixed name runs the table of
+ * the level chosen at run time (util/cpu.h; avx2 runs the reference).
  * Elements read: attn_scores and attn_weighted_sum n*d each,
  * attn_kt_logits n*r; each twin measures them into kv->meter (K, V or
  * K^T) when it is set. */
@@ -425,6 +427,7 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
                            const int32_t *sel, int64_t n_sel, float *out, float *scratch);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define ATTN_HAVE_AVX512 1
+#endif
 int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx);
 uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
@@ -444,7 +447,30 @@ void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_
                            int r, int g, int64_t n, float *s);
 void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
                               const int32_t *sel, int64_t n_sel, float *out, float *scratch);
-#endif
+
+/* One level's kernel building blocks (the un-suffixed functions above call
+ * through the table of the level running). */
+typedef struct attn_kernels {
+    int64_t (*topk_filter)(const float *x, int64_t n, float t, int32_t *idx);
+    void (*scores)(const attn_kv_view *kv, const float *q, int g, const int32_t *rows, int64_t n, float *s);
+    void (*softmax)(float *s, int g, int64_t n);
+    void (*weighted_sum)(const attn_kv_view *kv, const float *w, int g, const int32_t *rows, int64_t n,
+                         float *out);
+    void (*kt_logits)(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g, int64_t n,
+                      float *s);
+    void (*softmax_weighted_sum)(const attn_kv_view *kv, const float *s, int g, const int32_t *rows,
+                                 int64_t n, float *out, float *lse);
+    void (*kt_exp)(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g, int64_t n,
+                   float *e, float *scale, float *lsum);
+    void (*scaled_head_sum)(const float *e, const float *scale, int g, int64_t n, int64_t m, float *out);
+    uint32_t (*topk_kth_key)(const uint32_t *key, int64_t m, int64_t k);
+    int64_t (*topk_above)(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx);
+    void (*gather_group)(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t n_sel,
+                         float *out, float *scratch);
+} attn_kernels;
+extern const attn_kernels attn_kernels_ref, attn_kernels_avx512;
+/* The table `level` runs (its own twins or, without them, the reference). */
+const attn_kernels *attn_kernels_at(cpu_level level);
 
 /* Exact scores for all S positions, keep the k (<= S used) positions with
  * the largest group-summed softmax weights; renorm != 0 renormalises each

@@ -252,7 +252,7 @@ void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int
                         int64_t n, float *s)
 {
     if (attn_q8i_applies(kv)) {
-        ATTN_Q8I_BEST(attn_scores_q8i)(kv, q, g, rows, n, s);
+        attn_scores_q8i_avx512(kv, q, g, rows, n, s);
         return;
     }
     if (kv->elem == KV_Q8_0) scores_avx512(kv, q, g, rows, n, s, 0, KQ8);
@@ -452,7 +452,7 @@ void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, in
         for (int h = 0; lse && h < g; h++) lse[h] = -INFINITY;
         return;
     }
-    if (attn_q8i_applies(kv)) ATTN_Q8I_BEST(attn_softmax_weighted_sum_q8i)(kv, s, g, rows, n, out, lse);
+    if (attn_q8i_applies(kv)) attn_softmax_weighted_sum_q8i_avx512(kv, s, g, rows, n, out, lse);
     else if (kv->elem == KV_Q8_0) softmax_wsum_avx512(kv, s, g, rows, n, out, lse, KQ8);
     else if (kv->elem == KV_F16) softmax_wsum_avx512(kv, s, g, rows, n, out, lse, 1);
     else softmax_wsum_avx512(kv, s, g, rows, n, out, lse, 0);
@@ -822,12 +822,19 @@ void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
     /* V rows requested during the scores pass: up to 512 KiB, which stays in L2 */
     const size_t row_bytes = attn_kv_row_bytes(kv->elem, kv->d);
     const int64_t v_rows = sel ? (int64_t)(((size_t)512 << 10) / row_bytes) : 0;
-    if (attn_q8i_applies(kv)) ATTN_Q8I_BEST(attn_scores_q8i)(kv, q, g, sel, n_sel, scratch);
+    if (attn_q8i_applies(kv)) attn_scores_q8i_avx512(kv, q, g, sel, n_sel, scratch);
     else if (kv->elem == KV_Q8_0) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, KQ8);
     else if (kv->elem == KV_F16) scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, 1);
     else scores_avx512(kv, q, g, sel, n_sel, scratch, v_rows, 0);
     attn_softmax_weighted_sum_avx512(kv, scratch, g, sel, n_sel, out, NULL);
 }
+
+const attn_kernels attn_kernels_avx512 = {
+    attn_topk_filter_avx512, attn_scores_avx512, attn_softmax_avx512, attn_weighted_sum_avx512,
+    attn_kt_logits_avx512, attn_softmax_weighted_sum_avx512, attn_kt_exp_avx512,
+    attn_scaled_head_sum_avx512, attn_topk_kth_key_avx512, attn_topk_above_avx512,
+    attn_gather_group_avx512,
+};
 
 #else
 typedef int attn_kernels_avx512_unused; /* ISO C forbids an empty translation unit */

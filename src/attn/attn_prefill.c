@@ -172,13 +172,21 @@ const attn_pf_ops attn_pf_ops_ref = { scores_ref, expsum_ref, pv_ref };
 
 /* ---- entry points ----------------------------------------------------------------- */
 
-#ifdef ATTN_HAVE_AVX512
-#define PF_BEST (&attn_pf_ops_avx512)
-#elif defined(__AVX2__) && defined(__FMA__)
-#define PF_BEST (&attn_pf_ops_avx2)
+static const attn_pf_ops *const pf_tables[CPU_LEVELS] = {
+    [CPU_REF] = &attn_pf_ops_ref,
+#if defined(__x86_64__)
+    [CPU_AVX2] = &attn_pf_ops_avx2,
+    [CPU_AVX512] = &attn_pf_ops_avx512,
 #else
-#define PF_BEST (&attn_pf_ops_ref)
+    [CPU_AVX2] = &attn_pf_ops_ref,
+    [CPU_AVX512] = &attn_pf_ops_ref,
 #endif
+    [CPU_NEON] = &attn_pf_ops_ref,
+};
+
+const attn_pf_ops *attn_pf_ops_at(cpu_level level) { return pf_tables[level]; }
+
+#define PF_BEST (pf_tables[cpu_level_get()])
 
 void attn_prefill_block(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride, int g,
                         float *out, size_t out_stride, float *ml, float *scratch)

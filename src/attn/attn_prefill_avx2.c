@@ -1,12 +1,12 @@
 /* attn_prefill_avx2.c - the AVX2 (+FMA) twins of the prefill attention row
- * primitives (attn_prefill.h) for builds without AVX-512: scores of 2 rows
+ * primitives (attn_prefill.h) for CPUs without AVX-512: scores of 2 rows
  * at a time over a transposed key tile (four 8-key accumulators each), a
  * polynomial exp (attn_avx512.h's, with 2^n built in the exponent bits),
  * p.V of 2 rows x 32 of d at a time. Per row the reference's order.
  */
 #include "attn/attn_prefill.h"
 
-#if !defined(ATTN_HAVE_AVX512) && defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include "attn/attn_exp.h"
 
 #include <immintrin.h>

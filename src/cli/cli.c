@@ -309,33 +309,10 @@ void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_g
 #define SPARQ_GIT_COMMIT "unknown"
 #endif
 
-/* The widest vector extension this build was compiled for (-march). */
-static const char *simd_level(void)
-{
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512BF16__)
-    return "AVX-512 (F, BW, VL, VNNI, BF16)";
-#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    return "AVX-512 (F, BW, VL, VNNI)";
-#elif defined(__AVX512F__)
-    return "AVX-512 (F)";
-#elif defined(__AVX2__) && defined(__FMA__)
-    return "AVX2 + FMA";
-#elif defined(__AVX2__)
-    return "AVX2";
-#elif defined(__AVX__)
-    return "AVX";
-#elif defined(__SSE2__)
-    return "SSE2";
-#elif defined(__ARM_NEON)
-    return "NEON";
-#else
-    return "none (portable C)";
-#endif
-}
-
 void cli_print_version(FILE *f)
 {
-    fprintf(f, "sparq %s (commit %s, SIMD %s)\n", sparq_version(), SPARQ_GIT_COMMIT, simd_level());
+    /* the kernels' level is chosen at run time (SPARQ_CPU may force one) */
+    fprintf(f, "sparq %s (commit %s, cpu %s)\n", sparq_version(), SPARQ_GIT_COMMIT, sparq_cpu_level());
 }
 
 int cli_model_kv_type(const cli_model_opts *o, char *err, size_t err_size)

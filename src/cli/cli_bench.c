@@ -1205,6 +1205,7 @@ static int bench_peak_main(int argc, char **argv)
         return 2;
     }
     nt = sort_unique(ts, nt);
+    fprintf(stderr, "bench peak: cpu %s\n", sparq_cpu_level());
     enum { PR = 64, PT = 64, PN = 2048 };
     const size_t rb = gemm_row_bytes(QT_Q8_0, PN), ab = gemm_act_bytes(QT_Q8_0, PN), wrb = (size_t)PN / 32 * 34;
     pp_row rows[3 * MAX_LIST];

@@ -3,6 +3,7 @@
  * against these at import, so a field added in C without the Python twin
  * fails loudly instead of corrupting memory). */
 #include "sparq.h"
+#include "util/cpu.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -134,3 +135,5 @@ int64_t sparq_abi_offsetof(const char *type, const char *field)
 }
 
 const char *sparq_version(void) { return SPARQ_VERSION; }
+
+const char *sparq_cpu_level(void) { return cpu_level_name(cpu_level_get()); }

@@ -16,9 +16,7 @@
 #include "core/model.h"
 #include "attn/attn_prefill.h"
 #include "attn/attn_pf_sparse.h"
-#ifdef ATTN_HAVE_AVX512
-#include "attn/attn_avx512.h"
-#endif
+#include "core/forward_kernels.h"
 #include "tensor/gemm.h"
 #include "tensor/quant.h"
 
@@ -269,29 +267,33 @@ static void rope_head(float *x, const float *cs, int rope_dim, int type)
     }
 }
 
-#ifdef ATTN_HAVE_AVX512
-/* gate[i] = silu(gate[i]) * up[i], i < n, e^-x by the softmax's exp_neg
- * (attn_avx512.h; about 2e-7 from expf, and ggml's vector SiLU
- * approximates too): the scalar expf was ~5% of a small model's prefill.
- * Every element is computed the same way wherever it sits (the tail by a
- * masked vector), so prefill, decode and batched decode agree bit for
- * bit. Large -x: inf, x / inf = -0. */
-static void silu_mul_row(float *gate, const float *up, int64_t n)
-{
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m512 x = _mm512_maskz_loadu_ps(m, gate + i);
-        const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        const __m512 r = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, up + i)));
-    }
-}
-#else
-static void silu_mul_row(float *gate, const float *up, int64_t n)
+/* The reference SiLU (scalar expf); the AVX-512 level runs
+ * forward_avx512.c's vector exp instead (about 2e-7 from expf). */
+void silu_mul_row_ref(float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
+
+const fwd_kernels fwd_kernels_ref = { silu_mul_row_ref };
+
+/* avx2 has no twin: the reference's expf loop, as AVX2 builds always ran. */
+static const fwd_kernels *const fwd_tables[CPU_LEVELS] = {
+    [CPU_REF] = &fwd_kernels_ref,
+    [CPU_AVX2] = &fwd_kernels_ref,
+#if defined(__x86_64__)
+    [CPU_AVX512] = &fwd_kernels_avx512,
+#else
+    [CPU_AVX512] = &fwd_kernels_ref,
 #endif
+    [CPU_NEON] = &fwd_kernels_ref,
+};
+
+const fwd_kernels *fwd_kernels_at(cpu_level level) { return fwd_tables[level]; }
+
+static void silu_mul_row(float *gate, const float *up, int64_t n)
+{
+    fwd_tables[cpu_level_get()]->silu_mul_row(gate, up, n);
+}
 
 /* ---- attention ------------------------------------------------------------ */
 

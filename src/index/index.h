@@ -72,6 +72,8 @@
 #ifndef SPARQ_INDEX_H
 #define SPARQ_INDEX_H
 
+#include "util/cpu.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -225,6 +227,8 @@ void idx_topk_push16(idx_topk *t, const float *s16, const int32_t *ids16,
                      int32_t base, uint32_t valid);
 void idx_topk_push16_ref(idx_topk *t, const float *s16, const int32_t *ids16,
                          int32_t base, uint32_t valid);
+/* Keeps the best k and raises the threshold to the k-th best score. */
+void idx_topk_shrink(idx_topk *t);
 /* Adds every candidate of src into dst. */
 void idx_topk_merge(idx_topk *dst, const idx_topk *src);
 /* Writes the best min(k, k_out) sorted into ids/scores [k_out], padding the
@@ -375,6 +379,19 @@ void idx_pack_rows(int key_type, const float *v, int64_t n, int d, void *dst,
                    float *scales);
 void idx_pack_rows_ref(int key_type, const float *v, int64_t n, int d, void *dst,
                        float *scales);
+
+/* One level's kernels (the un-suffixed functions call through the table of
+ * the level running, util/cpu.h). */
+typedef struct idx_kernels {
+    void (*block_scores)(int key_type, const void *blk, const float *scale16, int d, const float *q, int g,
+                         float *out);
+    void (*topk_push16)(idx_topk *t, const float *s16, const int32_t *ids16, int32_t base, uint32_t valid);
+    void (*pack_rows)(int key_type, const float *v, int64_t n, int d, void *dst, float *scales);
+    void (*assign)(const float *x, int64_t n, int d, const float *c, const float *hn, int nc, int32_t *label,
+                   float *best);
+} idx_kernels;
+extern const idx_kernels idx_kernels_ref, idx_kernels_avx512;
+const idx_kernels *idx_kernels_at(cpu_level level);
 /* The key sections (keys, then i8 scales) of h's n_blocks, appended after
  * *end; -1 on overflow or a bad key type. */
 int idx_keys_layout(const idx_header *h, size_t *end, size_t *off_keys, size_t *off_scales);

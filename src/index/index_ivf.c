@@ -30,10 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define ASSIGN_CHUNK 256  /* rows per parallel work item in assignment */
 
@@ -60,86 +56,11 @@ void idx_assign_ref(const float *x, int64_t n, int d, const float *c, const floa
     }
 }
 
-#ifdef __AVX512F__
-/* R rows x CB centroid blocks (compile-time constants at every call): per
- * dimension CB block loads and R broadcasts feed R*CB FMAs, enough reuse to
- * keep the FMA unit busy rather than the load ports. */
-ALWAYS_INLINE void assign_tile(int R, int CB, const float *x, int d, const float *c,
-                               const float *hn, int64_t cb0, __m512 *bv, __m512i *bi)
-{
-    __m512 acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int b = 0; b < CB; b++) acc[r][b] = _mm512_setzero_ps();
-    for (int j = 0; j < d; j++) {
-        __m512 kc[4];
-#pragma GCC unroll 4
-        for (int b = 0; b < CB; b++) kc[b] = _mm512_loadu_ps(c + ((size_t)(cb0 + b) * d + j) * IDX_BLOCK);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512 xb = _mm512_set1_ps(x[(size_t)r * d + j]);
-#pragma GCC unroll 4
-            for (int b = 0; b < CB; b++) acc[r][b] = _mm512_fmadd_ps(kc[b], xb, acc[r][b]);
-        }
-    }
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-#pragma GCC unroll 4
-    for (int b = 0; b < CB; b++) {
-        __m512 h = _mm512_loadu_ps(hn + (cb0 + b) * IDX_BLOCK);
-        __m512i ib = _mm512_add_epi32(_mm512_set1_epi32((int)((cb0 + b) * IDX_BLOCK)), iota);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512 s = _mm512_sub_ps(acc[r][b], h);
-            __mmask16 m = _mm512_cmp_ps_mask(s, bv[r], _CMP_GT_OQ);
-            bv[r] = _mm512_mask_mov_ps(bv[r], m, s);
-            bi[r] = _mm512_mask_mov_epi32(bi[r], m, ib);
-        }
-    }
-}
-
-static void assign_avx512(const float *x, int64_t n, int d, const float *c, const float *hn, int nc,
-                          int32_t *label, float *best)
-{
-    int64_t ncb = (nc + IDX_BLOCK - 1) / IDX_BLOCK;
-    for (int64_t i = 0; i < n; i += 4) {
-        int R = n - i < 4 ? (int)(n - i) : 4;
-        const float *xi = x + i * d;
-        __m512 bv[4];
-        __m512i bi[4];
-        for (int r = 0; r < 4; r++) {
-            bv[r] = _mm512_set1_ps(-INFINITY);
-            bi[r] = _mm512_setzero_si512();
-        }
-        int64_t cb = 0;
-        if (R == 4) {
-            for (; cb + 4 <= ncb; cb += 4) assign_tile(4, 4, xi, d, c, hn, cb, bv, bi);
-            for (; cb < ncb; cb++) assign_tile(4, 1, xi, d, c, hn, cb, bv, bi);
-        } else {
-            for (int r = 0; r < R; r++) {
-                for (cb = 0; cb + 4 <= ncb; cb += 4) assign_tile(1, 4, xi + (size_t)r * d, d, c, hn, cb, &bv[r], &bi[r]);
-                for (; cb < ncb; cb++) assign_tile(1, 1, xi + (size_t)r * d, d, c, hn, cb, &bv[r], &bi[r]);
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            /* best value, then the smallest centroid holding it (as the ref) */
-            float m = _mm512_reduce_max_ps(bv[r]);
-            __mmask16 at = _mm512_cmp_ps_mask(bv[r], _mm512_set1_ps(m), _CMP_EQ_OQ);
-            label[i + r] = _mm512_mask_reduce_min_epi32(at, bi[r]);
-            if (!at) label[i + r] = 0;
-            best[i + r] = m;
-        }
-    }
-}
-#define ASSIGN assign_avx512
-#else
-#define ASSIGN idx_assign_ref
-#endif
 
 void idx_assign(const float *x, int64_t n, int d, const float *c, const float *hn, int nc,
                 int32_t *label, float *best)
 {
-    ASSIGN(x, n, d, c, hn, nc, label, best);
+    idx_kernels_at(cpu_level_get())->assign(x, n, d, c, hn, nc, label, best);
 }
 
 /* Assigns rows [n][d] in parallel chunks. */
@@ -150,7 +71,7 @@ static void assign_par(const float *x, int64_t n, int d, const float *cb, const 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 4) if (nt > 1 && nch > 1)
     for (int64_t ch = 0; ch < nch; ch++) {
         int64_t i0 = ch * ASSIGN_CHUNK, len = n - i0 < ASSIGN_CHUNK ? n - i0 : ASSIGN_CHUNK;
-        ASSIGN(x + i0 * d, len, d, cb, hn, nc, label + i0, best + i0);
+        idx_assign(x + i0 * d, len, d, cb, hn, nc, label + i0, best + i0);
     }
 }
 

@@ -3,8 +3,8 @@
  * buffers, row packing into blocks of 16 keys, the block scan that counts
  * the bytes it reads, and the key-block sections of an image. Each kernel
  * has a plain-C `_ref` twin (the reference the tests compare with) and an
- * AVX-512 twin when the build targets it; the un-suffixed name is the
- * fastest one compiled in.
+ * AVX-512 twin (index_avx512.c); the un-suffixed name runs the twin of the
+ * level chosen at run time (util/cpu.h).
  *
  * Map:
  *   block kernels      idx_block_scores(_ref): 16 keys x g queries
@@ -21,10 +21,6 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -62,101 +58,30 @@ void idx_block_scores_ref(int key_type, const void *blk, const float *scale16,
         }
 }
 
-#ifdef __AVX512F__
-/* One dimension j of the 16 keys of a block, as f32. */
-ALWAYS_INLINE __m512 load_keys16(int kt, const void *blk, int64_t j)
-{
-    switch (kt) {
-    case IDX_F16:
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)blk + j * 16)));
-    case IDX_BF16:
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-            _mm256_loadu_si256((const __m256i *)((const uint16_t *)blk + j * 16))), 16));
-    case IDX_I8:
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)((const int8_t *)blk + j * 16))));
-    default:
-        return _mm512_loadu_ps((const float *)blk + j * 16);
-    }
-}
 
-/* G (<= 8) queries against one block; kt and G are compile-time constants at
- * every call site so the accumulators live in registers. A accumulators per
- * query (dimensions j mod A) keep enough independent FMAs in flight: 4 when
- * G <= 2, else 2. */
-ALWAYS_INLINE void block_g_avx512(int kt, int G, const void *blk, const float *scale16,
-                                  int d, const float *q, float *out)
-{
-    const int A = G <= 2 ? 4 : 2;
-    __m512 acc[8][4];
-#pragma GCC unroll 8
-    for (int h = 0; h < G; h++)
-#pragma GCC unroll 4
-        for (int a = 0; a < A; a++) acc[h][a] = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + A <= d; j += A) {
-        __m512 kv[4];
-#pragma GCC unroll 4
-        for (int a = 0; a < A; a++) kv[a] = load_keys16(kt, blk, j + a);
-#pragma GCC unroll 8
-        for (int h = 0; h < G; h++) {
-            const float *qh = q + (size_t)h * d + j;
-#pragma GCC unroll 4
-            for (int a = 0; a < A; a++) acc[h][a] = _mm512_fmadd_ps(kv[a], _mm512_set1_ps(qh[a]), acc[h][a]);
-        }
-    }
-    for (; j < d; j++) {
-        __m512 k0 = load_keys16(kt, blk, j);
-#pragma GCC unroll 8
-        for (int h = 0; h < G; h++)
-            acc[h][0] = _mm512_fmadd_ps(k0, _mm512_set1_ps(q[(size_t)h * d + j]), acc[h][0]);
-    }
-    __m512 sc = kt == IDX_I8 ? _mm512_loadu_ps(scale16) : _mm512_set1_ps(1.0f);
-#pragma GCC unroll 8
-    for (int h = 0; h < G; h++) {
-        __m512 r = _mm512_add_ps(acc[h][0], acc[h][1]);
-        if (A == 4) r = _mm512_add_ps(r, _mm512_add_ps(acc[h][2], acc[h][3]));
-        if (kt == IDX_I8) r = _mm512_mul_ps(r, sc);
-        _mm512_storeu_ps(out + h * IDX_BLOCK, r);
-    }
-}
+/* ---- dispatch ---------------------------------------------------------------- */
 
-#define BLOCK_G_CASES(KT)                                                            \
-    switch (G) {                                                                     \
-    case 1: block_g_avx512(KT, 1, blk, scale16, d, qq, oo); break;                   \
-    case 2: block_g_avx512(KT, 2, blk, scale16, d, qq, oo); break;                   \
-    case 3: block_g_avx512(KT, 3, blk, scale16, d, qq, oo); break;                   \
-    case 4: block_g_avx512(KT, 4, blk, scale16, d, qq, oo); break;                   \
-    case 5: block_g_avx512(KT, 5, blk, scale16, d, qq, oo); break;                   \
-    case 6: block_g_avx512(KT, 6, blk, scale16, d, qq, oo); break;                   \
-    case 7: block_g_avx512(KT, 7, blk, scale16, d, qq, oo); break;                   \
-    default: block_g_avx512(KT, 8, blk, scale16, d, qq, oo); break;                  \
-    }
+const idx_kernels idx_kernels_ref = { idx_block_scores_ref, idx_topk_push16_ref, idx_pack_rows_ref,
+                                      idx_assign_ref };
 
-static void block_scores_avx512(int key_type, const void *blk, const float *scale16,
-                                int d, const float *q, int g, float *out)
-{
-    for (int h0 = 0; h0 < g; h0 += 8) {
-        int G = g - h0 < 8 ? g - h0 : 8;
-        const float *qq = q + (size_t)h0 * d;
-        float *oo = out + h0 * IDX_BLOCK;
-        switch (key_type) {
-        case IDX_F16: BLOCK_G_CASES(IDX_F16); break;
-        case IDX_BF16: BLOCK_G_CASES(IDX_BF16); break;
-        case IDX_I8: BLOCK_G_CASES(IDX_I8); break;
-        default: BLOCK_G_CASES(IDX_F32); break;
-        }
-    }
-}
-#define BLOCK_SCORES block_scores_avx512
+/* avx2 has no index twins: it runs the reference loops. */
+static const idx_kernels *const tables[CPU_LEVELS] = {
+    [CPU_REF] = &idx_kernels_ref,
+    [CPU_AVX2] = &idx_kernels_ref,
+#if defined(__x86_64__)
+    [CPU_AVX512] = &idx_kernels_avx512,
 #else
-#define BLOCK_SCORES idx_block_scores_ref
+    [CPU_AVX512] = &idx_kernels_ref,
 #endif
+    [CPU_NEON] = &idx_kernels_ref,
+};
+
+const idx_kernels *idx_kernels_at(cpu_level level) { return tables[level]; }
 
 void idx_block_scores(int key_type, const void *blk, const float *scale16,
                       int d, const float *q, int g, float *out)
 {
-    BLOCK_SCORES(key_type, blk, scale16, d, q, g, out);
+    tables[cpu_level_get()]->block_scores(key_type, blk, scale16, d, q, g, out);
 }
 
 /* ---- top-k buffers ----------------------------------------------------------- */
@@ -234,8 +159,7 @@ void idx_topk_init(idx_topk *t, float *s, int32_t *id, int cap, int k)
     t->thr = -INFINITY;
 }
 
-/* Keeps the best k and raises the threshold to the k-th best score. */
-static void topk_shrink(idx_topk *t)
+void idx_topk_shrink(idx_topk *t)
 {
     if (t->n <= t->k) return;
     idx_select(t->s, t->id, t->n, t->k);
@@ -252,7 +176,7 @@ void idx_topk_push16_ref(idx_topk *t, const float *s16, const int32_t *ids16,
     for (int r = 0; r < IDX_BLOCK; r++) {
         if (!(valid >> r & 1) || !(s16[r] >= t->thr)) continue;
         if (t->n == t->cap) {
-            topk_shrink(t);
+            idx_topk_shrink(t);
             if (!(s16[r] >= t->thr)) continue;
         }
         t->s[t->n] = s16[r];
@@ -261,38 +185,11 @@ void idx_topk_push16_ref(idx_topk *t, const float *s16, const int32_t *ids16,
     }
 }
 
-#ifdef __AVX512F__
-/* Compress in registers and store 16 lanes: Zen 4's compress-to-memory is
- * microcoded and slow. Needs n + 16 <= cap, which shrinking guarantees
- * (cap >= k + 32). */
-static void topk_push16_avx512(idx_topk *t, const float *s16, const int32_t *ids16,
-                               int32_t base, uint32_t valid)
-{
-    __m512 s = _mm512_loadu_ps(s16);
-    __mmask16 m = _mm512_mask_cmp_ps_mask((__mmask16)valid, s, _mm512_set1_ps(t->thr), _CMP_GE_OQ);
-    if (!m) return;
-    if (t->n + IDX_BLOCK > t->cap) {
-        topk_shrink(t);
-        m = _mm512_mask_cmp_ps_mask(m, s, _mm512_set1_ps(t->thr), _CMP_GE_OQ);
-        if (!m) return;
-    }
-    __m512i id = ids16 ? _mm512_loadu_si512(ids16)
-                       : _mm512_add_epi32(_mm512_set1_epi32(base),
-                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
-                                                            10, 11, 12, 13, 14, 15));
-    _mm512_storeu_ps(t->s + t->n, _mm512_maskz_compress_ps(m, s));
-    _mm512_storeu_si512(t->id + t->n, _mm512_maskz_compress_epi32(m, id));
-    t->n += __builtin_popcount((unsigned)m);
-}
-#define TOPK_PUSH16 topk_push16_avx512
-#else
-#define TOPK_PUSH16 idx_topk_push16_ref
-#endif
 
 void idx_topk_push16(idx_topk *t, const float *s16, const int32_t *ids16,
                      int32_t base, uint32_t valid)
 {
-    TOPK_PUSH16(t, s16, ids16, base, valid);
+    tables[cpu_level_get()]->topk_push16(t, s16, ids16, base, valid);
 }
 
 void idx_topk_merge(idx_topk *dst, const idx_topk *src)
@@ -300,7 +197,7 @@ void idx_topk_merge(idx_topk *dst, const idx_topk *src)
     for (int i = 0; i < src->n; i++) {
         if (!(src->s[i] >= dst->thr)) continue;
         if (dst->n == dst->cap) {
-            topk_shrink(dst);
+            idx_topk_shrink(dst);
             if (!(src->s[i] >= dst->thr)) continue;
         }
         dst->s[dst->n] = src->s[i];
@@ -311,7 +208,7 @@ void idx_topk_merge(idx_topk *dst, const idx_topk *src)
 
 void idx_topk_finish(idx_topk *t, int k_out, int32_t *ids, float *scores)
 {
-    topk_shrink(t);
+    idx_topk_shrink(t);
     sort_best_first(t->s, t->id, t->n);
     for (int r = 0; r < k_out; r++) {
         ids[r] = r < t->n ? t->id[r] : -1;
@@ -339,15 +236,16 @@ uint64_t idx_scan_blocks(const idx_index *ix, int64_t b0, int64_t b1, int64_t n_
 {
     const size_t bb = (size_t)ix->d * IDX_BLOCK * idx_elt_bytes(ix->key_type);
     const uint8_t *keys = ix->keys;
+    const idx_kernels *kern = tables[cpu_level_get()];
     uint64_t rows = 0;
     for (int64_t b = b0; b < b1; b++) {
         int64_t left = n_rows - (b - b0) * IDX_BLOCK;
         uint32_t valid = left >= IDX_BLOCK ? 0xffffu : (1u << left) - 1u;
-        BLOCK_SCORES(ix->key_type, keys + (size_t)b * bb,
+        kern->block_scores(ix->key_type, keys + (size_t)b * bb,
                      ix->scales ? ix->scales + b * IDX_BLOCK : NULL, ix->d, q, g, blk);
         const int32_t *ids16 = ix->ids ? ix->ids + b * IDX_BLOCK : NULL;
         for (int h = 0; h < g; h++)
-            TOPK_PUSH16(&tk[h], blk + h * IDX_BLOCK, ids16, (int32_t)(b * IDX_BLOCK), valid);
+            kern->topk_push16(&tk[h], blk + h * IDX_BLOCK, ids16, (int32_t)(b * IDX_BLOCK), valid);
         /* the keys scored: a list's last block may hold padding rows, which
          * are not keys (their bytes are zeros the block load brings along) */
         rows += (uint64_t)__builtin_popcount(valid);
@@ -443,70 +341,10 @@ void idx_pack_rows_ref(int key_type, const float *v, int64_t n, int d, void *dst
     }
 }
 
-#ifdef __AVX512F__
-/* One full block: gather dimension j of the 16 rows, convert, store the 16
- * values contiguously. Rounding is the scalar code's (round to nearest even
- * for f16 / bf16 / i8), so the bytes are identical to the ref's. */
-static void pack_block_avx512(int kt, const float *v, int d, uint8_t *dst, float *scales)
-{
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i rows = _mm512_mullo_epi32(iota, _mm512_set1_epi32(d));
-    __m512 sc = _mm512_setzero_ps();
-    if (kt == IDX_I8) {
-        __m512 amax = _mm512_setzero_ps();
-        for (int j = 0; j < d; j++)
-            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(j)), v, 4)));
-        sc = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
-        _mm512_storeu_ps(scales, sc);
-    }
-    __mmask16 nz = _mm512_cmp_ps_mask(sc, _mm512_setzero_ps(), _CMP_GT_OQ);
-    for (int j = 0; j < d; j++) {
-        __m512 col = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(j)), v, 4);
-        switch (kt) {
-        case IDX_F16:
-            _mm256_storeu_si256((__m256i *)(dst + (size_t)j * 32),
-                                _mm512_cvtps_ph(col, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            break;
-        case IDX_BF16: { /* x + 0x7fff + lsb, high half: round to nearest even */
-            __m512i x = _mm512_castps_si512(col);
-            __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-            x = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-            _mm256_storeu_si256((__m256i *)(dst + (size_t)j * 32), _mm512_cvtepi32_epi16(x));
-            break;
-        }
-        case IDX_I8: {
-            __m512 qv = _mm512_maskz_div_ps(nz, col, sc);
-            qv = _mm512_roundscale_ps(qv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            qv = _mm512_min_ps(_mm512_max_ps(qv, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
-            _mm_storeu_si128((__m128i *)(dst + (size_t)j * 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(qv)));
-            break;
-        }
-        default:
-            _mm512_storeu_ps((float *)dst + (size_t)j * 16, col);
-            break;
-        }
-    }
-}
-
-static void pack_rows_avx512(int key_type, const float *v, int64_t n, int d, void *dst, float *scales)
-{
-    size_t bb = (size_t)d * IDX_BLOCK * idx_elt_bytes(key_type);
-    int64_t full = n / IDX_BLOCK;
-    for (int64_t b = 0; b < full; b++)
-        pack_block_avx512(key_type, v + b * IDX_BLOCK * d, d, (uint8_t *)dst + (size_t)b * bb,
-                          scales ? scales + b * IDX_BLOCK : NULL);
-    if (n > full * IDX_BLOCK)
-        idx_pack_rows_ref(key_type, v + full * IDX_BLOCK * d, n - full * IDX_BLOCK, d,
-                          (uint8_t *)dst + (size_t)full * bb, scales ? scales + full * IDX_BLOCK : NULL);
-}
-#define PACK_ROWS pack_rows_avx512
-#else
-#define PACK_ROWS idx_pack_rows_ref
-#endif
 
 void idx_pack_rows(int key_type, const float *v, int64_t n, int d, void *dst, float *scales)
 {
-    PACK_ROWS(key_type, v, n, d, dst, scales);
+    tables[cpu_level_get()]->pack_rows(key_type, v, n, d, dst, scales);
 }
 
 /* Points ix into a validated exact/ivf image; ix->owned is left alone. */

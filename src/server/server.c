@@ -680,6 +680,9 @@ static enum MHD_Result handle_metrics(conn *k)
     METRIC("kv_dir_pending", "gauge", "Prefix files queued for --kv-dir or being written now.", "%lld",
            (long long)m.kv_dir_pending);
 #undef METRIC
+    fprintf(f, "# HELP sparq_build_info The library version and the SIMD kernel level running.\n"
+               "# TYPE sparq_build_info gauge\nsparq_build_info{version=\"%s\",cpu=\"%s\"} 1\n",
+            sparq_version(), sparq_cpu_level());
     fputs("# HELP sparq_attn_bytes_read_total KV-cache bytes read and written by decode attention, by policy.\n"
           "# TYPE sparq_attn_bytes_read_total counter\n", f);
     for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)

@@ -5,6 +5,7 @@
  */
 #include "tensor/gemm.h"
 #include "tensor/quant_impl.h"
+#include "util/cpu.h"
 
 #include <assert.h>
 #include <float.h>
@@ -23,18 +24,29 @@ static int kind_of(uint32_t type)
     }
 }
 
+const gemm_kernels gemm_kernels_ref = { 0, 0, gemm_panel_ref, NULL, NULL };
+
+static const gemm_kernels *const tables[CPU_LEVELS] = {
+    [CPU_REF] = &gemm_kernels_ref,
+#if defined(__x86_64__)
+    [CPU_AVX2] = &gemm_kernels_avx2,
+    [CPU_AVX512] = &gemm_kernels_avx512,
+#else
+    [CPU_AVX2] = &gemm_kernels_ref,
+    [CPU_AVX512] = &gemm_kernels_ref,
+#endif
+    [CPU_NEON] = &gemm_kernels_ref,
+};
+
+const gemm_kernels *gemm_kernels_at(cpu_level level) { return tables[level]; }
+
 /* Only where SIMD kernels exist: elsewhere the plain-C panels would be
  * slower than quant_dot_rows' kernels. */
 int gemm_supported(uint32_t type)
 {
-#if defined(QUANT_SIMD_AVX512)
-    return kind_of(type) != KIND_NONE;
-#elif defined(QUANT_SIMD_AVX2)
-    return kind_of(type) == KIND_INT;
-#else
-    (void)type;
-    return 0;
-#endif
+    const gemm_kernels *k = tables[cpu_level_get()];
+    const int kind = kind_of(type);
+    return kind == KIND_INT ? k->int_kinds : kind != KIND_NONE ? k->float_kinds : 0;
 }
 
 int gemm_is_bf16(uint32_t type) { return kind_of(type) == KIND_BF16; }
@@ -361,11 +373,19 @@ void gemm_panel_ref(uint32_t type, const void *rows, int nr, const void *acts, i
 void gemm_panel(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                 float *out, size_t ldo)
 {
-#if defined(QUANT_SIMD_AVX512)
-    gemm_panel_avx512(type, rows, nr, acts, nt, n, out, ldo);
-#elif defined(QUANT_SIMD_AVX2)
-    gemm_panel_avx2(type, rows, nr, acts, nt, n, out, ldo);
-#else
-    gemm_panel_ref(type, rows, nr, acts, nt, n, out, ldo);
-#endif
+    tables[cpu_level_get()]->panel(type, rows, nr, acts, nt, n, out, ldo);
+}
+
+double gemm_peak_int8(int64_t iters, float *sink)
+{
+    const gemm_kernels *k = tables[cpu_level_get()];
+    *sink = 0;
+    return k->peak_int8 ? k->peak_int8(iters, sink) : 0;
+}
+
+double gemm_peak_f32(int64_t iters, float *sink)
+{
+    const gemm_kernels *k = tables[cpu_level_get()];
+    *sink = 0;
+    return k->peak_f32 ? k->peak_f32(iters, sink) : 0;
 }

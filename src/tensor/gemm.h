@@ -50,14 +50,17 @@
 #ifndef SPARQ_GEMM_H
 #define SPARQ_GEMM_H
 
+#include "util/cpu.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_GROUP = 16 };
 
-/* 1 if weights of this type have a packed GEMM path in this build: every
- * kind in AVX-512 builds, the integer kinds in AVX2 builds (gemm_avx2.c),
- * none otherwise; the packing and gemm_panel_ref work everywhere. */
+/* 1 if weights of this type have a packed GEMM path at the level running
+ * (util/cpu.h): every kind at avx512, the integer kinds at avx2
+ * (gemm_avx2.c), none at ref; the packing and gemm_panel_ref work
+ * everywhere. */
 int gemm_supported(uint32_t type);
 
 /* Bytes per row of a packed panel (a group of GEMM_GROUP rows takes
@@ -88,7 +91,7 @@ void gemm_panel_ref(uint32_t type, const void *rows, int nr, const void *acts, i
 /* Peak-rate loops for `sparq bench peak`: `iters` rounds of 12 independent
  * vpdpbusd (int8: 128 ops each, 64 multiply-adds) or 16 vfmadd (f32: 32
  * flops each) on zmm registers; returns the operations done, 0 when the
- * build has no such instructions. The result is consumed via *sink so the
+ * level running has no such instructions. The result is consumed via *sink so the
  * loop cannot be removed. */
 double gemm_peak_int8(int64_t iters, float *sink);
 double gemm_peak_f32(int64_t iters, float *sink);
@@ -113,9 +116,16 @@ int gemm_int_layout_of(uint32_t type, int64_t n, gemm_int_layout *l);
 /* 1 for the float kinds' BF16 row layout, 0 for f32 rows. */
 int gemm_is_bf16(uint32_t type);
 
-void gemm_panel_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-                       float *out, size_t ldo);
-void gemm_panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
-                     size_t ldo);
+/* One level's kernels (gemm.c calls through the table of the level
+ * running). The peak loops are NULL where the level has none. */
+typedef struct gemm_kernels {
+    int int_kinds, float_kinds; /* which kinds get packed tiles (gemm_supported) */
+    void (*panel)(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
+                  size_t ldo);
+    double (*peak_int8)(int64_t iters, float *sink);
+    double (*peak_f32)(int64_t iters, float *sink);
+} gemm_kernels;
+extern const gemm_kernels gemm_kernels_ref, gemm_kernels_avx2, gemm_kernels_avx512;
+const gemm_kernels *gemm_kernels_at(cpu_level level);
 
 #endif

@@ -20,7 +20,7 @@
 #include "tensor/gemm.h"
 #include "tensor/quant_impl.h"
 
-#if defined(QUANT_SIMD_AVX2)
+#if defined(QUANT_CAN_AVX2)
 
 #include <assert.h>
 #include <immintrin.h>
@@ -124,7 +124,7 @@ INT2_KERNS(u32, 32, 0, 0, 1)  /* Q4_0 (f16 scales) */
 INT2_KERNS(u32m, 32, 1, 0, 0) /* Q4_K, Q5_K */
 INT2_KERNS(u16, 16, 0, 0, 0)  /* Q6_K */
 
-void gemm_panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
+static void panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
                      size_t ldo)
 {
     gemm_int_layout l;
@@ -147,6 +147,8 @@ void gemm_panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, 
         }
     }
 }
+
+const gemm_kernels gemm_kernels_avx2 = { 1, 0, panel_avx2, NULL, NULL };
 
 #else
 typedef int gemm_avx2_unused; /* ISO C forbids an empty translation unit */

@@ -7,7 +7,7 @@
 #include "tensor/gemm.h"
 #include "tensor/quant_impl.h"
 
-#if defined(QUANT_SIMD_AVX512)
+#if defined(QUANT_CAN_AVX512)
 
 #include <assert.h>
 #include <immintrin.h>
@@ -247,6 +247,10 @@ static void panel_float(uint32_t type, const uint8_t *rows, int nr, const uint8_
 {
     const size_t rb = gemm_row_bytes(type, n);
 #if defined(__AVX512BF16__)
+    if (gemm_is_bf16(type) && !cpu_features_get()->avx512bf16) {
+        gemm_panel_ref(type, rows, nr, acts, nt, n, out, ldo);
+        return;
+    }
     const f32_fn(*tab)[4] = gemm_is_bf16(type) ? bf16_tab : f32_tab;
     const int64_t np = (int64_t)(rb / (gemm_is_bf16(type) ? sizeof(uint16_t) : sizeof(float)));
 #else
@@ -263,7 +267,7 @@ static void panel_float(uint32_t type, const uint8_t *rows, int nr, const uint8_
                 rows + r0 * rb, rb, acts + t0 * rb, np, out + t0 * ldo + r0, ldo);
 }
 
-void gemm_panel_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
+static void panel_avx512(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                        float *out, size_t ldo)
 {
     gemm_int_layout l;
@@ -271,7 +275,7 @@ void gemm_panel_avx512(uint32_t type, const void *rows, int nr, const void *acts
     else panel_float(type, rows, nr, acts, nt, n, out, ldo);
 }
 
-double gemm_peak_int8(int64_t iters, float *sink)
+static double peak_int8(int64_t iters, float *sink)
 {
     /* inline asm: with the intrinsic GCC copies every accumulator twice
      * per round (vpdpbusd overwrites its source), which halves the rate */
@@ -297,7 +301,7 @@ double gemm_peak_int8(int64_t iters, float *sink)
     return (double)iters * 12 * 128;
 }
 
-double gemm_peak_f32(int64_t iters, float *sink)
+static double peak_f32(int64_t iters, float *sink)
 {
     __m512 a[16];
     const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-3f);
@@ -314,7 +318,8 @@ double gemm_peak_f32(int64_t iters, float *sink)
     return (double)iters * 16 * 32;
 }
 
+const gemm_kernels gemm_kernels_avx512 = { 1, 1, panel_avx512, peak_int8, peak_f32 };
+
 #else
-double gemm_peak_int8(int64_t iters, float *sink) { (void)iters; *sink = 0; return 0; }
-double gemm_peak_f32(int64_t iters, float *sink) { (void)iters; *sink = 0; return 0; } /* ISO C forbids an empty translation unit */
+typedef int gemm_avx512_unused; /* ISO C forbids an empty translation unit */
 #endif

@@ -1,5 +1,5 @@
-/* quant.c - the un-suffixed quant entry points: pick the kernel set once, at
- * compile time, from the ISA the build targets (-march=native here).
+/* quant.c - the un-suffixed quant entry points: each calls through the
+ * kernel table of the level chosen at run time (util/cpu.h).
  *
  * quant_ref.c holds the reference kernels (the numerics specification),
  * quant_avx512.c / quant_avx2.c the SIMD twins; each SIMD entry point falls
@@ -7,6 +7,7 @@
  * the type table and the scalar half/bfloat16 conversions.
  */
 #include "tensor/quant_impl.h"
+#include "util/cpu.h"
 
 #include <assert.h>
 
@@ -20,43 +21,53 @@ static inline void check_row(uint32_t type, int64_t n)
     (void)n;
 }
 
-#if defined(QUANT_SIMD_AVX512)
-#define SIMD(fn) fn##_avx512
-#elif defined(QUANT_SIMD_AVX2)
-#define SIMD(fn) fn##_avx2
+/* Every level has an entry: a level without its own twins runs the
+ * reference (NEON has none yet). */
+static const quant_kernels *const tables[CPU_LEVELS] = {
+    [CPU_REF] = &quant_kernels_ref,
+#if defined(__x86_64__)
+    [CPU_AVX2] = &quant_kernels_avx2,
+    [CPU_AVX512] = &quant_kernels_avx512,
 #else
-#define SIMD(fn) fn##_ref
+    [CPU_AVX2] = &quant_kernels_ref,
+    [CPU_AVX512] = &quant_kernels_ref,
 #endif
+    [CPU_NEON] = &quant_kernels_ref,
+};
 
-const char *quant_simd_name(void) { return QUANT_SIMD_NAME; }
+const quant_kernels *quant_kernels_at(cpu_level level) { return tables[level]; }
+
+static inline const quant_kernels *K(void) { return tables[cpu_level_get()]; }
+
+const char *quant_simd_name(void) { return cpu_level_name(cpu_level_get()); }
 
 void quant_to_float(uint32_t type, const void *src, float *dst, int64_t n)
 {
     check_row(type, n);
-    SIMD(quant_to_float)(type, src, dst, n);
+    K()->to_float(type, src, dst, n);
 }
 
 int quant_from_float(uint32_t type, const float *src, void *dst, int64_t n)
 {
-    return SIMD(quant_from_float)(type, src, dst, n);
+    return K()->from_float(type, src, dst, n);
 }
 
 float quant_dot(uint32_t type, const void *w, const void *x, int64_t n)
 {
     check_row(type, n);
-    return SIMD(quant_dot)(type, w, x, n);
+    return K()->dot(type, w, x, n);
 }
 
 void quant_dot_rows(uint32_t type, const void *w, size_t w_stride, int nr,
                     const void *x, int64_t n, float *out)
 {
     check_row(type, n);
-    SIMD(quant_dot_rows)(type, w, w_stride, nr, x, n, out);
+    K()->dot_rows(type, w, w_stride, nr, x, n, out);
 }
 
-float dot_f32(const float *a, const float *b, int64_t n) { return SIMD(dot_f32)(a, b, n); }
-float dot_f16_f32(const uint16_t *a, const float *b, int64_t n) { return SIMD(dot_f16_f32)(a, b, n); }
-void axpy_f32(float *y, float a, const float *x, int64_t n) { SIMD(axpy_f32)(y, a, x, n); }
-void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { SIMD(axpy_f16)(y, a, x, n); }
-void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n) { SIMD(fp16_to_fp32_row)(src, dst, n); }
-void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n) { SIMD(fp32_to_fp16_row)(src, dst, n); }
+float dot_f32(const float *a, const float *b, int64_t n) { return K()->dot_f32(a, b, n); }
+float dot_f16_f32(const uint16_t *a, const float *b, int64_t n) { return K()->dot_f16_f32(a, b, n); }
+void axpy_f32(float *y, float a, const float *x, int64_t n) { K()->axpy_f32(y, a, x, n); }
+void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { K()->axpy_f16(y, a, x, n); }
+void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n) { K()->fp16_to_fp32_row(src, dst, n); }
+void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n) { K()->fp32_to_fp16_row(src, dst, n); }

@@ -26,9 +26,9 @@
  * llama.cpp's own ggml for every type here, random data, many lengths.
  *
  * Kernel twins: every `quant_*` function below has a plain-C `_ref` twin with
- * the same signature; the un-suffixed one is the fastest version compiled in
- * (AVX-512 / AVX2 when the build targets them). The twins are bit-identical
- * (tests/test_quant.c compares them with zero tolerance).
+ * the same signature; the un-suffixed one runs the twin of the level chosen
+ * at run time (util/cpu.h: the best the CPU has, or SPARQ_CPU). The twins
+ * are bit-identical (tests/test_quant.c compares them with zero tolerance).
  *
  * All functions are thread-safe (no state); n must be a whole number of
  * blocks of a type with kernels (asserted).
@@ -125,7 +125,8 @@ void axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
 void axpy_f32_ref(float *y, float a, const float *x, int64_t n);
 void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n);
 
-/* "avx512", "avx2" or "ref": the kernel set the un-suffixed functions use. */
+/* "avx512", "avx2" or "ref": the level the un-suffixed functions run
+ * (util/cpu.h, chosen at run time). */
 const char *quant_simd_name(void);
 
 #endif

@@ -11,7 +11,7 @@
  */
 #include "tensor/quant_impl.h"
 
-#if defined(QUANT_SIMD_AVX2)
+#if defined(QUANT_CAN_AVX2)
 
 #include <immintrin.h>
 
@@ -543,4 +543,10 @@ void quant_dot_rows_avx2(uint32_t type, const void *w, size_t w_stride, int nr,
     for (int r = 0; r < nr; r++) out[r] = quant_dot_avx2(type, (const char *)w + (size_t)r * w_stride, x, n);
 }
 
-#endif /* QUANT_SIMD_AVX2 */
+const quant_kernels quant_kernels_avx2 = {
+    quant_to_float_avx2, quant_from_float_avx2, quant_dot_avx2, quant_dot_rows_avx2,
+    dot_f32_avx2, dot_f16_f32_avx2, axpy_f32_avx2, axpy_f16_avx2,
+    fp16_to_fp32_row_avx2, fp32_to_fp16_row_avx2,
+};
+
+#endif /* QUANT_CAN_AVX2 */

@@ -12,8 +12,9 @@
  * IQ4_NL (whose per-block work is small); the K-quants go row by row.
  */
 #include "tensor/quant_impl.h"
+#include "util/cpu.h"
 
-#if defined(QUANT_SIMD_AVX512)
+#if defined(QUANT_CAN_AVX512)
 
 #include <immintrin.h>
 
@@ -169,13 +170,15 @@ static float dot_f16(const uint16_t *a, const uint16_t *b, int64_t n)
 }
 
 #if defined(__AVX512BF16__)
-static inline __m512 dpbf16(__m512 c, const uint16_t *a, const uint16_t *b)
+static inline __m512 dpbf16_hw(__m512 c, const uint16_t *a, const uint16_t *b)
 {
     return _mm512_dpbf16_ps(c, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
 }
-#else
-/* Without AVX512-BF16, emulate vdpbf16ps: subnormal inputs read as
- * (signed) zero, odd element first, subnormal results flushed. */
+#endif
+
+/* Without AVX512-BF16 (AVX-512 CPUs before Zen 4 / Cooper Lake), emulate
+ * vdpbf16ps: subnormal inputs read as (signed) zero, odd element first,
+ * subnormal results flushed. */
 static inline __m512 bf16_daz(__m512i v) /* bf16 in the high half of each lane */
 {
     __mmask16 sub = _mm512_testn_epi32_mask(v, _mm512_set1_epi32(0x7f800000));
@@ -189,7 +192,7 @@ static inline __m512 ftz(__m512 v)
                                                      _mm512_set1_epi32((int)0x80000000u)));
 }
 
-static inline __m512 dpbf16(__m512 c, const uint16_t *a, const uint16_t *b)
+static inline __m512 dpbf16_emu(__m512 c, const uint16_t *a, const uint16_t *b)
 {
     __m512i va = _mm512_loadu_si512(a), vb = _mm512_loadu_si512(b);
     __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
@@ -197,22 +200,37 @@ static inline __m512 dpbf16(__m512 c, const uint16_t *a, const uint16_t *b)
     __m512 ae = bf16_daz(_mm512_slli_epi32(va, 16)), be = bf16_daz(_mm512_slli_epi32(vb, 16));
     return ftz(_mm512_fmadd_ps(ae, be, ftz(_mm512_fmadd_ps(ao, bo, c))));
 }
-#endif
 
-static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
+/* hw: the CPU has AVX512-BF16 (a constant at each call, so each version
+ * is its own loop). */
+static inline __attribute__((always_inline)) float dot_bf16_with(const uint16_t *a, const uint16_t *b,
+                                                                 int64_t n, const int hw)
 {
     __m512 c1 = _mm512_setzero_ps(), c2 = c1;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
         prefetch_ahead(a + i, 64 * sizeof(*a));
-        c1 = dpbf16(c1, a + i, b + i);
-        c2 = dpbf16(c2, a + i + 32, b + i + 32);
+#if defined(__AVX512BF16__)
+        if (hw) {
+            c1 = dpbf16_hw(c1, a + i, b + i);
+            c2 = dpbf16_hw(c2, a + i + 32, b + i + 32);
+            continue;
+        }
+#endif
+        c1 = dpbf16_emu(c1, a + i, b + i);
+        c2 = dpbf16_emu(c2, a + i + 32, b + i + 32);
     }
     double s = 0.0;
     s += hsum16_ps(c1);
     s += hsum16_ps(c2);
     for (; i < n; i++) s += (double)(bf16_to_fp32(a[i]) * bf16_to_fp32(b[i]));
     return (float)s;
+}
+
+static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
+{
+    if (cpu_features_get()->avx512bf16) return dot_bf16_with(a, b, n, 1);
+    return dot_bf16_with(a, b, n, 0);
 }
 
 /* ---------------------------------------------------------------- Q8_0 */
@@ -965,4 +983,10 @@ void quant_dot_rows_avx512(uint32_t type, const void *w, size_t w_stride, int nr
     for (; r < nr; r++) out[r] = quant_dot_avx512(type, wp + (size_t)r * w_stride, x, n);
 }
 
-#endif /* QUANT_SIMD_AVX512 */
+const quant_kernels quant_kernels_avx512 = {
+    quant_to_float_avx512, quant_from_float_avx512, quant_dot_avx512, quant_dot_rows_avx512,
+    dot_f32_avx512, dot_f16_f32_avx512, axpy_f32_avx512, axpy_f16_avx512,
+    fp16_to_fp32_row_avx512, fp32_to_fp16_row_avx512,
+};
+
+#endif /* QUANT_CAN_AVX512 */

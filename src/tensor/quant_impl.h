@@ -36,6 +36,7 @@
 #define SPARQ_QUANT_IMPL_H
 
 #include "tensor/quant.h"
+#include "util/cpu.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -169,16 +170,34 @@ void  axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n);
 void  fp16_to_fp32_row_avx2(const uint16_t *src, float *dst, int64_t n);
 void  fp32_to_fp16_row_avx2(const float *src, uint16_t *dst, int64_t n);
 
-/* Which SIMD variant this build compiled (the un-suffixed functions use it). */
+/* What the compiler may use in this file: the twins' files are compiled
+ * for their instruction set (Makefile), everything else for the baseline.
+ * Which twins run is chosen at run time (quant_kernels_at). */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
-#define QUANT_SIMD_AVX512 1
-#define QUANT_SIMD_NAME "avx512"
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define QUANT_SIMD_AVX2 1
-#define QUANT_SIMD_NAME "avx2"
-#else
-#define QUANT_SIMD_NAME "ref"
+#define QUANT_CAN_AVX512 1
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QUANT_CAN_AVX2 1
+#endif
+
+/* One level's kernels; quant.c's un-suffixed functions call through the
+ * table of the level util/cpu.h chose. */
+typedef struct quant_kernels {
+    void  (*to_float)(uint32_t type, const void *src, float *dst, int64_t n);
+    int   (*from_float)(uint32_t type, const float *src, void *dst, int64_t n);
+    float (*dot)(uint32_t type, const void *w, const void *x, int64_t n);
+    void  (*dot_rows)(uint32_t type, const void *w, size_t w_stride, int nr, const void *x, int64_t n,
+                      float *out);
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
+    void  (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    void  (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    void  (*fp16_to_fp32_row)(const uint16_t *src, float *dst, int64_t n);
+    void  (*fp32_to_fp16_row)(const float *src, uint16_t *dst, int64_t n);
+} quant_kernels;
+extern const quant_kernels quant_kernels_ref, quant_kernels_avx2, quant_kernels_avx512;
+/* The table `level` runs (its own twins or, without them, the reference). */
+const quant_kernels *quant_kernels_at(cpu_level level);
 
 #endif

@@ -867,3 +867,9 @@ void fp32_to_fp16_row_ref(const float *src, uint16_t *dst, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) dst[i] = fp32_to_fp16(src[i]);
 }
+
+const quant_kernels quant_kernels_ref = {
+    quant_to_float_ref, quant_from_float_ref, quant_dot_ref, quant_dot_rows_ref,
+    dot_f32_ref, dot_f16_f32_ref, axpy_f32_ref, axpy_f16_ref,
+    fp16_to_fp32_row_ref, fp32_to_fp16_row_ref,
+};

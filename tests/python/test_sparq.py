@@ -24,6 +24,14 @@ def test_library_loads_and_reports_version():
     assert sparq.version() == sparq.__version__
 
 
+def test_cpu_level_is_the_forced_or_a_known_level():
+    forced = os.environ.get("SPARQ_CPU")
+    if forced:
+        assert sparq.cpu_level() == forced
+    else:
+        assert sparq.cpu_level() in ("avx512", "avx2", "ref")
+
+
 def test_struct_mirrors_match_library():
     lib = _lib.load()
     for st in _lib.MIRRORS:
