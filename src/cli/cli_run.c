@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 typedef struct run_opts {
@@ -603,6 +604,10 @@ static const char *run_kv_file(const run_opts *ro, const sparq_model *m, const s
     if (f) fclose(f);
     if (avail_kib <= 0 || bytes <= 0.5 * avail_kib * 1024.0) return NULL;
     const char *dir = getenv("TMPDIR");
+    /* a cache the disk cannot hold either stays a memory question: the
+     * context's own checks then say what is wrong with -c */
+    struct statvfs vf;
+    if (statvfs(dir && *dir ? dir : "/tmp", &vf) != 0 || bytes > (double)vf.f_bavail * vf.f_frsize) return NULL;
     snprintf(buf, size, "%s/sparq-kv-%ld.kv", dir && *dir ? dir : "/tmp", (long)getpid());
     fprintf(stderr, "note: the KV cache (%.1f GiB for -c %lld) would take over half of the available memory; "
                     "it lives in %s.tmp (removed at the end; --kv-file PATH chooses the place)\n",
