@@ -93,6 +93,9 @@ SPARQ_API int         sparq_attn_policy_observes_prefill(int i);
  * The file is read into anonymous memory backed by huge pages when it
  * takes at most half of the machine's RAM (decode reads every weight once
  * per token and runs faster from huge pages), else memory-mapped. */
+/* A path without a '/' is also looked up on the model search path:
+ * $SPARQ_MODEL_PATH, then models/ and share/sparq/models/ beside the
+ * library's directory (where `make install` puts the default model). */
 SPARQ_API int  sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_size);
 
 typedef struct sparq_model_params {

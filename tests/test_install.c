@@ -199,6 +199,11 @@ int main(void)
         CHECK(rc2 == 0, "sparq run failed (%d)", rc2);
         CHECK(rc == 0 && rc2 == 0 && strlen(want) > 20 && strcmp(buf, want) == 0,
               "examples/simple printed '%s', sparq run '%s'", buf, want);
+        /* As the README writes it: a bare model name, which the installed
+         * library finds in its share/sparq/models (from /, no search path) */
+        rc = sh(buf, "cd / && env -u SPARQ_MODEL_PATH LD_LIBRARY_PATH='%s/usr/local/lib' '%s/simple' "
+                     "stories260K.gguf '%s' 40", tmp, tmp, prompt);
+        CHECK(rc == 0 && strcmp(buf, want) == 0, "simple with the bare name printed '%s' (%d)", buf, rc);
         /* The installed command runs too. */
         rc = sh(buf, "'%s/usr/local/bin/sparq' run -m '%s' -p '%s' -n 40 --temp 0 -c 512 2>/dev/null", tmp,
                 model, prompt);

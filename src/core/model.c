@@ -392,6 +392,11 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
 {
     *out = NULL;
     loader L = { NULL, NULL, err, err_size, NULL };
+    /* a bare name ("stories260K.gguf") is looked up on the model search
+     * path (paths.h), as the command does, so a program linked against an
+     * installed library finds the installed default model */
+    char found[4096];
+    if (path && !strchr(path, '/') && path_find(path, found, sizeof found) == 0) path = found;
     if (path_check_regular(path, err, err_size)) return -1;
     sparq_model *m = calloc(1, sizeof *m);
     if (!m) {
