@@ -116,6 +116,10 @@ typedef struct attn_kv_view {
     int64_t     kt_tail_stride;
 } attn_kv_view;
 
+/* Key rows [a, b) of a view widened to f32, malloc'ed [b - a][d]; NULL
+ * when out of memory (index builds and the sparse prefill's k-means). */
+float *attn_kv_keys_f32(const attn_kv_view *kv, int64_t a, int64_t b);
+
 /* K^T row c of a view and the column of position i in it (i and the
  * returned column are relative to that row's start). */
 static inline const void *attn_kt_row(const attn_kv_view *kv, int c, int64_t i, int64_t *col)

@@ -12,6 +12,8 @@
 #include "attn/attn.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 void attn_q8_quantize_row(const float *x, int64_t n, uint8_t *out)
@@ -32,6 +34,19 @@ void attn_q8_quantize_row(const float *x, int64_t n, uint8_t *out)
             blk[2 + i] = (uint8_t)(int8_t)v;
         }
     }
+}
+
+float *attn_kv_keys_f32(const attn_kv_view *kv, int64_t a, int64_t b)
+{
+    const int64_t n = b - a;
+    if (n < 0 || (size_t)n > SIZE_MAX / sizeof(float) / (size_t)kv->d) return NULL;
+    float *x = malloc((size_t)(n ? n : 1) * kv->d * sizeof *x);
+    if (!x) return NULL;
+    if (kv->elem == KV_Q8_0) /* per-row scales: row by row */
+        for (int64_t i = 0; i < n; i++) attn_kv_row_f32(kv->K, kv->elem, kv->d, a + i, kv->d, x + i * kv->d);
+    else if (kv->elem == KV_F16) fp16_to_fp32_row((const uint16_t *)kv->K + a * kv->d, x, n * kv->d);
+    else memcpy(x, (const float *)kv->K + a * kv->d, (size_t)n * kv->d * sizeof *x);
+    return x;
 }
 
 void attn_kv_row_f32(const void *base, int elem, int64_t len, int64_t row, int64_t n, float *out)

@@ -194,21 +194,13 @@ static int list_push(pf_head *h, int l, int32_t pos)
     return 0;
 }
 
-/* Keys [a, b) of kv as f32 rows; NULL when out of memory. */
-static float *keys_f32(const attn_kv_view *kv, int64_t a, int64_t b)
-{
-    float *x = malloc((size_t)(b - a) * kv->d * sizeof(float));
-    for (int64_t i = a; x && i < b; i++) attn_kv_row_f32(kv->K, kv->elem, kv->d, i, kv->d, x + (i - a) * kv->d);
-    return x;
-}
-
 /* Assigns keys [a, b) to their nearest centroids, appending to the lists. */
 static int assign_range(attn_pf_sparse *s, pf_head *h, const attn_kv_view *kv, int64_t a, int64_t b)
 {
     enum { CHUNK = 4096 };
     for (int64_t c0 = a; c0 < b; c0 += CHUNK) {
         const int64_t c1 = b - c0 < CHUNK ? b : c0 + CHUNK;
-        float *x = keys_f32(kv, c0, c1);
+        float *x = attn_kv_keys_f32(kv, c0, c1);
         int32_t *lab = malloc((size_t)(c1 - c0) * sizeof *lab);
         float *best = malloc((size_t)(c1 - c0) * sizeof *best);
         int bad = !x || !lab || !best;
@@ -239,7 +231,7 @@ int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_vi
     h->upto = lo; /* untrained: the older keys are scanned whole */
     const int64_t n = lo - sink, nl = s->p.nlist;
     if (n < PF_TRAIN_PER_LIST * nl) return 0;
-    float *x = keys_f32(kv, sink, lo);
+    float *x = attn_kv_keys_f32(kv, sink, lo);
     if (!x) return err_set(err, err_size, "sparse prefill: out of memory training the index");
     char e2[160];
     /* a sample of 32 keys per list is plenty for k-means; a context loaded

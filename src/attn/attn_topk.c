@@ -376,22 +376,10 @@ static idx_params build_params(const sparq_attn_params *p, const char *kind, int
 }
 
 /* f32 copy of the first n keys of kv; NULL when out of memory. */
-static float *keys_f32(const attn_kv_view *kv, int64_t n)
-{
-    if ((size_t)n > SIZE_MAX / sizeof(float) / (size_t)kv->d) return NULL;
-    float *x = malloc((size_t)n * kv->d * sizeof *x);
-    if (!x) return NULL;
-    if (kv->elem == KV_Q8_0) /* per-row scales: row by row */
-        for (int64_t i = 0; i < n; i++) attn_kv_row_f32(kv->K, kv->elem, kv->d, i, kv->d, x + i * kv->d);
-    else if (kv->elem == KV_F16) fp16_to_fp32_row(kv->K, x, n * kv->d);
-    else memcpy(x, kv->K, (size_t)n * kv->d * sizeof *x);
-    return x;
-}
-
 static int build_idx(const sparq_attn_params *p, const char *kind, const attn_kv_view *kv,
                      int64_t n, int n_threads, idx_index **out, char *err, size_t err_size)
 {
-    float *x = keys_f32(kv, n);
+    float *x = attn_kv_keys_f32(kv, 0, n);
     if (!x) {
         return err_set(err, err_size, "topk: out of memory for %lld keys", (long long)n);
     }
@@ -431,7 +419,7 @@ int attn_topk_ivf_image_preset(const sparq_attn_params *p, const attn_kv_view *k
     if (n < 1 || n > kv->S || n > INT32_MAX || nlist < 1 || nlist > n)
         return err_set(err, err_size, "topk: cannot index %lld of %lld positions in %d lists", (long long)n,
                        (long long)kv->S, nlist);
-    float *x = keys_f32(kv, n);
+    float *x = attn_kv_keys_f32(kv, 0, n);
     if (!x) return err_set(err, err_size, "topk: out of memory for %lld keys", (long long)n);
     idx_params ip = build_params(p, "ivf", 1);
     ip.nlist = nlist;
