@@ -552,9 +552,9 @@ int cli_eval(int argc, char **argv)
     w.tp.seed = eo.seed;
     w.tp.path = eo.data;
     if (apply_task_opts(&to, t, &w.tp)) return 2;
-    int kv_type = cli_kv_type(mo.kv_type);
+    int kv_type = cli_model_kv_type(&mo, err, sizeof err); /* --kv-type, -ctk, -ctv */
     if (kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);
+        fprintf(stderr, "error: %s\n", err);
         return 2;
     }
     if (mo.json + eo.csv > 1) {

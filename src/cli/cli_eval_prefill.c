@@ -63,6 +63,12 @@ int cli_eval_prefill(int argc, char **argv)
                 sparq_prefill_mode_name(sp.mode));
         return 2;
     }
+    sparq_context_params cp = sparq_context_default_params();
+    cp.kv_type = cli_model_kv_type(&mo, err, sizeof err); /* --kv-type, -ctk, -ctv */
+    if (cp.kv_type < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        return 2;
+    }
     int64_t depths[MAX_DEPTHS];
     const int n_depth = bench_parse_list(po.depth ? po.depth : "4k,16k,32k", depths, MAX_DEPTHS, err, sizeof err);
     if (n_depth < 0) {
@@ -110,14 +116,8 @@ int cli_eval_prefill(int argc, char **argv)
         memcpy(ids + n_ids, ids + 1, (size_t)take * sizeof *ids);
         n_ids += take;
     }
-    sparq_context_params cp = sparq_context_default_params();
     cp.n_threads = mo.n_threads;
     cp.n_batch = mo.n_batch;
-    cp.kv_type = cli_kv_type(mo.kv_type);
-    if (cp.kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16, f32 or q8_0, not '%s'\n", mo.kv_type);
-        goto done;
-    }
     fprintf(stderr, "prefill fidelity: %s, text %s (%d tokens%s), %s prefill against exact, %d forced tokens, "
                     "%d windows\n", path, tpath, n, repeated ? ", repeated to reach the depth" : "",
             sparq_prefill_mode_name(sp.mode), F, W);

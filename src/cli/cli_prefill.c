@@ -94,9 +94,9 @@ int cli_prefill(int argc, char **argv)
         fprintf(stderr, "error: give the context with exactly one of -f FILE and -p TEXT\n");
         return 2;
     }
-    const int kv_type = cli_kv_type(mo.kv_type);
+    const int kv_type = cli_model_kv_type(&mo, err, sizeof err); /* --kv-type, -ctk, -ctv */
     if (kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16, f32 or q8_0, not '%s'\n", mo.kv_type);
+        fprintf(stderr, "error: %s\n", err);
         return 2;
     }
     const char *indexes = po.index ? po.index : "ivf";

@@ -186,9 +186,9 @@ int cli_stats(int argc, char **argv)
                 EVAL_STATS_MAX_R);
         return 2;
     }
-    int kv_type = cli_kv_type(mo.kv_type);
+    int kv_type = cli_model_kv_type(&mo, err, sizeof err); /* --kv-type, -ctk, -ctv */
     if (kv_type < 0) {
-        fprintf(stderr, "error: --kv-type must be f16 or f32, not '%s'\n", mo.kv_type);
+        fprintf(stderr, "error: %s\n", err);
         return 2;
     }
     const char *name = so.file ? so.file : "data/text/tinyshakespeare_input.txt";
