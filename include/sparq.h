@@ -365,6 +365,21 @@ SPARQ_API void sparq_context_mark_prefix(sparq_context *c);
 SPARQ_API int sparq_context_save_kv(sparq_context *c, const char *path, const char *indexes,
                           const int32_t *tokens, int64_t n_tokens, char *err, size_t err_size);
 
+/* A cache prefilled by llama.cpp, elsewhere: converts the sequence state
+ * that llama-server's /slots/ID?action=save or llama_state_seq_save_file
+ * wrote (llama.cpp b5913 and later; others are refused, saying so) for the
+ * same GGUF into the KV cache file kv_path, with the index kinds `indexes`
+ * (as sparq_context_save_kv), built in place as a sparse prefill's is.
+ * kv_type is the file's SPARQ_KV_* or -1 for the state's own (bf16 becomes
+ * f32). The state names no model: its layer count and row widths are
+ * checked against m, its token ids against the vocabulary. p gives the
+ * capacity (n_ctx; 0: the model's, or the state's positions if more) and
+ * threads. *n_out (may be NULL) gets the positions. 0, or -1 with a
+ * message (llama_state.h lists the format and what is refused). */
+SPARQ_API int sparq_import_llama_state(sparq_model *m, const sparq_context_params *p, const char *state_path,
+                                       const char *kv_path, const char *indexes, int kv_type, int64_t *n_out,
+                                       char *err, size_t err_size);
+
 enum { SPARQ_VERIFY_AUTO = 0, SPARQ_VERIFY_ALWAYS = 1 };
 /* Creates a context whose KV cache is the file at path, mapped privately
  * (pages are read from disk on demand; later tokens go to private memory).

@@ -7,6 +7,7 @@
 #   fuzz_json       the JSON reader and string writer
 #   fuzz_index      key-index images (exact, ivf; hnsw needs Faiss) and search
 #   fuzz_request    the server's request bodies (server/request.h), every endpoint
+#   fuzz_llama_state  llama.cpp sequence states (io/llama_state.h), seeded with tests/data/llamacpp
 #   fuzz/fuzz_*.c   any other harness added there (seeds: none but the corpus)
 #
 # The library is built once with clang, ASan + UBSan and fuzzer coverage into
@@ -231,6 +232,7 @@ printf '{"content":"Once upon a time","add_special":true}' > "$R/tokenize"
 printf '{"tokens":[1,2,3]}' > "$R/detokenize"
 printf '{"prompt":[1,5],"logit_bias":{"3":-100,"258":2.5},"sparq":{"prefix_id":"doc-42"}}' > "$R/bias-prefix"
 
+mkdir -p "$OUT/seeds/fuzz_llama_state" && cp -f tests/data/llamacpp/*.state "$OUT/seeds/fuzz_llama_state/" 2>/dev/null
 echo "fuzz: harnesses:$harnesses; ${SECONDS_TOTAL}s each; $n_real real GGUF seeds"
 failed=0
 for name in $harnesses; do
@@ -239,7 +241,7 @@ for name in $harnesses; do
   # metadata and tensor infos are in the first 64 KiB; KV files need their
   # 4 KiB-aligned sections)
   case $name in
-    fuzz_kvfile) max_len=262144 ;;
+    fuzz_kvfile|fuzz_llama_state) max_len=262144 ;;
     fuzz_gguf) max_len=65536 ;;
     *) max_len=4096 ;;
   esac

@@ -186,6 +186,7 @@ int cli_eval(int argc, char **argv);
 int cli_eval_prefill(int argc, char **argv); /* eval prefill-fidelity */
 int cli_stats(int argc, char **argv);
 int cli_prefill(int argc, char **argv);
+int cli_import(int argc, char **argv);
 int cli_topk(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 

@@ -21,6 +21,7 @@ static const subcommand subcommands[] = {
     { "eval", cli_eval, "task metrics and fidelity vs dense, per policy and transfer ratio" },
     { "stats", cli_stats, "attention statistics of a forward pass (q kurtosis, top-k agreement, ...)" },
     { "prefill", cli_prefill, "prefill a context once and save its KV cache (and indexes) to a file" },
+    { "import", cli_import, "a llama.cpp saved sequence state to a KV cache file (with indexes)" },
     { "serve", cli_serve, "OpenAI-compatible HTTP server with continuous batching" },
     { "bench-topk", cli_topk, "top-k attention over a synthetic N-token prefix decoded from a KV file" },
 };
