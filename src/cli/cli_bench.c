@@ -26,6 +26,7 @@
  * Arithmetic, statistics and formatting live in bench.c (tested there).
  */
 #include "cli/cli.h"
+#include "util/sysmem.h"
 #include "bench/bench.h"
 #include "core/kvcache.h"
 #include "core/model.h"
@@ -195,19 +196,6 @@ static void *alloc64(size_t bytes)
     bytes = (bytes + 63) / 64 * 64;
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
     return p;
-}
-
-/* MemAvailable from /proc/meminfo in bytes; 0 if unknown. */
-static int64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    fclose(f);
-    return (int64_t)kb * 1024;
 }
 
 /* Resident set size now, bytes (/proc/self/statm); -1 if unknown. */
@@ -668,7 +656,7 @@ static int sweep_shape(const attn_sweep *w, attn_point pt, const char *kv_name, 
      * memory for everything else */
     const int with_kt = !!(w->needs & ATTN_NEEDS_KT);
     const double per_pos = (double)pt.B * pt.kvh * (double)attn_kv_row_bytes(pt.kv_elem, pt.d) * (2 + with_kt);
-    const int64_t avail = mem_available();
+    const int64_t avail = sysmem_available();
     int n_fit = w->n_S;
     if (avail > 0)
         while (n_fit > 0 && per_pos * (double)w->S[n_fit - 1] > 0.7 * (double)avail) n_fit--;

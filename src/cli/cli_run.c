@@ -13,6 +13,7 @@
  *   cli_run          options, model, context; then one prompt or run_chat
  */
 #include "cli/cli.h"
+#include "util/sysmem.h"
 #include "util/textbuf.h"
 
 #include <errno.h>
@@ -596,13 +597,8 @@ static const char *run_kv_file(const run_opts *ro, const sparq_model *m, const s
     const double row = cp->kv_type == SPARQ_KV_F32 ? 4.0 * d : cp->kv_type == SPARQ_KV_Q8_0 ? (d + 31) / 32 * 34.0
                                                                                             : 2.0 * d;
     const double bytes = 2.0 * row * sparq_model_n_layer(m) * sparq_model_n_kv_head(m) * (double)cp->n_ctx;
-    long long avail_kib = -1;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &avail_kib) == 1) break;
-    if (f) fclose(f);
-    if (avail_kib <= 0 || bytes <= 0.5 * avail_kib * 1024.0) return NULL;
+    const int64_t avail = sysmem_available();
+    if (avail <= 0 || bytes <= 0.5 * (double)avail) return NULL;
     const char *dir = getenv("TMPDIR");
     /* a cache the disk cannot hold either stays a memory question: the
      * context's own checks then say what is wrong with -c */

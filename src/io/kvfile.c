@@ -15,6 +15,7 @@
 #include "util/err.h"
 #include "util/paths.h"
 #include "io/kvfile.h"
+#include "util/sysmem.h"
 #include "index/index.h"
 #include "tensor/quant.h"
 
@@ -895,11 +896,16 @@ void kvf_advise_random(kvf_file *f)
 
 /* The policy asks for an image when it is about to use it, and will scan
  * it again and again: read it in and map it now, in one sequential pass,
- * rather than a page fault at a time during decoding. */
+ * rather than a page fault at a time during decoding - when the file's
+ * images fit easily in memory. When they do not (a million-token file on
+ * a small machine), reading each one in whole would push the previous ones
+ * and the K/V rows out of the page cache and read the file from disk at
+ * every step: a search then faults in only the lists it probes. */
 static const void *find_cb(const void *user, int layer, int kv_head, const char *kind, size_t *bytes)
 {
-    const void *img = kvf_find_index(user, layer, kv_head, kind, bytes);
-    if (img) {
+    const kvf_file *f = user;
+    const void *img = kvf_find_index(f, layer, kv_head, kind, bytes);
+    if (img && f->populate) {
         const uintptr_t a = (uintptr_t)img & ~(uintptr_t)(KVF_PAGE - 1);
         const size_t len = (size_t)((uintptr_t)img + *bytes - a);
 #ifdef MADV_POPULATE_READ
@@ -1089,6 +1095,8 @@ static int open_checked(kvf_file *f, const char *path, const kvf_fingerprint *ex
     f->v = f->map + h.v_off;
     f->kt = h.kt_off ? f->map + h.kt_off : NULL;
     f->source.find = find_cb;
+    const int64_t avail = sysmem_available();
+    f->populate = avail <= 0 || h.images_bytes <= (uint64_t)avail / 4;
     f->source.user = f;
     const uint64_t per_head = (uint64_t)f->n * L.row;
     f->data_bytes = L.heads * per_head * (f->kt ? 3 : 2);

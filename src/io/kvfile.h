@@ -119,6 +119,9 @@ typedef struct kvf_file {
     int       verified;       /* the data checksums were checked            */
     uint64_t  data_bytes;     /* what verification hashes                   */
     uint64_t  file_bytes;
+    int       populate;       /* read each image in whole when first asked
+                                 for: the images take at most a quarter of
+                                 the available memory                      */
     /* private */
     int       fd;
     uint8_t  *map;
