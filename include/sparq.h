@@ -373,8 +373,8 @@ SPARQ_API int sparq_context_save_kv(sparq_context *c, const char *path, const ch
  * kv_type is the file's SPARQ_KV_* or -1 for the state's own (bf16 becomes
  * f32). The state names no model: its layer count and row widths are
  * checked against m, its token ids against the vocabulary. p gives the
- * capacity (n_ctx; 0: the model's, or the state's positions if more) and
- * threads. *n_out (may be NULL) gets the positions. 0, or -1 with a
+ * capacity (n_ctx; 0: the model's training context, or the state's
+ * positions + 4096 if that is more) and threads. *n_out (may be NULL) gets the positions. 0, or -1 with a
  * message (llama_state.h lists the format and what is refused). */
 SPARQ_API int sparq_import_llama_state(sparq_model *m, const sparq_context_params *p, const char *state_path,
                                        const char *kv_path, const char *indexes, int kv_type, int64_t *n_out,

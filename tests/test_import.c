@@ -365,6 +365,15 @@ static void llamacpp_states(void)
         free(tok);
         sparq_model_free(m);
     }
+    /* a state of another model is refused, and leaves no file */
+    sparq_model *m = NULL;
+    if (access(fx[2].file, R_OK) == 0 && sparq_model_load("stories260K.gguf", &m, err, sizeof err) == 0) {
+        sparq_context_params cp = sparq_context_default_params();
+        CHECK(sparq_import_llama_state(m, &cp, fx[2].file, kv, "ivf", -1, NULL, err, sizeof err) != 0 &&
+                  strstr(err, "another model") && access(kv, F_OK) != 0,
+              "tiny-d64's state with stories260K: %s", err);
+        sparq_model_free(m);
+    }
 }
 
 /* llst_hadamard against the matrix built by its recursive definition

@@ -117,6 +117,8 @@ PROTOTYPES = {
     "sparq_context_save_kv": (c_int, [c_void_p, c_char_p, c_char_p, P(c_int32), c_int64, c_char_p, c_size_t]),
     "sparq_context_load_kv": (c_int, [c_void_p, P(sparq_context_params), c_char_p, c_int, P(c_void_p),
                                       c_char_p, c_size_t]),
+    "sparq_import_llama_state": (c_int, [c_void_p, P(sparq_context_params), c_char_p, c_char_p, c_char_p, c_int,
+                                         P(c_int64), c_char_p, c_size_t]),
     "sparq_context_attn_stats": (None, [c_void_p, P(sparq_attn_stats)]),
     "sparq_sampler_default_params": (sparq_sampler_params, []),
     "sparq_sampler_create": (c_void_p, [P(sparq_sampler_params), c_int]),

@@ -477,6 +477,35 @@ class Context:
         return {f: getattr(s, f) for f, _ in s._fields_}
 
 
+def import_llama_state(model, state_path, kv_path, indexes="ivf", kv_type=None, n_ctx=0, n_threads=0):
+    """Converts a llama.cpp sequence state (llama-server's /slots/ID?action=save,
+    llama.cpp b5913 or later) of the same GGUF into the KV file kv_path with
+    the index kinds `indexes` (comma list, "" for none); the cache keeps the
+    state's type unless kv_type ("f32", "f16", "q8_0") says otherwise.
+    Returns the positions imported; Context.load_kv(model, kv_path) reads it."""
+    paths = []
+    for what, p in (("state_path", state_path), ("kv_path", kv_path)):
+        p = os.fsdecode(p) if isinstance(p, (bytes, os.PathLike)) else p
+        if not isinstance(p, str):
+            raise TypeError("%s must be a str or path" % what)
+        paths.append(p)
+    types = dict(KV_TYPES, q8_0=2)
+    if kv_type is not None and kv_type not in types:
+        raise ValueError("kv_type must be one of %s or None, not %r" % (sorted(types), kv_type))
+    lib_ = lib()
+    cp = lib_.sparq_context_default_params()
+    cp.n_ctx = _int(n_ctx, "n_ctx")
+    cp.n_threads = _int(n_threads, "n_threads")
+    n = ctypes.c_int64(0)
+    err = ctypes.create_string_buffer(ERR_SIZE)
+    rc = lib_.sparq_import_llama_state(model._handle(), ctypes.byref(cp), _bytes(paths[0], "state_path"),
+                                       _bytes(paths[1], "kv_path"), _bytes(indexes or "", "indexes"),
+                                       -1 if kv_type is None else types[kv_type], ctypes.byref(n), err, ERR_SIZE)
+    if rc != 0:
+        raise SparqError(err.value.decode("utf-8", "replace") or "cannot import the state")
+    return n.value
+
+
 def _logit_bias(logit_bias):
     """{token id: bias} as two ctypes arrays (ids, biases) and their length.
     Keys are ints or, as in OpenAI's JSON, decimal strings ("50256"); a

@@ -131,7 +131,8 @@ int sparq_import_llama_state(sparq_model *m, const sparq_context_params *p, cons
     }
     sparq_context_params cp = *p;
     cp.kv_type = kv_type >= 0 ? kv_type : kv_type_of_state(f.k_type);
-    if (cp.n_ctx == 0) cp.n_ctx = f.n_cells > hp->n_ctx_train ? f.n_cells : hp->n_ctx_train;
+    /* room for a question and its answer after the document */
+    if (cp.n_ctx == 0) cp.n_ctx = f.n_cells + 4096 > hp->n_ctx_train ? f.n_cells + 4096 : hp->n_ctx_train;
     if (cp.n_ctx < f.n_cells) {
         err_set(err, err_size, "import: the state holds %lld positions, more than the context %lld (-c)",
                 (long long)f.n_cells, (long long)cp.n_ctx);

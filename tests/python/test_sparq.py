@@ -5,6 +5,7 @@ import ctypes
 import json
 import math
 import os
+import struct
 import shutil
 import subprocess
 import sys
@@ -261,6 +262,29 @@ def test_kv_file_roundtrip_low_level(model, tmp_path):
         assert c2.pos == len(ids) - 1 and c2.n_ctx == 64
         got = c2.eval(ids[-1:])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_import_llama_state(model, tmp_path):
+    """A state llama.cpp wrote (tests/data/llamacpp) imports, loads, and
+    continues as sparq's own prefill of its tokens; a file that is no state
+    raises with the library's reason."""
+    state = os.path.join(ROOT, "tests", "data", "llamacpp", "stories260K-f16-fa.state")
+    kv = str(tmp_path / "imported.kv")
+    n = sparq.import_llama_state(model, state, kv, indexes="ivf")
+    ids = list(struct.unpack_from("<%di" % n, open(state, "rb").read(), 12))
+    assert n == 221 and len(ids) == n
+    with sparq.Context(model, n_ctx=n + 8, n_threads=1) as own, sparq.Context.load_kv(model, kv) as got:
+        assert got.pos == n
+        own.eval(ids)
+        a, b = own.eval([ids[-1]]), got.eval([ids[-1]])
+    assert int(np.argmax(a)) == int(np.argmax(b))
+    np.testing.assert_allclose(b, a, rtol=0, atol=2e-2)  # both caches f16; llama.cpp's keys differ by rounding
+    bad = tmp_path / "bad.state"
+    bad.write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(sparq.SparqError, match="not a sequence state"):
+        sparq.import_llama_state(model, str(bad), str(tmp_path / "x.kv"))
+    with pytest.raises(ValueError):
+        sparq.import_llama_state(model, state, kv, kv_type="q4_0")
 
 
 # ---- high level: output equals `sparq run` --------------------------------------
