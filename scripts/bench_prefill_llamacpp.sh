@@ -51,14 +51,14 @@ prog.write("# seconds since the request, prompt tokens processed (llama-server's
 last = 0
 while th.is_alive() and (limit <= 0 or time.time() - t0 < limit):
     for line in log.readlines():
-        m = re.search(r"n_tokens = (\d+).*progress = ([0-9.]+)", line)
+        m = re.search(r"n_tokens =\s*(\d+), progress =\s*([0-9.]+)", line)
         if m and "prompt processing" in line:
             prog.write("%.1f %s\n" % (time.time() - t0, m.group(1)))
             prog.flush()
             last = int(m.group(1))
     time.sleep(1.0)
 for line in log.readlines():
-    m = re.search(r"n_tokens = (\d+).*progress = ([0-9.]+)", line)
+    m = re.search(r"n_tokens =\s*(\d+), progress =\s*([0-9.]+)", line)
     if m and "prompt processing" in line:
         last = int(m.group(1))
 s = open(out + "/llamacpp-summary.txt", "a")
