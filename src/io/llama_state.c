@@ -56,8 +56,9 @@ static const char *type_name(int t)
     return q && q->name ? q->name : "unknown";
 }
 
-/* One layer's type and row size, the same in every layer. */
-static int layer_type(cursor *c, int layer, const char *kind, int *type, uint64_t *unit, int first)
+/* One layer's type and row size: layer 0's set them (whole blocks of the
+ * type, and the row width), every later layer must repeat them. */
+static int layer_rows(cursor *c, int layer, const char *kind, int *type, size_t *row_bytes, int64_t *width)
 {
     uint32_t t;
     uint64_t u;
@@ -66,12 +67,19 @@ static int layer_type(cursor *c, int layer, const char *kind, int *type, uint64_
         return err_set(c->err, c->err_size,
                        "llama.cpp state: %s cache type %u (%s) in layer %d; f32, f16, bf16 and q8_0 are read", kind, t,
                        type_name((int)t), layer);
-    if (first) {
-        *type = (int)t;
-        *unit = u;
-    } else if ((int)t != *type || u != *unit) {
-        return err_set(c->err, c->err_size, "llama.cpp state: layer %d's %s rows differ from layer 0's", layer, kind);
+    if (layer > 0) {
+        if ((int)t != *type || u != *row_bytes)
+            return err_set(c->err, c->err_size, "llama.cpp state: layer %d's %s rows differ from layer 0's", layer,
+                           kind);
+        return 0;
     }
+    const quant_traits *q = quant_traits_of(t);
+    if (u == 0 || u > (1u << 24) || u % q->block_bytes)
+        return err_set(c->err, c->err_size, "llama.cpp state: %s rows of %llu bytes are not whole %s blocks", kind,
+                       (unsigned long long)u, q->name);
+    *type = (int)t;
+    *row_bytes = (size_t)u;
+    *width = (int64_t)(u / q->block_bytes) * q->block_size;
     return 0;
 }
 
@@ -135,32 +143,14 @@ static int parse(llst_file *f, cursor *c)
         f->k_off = calloc(n_layer, sizeof *f->k_off);
         f->v_off = calloc(n_layer, sizeof *f->v_off);
         if (!f->k_off || !f->v_off) return err_set(err, err_size, "llama.cpp state: out of memory");
-        uint64_t unit = 0;
         for (uint32_t l = 0; l < n_layer; l++) {
-            if (layer_type(c, (int)l, "K", &f->k_type, &unit, l == 0)) return -1;
-            if (l == 0) {
-                const quant_traits *q = quant_traits_of((uint32_t)f->k_type);
-                if (unit == 0 || unit > (1u << 24) || unit % q->block_bytes)
-                    return err_set(err, err_size, "llama.cpp state: K rows of %llu bytes are not whole %s blocks",
-                                   (unsigned long long)unit, q->name);
-                f->k_row_bytes = unit;
-                f->n_embd_k = (int64_t)(unit / q->block_bytes) * q->block_size;
-            }
+            if (layer_rows(c, (int)l, "K", &f->k_type, &f->k_row_bytes, &f->n_embd_k)) return -1;
             f->k_off[l] = c->at;
             if (take(c, (size_t)n_cells * f->k_row_bytes, "K rows", &b)) return -1;
         }
         for (uint32_t l = 0; l < n_layer; l++) {
-            const quant_traits *q;
             if (!v_trans) {
-                if (layer_type(c, (int)l, "V", &f->v_type, &unit, l == 0)) return -1;
-                q = quant_traits_of((uint32_t)f->v_type);
-                if (l == 0) {
-                    if (unit == 0 || unit > (1u << 24) || unit % q->block_bytes)
-                        return err_set(err, err_size, "llama.cpp state: V rows of %llu bytes are not whole %s blocks",
-                                       (unsigned long long)unit, q->name);
-                    f->v_row_bytes = unit;
-                    f->n_embd_v = (int64_t)(unit / q->block_bytes) * q->block_size;
-                }
+                if (layer_rows(c, (int)l, "V", &f->v_type, &f->v_row_bytes, &f->n_embd_v)) return -1;
                 f->v_off[l] = c->at;
                 if (take(c, (size_t)n_cells * f->v_row_bytes, "V rows", &b)) return -1;
                 continue;
@@ -171,7 +161,7 @@ static int parse(llst_file *f, cursor *c)
             /* transposed V is stored per element: only unblocked types */
             if (t != QT_F32 && t != QT_F16 && t != QT_BF16)
                 return err_set(err, err_size, "llama.cpp state: transposed V of type %u (%s)", t, type_name((int)t));
-            q = quant_traits_of(t);
+            const quant_traits *q = quant_traits_of(t);
             if (el != q->block_bytes || n_embd < 1 || n_embd > (1u << 20))
                 return err_set(err, err_size, "llama.cpp state: transposed V of %u-byte elements, width %u", el,
                                n_embd);
