@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 #include "core/chat.h"
 #include "eval/sweep.h"
+#include "io/kvfile.h"
 #include "util/json.h"
 #include "util/paths.h"
 
@@ -550,4 +551,21 @@ double cli_now(void)
 void cli_json_str(FILE *f, const char *s, size_t n)
 {
     json_write_str(f, s, n);
+}
+
+int cli_kv_output(const char *index, const char *save, const char **indexes)
+{
+    char err[512];
+    *indexes = index ? index : "ivf";
+    if (strcmp(*indexes, "none") == 0) *indexes = "";
+    const char *kinds[KVF_MAX_KINDS];
+    if (kvf_parse_kinds(*indexes, kinds, err, sizeof err) < 0) {
+        fprintf(stderr, "error: --index: %s\n", err);
+        return 2;
+    }
+    if (kvf_check_writable(save, err, sizeof err)) {
+        fprintf(stderr, "error: --save-kv: %s\n", err);
+        return 2;
+    }
+    return 0;
 }

@@ -78,6 +78,12 @@ extern const cli_opt cli_model_table[];
  * a message. */
 int cli_model_kv_type(const cli_model_opts *o, char *err, size_t err_size);
 
+/* What a command that writes a KV file (prefill, import) checks before its
+ * long work: the index kinds of --index (NULL: ivf; "none": no index) into
+ * *indexes, and that the --save-kv path can be written. 0, or 2 with the
+ * error printed. */
+int cli_kv_output(const char *index, const char *save, const char **indexes);
+
 /* llama-cli / llama-server options accepted for their habits: -ngl,
  * --mlock, -fa, --no-warmup, --color do nothing on this CPU engine (one
  * note each on stderr says so); -ub sets the one batch size sparq has;

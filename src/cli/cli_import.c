@@ -6,7 +6,6 @@
  * stdout: nothing, or one JSON object with --json.
  */
 #include "cli/cli.h"
-#include "io/kvfile.h"
 
 #include <string.h>
 #include <sys/stat.h>
@@ -52,17 +51,8 @@ int cli_import(int argc, char **argv)
             return 2;
         }
     }
-    const char *indexes = io.index ? io.index : "ivf";
-    if (strcmp(indexes, "none") == 0) indexes = "";
-    const char *kinds[KVF_MAX_KINDS];
-    if (kvf_parse_kinds(indexes, kinds, err, sizeof err) < 0) {
-        fprintf(stderr, "error: --index: %s\n", err);
-        return 2;
-    }
-    if (kvf_check_writable(io.save, err, sizeof err)) {
-        fprintf(stderr, "error: --save-kv: %s\n", err);
-        return 2;
-    }
+    const char *indexes;
+    if (cli_kv_output(io.index, io.save, &indexes)) return 2;
     sparq_model *m = cli_load_model(&mo, path, sizeof path);
     if (!m) return 1;
     sparq_context_params cp = sparq_context_default_params();

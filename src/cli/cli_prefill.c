@@ -9,7 +9,6 @@
  * stdout: nothing, or one JSON object with --json; progress on stderr.
  */
 #include "cli/cli.h"
-#include "io/kvfile.h"
 #include "util/textbuf.h"
 
 #include <signal.h>
@@ -99,18 +98,9 @@ int cli_prefill(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err);
         return 2;
     }
-    const char *indexes = po.index ? po.index : "ivf";
-    if (strcmp(indexes, "none") == 0) indexes = "";
     /* what would only fail after the long prefill is checked before it */
-    const char *kinds[KVF_MAX_KINDS];
-    if (kvf_parse_kinds(indexes, kinds, err, sizeof err) < 0) {
-        fprintf(stderr, "error: --index: %s\n", err);
-        return 2;
-    }
-    if (kvf_check_writable(po.save, err, sizeof err)) {
-        fprintf(stderr, "error: --save-kv: %s\n", err);
-        return 2;
-    }
+    const char *indexes;
+    if (cli_kv_output(po.index, po.save, &indexes)) return 2;
 
     int rc = 1;
     sparq_model *m = NULL;
