@@ -1071,6 +1071,116 @@ static void named_document(const char *model, int port)
     CHECK(system(cmd) == 0, "rm %s", dir);
 }
 
+/* `serve --load-kv ID=PATH`: a document prefilled into its own KV file is
+ * continued by requests that name it (the prompt is what follows it). Each
+ * answer equals `sparq run --load-kv PATH --prefill-attn policy` with the
+ * same policy, alone and with the others at once (a batch of contexts
+ * mapped from one file); a bad spec or file stops the server at start with
+ * one line; chat, a prompt past the file's room, or a name that is not a
+ * document behave as documented. */
+static void loaded_document(const char *model)
+{
+    char dir[] = "/tmp/sparq_test_server_doc_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    char kv[128], bad[160], cmd[4096];
+    snprintf(kv, sizeof kv, "%s/book.kv", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s prefill -m %s -c 400 -t 1 --index ivf --save-kv %s -p 'Once upon a time, there was a little girl "
+             "named Lily. She loved to play in the park with her dog Max. One day, Lily and Max found a big red ball "
+             "under a tree. They played with it all day, and when the sun went down they went home happy.' >/dev/null 2>&1",
+             bin, model, kv);
+    int rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "prefill --save-kv of the document");
+    static const struct { const char *run, *json; } pols[] = {
+        { "", "" },
+        { "--attn topk --topk-k 8", ", \"attn\": \"topk\", \"topk_k\": 8" },
+        { "--attn sparq --sparq-r 2 --sparq-k 8", ", \"attn\": \"sparq\", \"r\": 2, \"k\": 8" },
+        { "--attn streaming --attn-k 12 --n-sink 4", ", \"attn\": \"streaming\", \"attn_k\": 12, \"n_sink\": 4" },
+    };
+    enum { NP = sizeof pols / sizeof pols[0] };
+    static const char *const qs[NP] = { " Then", " The next day, Lily", " Max", " She" };
+    char *ref[NP] = { 0 }, *body[NP] = { 0 };
+    for (int i = 0; i < NP; i++) {
+        char args[2600];
+        snprintf(args, sizeof args, "-m %s --load-kv %s -t 1 --prefill-attn policy -p '%s' -n 24 --temp 0 %s", model,
+                 kv, qs[i], pols[i].run);
+        ref[i] = run_capture(args);
+        CHECK(ref[i] && ref[i][0], "run --load-kv reference %d", i);
+        size_t n = 0;
+        FILE *f = open_memstream(&body[i], &n);
+        if (f) {
+            fputs("{\"prompt\": ", f);
+            json_str_to(f, qs[i]);
+            fprintf(f, ", \"max_tokens\": 24, \"temperature\": 0, \"sparq\": {\"prefix_id\": \"book\"%s}}", pols[i].json);
+            fclose(f);
+        }
+    }
+    server s;
+    char args[2048];
+    snprintf(args, sizeof args, "-m %s -c 512 -t 1 --parallel 4 --load-kv book=%s --api-key %s", model, kv, key);
+    if (start_server(&s, args) == 0) {
+        for (int i = 0; i < NP; i++) {
+            char *t = body[i] ? complete(s.port, body[i]) : NULL;
+            CHECK(t && ref[i] && !strcmp(t, ref[i]), "document, policy %d alone: '%s' vs run's '%s'", i,
+                  t ? t : "(none)", ref[i] ? ref[i] : "(none)");
+            free(t);
+        }
+        char *got[NP] = { 0 };
+        int status[NP] = { 0 };
+        send_together(s.port, body, NP, got, status);
+        for (int i = 0; i < NP; i++) {
+            const char *t = status[i] == 200 ? got[i] : NULL;
+            CHECK(t && ref[i] && !strcmp(t, ref[i]), "document, policy %d with the others at once: '%s'", i,
+                  got[i] ? got[i] : "(none)");
+            free(got[i]);
+        }
+        /* the file holds 400 positions in all: no room for 400 more tokens (the server's own contexts have 512) */
+        char big[8192] = "{\"prompt\": [";
+        for (int i = 0; i < 400; i++) strcat(big, i ? ",5" : "5");
+        strcat(big, "], \"sparq\": {\"prefix_id\": \"book\"}}");
+        expect_error(s.port, "POST", "/v1/completions", big, 1, 400, "after the document", "prompt past the room");
+        expect_error(s.port, "POST", "/v1/chat/completions",
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"sparq\": {\"prefix_id\": \"book\"}}",
+                     1, 400, "not chat", "chat continuing a document");
+        /* another name is the prefix cache's as before: the prompt stands alone */
+        char *plain = complete(s.port, "{\"prompt\": \"Max\", \"max_tokens\": 8, \"temperature\": 0, "
+                                       "\"sparq\": {\"prefix_id\": \"other\"}}");
+        char rargs[1200];
+        snprintf(rargs, sizeof rargs, "-m %s -c 512 -t 1 -p 'Max' -n 8 --temp 0", model);
+        char *pref = run_capture(rargs);
+        CHECK(plain && pref && !strcmp(plain, pref), "a name that is no document: '%s' vs '%s'", plain ? plain : "",
+              pref ? pref : "");
+        free(plain);
+        free(pref);
+        CHECK(stop_server(&s) == 0, "document server: SIGTERM did not end it cleanly");
+    }
+    /* bad specs and files: a one-line error at start, exit status 1 or 2 */
+    snprintf(bad, sizeof bad, "%s/cut.kv", dir);
+    snprintf(cmd, sizeof cmd, "head -c 3000 %s > %s", kv, bad);
+    CHECK(system(cmd) == 0, "truncated copy");
+    const char *specs[] = { "book", "=x", "book=/nonexistent/file.kv", "a=%s --load-kv a=%s", "cut=%s" };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        char spec[512];
+        snprintf(spec, sizeof spec, specs[i], i == 4 ? bad : kv, kv);
+        snprintf(cmd, sizeof cmd, "%s serve -m %s --port 0 --load-kv %s 2>%s/err.txt", bin, model, spec, dir);
+        rc = system(cmd);
+        char errf[200];
+        snprintf(errf, sizeof errf, "%s/err.txt", dir);
+        size_t n = 0;
+        char *e = test_read_file(errf, &n);
+        const char *line = e ? strstr(e, "error: ") : NULL;
+        CHECK(WIFEXITED(rc) && (WEXITSTATUS(rc) == 1 || WEXITSTATUS(rc) == 2) && line && strstr(line, "load-kv"),
+              "--load-kv %s: exit %d, '%s'", spec, WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, e ? e : "");
+        free(e);
+    }
+    for (int i = 0; i < NP; i++) {
+        free(ref[i]);
+        free(body[i]);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "rm %s", dir);
+}
+
 /* --kv-dir writes leave the scheduler thread: 12 documents sent at once
  * all get their answers; each prefix either becomes a file or is counted
  * as skipped (the writer's queue was full), never an error; SIGTERM right
@@ -1335,6 +1445,7 @@ int main(void)
     shared_document(model);
     warm_tails(model);
     kv_dir_burst(model);
+    loaded_document(model);
     if (s.pid > 0) {
         /* validation needs a running server: a fresh one */
         snprintf(args, sizeof args, "-m %s -c 256 -t 1 --api-key %s", model, key);

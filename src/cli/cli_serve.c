@@ -26,6 +26,7 @@ typedef struct serve_opts {
     int         kv_dir_mb;
     int         max_conns, max_conns_per_ip;
     float       read_timeout;
+    cli_strs    docs;
 } serve_opts;
 
 static const cli_opt serve_table[] = {
@@ -54,6 +55,10 @@ static const cli_opt serve_table[] = {
     { "--read-timeout", NULL, OPT_FLOAT, OFF(read_timeout), "SEC",
       "a request's head and body must arrive within SEC of the connection opening, or of its previous "
       "answer (default 30)" },
+    { "--load-kv", NULL, OPT_STRS, OFF(docs), "ID=PATH",
+      "serve the document prefilled into the KV file PATH (sparq prefill --save-kv, sparq import) under the name ID: "
+      "a request with \"sparq\": {\"prefix_id\": ID} continues it (its prompt is what follows the document); "
+      "the file is mapped, not copied, however large (repeatable)" },
     { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
     { 0 },
 };
@@ -117,7 +122,7 @@ int cli_serve(int argc, char **argv)
     cli_compat_opts co = { 0 };
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30 };
+    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30, { { 0 }, 0 } };
     cli_group groups[] = {
         { "model", cli_model_table, &mo },
         { "server", serve_table, &so },
@@ -191,6 +196,27 @@ int cli_serve(int argc, char **argv)
         free(key);
         return 2;
     }
+    srv_doc *docs = NULL;
+    if (srv_docs_open(m, so.docs.v, so.docs.n, &docs, err, sizeof err)) {
+        fprintf(stderr, "error: serve: %s\n", err);
+        sparq_model_free(m);
+        free(key);
+        return 1;
+    }
+    for (int i = 0; i < so.docs.n; i++) {
+        /* the default policy sized for the document's context (a ratio is a fraction of it) */
+        if (cli_attn_params(&ao, docs[i].n_ctx, sparq_model_head_dim(m), &docs[i].attn, err, sizeof err)) {
+            fprintf(stderr, "error: serve: --load-kv %s: %s\n", docs[i].id, err);
+            srv_docs_free(docs, so.docs.n);
+            sparq_model_free(m);
+            free(key);
+            return 2;
+        }
+        fprintf(stderr, "serve: document '%s': %lld positions, capacity %lld (%s)\n", docs[i].id,
+                (long long)docs[i].n_pos, (long long)docs[i].n_ctx, docs[i].path);
+    }
+    cfg.docs = docs;
+    cfg.n_docs = so.docs.n;
     /* SIGTERM/SIGINT are taken by this thread only: the others never see them */
     sigset_t block;
     sigemptyset(&block);
@@ -201,6 +227,7 @@ int cli_serve(int argc, char **argv)
     srv_server *s = srv_start(m, &cfg, err, sizeof err);
     if (!s) {
         fprintf(stderr, "error: %s\n", err);
+        srv_docs_free(docs, so.docs.n);
         sparq_model_free(m);
         free(key);
         return 1;
@@ -227,6 +254,7 @@ int cli_serve(int argc, char **argv)
     sigwait(&wait_set, &sig);
     fprintf(stderr, "serve: signal %d: finishing the running requests (up to 5 s), then exiting\n", sig);
     srv_stop(s, 5.0);
+    srv_docs_free(docs, so.docs.n);
     sparq_model_free(m);
     free(key);
     fprintf(stderr, "serve: stopped\n");

@@ -355,6 +355,10 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         }
         memcpy(r->prefix_id, pid->u.str, pid->n);
         r->prefix_id[pid->n] = 0;
+        /* a --load-kv document: its capacity is the context the policy
+         * (and a ratio) is for */
+        r->doc = srv_doc_find(e->docs, e->n_docs, r->prefix_id);
+        if (r->doc >= 0) r->attn = e->docs[r->doc].attn;
         if (x->n == 1) goto copy; /* only the name: the server's attention */
     }
     cli_attn_opts ao;
@@ -376,7 +380,7 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         *idst[j] = (int)v;
     }
     if (get_bool(x, "no_realloc", &ao.no_realloc, err, n)) return -1;
-    const int64_t S = e->n_ctx;
+    const int64_t S = r->doc >= 0 ? e->docs[r->doc].n_ctx : e->n_ctx;
     if (cli_attn_params(&ao, S, sparq_model_head_dim(e->model), &r->attn, err, n)) return -1;
 copy:
     /* the request owns its strings: the document is freed before decoding */
@@ -455,7 +459,8 @@ static int parse_prompt(const srv_parse_env *e, const json_value *o, srv_request
         p = json_at(p, 0);
     }
     int cnt;
-    if (p && p->type == JSON_STRING) cnt = tokenize_text(e, p->u.str, p->n, 1, &r->prompt, err, n);
+    /* after a document no BOS: the document began the sequence */
+    if (p && p->type == JSON_STRING) cnt = tokenize_text(e, p->u.str, p->n, r->doc < 0, &r->prompt, err, n);
     else if (p && p->type == JSON_ARRAY) cnt = parse_ids(e, p, &r->prompt, err, n);
     else {
         snprintf(err, n, "'prompt' must be a string or an array of token ids");
@@ -554,9 +559,18 @@ done:
     return rc;
 }
 
+/* A document loaded with --load-kv is text the prompt continues, not the
+ * start of a conversation a chat template could render. */
+static int doc_not_chat(const srv_parse_env *e, const srv_request *r, char *err, size_t n)
+{
+    snprintf(err, n, "the document '%s' (--load-kv) is continued through /v1/completions, not chat", e->docs[r->doc].id);
+    return -1;
+}
+
 static int parse_generate(const srv_parse_env *e, const json_value *o, int chat, srv_request *r, char *err, size_t n)
 {
     r->chat = chat;
+    r->doc = -1;
     int64_t max_tokens = chat ? -1 : 16;
     if (o->type != JSON_OBJECT) {
         snprintf(err, n, "the body must be a JSON object");
@@ -571,15 +585,19 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
     if (parse_sampling(e, o, r, chat, err, n) || parse_attn(e, o, r, err, n) ||
         get_int(o, "max_tokens", 0, 1e9, &max_tokens, err, n) ||
         get_int(o, "max_completion_tokens", 0, 1e9, &max_tokens, err, n) ||
+        (chat && r->doc >= 0 && doc_not_chat(e, r, err, n)) ||
         (chat ? parse_messages(e, o, r, err, n) : parse_prompt(e, o, r, err, n)))
         return SRV_PARSE_INVALID;
     if (r->n_prompt == 0) {
         snprintf(err, n, "the prompt is empty");
         return SRV_PARSE_INVALID;
     }
-    if (r->n_prompt > e->max_prompt || r->n_prompt >= e->n_ctx) {
-        snprintf(err, n, "the prompt has %d tokens; the limit is %d (context %lld)", r->n_prompt,
-                 e->max_prompt < e->n_ctx - 1 ? e->max_prompt : (int)(e->n_ctx - 1), (long long)e->n_ctx);
+    /* after a --load-kv document, what is left of its file's capacity */
+    const int64_t room = r->doc >= 0 ? e->docs[r->doc].n_ctx - e->docs[r->doc].n_pos : e->n_ctx;
+    if (r->n_prompt > e->max_prompt || r->n_prompt >= room) {
+        snprintf(err, n, "the prompt has %d tokens; the limit is %d (context %lld%s)", r->n_prompt,
+                 e->max_prompt < room - 1 ? e->max_prompt : (int)(room - 1), (long long)room,
+                 r->doc >= 0 ? " after the document" : "");
         return SRV_PARSE_TOO_LONG;
     }
     const int n_vocab = sparq_model_n_vocab(e->model);
@@ -589,7 +607,7 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
                  (int)(512.0 * 1024 * 1024 / 4 / n_vocab / r->n));
         return SRV_PARSE_INVALID;
     }
-    if (max_tokens < 0 || max_tokens > e->n_ctx - r->n_prompt) max_tokens = e->n_ctx - r->n_prompt;
+    if (max_tokens < 0 || max_tokens > room - r->n_prompt) max_tokens = room - r->n_prompt;
     r->max_tokens = (int)max_tokens;
     return SRV_PARSE_OK;
 }

@@ -27,6 +27,8 @@ typedef struct srv_parse_env {
     int               max_prompt;    /* tokens (1 .. n_ctx - 1)               */
     sparq_attn_params attn;          /* the policy when "sparq" is absent     */
     const char       *chat_template; /* NULL: from the GGUF                   */
+    const srv_doc    *docs;          /* --load-kv documents (prefix_id names) */
+    int               n_docs;
 } srv_parse_env;
 
 /* Results of srv_parse_request; the server maps them to HTTP status and

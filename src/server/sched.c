@@ -586,6 +586,7 @@ static void kv_save_prefix(srv_server *s, kv_writer *w, const sparq_context *src
  * observes the prefill (h2o). */
 static int req_shares(const srv_request *r)
 {
+    if (r->doc >= 0) return 0; /* its prompt is no prefix of anything: it follows the document */
     if (r->echo && r->logprobs >= 0) return 0;
     for (int i = 0; sparq_attn_policy_name(i); i++)
         if (!strcmp(sparq_attn_policy_name(i), r->policy)) return sparq_attn_policy_observes_prefill(i) == 0;
@@ -714,7 +715,14 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     cp.n_batch = s->cfg.n_batch;
     cp.kv_type = s->cfg.kv_type;
     cp.attn = r->attn;
-    if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) return -1;
+    if (r->doc >= 0) { /* the file itself, mapped (server/docs.h) */
+        cp.n_ctx = 0;
+        cp.prefill.mode = SPARQ_PREFILL_POLICY;
+        if (sparq_context_load_kv(s->model, &cp, s->cfg.docs[r->doc].path, SPARQ_VERIFY_AUTO, &sl->c, err, err_size))
+            return -1;
+    } else if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) {
+        return -1;
+    }
     sparq_sampler_params sp = sparq_sampler_default_params();
     sp.temp = r->temp;
     sp.top_k = r->top_k;
@@ -768,6 +776,9 @@ static int slot_prefill_chunk(srv_server *s, slot *sl)
     int rc;
     if (r->n_prompt == 1) { /* a one-token prompt is a decode step, as in sparq_eval */
         rc = sparq_eval(sl->c, r->prompt, 1, sl->prompt_logits ? sl->prompt_logits : sl->logits);
+    } else if (r->doc >= 0) { /* after a document: token by token through the policy (docs.h) */
+        rc = sl->prompt_logits ? sparq_eval_all(sl->c, r->prompt + sl->fed, nb, sl->prompt_logits + (size_t)sl->fed * V)
+                               : sparq_eval(sl->c, r->prompt + sl->fed, nb, last ? sl->logits : NULL);
     } else if (sl->prompt_logits) {
         rc = sparq_eval_prefill_all(sl->c, r->prompt + sl->fed, nb, sl->prompt_logits + (size_t)sl->fed * V);
     } else {
@@ -785,7 +796,7 @@ static int slot_prefill_chunk(srv_server *s, slot *sl)
 static int slot_tail_batchable(const slot *sl)
 {
     const srv_request *r = sl->r;
-    return r->n_prompt > 1 && r->n_prompt - sl->fed == 1 && !sl->prompt_logits && sl->policy_ix >= 0 &&
+    return r->n_prompt > 1 && r->n_prompt - sl->fed == 1 && !sl->prompt_logits && sl->policy_ix >= 0 && r->doc < 0 &&
            sparq_attn_policy_observes_prefill(sl->policy_ix) == 0;
 }
 
@@ -1017,7 +1028,7 @@ void *srv_sched_main(void *arg)
                 slot *sl = chunk_slots[k];
                 if (rc) finish(s, sl, "stop", 500, sparq_context_error(sl->c));
                 else if (sl->ready) {
-                    sl->r->n_prompt_tokens = sl->r->n_prompt;
+                    sl->r->n_prompt_tokens = sl->r->n_prompt; /* what the request sent, as llama-server counts */
                     if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
                 }
             }

@@ -459,7 +459,8 @@ static void stream_free(void *cls) { (void)cls; /* the conn is freed by on_compl
 /* What request.c needs of the server (srv_start has applied the defaults). */
 static srv_parse_env parse_env(const srv_server *s)
 {
-    const srv_parse_env e = { s->model, s->cfg.n_ctx, s->cfg.max_prompt, s->cfg.attn, s->cfg.chat_template };
+    const srv_parse_env e = { s->model,    s->cfg.n_ctx, s->cfg.max_prompt, s->cfg.attn, s->cfg.chat_template,
+                              s->cfg.docs, s->cfg.n_docs };
     return e;
 }
 

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sparq.h"
+#include "server/docs.h"
 
 typedef struct srv_config {
     const char *host;           /* listen address (default 127.0.0.1)         */
@@ -42,6 +43,8 @@ typedef struct srv_config {
     int         max_conns;      /* open connections before 503 (0: parallel + queue + 64) */
     int         max_conns_per_ip; /* from one address before 503 (0: no limit) */
     double      read_timeout;   /* seconds for a request's head and body (0: 30) */
+    const srv_doc *docs;        /* --load-kv: documents continued by name      */
+    int         n_docs;
 } srv_config;
 
 typedef struct srv_server srv_server;

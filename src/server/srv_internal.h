@@ -45,6 +45,8 @@ typedef struct srv_request {
     double   deadline;          /* monotonic seconds                        */
     int      waited;            /* [sched] counted once in prefix_waits      */
     char     prefix_id[SRV_MAX_PREFIX_ID + 1]; /* "sparq.prefix_id", or ""  */
+    int      doc;               /* the --load-kv document prefix_id names,
+                                 * which the prompt continues; -1: none     */
     /* [lock] progress published by the scheduler */
     int      state;
     int      cancelled;         /* client gone, timeout or shutdown          */
