@@ -77,6 +77,7 @@ typedef struct slot {
     float         *logits;       /* [V] the next token's distribution       */
     float         *prompt_logits;/* echo + logprobs: [n_prompt][V]          */
     int            fed;          /* prompt tokens in the cache              */
+    int            cached;       /* of those, mapped from a cached prefix   */
     int            chunks;       /* prefill chunks run for this request     */
     int            ready;        /* logits are fresh                        */
     size_t         gen_start;    /* where generated text starts (after echo) */
@@ -316,6 +317,13 @@ static void finish(srv_server *s, slot *sl, const char *reason, int status, cons
     r->state = REQ_DONE;
     r->text_ok = r->text.len;
     r->n_ok_toks = r->n_toks;
+    r->t_done = srv_now();
+    if (sl->c) { /* what the reply reports of its attention (a copy of counters: cheap) */
+        sparq_attn_stats st;
+        sparq_context_attn_stats(sl->c, &st);
+        r->kv_read = st.elements;
+        r->kv_dense = st.dense_elements;
+    }
 }
 
 static int push_token(srv_request *r, const srv_token *t)
@@ -927,6 +935,7 @@ void *srv_sched_main(void *arg)
             }
             s->n_active++;
             r->state = REQ_RUNNING;
+            r->t_admit = now;
             slots[i].r = r;
             slots[i].admitted = n_admitted++;
             n_free--;
@@ -961,6 +970,7 @@ void *srv_sched_main(void *arg)
                 pthread_mutex_unlock(&s->lock);
             } else {
                 slot_reuse_prefix(s, &pc, kd, sl);
+                sl->cached = sl->fed;
             }
         }
         /* Prefill chunks in admission order, oldest first, until this
@@ -1029,6 +1039,8 @@ void *srv_sched_main(void *arg)
                 if (rc) finish(s, sl, "stop", 500, sparq_context_error(sl->c));
                 else if (sl->ready) {
                     sl->r->n_prompt_tokens = sl->r->n_prompt; /* what the request sent, as llama-server counts */
+                    sl->r->n_cached = sl->cached;
+                    sl->r->t_prefilled = t1;
                     if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
                 }
             }

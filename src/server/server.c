@@ -251,6 +251,40 @@ static void write_usage(FILE *f, const conn *k)
             prompt + gen);
 }
 
+/* llama-server's "timings" (the first choice's prompt; the tokens of
+ * every choice over the longest decode), then sparq's report on its
+ * attention: the KV elements decode attention read, what dense attention
+ * reads for the same steps, and their ratio (null before any decode
+ * step). Every choice is done. Lock held. */
+static void write_timings(FILE *f, const conn *k)
+{
+    const srv_request *r0 = k->rs[0];
+    int gen = 0;
+    double dec = 0;
+    int64_t rd = 0, dn = 0;
+    for (int i = 0; i < k->n_rs; i++) {
+        const srv_request *r = k->rs[i];
+        gen += r->n_gen;
+        if (r->t_prefilled > 0 && r->t_done > r->t_prefilled && r->t_done - r->t_prefilled > dec)
+            dec = r->t_done - r->t_prefilled;
+        rd += r->kv_read;
+        dn += r->kv_dense;
+    }
+    const int pn = r0->n_prompt_tokens - r0->n_cached;
+    const double pms = r0->t_admit > 0 && r0->t_prefilled > r0->t_admit ? (r0->t_prefilled - r0->t_admit) * 1e3 : 0;
+    const double gms = dec * 1e3;
+    fprintf(f, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.3f,"
+               "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,\"predicted_per_token_ms\":%.3f,"
+               "\"predicted_per_second\":%.3f},",
+            r0->n_cached, pn, pms, pn > 0 ? pms / pn : 0.0, pms > 0 ? pn / pms * 1e3 : 0.0, gen, gms,
+            gen > 0 ? gms / gen : 0.0, gms > 0 ? gen / gms * 1e3 : 0.0);
+    fputs("\"sparq\":{\"attn\":", f);
+    json_write_str(f, r0->policy, strlen(r0->policy));
+    fprintf(f, ",\"kv_read\":%lld,\"kv_dense\":%lld,\"kv_read_fraction\":", (long long)rd, (long long)dn);
+    if (dn > 0) fprintf(f, "%.6f}", (double)rd / (double)dn);
+    else fputs("null}", f);
+}
+
 /* The whole (non-streamed) reply. Lock held. */
 static char *write_completion(conn *k, size_t *len)
 {
@@ -277,13 +311,16 @@ static char *write_completion(conn *k, size_t *len)
     }
     fputs("],", f);
     write_usage(f, k);
+    fputc(',', f);
+    write_timings(f, k);
     fputs("}", f);
     fclose(f);
     return buf;
 }
 
 /* One SSE event of choice i with text [a, b) and tokens [ta, tb); finish
- * may be NULL; usage: the whole request's, on its last event. Lock held. */
+ * may be NULL; usage: the whole request's usage and timings, on its last
+ * event. Lock held. */
 static void write_chunk(FILE *f, conn *k, int i, size_t a, size_t b, int ta, int tb, const char *finish, int usage)
 {
     const srv_request *r = k->rs[i];
@@ -316,6 +353,8 @@ static void write_chunk(FILE *f, conn *k, int i, size_t a, size_t b, int ta, int
     if (usage) {
         fputc(',', f);
         write_usage(f, k);
+        fputc(',', f);
+        write_timings(f, k);
     }
     fputs("}\n\n", f);
 }

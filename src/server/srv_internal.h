@@ -57,6 +57,11 @@ typedef struct srv_request {
     int      n_ok_toks;         /* tokens whose text is final               */
     int      n_gen;             /* generated tokens                         */
     int      n_prompt_tokens;   /* for usage                                */
+    int      n_cached;          /* prompt tokens mapped from a cached prefix */
+    double   t_admit, t_prefilled, t_done; /* monotonic seconds (0: not yet) */
+    int64_t  kv_read, kv_dense; /* decode attention's KV elements read, and
+                                 * what dense attention reads for the same
+                                 * steps (sparq_attn_stats), when done      */
     const char *finish;         /* "stop" / "length" when done              */
     int      err_status;        /* non-zero: failed with this HTTP status   */
     char     error[512];
@@ -111,5 +116,8 @@ void srv_request_release(srv_request *r);
  * full or the server is stopping. Lock held. */
 int  srv_submit(srv_server *s, srv_request *r);
 void *srv_sched_main(void *arg);
+/* GET /props (props.c): the body, malloc'ed, *len bytes; NULL when out of
+ * memory. Reads only what srv_start fixed, so no lock is needed. */
+char *srv_props_json(const srv_server *s, size_t *len);
 
 #endif
