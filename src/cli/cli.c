@@ -309,12 +309,17 @@ void cli_print_help(FILE *f, const char *usage, const cli_group *groups, int n_g
 #ifndef SPARQ_GIT_COMMIT
 #define SPARQ_GIT_COMMIT "unknown"
 #endif
+#ifndef SPARQ_VERSION
+#define SPARQ_VERSION "unknown"
+#endif
 
 void cli_print_version(FILE *f)
 {
     /* the kernels' level is chosen at run time (SPARQ_CPU may force one) */
     fprintf(f, "sparq %s (commit %s, cpu %s)\n", sparq_version(), SPARQ_GIT_COMMIT, sparq_cpu_level());
 }
+
+const char *cli_build_info(void) { return SPARQ_VERSION " (commit " SPARQ_GIT_COMMIT ")"; }
 
 int cli_model_kv_type(const cli_model_opts *o, char *err, size_t err_size)
 {

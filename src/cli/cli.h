@@ -37,6 +37,9 @@ typedef struct cli_opt {
  * `sparq CMD --version`; the commit is the checkout's it was built from
  * ("unknown" outside git), the SIMD level the one compiled in. */
 void cli_print_version(FILE *f);
+/* "VERSION (commit C)": the same build, as `sparq serve` reports it in
+ * /props ("build_info"). A string constant. */
+const char *cli_build_info(void);
 
 typedef struct cli_group {
     const char    *title;   /* section in --help                          */

@@ -181,6 +181,9 @@ int cli_serve(int argc, char **argv)
     const char *base = strrchr(path, '/');
     cfg.model_id = so.alias ? so.alias : base ? base + 1 : path;
     cfg.chat_template = cli_chat_template(m, so.chat_template);
+    cfg.chat_template_fallback = !so.chat_template && !sparq_model_chat_template(m);
+    cfg.model_path = path;
+    cfg.build_info = cli_build_info();
     cfg.max_body = (size_t)so.max_body;
     cfg.max_prompt = so.max_prompt;
     cfg.timeout = so.timeout;

@@ -9,6 +9,7 @@
  *   write_completion / write_chunk               OpenAI shapes
  *   stream_reader             SSE: waits for the scheduler, emits chunks
  *   handle_generate           /v1/completions, /v1/chat/completions
+ *   handle_props              GET /props (props.c)
  *   on_request                routing
  */
 #include "server/request.h"
@@ -28,7 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_PREFLIGHT };
+enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_PREFLIGHT,
+       EP_PROPS };
 
 typedef struct conn {
     srv_server  *s;
@@ -747,6 +749,13 @@ static enum MHD_Result handle_models(conn *k)
     return json_reply(k, 200, buf, len);
 }
 
+static enum MHD_Result handle_props(conn *k)
+{
+    size_t len = 0;
+    char *buf = srv_props_json(k->s, &len);
+    return buf ? json_reply(k, 200, buf, len) : err_reply(k, 500, NULL, "out of memory");
+}
+
 /* ---- routing --------------------------------------------------------------------------------- */
 
 static int authorised(struct MHD_Connection *c, const srv_server *s)
@@ -960,7 +969,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         { "/v1/models", "GET", EP_MODELS }, { "/health", "GET", EP_HEALTH }, { "/metrics", "GET", EP_METRICS },
         { "/tokenize", "POST", EP_TOKENIZE }, { "/detokenize", "POST", EP_DETOKENIZE },
         { "/completions", "POST", EP_COMPLETIONS }, { "/chat/completions", "POST", EP_CHAT },
-        { "/models", "GET", EP_MODELS },
+        { "/models", "GET", EP_MODELS }, { "/props", "GET", EP_PROPS },
     };
     int ep = EP_NONE;
     const char *allow = NULL;
@@ -1007,6 +1016,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_METRICS: return handle_metrics(k);
     case EP_TOKENIZE: return handle_tokenize(k, 0);
     case EP_DETOKENIZE: return handle_tokenize(k, 1);
+    case EP_PROPS: return handle_props(k);
     default: return MHD_YES; /* a preflight: answered from its head */
     }
 }

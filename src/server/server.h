@@ -33,6 +33,10 @@ typedef struct srv_config {
     const char *api_key;        /* NULL: open                                  */
     const char *model_id;       /* the "model" name reported                   */
     const char *chat_template;  /* NULL: from the GGUF                         */
+    int         chat_template_fallback; /* 1: the GGUF has none; chat_template
+                                 * is the default chosen for it (chatml)      */
+    const char *model_path;     /* the GGUF as opened (/props)                 */
+    const char *build_info;     /* "VERSION (commit ...)" (/props)             */
     size_t      max_body;       /* bytes                                       */
     int         max_prompt;     /* tokens                                      */
     double      timeout;        /* seconds per request                         */
