@@ -9,10 +9,11 @@
  *   write_completion / write_chunk               OpenAI shapes
  *   stream_reader             SSE: waits for the scheduler, emits chunks
  *   handle_generate           /v1/completions, /v1/chat/completions
- *   handle_props              GET /props (props.c)
+ *   handle_page / props       GET / (the chat page, webui.h), GET /props
  *   on_request                routing
  */
 #include "server/request.h"
+#include "server/webui.h"
 #include "util/json.h"
 
 #include <errno.h>
@@ -30,7 +31,7 @@
 #include <unistd.h>
 
 enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_PREFLIGHT,
-       EP_PROPS };
+       EP_PAGE, EP_PROPS };
 
 typedef struct conn {
     srv_server  *s;
@@ -749,6 +750,32 @@ static enum MHD_Result handle_models(conn *k)
     return json_reply(k, 200, buf, len);
 }
 
+/* The chat page: a fresh nonce per copy, named by the policy sent with
+ * it; revalidated on every visit, so an upgraded binary's page is the one
+ * that talks to its API. */
+static enum MHD_Result handle_page(conn *k)
+{
+    char nonce[SRV_WEBUI_NONCE_LEN + 1], csp[512];
+    size_t len = 0;
+    char *page = srv_webui_page(nonce, &len);
+    if (!page) return err_reply(k, 500, NULL, "cannot prepare the page (out of memory or no randomness)");
+    srv_webui_csp(nonce, csp, sizeof csp);
+    struct MHD_Response *res = MHD_create_response_from_buffer(len, page, MHD_RESPMEM_MUST_FREE);
+    if (!res) {
+        free(page);
+        return MHD_NO;
+    }
+    MHD_add_response_header(res, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(res, "Content-Security-Policy", csp);
+    MHD_add_response_header(res, "Cache-Control", "no-cache");
+    MHD_add_response_header(res, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(res, "X-Frame-Options", "DENY");
+    MHD_add_response_header(res, "Referrer-Policy", "no-referrer");
+    enum MHD_Result rc = queue(k, 200, res);
+    MHD_destroy_response(res);
+    return rc;
+}
+
 static enum MHD_Result handle_props(conn *k)
 {
     size_t len = 0;
@@ -946,7 +973,8 @@ static enum MHD_Result on_head(conn *k, const char *url, const char *method, int
                          n_socks > s->cfg.max_conns ? "too many open connections; retry later"
                                                     : "too many open connections from your address; retry later");
     if (is_preflight) return preflight(k);
-    if (ep != EP_HEALTH && !authorised(k->mc, s))
+    /* the page itself holds no secret: it asks for the key the API wants */
+    if (ep != EP_HEALTH && ep != EP_PAGE && !authorised(k->mc, s))
         return err_reply(k, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
     const char *cl = MHD_lookup_connection_value(k->mc, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) k->too_large = 1;
@@ -969,7 +997,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         { "/v1/models", "GET", EP_MODELS }, { "/health", "GET", EP_HEALTH }, { "/metrics", "GET", EP_METRICS },
         { "/tokenize", "POST", EP_TOKENIZE }, { "/detokenize", "POST", EP_DETOKENIZE },
         { "/completions", "POST", EP_COMPLETIONS }, { "/chat/completions", "POST", EP_CHAT },
-        { "/models", "GET", EP_MODELS }, { "/props", "GET", EP_PROPS },
+        { "/models", "GET", EP_MODELS }, { "/", "GET", EP_PAGE }, { "/index.html", "GET", EP_PAGE },
+        { "/props", "GET", EP_PROPS },
     };
     int ep = EP_NONE;
     const char *allow = NULL;
@@ -1016,6 +1045,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_METRICS: return handle_metrics(k);
     case EP_TOKENIZE: return handle_tokenize(k, 0);
     case EP_DETOKENIZE: return handle_tokenize(k, 1);
+    case EP_PAGE: return handle_page(k);
     case EP_PROPS: return handle_props(k);
     default: return MHD_YES; /* a preflight: answered from its head */
     }
