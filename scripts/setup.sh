@@ -14,13 +14,15 @@
 #   pkg-config          building the C example against an installed tree (sparq.pc)
 #   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
 #   nginx               the deploy test (three replicas behind deploy/nginx/sparq.conf)
+#   chromium            the chat page's test (tests/test_webui.c), driven headless by
+#                       puppeteer-core, which `npm ci` installs in tests/webui from its lock file
 # With --train (make testmodel) also:
 #   python3-torch, python3-matplotlib   training models/tiny-d64.gguf and its loss plot
 set -u
 run_pkgs="zlib1g-dev libmicrohttpd-dev"
 pkgs="$run_pkgs clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev
       python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config curl
-      nginx"
+      nginx chromium"
 mode=${1:-}
 case "$mode" in
   --run) pkgs=$run_pkgs ;;
@@ -37,7 +39,24 @@ if [ "$mode" != "--run" ]; then
   command -v node >/dev/null || missing="$missing nodejs"
   command -v npm >/dev/null || missing="$missing npm"
 fi
-[ -z "$missing" ] && exit 0
+# The browser test's npm packages, exactly as locked: again whenever the
+# lock file is newer than the install (npm writes node_modules/.package-lock.json).
+webui_modules() {
+  local dir
+  dir="$(dirname "$0")/../tests/webui"
+  [ "$mode" = "--run" ] && return 0
+  command -v npm >/dev/null || return 0
+  if [ ! -d "$dir/node_modules/puppeteer-core" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    echo "setup: npm ci in tests/webui" >&2
+    (cd "$dir" && timeout 600 npm ci --no-audit --no-fund >&2) ||
+      echo "setup: npm ci in tests/webui failed; the chat page's test will fail until it succeeds" >&2
+  fi
+  return 0
+}
+if [ -z "$missing" ]; then
+  webui_modules
+  exit 0
+fi
 echo "setup: installing$missing" >&2
 SUDO=""
 [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
@@ -50,4 +69,5 @@ if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-rec
   fi
   echo "setup: could not install$missing; the parts that need them (fuzzing, plots, HNSW, Python tests) are skipped" >&2
 fi
+webui_modules
 exit 0
