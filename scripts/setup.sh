@@ -16,13 +16,16 @@
 #   nginx               the deploy test (three replicas behind deploy/nginx/sparq.conf)
 #   chromium            the chat page's test (tests/test_webui.c), driven headless by
 #                       puppeteer-core, which `npm ci` installs in tests/webui from its lock file
+#   gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user-static
+#                       make test-arm64: the ARM64 (NEON) build cross-compiled
+#                       and its tests run under emulation on this x86 machine
 # With --train (make testmodel) also:
 #   python3-torch, python3-matplotlib   training models/tiny-d64.gguf and its loss plot
 set -u
 run_pkgs="zlib1g-dev libmicrohttpd-dev"
 pkgs="$run_pkgs clang libclang-rt-14-dev gnuplot-nox libfaiss-dev libopenblas-dev
       python3-pytest python3-numpy python3-setuptools python3-pip python3-venv pkg-config curl
-      nginx chromium"
+      nginx chromium gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static"
 mode=${1:-}
 case "$mode" in
   --run) pkgs=$run_pkgs ;;
@@ -67,7 +70,7 @@ if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-rec
     echo "setup: could not install$missing; building sparq needs them (apt-get install$missing)" >&2
     exit 0
   fi
-  echo "setup: could not install$missing; the parts that need them (fuzzing, plots, HNSW, Python tests) are skipped" >&2
+  echo "setup: could not install$missing; the parts that need them (fuzzing, plots, HNSW, Python tests, test-arm64) are skipped" >&2
 fi
 webui_modules
 exit 0

@@ -147,6 +147,7 @@ static const attn_kernels *const tables[CPU_LEVELS] = {
     [CPU_AVX512] = &attn_kernels_ref,
 #endif
     [CPU_NEON] = &attn_kernels_ref,
+    [CPU_NEON_DOTPROD] = &attn_kernels_ref,
 };
 
 const attn_kernels *attn_kernels_at(cpu_level level) { return tables[level]; }

@@ -182,6 +182,7 @@ static const attn_pf_ops *const pf_tables[CPU_LEVELS] = {
     [CPU_AVX512] = &attn_pf_ops_ref,
 #endif
     [CPU_NEON] = &attn_pf_ops_ref,
+    [CPU_NEON_DOTPROD] = &attn_pf_ops_ref,
 };
 
 const attn_pf_ops *attn_pf_ops_at(cpu_level level) { return pf_tables[level]; }

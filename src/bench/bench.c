@@ -280,6 +280,7 @@ static const bench_kernels *const tables[CPU_LEVELS] = {
     [CPU_AVX512] = &bench_kernels_ref,
 #endif
     [CPU_NEON] = &bench_kernels_ref,
+    [CPU_NEON_DOTPROD] = &bench_kernels_ref,
 };
 
 const bench_kernels *bench_kernels_at(cpu_level level) { return tables[level]; }

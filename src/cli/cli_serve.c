@@ -14,6 +14,18 @@
 #include <string.h>
 #include <unistd.h>
 
+#if defined(SPARQ_NO_SERVER)
+/* A build without libmicrohttpd (a cross build whose sysroot lacks it,
+ * Makefile): the command works, only the server is missing. */
+int cli_serve(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "sparq serve: this sparq was built without the server (no libmicrohttpd)\n");
+    return 2;
+}
+#else
+
 #define OFF(field) offsetof(serve_opts, field)
 
 typedef struct serve_opts {
@@ -263,3 +275,4 @@ int cli_serve(int argc, char **argv)
     fprintf(stderr, "serve: stopped\n");
     return 0;
 }
+#endif /* SPARQ_NO_SERVER */

@@ -286,6 +286,7 @@ static const fwd_kernels *const fwd_tables[CPU_LEVELS] = {
     [CPU_AVX512] = &fwd_kernels_ref,
 #endif
     [CPU_NEON] = &fwd_kernels_ref,
+    [CPU_NEON_DOTPROD] = &fwd_kernels_ref,
 };
 
 const fwd_kernels *fwd_kernels_at(cpu_level level) { return fwd_tables[level]; }

@@ -25,7 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(SPARQ_HAVE_ZLIB)
 #include <zlib.h>
+#endif
 
 
 /* ---- registry ------------------------------------------------------------ */
@@ -355,6 +357,15 @@ int task_read_file(const char *task, const char *path, char **out, size_t *n_out
     return err_set(err, err_size, "%s: %s", task, msg);
 }
 
+#if !defined(SPARQ_HAVE_ZLIB)
+/* A build without zlib (a cross build whose sysroot lacks it, Makefile). */
+int task_read_gz(const char *task, const char *path, char **out, size_t *n_out, char *err, size_t err_size)
+{
+    *out = NULL;
+    *n_out = 0;
+    return err_set(err, err_size, "%s: cannot read %s: this sparq was built without zlib", task, path);
+}
+#else
 int task_read_gz(const char *task, const char *path, char **out, size_t *n_out, char *err, size_t err_size)
 {
     *out = NULL;
@@ -401,6 +412,7 @@ int task_read_gz(const char *task, const char *path, char **out, size_t *n_out, 
     *n_out = n;
     return 0;
 }
+#endif
 
 json_doc *task_parse_json_file(const char *task, const char *path, char *err, size_t err_size)
 {

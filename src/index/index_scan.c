@@ -74,6 +74,7 @@ static const idx_kernels *const tables[CPU_LEVELS] = {
     [CPU_AVX512] = &idx_kernels_ref,
 #endif
     [CPU_NEON] = &idx_kernels_ref,
+    [CPU_NEON_DOTPROD] = &idx_kernels_ref,
 };
 
 const idx_kernels *idx_kernels_at(cpu_level level) { return tables[level]; }

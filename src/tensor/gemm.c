@@ -36,6 +36,7 @@ static const gemm_kernels *const tables[CPU_LEVELS] = {
     [CPU_AVX512] = &gemm_kernels_ref,
 #endif
     [CPU_NEON] = &gemm_kernels_ref,
+    [CPU_NEON_DOTPROD] = &gemm_kernels_ref,
 };
 
 const gemm_kernels *gemm_kernels_at(cpu_level level) { return tables[level]; }

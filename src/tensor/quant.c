@@ -33,6 +33,7 @@ static const quant_kernels *const tables[CPU_LEVELS] = {
     [CPU_AVX512] = &quant_kernels_ref,
 #endif
     [CPU_NEON] = &quant_kernels_ref,
+    [CPU_NEON_DOTPROD] = &quant_kernels_ref,
 };
 
 const quant_kernels *quant_kernels_at(cpu_level level) { return tables[level]; }

@@ -5,6 +5,12 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20) /* the kernel's bit; older headers lack the name */
+#endif
+#endif
 
 #include <pthread.h>
 #include <stdint.h>
@@ -58,6 +64,8 @@ static void detect(void)
     }
 #elif defined(__aarch64__)
     feats.neon = 1; /* Advanced SIMD is part of every ARMv8-A core */
+    /* the kernel reports sdot/udot only if it lets user space run them */
+    feats.dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
 }
 
@@ -76,19 +84,22 @@ int cpu_level_supported(cpu_level level)
     case CPU_AVX2: return avx2;
     case CPU_AVX512:
         return avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->avx512vnni;
-    case CPU_NEON: return 0; /* no NEON tables yet: never chosen */
+    case CPU_NEON: return f->neon;
+    case CPU_NEON_DOTPROD: return f->neon && f->dotprod;
     default: return 0;
     }
 }
 
 cpu_level cpu_level_best(void)
 {
+    if (cpu_level_supported(CPU_NEON_DOTPROD)) return CPU_NEON_DOTPROD;
+    if (cpu_level_supported(CPU_NEON)) return CPU_NEON;
     if (cpu_level_supported(CPU_AVX512)) return CPU_AVX512;
     if (cpu_level_supported(CPU_AVX2)) return CPU_AVX2;
     return CPU_REF;
 }
 
-static const char *const names[CPU_LEVELS] = { "ref", "avx2", "avx512", "neon" };
+static const char *const names[CPU_LEVELS] = { "ref", "avx2", "avx512", "neon", "neon+dotprod" };
 
 const char *cpu_level_name(cpu_level level)
 {
@@ -112,7 +123,7 @@ char *cpu_features_str(char *buf, size_t size)
         { f->avx2, "avx2" }, { f->fma, "fma" }, { f->f16c, "f16c" }, { f->bmi2, "bmi2" },
         { f->avx512f, "avx512f" }, { f->avx512bw, "avx512bw" }, { f->avx512vl, "avx512vl" },
         { f->avx512dq, "avx512dq" }, { f->avx512vnni, "avx512vnni" }, { f->avx512bf16, "avx512bf16" },
-        { f->neon, "neon" },
+        { f->neon, "neon" }, { f->dotprod, "dotprod" },
     };
     size_t len = 0;
     if (size) buf[0] = 0;
@@ -132,7 +143,7 @@ static void choose(void)
     if (env && *env) {
         cpu_level want;
         if (cpu_level_parse(env, &want)) {
-            fprintf(stderr, "sparq: SPARQ_CPU=%s: unknown level (ref, avx2, avx512)\n", env);
+            fprintf(stderr, "sparq: SPARQ_CPU=%s: unknown level (ref, avx2, avx512, neon, neon+dotprod)\n", env);
             exit(2);
         }
         if (!cpu_level_supported(want)) {

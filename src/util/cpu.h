@@ -1,15 +1,16 @@
 /* cpu.h - the one run-time choice of SIMD kernels.
  *
- * The library is built for a portable baseline (x86-64-v2); only the
- * *_avx2.c and *_avx512.c files are compiled for more (Makefile), and
- * nothing in them runs unless the CPU was found to have it. Every module
+ * The library is built for a portable baseline (x86-64-v2, ARMv8-A); only
+ * the *_avx2.c and *_avx512.c files (x86-64) and the dot-product build of
+ * the *_neon.c files (ARM64) are compiled for more (Makefile), and nothing
+ * in them runs unless the CPU was found to have it. Every module
  * with SIMD twins publishes one const table of function pointers per level
  * (quant_kernels, gemm_kernels, attn_kernels, attn_pf_ops, idx_kernels,
  * fwd_kernels, bench_kernels) and indexes it by cpu_level_get(); a level without
  * twins in a module points at that module's reference table.
  *
  * The level is chosen once, on first use: the best the CPU supports, or the
- * one SPARQ_CPU names (ref, avx2, avx512). Forcing a level the CPU lacks
+ * one SPARQ_CPU names (ref, avx2, avx512, neon, neon+dotprod). Forcing a level the CPU lacks
  * prints one line to stderr and exits with status 2 rather than dying of
  * SIGILL in a kernel. After that first use nothing changes, so reading the
  * level is one load.
@@ -20,8 +21,11 @@
  *   avx512  avx2 plus AVX-512 F/BW/VL/DQ and VNNI (the int8 dot kernels
  *           are written around vpdpbusd); BF16 is a flag within the level
  *           (cpu_features()->avx512bf16), its kernels fall back without it
- *   neon    reserved for ARM64 (one more table per module); never chosen
- *           on x86
+ *   neon    ARM64 Advanced SIMD (baseline on every ARMv8-A core)
+ *   neon+dotprod  neon plus the ARMv8.2 int8 dot products (sdot/udot),
+ *           where getauxval(AT_HWCAP) has HWCAP_ASIMDDP
+ * The x86 levels are never supported on ARM64 and the ARM64 ones never
+ * on x86; a module without twins for a level points at its reference.
  */
 #ifndef SPARQ_UTIL_CPU_H
 #define SPARQ_UTIL_CPU_H
@@ -33,14 +37,24 @@ typedef enum cpu_level {
     CPU_AVX2 = 1,
     CPU_AVX512 = 2,
     CPU_NEON = 3,
-    CPU_LEVELS = 4
+    CPU_NEON_DOTPROD = 4,
+    CPU_LEVELS = 5
 } cpu_level;
 
 typedef struct cpu_features {
     int avx2, fma, f16c, bmi2;
     int avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
-    int neon;
+    int neon, dotprod;
 } cpu_features;
+
+/* The Makefile compiles every *_neon.c twice, for baseline NEON and with
+ * +dotprod; a name a *_neon.c file exports is written NEON_TWIN(name), so
+ * the two builds define name_neon and name_neondp. */
+#if defined(__ARM_FEATURE_DOTPROD)
+#define NEON_TWIN(name) name##_neondp
+#else
+#define NEON_TWIN(name) name##_neon
+#endif
 
 /* What this CPU (and its OS: the register state must be enabled) offers;
  * detected once. */
@@ -52,7 +66,7 @@ int cpu_level_supported(cpu_level level);
 /* The best supported level (what runs when SPARQ_CPU is unset). */
 cpu_level cpu_level_best(void);
 
-/* "ref", "avx2", "avx512", "neon". */
+/* "ref", "avx2", "avx512", "neon", "neon+dotprod". */
 const char *cpu_level_name(cpu_level level);
 
 /* Parses a level name; returns 0, or -1 for an unknown name. */
