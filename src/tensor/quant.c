@@ -2,7 +2,7 @@
  * kernel table of the level chosen at run time (util/cpu.h).
  *
  * quant_ref.c holds the reference kernels (the numerics specification),
- * quant_avx512.c / quant_avx2.c the SIMD twins; each SIMD entry point falls
+ * quant_avx512.c / quant_avx2.c / quant_neon.c the SIMD twins; each SIMD entry point falls
  * back to the reference for types it has no kernel for. quant_types.c holds
  * the type table and the scalar half/bfloat16 conversions.
  */
@@ -22,7 +22,7 @@ static inline void check_row(uint32_t type, int64_t n)
 }
 
 /* Every level has an entry: a level without its own twins runs the
- * reference (NEON has none yet). */
+ * reference. */
 static const quant_kernels *const tables[CPU_LEVELS] = {
     [CPU_REF] = &quant_kernels_ref,
 #if defined(__x86_64__)
@@ -32,8 +32,13 @@ static const quant_kernels *const tables[CPU_LEVELS] = {
     [CPU_AVX2] = &quant_kernels_ref,
     [CPU_AVX512] = &quant_kernels_ref,
 #endif
+#if defined(__aarch64__)
+    [CPU_NEON] = &quant_kernels_neon,
+    [CPU_NEON_DOTPROD] = &quant_kernels_neondp,
+#else
     [CPU_NEON] = &quant_kernels_ref,
     [CPU_NEON_DOTPROD] = &quant_kernels_ref,
+#endif
 };
 
 const quant_kernels *quant_kernels_at(cpu_level level) { return tables[level]; }

@@ -197,6 +197,8 @@ typedef struct quant_kernels {
     void  (*fp32_to_fp16_row)(const float *src, uint16_t *dst, int64_t n);
 } quant_kernels;
 extern const quant_kernels quant_kernels_ref, quant_kernels_avx2, quant_kernels_avx512;
+/* ARM64: quant_neon.c built for baseline NEON and with +dotprod (Makefile) */
+extern const quant_kernels quant_kernels_neon, quant_kernels_neondp;
 /* The table `level` runs (its own twins or, without them, the reference). */
 const quant_kernels *quant_kernels_at(cpu_level level);
 
