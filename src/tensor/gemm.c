@@ -1,6 +1,6 @@
 /* gemm.c - packing of weights and activations for the prefill tiles, the
  * plain-C reference micro-kernel and the dispatch (gemm.h). The SIMD
- * micro-kernels are in gemm_avx512.c and gemm_avx2.c; both are
+ * micro-kernels are in gemm_avx512.c, gemm_avx2.c and gemm_neon.c; all are
  * bit-identical to the reference.
  */
 #include "tensor/gemm.h"
@@ -35,8 +35,13 @@ static const gemm_kernels *const tables[CPU_LEVELS] = {
     [CPU_AVX2] = &gemm_kernels_ref,
     [CPU_AVX512] = &gemm_kernels_ref,
 #endif
+#if defined(__aarch64__)
+    [CPU_NEON] = &gemm_kernels_neon,
+    [CPU_NEON_DOTPROD] = &gemm_kernels_neondp,
+#else
     [CPU_NEON] = &gemm_kernels_ref,
     [CPU_NEON_DOTPROD] = &gemm_kernels_ref,
+#endif
 };
 
 const gemm_kernels *gemm_kernels_at(cpu_level level) { return tables[level]; }

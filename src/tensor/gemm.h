@@ -59,7 +59,7 @@ enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_GROUP = 16 };
 
 /* 1 if weights of this type have a packed GEMM path at the level running
  * (util/cpu.h): every kind at avx512, the integer kinds at avx2
- * (gemm_avx2.c), none at ref; the packing and gemm_panel_ref work
+ * (gemm_avx2.c) and neon (gemm_neon.c), none at ref; the packing and gemm_panel_ref work
  * everywhere. */
 int gemm_supported(uint32_t type);
 
@@ -126,6 +126,7 @@ typedef struct gemm_kernels {
     double (*peak_f32)(int64_t iters, float *sink);
 } gemm_kernels;
 extern const gemm_kernels gemm_kernels_ref, gemm_kernels_avx2, gemm_kernels_avx512;
+extern const gemm_kernels gemm_kernels_neon, gemm_kernels_neondp; /* gemm_neon.c's two builds */
 const gemm_kernels *gemm_kernels_at(cpu_level level);
 
 #endif

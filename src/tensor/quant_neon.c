@@ -330,4 +330,6 @@ const quant_kernels NEON_TWIN(quant_kernels) = {
     NEON_TWIN(fp16_to_fp32_row), NEON_TWIN(fp32_to_fp16_row),
 };
 
+#else
+typedef int neon_unused; /* ISO C forbids an empty translation unit */
 #endif /* __aarch64__ */
