@@ -146,8 +146,13 @@ static const attn_kernels *const tables[CPU_LEVELS] = {
 #else
     [CPU_AVX512] = &attn_kernels_ref,
 #endif
+#if defined(__aarch64__)
+    [CPU_NEON] = &attn_kernels_neon,
+    [CPU_NEON_DOTPROD] = &attn_kernels_neondp,
+#else
     [CPU_NEON] = &attn_kernels_ref,
     [CPU_NEON_DOTPROD] = &attn_kernels_ref,
+#endif
 };
 
 const attn_kernels *attn_kernels_at(cpu_level level) { return tables[level]; }

@@ -473,6 +473,8 @@ typedef struct attn_kernels {
                          float *out, float *scratch);
 } attn_kernels;
 extern const attn_kernels attn_kernels_ref, attn_kernels_avx512;
+/* ARM64: attn_kernels_neon.c's two builds (Makefile) */
+extern const attn_kernels attn_kernels_neon, attn_kernels_neondp;
 /* The table `level` runs (its own twins or, without them, the reference). */
 const attn_kernels *attn_kernels_at(cpu_level level);
 
