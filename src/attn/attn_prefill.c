@@ -181,8 +181,13 @@ static const attn_pf_ops *const pf_tables[CPU_LEVELS] = {
     [CPU_AVX2] = &attn_pf_ops_ref,
     [CPU_AVX512] = &attn_pf_ops_ref,
 #endif
+#if defined(__aarch64__)
+    [CPU_NEON] = &attn_pf_ops_neon,
+    [CPU_NEON_DOTPROD] = &attn_pf_ops_neondp,
+#else
     [CPU_NEON] = &attn_pf_ops_ref,
     [CPU_NEON_DOTPROD] = &attn_pf_ops_ref,
+#endif
 };
 
 const attn_pf_ops *attn_pf_ops_at(cpu_level level) { return pf_tables[level]; }

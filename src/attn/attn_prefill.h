@@ -89,6 +89,7 @@ typedef struct attn_pf_ops {
 extern const attn_pf_ops attn_pf_ops_ref;
 extern const attn_pf_ops attn_pf_ops_avx512;
 extern const attn_pf_ops attn_pf_ops_avx2;
+extern const attn_pf_ops attn_pf_ops_neon, attn_pf_ops_neondp; /* attn_prefill_neon.c's two builds */
 /* The set `level` runs (util/cpu.h); the un-suffixed entry points use the
  * level chosen at run time. */
 const attn_pf_ops *attn_pf_ops_at(cpu_level level);
