@@ -1,15 +1,16 @@
-/* attn_kernels_neon.c - ARM64 NEON twins of the dense decode-attention
- * kernels (attn.h): scores, softmax, weighted sums, the fused
- * softmax-weighted sum and the gather of selected rows that SparQ and the
- * other top-k policies end with, for f32 and f16 caches.
+/* attn_kernels_neon.c - ARM64 NEON twins of the decode-attention kernels
+ * (attn.h): scores, softmax, weighted sums, the fused softmax-weighted sum
+ * and the gather of selected rows that SparQ and the other top-k policies
+ * end with, and SparQ's K^T scans, for f32 and f16 caches.
  *
  * Like the AVX-512 twins they sum in vector lanes rather than in the
  * reference's order and take e^x from attn_exp.h's polynomial (exactly 0
  * below e^-87, never subnormal), so they agree with the reference to the
  * tolerance tests/test_attn.c holds every twin to (1e-5 relative), not bit
  * for bit; softmax denominators are summed in double as the reference
- * does. A Q8_0 cache, the K^T scans and the top-k selection run the
- * reference kernels (the table below says which).
+ * does. SparQ's K^T scans (logits, the fused blockwise exp, the scaled
+ * group sum) are here too; a Q8_0 cache and the top-k selection run the
+ * reference kernels (the table at the end says which).
  *
  * A cache row is read once per group: its f16 elements are widened in
  * chunks of ROW_CHUNK into a buffer on the stack that every head of the
@@ -241,9 +242,129 @@ void NEON_TWIN(attn_gather_group)(const attn_kv_view *kv, const float *q, int g,
     NEON_TWIN(attn_softmax_weighted_sum)(kv, scratch, g, sel, n_sel, out, NULL);
 }
 
+/* ---- SparQ's K^T scans ---------------------------------------------------- */
+
+/* s[h*n + i] = sum_c qs[h*r + c] KT[comp[c]][i]: per block of KBLOCK
+ * positions, each component's K^T run widened once and added into every
+ * head's block of s (which stays in L1), components in the reference's
+ * order (products added unfused, as it does). */
+enum { KBLOCK = 64 };
+
+static void kt_logits_f(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g, int64_t n,
+                        float *s)
+{
+    float buf[KBLOCK];
+    memset(s, 0, (size_t)g * n * sizeof *s);
+    for (int64_t b0 = 0, bn; b0 < n; b0 += bn) {
+        bn = n - b0 < KBLOCK ? n - b0 : KBLOCK;
+        if (kv->KT_tail && b0 < kv->kt_split && b0 + bn > kv->kt_split) bn = kv->kt_split - b0; /* not across */
+        for (int c = 0; c < r; c++) {
+            int64_t col;
+            const void *row = attn_kt_row(kv, comp[c], b0, &col);
+            const float *k = row_f32(row, kv->elem, 0, 0, col, bn, buf);
+            for (int h = 0; h < g; h++) {
+                const float32x4_t w = vdupq_n_f32(qs[h * r + c]);
+                float *o = s + h * n + b0;
+                int64_t i = 0;
+                for (; i + 4 <= bn; i += 4) vst1q_f32(o + i, vaddq_f32(vld1q_f32(o + i), vmulq_f32(w, vld1q_f32(k + i))));
+                for (; i < bn; i++) {
+                    const float p = qs[h * r + c] * k[i];
+                    o[i] += p;
+                }
+            }
+        }
+    }
+    if (kv->meter) kv->meter->kt += n * r;
+}
+
+void NEON_TWIN(attn_kt_logits)(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
+                               int64_t n, float *s)
+{
+    if (kv->elem != KV_F32 && kv->elem != KV_F16) attn_kt_logits_ref(kv, qs, comp, r, g, n, s);
+    else kt_logits_f(kv, qs, comp, r, g, n, s);
+}
+
+static inline float32x4_t score_flush4(float32x4_t x)
+{
+    const uint32x4_t keep = vcgeq_f32(x, vdupq_n_f32(ATTN_SCORE_MIN));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), keep));
+}
+
+void NEON_TWIN(attn_kt_exp)(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g, int64_t n,
+                            float *e, float *scale, float *lsum)
+{
+    if (kv->elem != KV_F32 && kv->elem != KV_F16) {
+        attn_kt_exp_ref(kv, qs, comp, r, g, n, e, scale, lsum);
+        return;
+    }
+    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    kt_logits_f(kv, qs, comp, r, g, n, e); /* logits, exponentiated in place below */
+    if (lsum) {
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            float32x4_t a = vdupq_n_f32(0.0f);
+            for (int h = 0; h < g; h++) a = vaddq_f32(a, vld1q_f32(e + h * n + i));
+            vst1q_f32(lsum + i, a);
+        }
+        for (; i < n; i++) {
+            float a = 0;
+            for (int h = 0; h < g; h++) a += e[h * n + i];
+            lsum[i] = a;
+        }
+    }
+    for (int h = 0; h < g; h++) {
+        float *x = e + h * n, *sc = scale + h * nb, m = -INFINITY;
+        for (int64_t b = 0; b < nb; b++) { /* running block maxima, kept in scale for now */
+            const int64_t at = b * ATTN_EXP_BLOCK, len = n - at < ATTN_EXP_BLOCK ? n - at : ATTN_EXP_BLOCK;
+            const float bm = max_of(x + at, len);
+            m = bm > m ? bm : m;
+            sc[b] = m;
+        }
+        float64x2_t zz = vdupq_n_f64(0.0);
+        double z = 0;
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t at = b * ATTN_EXP_BLOCK, len = n - at < ATTN_EXP_BLOCK ? n - at : ATTN_EXP_BLOCK;
+            const float32x4_t vm = vdupq_n_f32(m), vb = vdupq_n_f32(sc[b]);
+            int64_t i = at;
+            for (; i + 4 <= at + len; i += 4) {
+                const float32x4_t v = vld1q_f32(x + i), p = exp_neg4(vsubq_f32(v, vm));
+                zz = vaddq_f64(zz, vaddq_f64(vcvt_f64_f32(vget_low_f32(p)), vcvt_high_f64_f32(p)));
+                vst1q_f32(x + i, score_flush4(exp_neg4(vsubq_f32(v, vb))));
+            }
+            for (; i < at + len; i++) {
+                z += exp_neg1(x[i] - m);
+                x[i] = attn_score_flush(exp_neg1(x[i] - sc[b]));
+            }
+        }
+        z += vaddvq_f64(zz);
+        for (int64_t b = 0; b < nb; b++) sc[b] = attn_score_flush((float)(expf(sc[b] - m) / z));
+    }
+}
+
+void NEON_TWIN(attn_scaled_head_sum)(const float *e, const float *scale, int g, int64_t n, int64_t m, float *out)
+{
+    const int64_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    memset(out, 0, (size_t)m * sizeof *out);
+    for (int64_t b = 0; b * ATTN_EXP_BLOCK < m; b++) {
+        const int64_t at = b * ATTN_EXP_BLOCK, end = m - at < ATTN_EXP_BLOCK ? m : at + ATTN_EXP_BLOCK;
+        for (int h = 0; h < g; h++) { /* heads in order, products added unfused: the reference's sums */
+            const float sc = scale[h * nb + b];
+            const float32x4_t vs = vdupq_n_f32(sc);
+            const float *x = e + h * n;
+            int64_t i = at;
+            for (; i + 4 <= end; i += 4) vst1q_f32(out + i, vaddq_f32(vld1q_f32(out + i), vmulq_f32(vs, vld1q_f32(x + i))));
+            for (; i < end; i++) {
+                const float p = sc * x[i];
+                out[i] += p;
+            }
+        }
+    }
+}
+
 const attn_kernels NEON_TWIN(attn_kernels) = {
     attn_topk_filter_ref, NEON_TWIN(attn_scores), NEON_TWIN(attn_softmax), NEON_TWIN(attn_weighted_sum),
-    attn_kt_logits_ref, NEON_TWIN(attn_softmax_weighted_sum), attn_kt_exp_ref, attn_scaled_head_sum_ref,
+    NEON_TWIN(attn_kt_logits), NEON_TWIN(attn_softmax_weighted_sum), NEON_TWIN(attn_kt_exp),
+    NEON_TWIN(attn_scaled_head_sum),
     attn_topk_kth_key_ref, attn_topk_above_ref, NEON_TWIN(attn_gather_group),
 };
 
