@@ -189,6 +189,19 @@ static void test_cli(void)
     free(out);
 }
 
+/* SPARQ_TEST_LEVELS (space-separated level names), when set, limits the
+ * other levels run below: under emulation (make test-arm64) every program
+ * costs minutes, and the plain-C level there is the code x86 checks. */
+static int level_wanted(const char *name)
+{
+    const char *only = getenv("SPARQ_TEST_LEVELS");
+    if (!only || !*only) return 1;
+    const size_t len = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)) != NULL; p += len)
+        if ((p == only || p[-1] == ' ') && (p[len] == 0 || p[len] == ' ')) return 1;
+    return 0;
+}
+
 /* The kernel-twin tests (each compares the level running with the
  * reference) and the golden logits, at every other supported level. */
 static void test_other_levels(void)
@@ -200,6 +213,7 @@ static void test_other_levels(void)
     for (int l = 0; l < CPU_LEVELS; l++) {
         if (l == (int)now || !cpu_level_supported((cpu_level)l)) continue;
         const char *name = cpu_level_name((cpu_level)l);
+        if (!level_wanted(name)) continue;
         for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
             /* test_bench starts build/sparq itself, which only works
              * natively; its kernels have no ARM64 twin */
