@@ -137,7 +137,8 @@ const attn_kernels attn_kernels_ref = {
 };
 
 /* avx2 has no decode-attention twins: the reference's loops are what it
- * runs (the prefill tiles do have AVX2 twins, attn_prefill.c). */
+ * runs (the prefill tiles do have AVX2 twins, attn_prefill.c). ARM64's
+ * two NEON tables are attn_kernels_neon.c's two builds. */
 static const attn_kernels *const tables[CPU_LEVELS] = {
     [CPU_REF] = &attn_kernels_ref,
     [CPU_AVX2] = &attn_kernels_ref,

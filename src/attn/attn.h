@@ -336,11 +336,13 @@ void attn_scores_q8i_avx512(const attn_kv_view *kv, const float *q, int g, const
 void attn_softmax_weighted_sum_q8i_avx512(const attn_kv_view *kv, const float *s, int g,
                                           const int32_t *rows, int64_t n, float *out, float *lse);
 
-/* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx512.c) -
- * rows: positions to read, or NULL for 0..n-1. Every kernel has a plain-C
- * `_ref` twin and an `_avx512` twin with the same signature, gathered in
- * the attn_kernels tables below; the un-suffixed name runs the table of
- * the level chosen at run time (util/cpu.h; avx2 runs the reference).
+/* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx512.c,
+ * attn_kernels_neon.c) - rows: positions to read, or NULL for 0..n-1.
+ * Every kernel has a plain-C `_ref` twin and an `_avx512` twin with the
+ * same signature (the NEON table has its own for the f32/f16 kernels),
+ * gathered in the attn_kernels tables below; the un-suffixed name runs the
+ * table of the level chosen at run time (util/cpu.h; avx2 runs the
+ * reference).
  * Elements read: attn_scores and attn_weighted_sum n*d each,
  * attn_kt_logits n*r; each twin measures them into kv->meter (K, V or
  * K^T) when it is set. */
