@@ -93,7 +93,6 @@ endif
 LIB_SRC  := $(filter-out src/cli/% src/server/% $(NOT_HERE),$(wildcard src/*/*.c))
 CLI_SRC  := $(wildcard src/cli/*.c)
 SRV_SRC  := $(wildcard src/server/*.c)
-HDRS     := $(wildcard src/*/*.h) $(wildcard include/*.h)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 # Every *_neon.c is compiled twice: for baseline ARMv8-A (Advanced SIMD is
@@ -166,28 +165,33 @@ $(BUILD)/pic/%_avx512.o: SIMD = $(SIMD_AVX512)
 ifeq ($(IS_ARM64),1)
   SIMD_NEONDP := -march=armv8.2-a+dotprod
 endif
-$(BUILD)/obj/%_neondp.o: src/%_neon.c $(HDRS)
+$(BUILD)/obj/%_neondp.o: src/%_neon.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SIMD_NEONDP) -c $< -o $@
-$(BUILD)/pic/%_neondp.o: src/%_neon.c $(HDRS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD_NEONDP) -c $< -o $@
+$(BUILD)/pic/%_neondp.o: src/%_neon.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SIMD_NEONDP) $(PIC_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD_NEONDP) $(PIC_FLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.c $(HDRS)
+$(BUILD)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SIMD) -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.cc $(HDRS)
+$(BUILD)/obj/%.o: src/%.cc
 	@mkdir -p $(dir $@)
-	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc -c $< -o $@
+	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(DEPFLAGS) -c $< -o $@
 
-$(BUILD)/pic/%.o: src/%.c $(HDRS)
+$(BUILD)/pic/%.o: src/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SIMD) $(PIC_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD) $(PIC_FLAGS) -c $< -o $@
 
-$(BUILD)/pic/%.o: src/%.cc $(HDRS)
+$(BUILD)/pic/%.o: src/%.cc
 	@mkdir -p $(dir $@)
-	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(PIC_FLAGS) -c $< -o $@
+	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(DEPFLAGS) $(PIC_FLAGS) -c $< -o $@
+
+# Each object's header dependencies, as the compiler found them (-MMD); -MP
+# adds an empty rule per header, so deleting a header breaks no build.
+DEPFLAGS := -MMD -MP
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/pic/*/*.d $(BUILD)/tests/*.d)
 
 $(BUILD)/libsparq.a: $(LIB_OBJ)
 	@rm -f $@
@@ -266,9 +270,9 @@ $(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 ifeq ($(IS_ARM64),1)
   TEST_CFLAGS := -fno-tree-vectorize
 endif
-$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(HDRS) $(BUILD)/libsparq-server.a $(BUILD)/libsparq-cli.a $(BUILD)/libsparq.a
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libsparq-server.a $(BUILD)/libsparq-cli.a $(BUILD)/libsparq.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(TEST_CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq-cli.a $(BUILD)/libsparq.a \
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ $(TEST_CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq-cli.a $(BUILD)/libsparq.a \
 	    $(LDLIBS) $(SRV_LIBS)
 
 # DESTDIR stages the tree (packaging, tests/test_install.c); a real install
