@@ -61,5 +61,8 @@ void      gm_first_bytes(gmatcher *m, uint8_t allowed[256]);
 /* JSON Schema (the subset json_schema.c documents) to GBNF text, malloc'ed;
  * NULL with a one-line message naming what is not supported. */
 char *json_schema_to_gbnf(const char *schema, size_t n, char *err, size_t err_size);
+/* The same from a parsed schema (util/json.h), for the server's requests. */
+struct json_value;
+char *json_schema_value_to_gbnf(const struct json_value *schema, char *err, size_t err_size);
 
 #endif

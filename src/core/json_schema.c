@@ -409,6 +409,19 @@ static const char json_base[] =
     "jobject ::= \"{\" ws (jstring \":\" ws jvalue (\",\" ws jstring \":\" ws jvalue)*)? \"}\" ws\n"
     "jarray ::= \"[\" ws (jvalue (\",\" ws jvalue)*)? \"]\" ws\n";
 
+char *json_schema_value_to_gbnf(const json_value *schema, char *err, size_t err_size)
+{
+    conv c = { .err = err, .err_size = err_size };
+    emit(&c, "%s", json_base);
+    int top = gen(&c, schema, 0);
+    if (top >= 0) emit(&c, "root ::= r%d\n", top);
+    if (c.failed || top < 0) {
+        free(c.out.data);
+        return NULL;
+    }
+    return c.out.data;
+}
+
 char *json_schema_to_gbnf(const char *schema, size_t n, char *err, size_t err_size)
 {
     char perr[160];
@@ -417,14 +430,7 @@ char *json_schema_to_gbnf(const char *schema, size_t n, char *err, size_t err_si
         err_set(err, err_size, "json_schema: not valid JSON (%s)", perr);
         return NULL;
     }
-    conv c = { .err = err, .err_size = err_size };
-    emit(&c, "%s", json_base);
-    int top = gen(&c, json_root(d), 0);
+    char *out = json_schema_value_to_gbnf(json_root(d), err, err_size);
     json_free(d);
-    if (top >= 0) emit(&c, "root ::= r%d\n", top);
-    if (c.failed || top < 0) {
-        free(c.out.data);
-        return NULL;
-    }
-    return c.out.data;
+    return out;
 }
