@@ -44,6 +44,9 @@ typedef struct run_opts {
     int         verify_kv;     /* --verify-kv */
     cli_strs    reverse;       /* -r TEXT ... */
     cli_strs    logit_bias;    /* -l ID+BIAS ... */
+    const char *grammar;       /* --grammar GBNF */
+    const char *grammar_file;  /* --grammar-file FILE */
+    const char *json_schema;   /* -j, --json-schema SCHEMA */
     int         context_shift, no_context_shift;
     int         n_keep;        /* --keep */
     int         progress;      /* --progress */
@@ -73,6 +76,11 @@ static const cli_opt run_table[] = {
       "stop generating when the text contains TEXT (repeatable; not printed)" },
     { "-l", "--logit-bias", OPT_STRS, OFF(logit_bias), "ID(+|-)BIAS",
       "add BIAS to the logit of token ID before sampling, as llama.cpp (-l 15043+1; -l 15043-inf bans it; repeatable, up to 16)" },
+    { "--grammar", NULL, OPT_STR, OFF(grammar), "GBNF",
+      "constrain the output to a grammar in llama.cpp's GBNF (start rule 'root')" },
+    { "--grammar-file", NULL, OPT_STR, OFF(grammar_file), "FILE", "the same, the grammar read from FILE" },
+    { "-j", "--json-schema", OPT_STR, OFF(json_schema), "SCHEMA",
+      "constrain the output to JSON matching a JSON Schema ('{}': any JSON value; see docs/STRUCTURED_OUTPUT.md)" },
     { "-s", "--seed", OPT_U64, OFF(sp.seed), "N", "sampling seed (default: a random one; --json prints it)" },
     { "--logits-out", NULL, OPT_STR, OFF(logits_out), "FILE",
       "write float32 logits [n_rows][n_vocab] of every prompt position and generation step" },
@@ -701,6 +709,7 @@ int cli_run(int argc, char **argv)
     const char *kv_path = NULL;
     char kv_auto[4096];
     sparq_sampler *smp = NULL;
+    sparq_grammar *grammar = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
@@ -800,6 +809,27 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "error: -l: %s\n", err); /* an id outside this model's vocabulary: a usage error */
         rc = 2;
         goto done;
+    }
+    if (!!ro.grammar + !!ro.grammar_file + !!ro.json_schema > 1) {
+        fprintf(stderr, "error: give at most one of --grammar, --grammar-file and --json-schema\n");
+        rc = 2;
+        goto done;
+    }
+    if (ro.grammar || ro.grammar_file || ro.json_schema) {
+        char *text = NULL;
+        if (ro.grammar_file && !(text = text_read_file(ro.grammar_file, NULL))) {
+            fprintf(stderr, "error: cannot read the grammar file '%s'\n", ro.grammar_file);
+            rc = 2;
+            goto done;
+        }
+        grammar = ro.json_schema ? sparq_grammar_from_json_schema(ro.json_schema, err, sizeof err)
+                                 : sparq_grammar_parse(text ? text : ro.grammar, err, sizeof err);
+        free(text);
+        if (!grammar || sparq_sampler_set_grammar(smp, m, grammar, err, sizeof err)) {
+            fprintf(stderr, "error: %s\n", err);
+            rc = 2;
+            goto done;
+        }
     }
     if (ro.logits_out && !(lf = fopen(ro.logits_out, "wb"))) {
         fprintf(stderr, "error: cannot write '%s'\n", ro.logits_out);
@@ -914,6 +944,7 @@ done:
     free(logits);
     free(ids);
     sparq_sampler_free(smp);
+    sparq_grammar_free(grammar);
     sparq_context_free(c);
     sparq_model_free(m);
     return rc;
