@@ -40,6 +40,8 @@ static int cfail(conv *c, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        for (char *q = msg; *q; q++) /* names from the schema: keep the message one line */
+            if ((unsigned char)*q < 0x20) *q = '?';
         err_set(c->err, c->err_size, "json_schema: %s", msg);
     }
     c->failed = 1;
