@@ -245,11 +245,13 @@ static int generate(sparq_model *m, sparq_context *c, const char *prompt, sparq_
     return rc;
 }
 
-static void test_generation(void)
+static void test_generation(const char *name)
 {
     char path[1024], err[256];
-    if (path_find("stories260K.gguf", path, sizeof path)) {
-        test_skip("stories260K.gguf not found on the model path (reference data)");
+    if (path_find(name, path, sizeof path)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s not found on the model path (reference data)", name);
+        test_skip(why);
         return;
     }
     sparq_model *m = NULL;
@@ -368,7 +370,7 @@ static void test_generation(void)
     }
     /* the bounded schemas (all but the first) always end within 600 tokens */
     CHECK(n_done >= n_runs - 9 && n_done > 0, "%d of %d generations ended", n_done, n_runs);
-    fprintf(stderr, "constrained generations: %d of %d complete\n", n_done, n_runs);
+    fprintf(stderr, "%s: constrained generations: %d of %d complete\n", name, n_done, n_runs);
     sparq_context_free(c);
     sparq_model_free(m);
 }
@@ -377,6 +379,7 @@ int main(void)
 {
     test_gbnf();
     test_schema_errors();
-    test_generation();
+    test_generation("stories260K.gguf");
+    test_generation("tiny-d64.gguf"); /* another vocabulary, real head geometry */
     return test_summary("test_grammar");
 }

@@ -40,7 +40,8 @@ int cli_bench_grammar(int argc, char **argv)
     sparq_model *m = cli_load_model(&mo, path, sizeof path);
     if (!m) return 1;
     char *text = NULL;
-    if (o.grammar_file && !(text = text_read_file(o.grammar_file, NULL))) {
+    size_t text_len = 0;
+    if (o.grammar_file && !(text = text_read_file(o.grammar_file, &text_len))) {
         fprintf(stderr, "error: cannot read '%s'\n", o.grammar_file);
         sparq_model_free(m);
         return 2;

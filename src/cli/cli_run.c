@@ -817,7 +817,8 @@ int cli_run(int argc, char **argv)
     }
     if (ro.grammar || ro.grammar_file || ro.json_schema) {
         char *text = NULL;
-        if (ro.grammar_file && !(text = text_read_file(ro.grammar_file, NULL))) {
+        size_t text_len = 0;
+        if (ro.grammar_file && !(text = text_read_file(ro.grammar_file, &text_len))) {
             fprintf(stderr, "error: cannot read the grammar file '%s'\n", ro.grammar_file);
             rc = 2;
             goto done;

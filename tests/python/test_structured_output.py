@@ -175,3 +175,26 @@ def test_batch_equals_alone(server):
     for t in ts:
         t.join()
     assert together == alone
+
+
+def test_cli_grammar_flags(sparq_bin, model_path, tmp_path):
+    """sparq run --grammar-file / -j: the output matches; bad input is exit 2 with the message."""
+    g = tmp_path / "g.gbnf"
+    g.write_text('root ::= " " [0-9]{2,3} " " ("cats" | "dogs") "."\n')
+    r = subprocess.run([sparq_bin, "run", "-m", model_path, "-p", PROMPT, "-n", "30", "--temp", "0.8", "-s", "5",
+                        "--grammar-file", str(g)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode().rstrip("\n")
+    words = out.split(" ")
+    assert len(words) == 3 and words[0] == "" and words[1].isdigit() and 2 <= len(words[1]) <= 3 \
+        and words[2] in ("cats.", "dogs."), out
+    schema = SCHEMAS[0]
+    r = subprocess.run([sparq_bin, "run", "-m", model_path, "-p", PROMPT, "-n", "300", "--temp", "0",
+                        "-j", json.dumps(schema)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert r.returncode == 0, r.stderr
+    assert valid(json.loads(r.stdout), schema), r.stdout
+    for args, msg in ((["--grammar", "root ::= ("], b"expected ')'"),
+                      (["-j", '{"type":"string","format":"uri"}'], b"unsupported keyword 'format'")):
+        r = subprocess.run([sparq_bin, "run", "-m", model_path, "-p", PROMPT, "-n", "4", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
