@@ -588,7 +588,7 @@ static void sset_free(sset *s)
 static void sset_add(gmatcher *m, sset *s, const uint32_t *st, uint32_t n)
 {
     for (uint32_t i = 0; i < s->n; i++)
-        if (s->len[i] == n && memcmp(s->pool + s->off[i], st, n * sizeof *st) == 0) return;
+        if (s->len[i] == n && (n == 0 || memcmp(s->pool + s->off[i], st, n * sizeof *st) == 0)) return;
     if (s->n >= MAX_STACKS) return;
     if (s->n == s->cap) {
         uint32_t nc = s->cap ? s->cap * 2 : 8;
@@ -613,7 +613,7 @@ static void sset_add(gmatcher *m, sset *s, const uint32_t *st, uint32_t n)
         s->pool = np;
         s->cap_pool = nc;
     }
-    memcpy(s->pool + s->n_pool, st, n * sizeof *st);
+    if (n) memcpy(s->pool + s->n_pool, st, n * sizeof *st); /* an empty stack: pool may be NULL */
     s->off[s->n] = (uint32_t)s->n_pool;
     s->len[s->n] = n;
     s->n_pool += n;
