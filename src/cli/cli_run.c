@@ -215,6 +215,7 @@ typedef struct gen_ctx {
     int         context_shift;
     int64_t     n_keep;
     cli_progress *progress; /* restarted before each prefill               */
+    const sparq_grammar *grammar; /* --grammar: each chat reply starts it anew */
 } gen_ctx;
 
 static int print_text(void *user, const char *text, size_t n)
@@ -525,6 +526,11 @@ static int run_chat(const gen_ctx *g, const run_opts *ro)
             goto done;
         }
         for (int i = 0; i < n && g->smp; i++) sparq_sampler_accept(g->smp, ids[i]);
+        char gerr[160];
+        if (g->grammar && g->smp && sparq_sampler_set_grammar(g->smp, g->m, g->grammar, gerr, sizeof gerr)) {
+            fprintf(stderr, "error: %s\n", gerr);
+            goto done;
+        }
         double t1 = cli_now();
         sparq_generation r;
         if (interrupted) abort_now = 1; /* Ctrl-C during the prefill: no reply */
@@ -846,7 +852,7 @@ int cli_run(int argc, char **argv)
         goto done;
     }
     gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out,
-                  ro.reverse.v, ro.reverse.n, shift, n_keep, &prog };
+                  ro.reverse.v, ro.reverse.n, shift, n_keep, &prog, grammar };
     if (interactive) {
         rc = run_chat(&g, &ro);
         attn_summary(c, &cp.attn, NULL);
