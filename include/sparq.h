@@ -456,6 +456,34 @@ SPARQ_API uint64_t sparq_sampler_seed(const sparq_sampler *s); /* the seed in us
 SPARQ_API int     sparq_sampler_set_logit_bias(sparq_sampler *s, const int32_t *ids, const float *bias, int n,
                                                char *err, size_t err_size);
 
+/* ---- grammars (structured output) ------------------------------------ */
+
+/* A compiled grammar: immutable, shareable by any number of samplers.
+ * sparq_grammar_parse reads llama.cpp's GBNF (rules `name ::= ...`,
+ * "literals", [classes], ., ( ), * + ? {m,n}, # comments; the start rule is
+ * `root`; left recursion is refused). sparq_grammar_from_json_schema takes
+ * a JSON Schema (the text of one): type, properties, required,
+ * additionalProperties (false, or alone), items, minItems, maxItems,
+ * minLength, maxLength, enum, const, anyOf, oneOf, nested; annotations
+ * (title, description, ...) are ignored and any other keyword is an error
+ * naming it. `{"type":"object"}` is OpenAI's json_object. Both return NULL
+ * with a one-line message (GBNF: with line and column). */
+typedef struct sparq_grammar sparq_grammar;
+SPARQ_API sparq_grammar *sparq_grammar_parse(const char *gbnf, char *err, size_t err_size);
+SPARQ_API sparq_grammar *sparq_grammar_from_json_schema(const char *schema, char *err, size_t err_size);
+SPARQ_API void sparq_grammar_free(sparq_grammar *g);
+/* Constrains s's draws to g (NULL: removes the constraint): each draw
+ * then picks only among tokens of m whose bytes extend the text drawn so
+ * far (since this call) within g, and an end-of-generation token only once
+ * that text is a whole sentence of g; the logit bias, penalties and
+ * min-p / top-k / top-p apply to the allowed tokens. Greedy checks tokens
+ * in descending logit order and stops at the first allowed. m and g must
+ * outlive s. Returns 0, or -1 with a message (s unchanged). */
+SPARQ_API int     sparq_sampler_set_grammar(sparq_sampler *s, const sparq_model *m, const sparq_grammar *g,
+                                            char *err, size_t err_size);
+/* 1 if the sampler has a grammar and the tokens drawn so far complete it. */
+SPARQ_API int     sparq_sampler_grammar_done(const sparq_sampler *s);
+
 /* ---- generation --------------------------------------------------------- */
 
 enum {

@@ -8,6 +8,7 @@
 #   fuzz_index      key-index images (exact, ivf; hnsw needs Faiss) and search
 #   fuzz_request    the server's request bodies (server/request.h), every endpoint
 #   fuzz_llama_state  llama.cpp sequence states (io/llama_state.h), seeded with tests/data/llamacpp
+#   fuzz_grammar    GBNF grammars, JSON Schemas and the grammar matcher (core/grammar.h)
 #   fuzz/fuzz_*.c   any other harness added there (seeds: none but the corpus)
 #
 # The library is built once with clang, ASan + UBSan and fuzzer coverage into

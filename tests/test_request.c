@@ -14,7 +14,7 @@
  *    negative or fractional max_tokens, ids outside the vocabulary, too many
  *    ids or bytes, empty prompts, bad messages and extension fields; each with
  *    the message a client would read; every field not implemented
- *    (response_format but {"type": "text"}, tools, suffix, ...) or unknown is
+ *    (tools, suffix, ...) or unknown is
  *    refused by name; n is 1 to 16 and a clone owns its own copies.
  *    Every allocation is freed through
  *    srv_request_release (make test-asan checks for leaks).
@@ -301,12 +301,34 @@ static void test_unsupported_fields(void)
     const srv_endpoint C = SRV_EP_COMPLETIONS, H = SRV_EP_CHAT, T = SRV_EP_TOKENIZE, D = SRV_EP_DETOKENIZE;
     const int I = SRV_PARSE_INVALID;
 #define MSGS "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
-    refused(H, MSGS "\"response_format\":{\"type\":\"json_object\"}}", I, "response_format is not supported");
+    /* structured output: a bad constraint is refused with what is wrong in it */
     refused(H, MSGS "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}", I,
-            "response_format is not supported");
-    refused(H, MSGS "\"response_format\":{\"type\":\"text\",\"x\":1}}", I, "response_format is not supported");
-    refused(H, MSGS "\"response_format\":\"text\"}", I, "response_format is not supported");
-    refused(C, "{\"prompt\":[1],\"response_format\":{\"type\":\"json_object\"}}", I, "response_format is not supported");
+            "needs {\"json_schema\": {\"schema\"");
+    refused(H, MSGS "\"response_format\":{\"type\":\"text\",\"x\":1}}", I, "unknown field 'x'");
+    refused(H, MSGS "\"response_format\":\"text\"}", I, "'response_format' must be an object");
+    refused(H, MSGS "\"response_format\":{\"type\":\"yaml\"}}", I, "not one of text, json_object, json_schema");
+    refused(H, MSGS "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":"
+                    "{\"type\":\"string\",\"format\":\"date\"}}}}", I, "unsupported keyword 'format'");
+    refused(C, "{\"prompt\":[1],\"json_schema\":{\"type\":\"object\",\"patternProperties\":{}}}", I,
+            "unsupported keyword 'patternProperties'");
+    refused(C, "{\"prompt\":[1],\"grammar\":\"root ::= x\"}", I, "undefined rule 'x'");
+    refused(C, "{\"prompt\":[1],\"grammar\":\"root ::= (\\\"a\\\"\"}", I, "grammar: line 1, column");
+    refused(C, "{\"prompt\":[1],\"grammar\":3}", I, "'grammar' must be a string");
+    refused(C, "{\"prompt\":[1],\"grammar\":\"root ::= .\",\"json_schema\":{}}", I, "at most one of");
+    {
+        srv_request *r = accepted(C, "{\"prompt\":[1],\"response_format\":{\"type\":\"json_object\"}}");
+        CHECK(r && r->grammar && r->gbnf, "json_object compiles a grammar");
+        srv_request *c = r ? srv_request_clone(r, 7) : NULL;
+        CHECK(c && c->grammar && c->grammar != r->grammar && !strcmp(c->gbnf, r->gbnf), "a clone has its own grammar");
+        srv_request_release(c);
+        srv_request_release(r);
+        r = accepted(H, MSGS "\"grammar\":\"root ::= [a-z]+\"}");
+        CHECK(r && r->grammar, "grammar compiled");
+        srv_request_release(r);
+        r = accepted(H, MSGS "\"response_format\":{\"type\":\"text\"}}");
+        CHECK(r && !r->grammar, "text: no grammar");
+        srv_request_release(r);
+    }
     refused(H, MSGS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", I, "tools is not supported");
     refused(H, MSGS "\"tool_choice\":\"auto\"}", I, "tool_choice is not supported");
     refused(H, MSGS "\"tool_choice\":\"required\"}", I, "tool_choice is not supported");
@@ -320,7 +342,6 @@ static void test_unsupported_fields(void)
     refused(C, "{\"prompt\":[1],\"top_logprobs\":2}", I, "top_logprobs is not supported on /v1/completions");
     refused(C, "{\"prompt\":[1],\"suffix\":\"end\"}", I, "suffix is not supported");
     refused(C, "{\"prompt\":[1],\"best_of\":3}", I, "best_of is not supported");
-    refused(C, "{\"prompt\":[1],\"grammar\":\"root ::= x\"}", I, "grammar is not supported");
     refused(C, "{\"prompt\":[1],\"messages\":[]}", I, "messages is not supported on /v1/completions");
     refused(C, "{\"prompt\":[1],\"temprature\":0}", I, "unknown field 'temprature'");
     refused(C, "{\"prompt\":[1],\"stop\\u0000x\":\"a\"}", I, "unknown field 'stop\\x00x'");

@@ -13,8 +13,8 @@
  *    503 + Retry-After; a client that disconnects mid-stream frees its slot
  *    (the next request is served long before the abandoned one would have
  *    finished, and the cancellation is counted);
- *  - fields the server does not implement (response_format other than
- *    text, tools, suffix, misspelt names) are 400s naming them; CORS headers
+ *  - fields the server does not implement (tools, suffix, misspelt
+ *    names) and schema keywords outside the subset are 400s naming them; CORS headers
  *    on every answer and OPTIONS preflights without the API key;
  *  - n choices: equal at temperature 0, choice i == seed + i alone when
  *    sampled, usage over all, streamed per index; n past the slots is a 400;
@@ -390,15 +390,17 @@ static int usage_of(const json_doc *d, const char *what)
     return v && v->type == JSON_NUMBER ? (int)v->u.number : -1;
 }
 
-/* Fields the server does not implement are refused by name, never ignored;
- * "response_format": {"type": "text"} (the default) passes. */
+/* Fields the server does not implement are refused by name, never ignored
+ * (a schema keyword too); "response_format": {"type": "text"} (the
+ * default) passes. */
 static void unsupported_fields(int port)
 {
     const char *chat = "/v1/chat/completions";
     expect_error(port, "POST", chat,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
-                 "\"response_format\": {\"type\": \"json_object\"}}", 1, 400, "response_format is not supported",
-                 "response_format json_object");
+                 "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": "
+                 "{\"type\": \"integer\", \"minimum\": 0}}}}", 1, 400, "unsupported keyword 'minimum'",
+                 "response_format json_schema with an unsupported keyword");
     expect_error(port, "POST", chat,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, \"tools\": "
                  "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"auto\"}", 1, 400,

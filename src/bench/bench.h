@@ -175,4 +175,14 @@ int bench_write_gnuplot_decode(FILE *f, const bench_row *rows, int n, const char
 int bench_write_gnuplot(FILE *f, const bench_row *rows, int n, const char *png_path,
                         const char *terminal, const char *title);
 
+/* The cost of grammar-constrained sampling (sparq_sampler_set_grammar):
+ * `steps` draws from logits of pseudo-random values (seeded; the worst
+ * case: the grammar rarely allows the top token, so a greedy draw sorts
+ * the vocabulary) by a free and a constrained sampler at temperature
+ * temp (0: greedy), timed around sparq_sample only. The grammar restarts
+ * when the constrained draws complete it. Mean microseconds per draw in
+ * *us_free / *us_grammar; 0, or -1 with a message. */
+int bench_grammar(const sparq_model *m, const sparq_grammar *g, int steps, float temp, uint64_t seed,
+                  double *us_free, double *us_grammar, char *err, size_t err_size);
+
 #endif

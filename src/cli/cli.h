@@ -191,6 +191,7 @@ void cli_json_str(FILE *f, const char *s, size_t n);
 int cli_run(int argc, char **argv);
 int cli_gen_model(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_bench_grammar(int argc, char **argv);
 int cli_eval(int argc, char **argv);
 int cli_eval_prefill(int argc, char **argv); /* eval prefill-fidelity */
 int cli_stats(int argc, char **argv);

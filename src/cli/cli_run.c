@@ -44,6 +44,9 @@ typedef struct run_opts {
     int         verify_kv;     /* --verify-kv */
     cli_strs    reverse;       /* -r TEXT ... */
     cli_strs    logit_bias;    /* -l ID+BIAS ... */
+    const char *grammar;       /* --grammar GBNF */
+    const char *grammar_file;  /* --grammar-file FILE */
+    const char *json_schema;   /* -j, --json-schema SCHEMA */
     int         context_shift, no_context_shift;
     int         n_keep;        /* --keep */
     int         progress;      /* --progress */
@@ -73,6 +76,11 @@ static const cli_opt run_table[] = {
       "stop generating when the text contains TEXT (repeatable; not printed)" },
     { "-l", "--logit-bias", OPT_STRS, OFF(logit_bias), "ID(+|-)BIAS",
       "add BIAS to the logit of token ID before sampling, as llama.cpp (-l 15043+1; -l 15043-inf bans it; repeatable, up to 16)" },
+    { "--grammar", NULL, OPT_STR, OFF(grammar), "GBNF",
+      "constrain the output to a grammar in llama.cpp's GBNF (start rule 'root')" },
+    { "--grammar-file", NULL, OPT_STR, OFF(grammar_file), "FILE", "the same, the grammar read from FILE" },
+    { "-j", "--json-schema", OPT_STR, OFF(json_schema), "SCHEMA",
+      "constrain the output to JSON matching a JSON Schema ('{}': any JSON value; see docs/STRUCTURED_OUTPUT.md)" },
     { "-s", "--seed", OPT_U64, OFF(sp.seed), "N", "sampling seed (default: a random one; --json prints it)" },
     { "--logits-out", NULL, OPT_STR, OFF(logits_out), "FILE",
       "write float32 logits [n_rows][n_vocab] of every prompt position and generation step" },
@@ -207,6 +215,7 @@ typedef struct gen_ctx {
     int         context_shift;
     int64_t     n_keep;
     cli_progress *progress; /* restarted before each prefill               */
+    const sparq_grammar *grammar; /* --grammar: each chat reply starts it anew */
 } gen_ctx;
 
 static int print_text(void *user, const char *text, size_t n)
@@ -517,6 +526,11 @@ static int run_chat(const gen_ctx *g, const run_opts *ro)
             goto done;
         }
         for (int i = 0; i < n && g->smp; i++) sparq_sampler_accept(g->smp, ids[i]);
+        char gerr[160];
+        if (g->grammar && g->smp && sparq_sampler_set_grammar(g->smp, g->m, g->grammar, gerr, sizeof gerr)) {
+            fprintf(stderr, "error: %s\n", gerr);
+            goto done;
+        }
         double t1 = cli_now();
         sparq_generation r;
         if (interrupted) abort_now = 1; /* Ctrl-C during the prefill: no reply */
@@ -701,6 +715,7 @@ int cli_run(int argc, char **argv)
     const char *kv_path = NULL;
     char kv_auto[4096];
     sparq_sampler *smp = NULL;
+    sparq_grammar *grammar = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
@@ -801,6 +816,28 @@ int cli_run(int argc, char **argv)
         rc = 2;
         goto done;
     }
+    if (!!ro.grammar + !!ro.grammar_file + !!ro.json_schema > 1) {
+        fprintf(stderr, "error: give at most one of --grammar, --grammar-file and --json-schema\n");
+        rc = 2;
+        goto done;
+    }
+    if (ro.grammar || ro.grammar_file || ro.json_schema) {
+        char *text = NULL;
+        size_t text_len = 0;
+        if (ro.grammar_file && !(text = text_read_file(ro.grammar_file, &text_len))) {
+            fprintf(stderr, "error: cannot read the grammar file '%s'\n", ro.grammar_file);
+            rc = 2;
+            goto done;
+        }
+        grammar = ro.json_schema ? sparq_grammar_from_json_schema(ro.json_schema, err, sizeof err)
+                                 : sparq_grammar_parse(text ? text : ro.grammar, err, sizeof err);
+        free(text);
+        if (!grammar || sparq_sampler_set_grammar(smp, m, grammar, err, sizeof err)) {
+            fprintf(stderr, "error: %s\n", err);
+            rc = 2;
+            goto done;
+        }
+    }
     if (ro.logits_out && !(lf = fopen(ro.logits_out, "wb"))) {
         fprintf(stderr, "error: cannot write '%s'\n", ro.logits_out);
         goto done;
@@ -815,7 +852,7 @@ int cli_run(int argc, char **argv)
         goto done;
     }
     gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out,
-                  ro.reverse.v, ro.reverse.n, shift, n_keep, &prog };
+                  ro.reverse.v, ro.reverse.n, shift, n_keep, &prog, grammar };
     if (interactive) {
         rc = run_chat(&g, &ro);
         attn_summary(c, &cp.attn, NULL);
@@ -914,6 +951,7 @@ done:
     free(logits);
     free(ids);
     sparq_sampler_free(smp);
+    sparq_grammar_free(grammar);
     sparq_context_free(c);
     sparq_model_free(m);
     return rc;

@@ -23,6 +23,7 @@ static const subcommand subcommands[] = {
     { "prefill", cli_prefill, "prefill a context once and save its KV cache (and indexes) to a file" },
     { "import", cli_import, "a llama.cpp saved sequence state to a KV cache file (with indexes)" },
     { "serve", cli_serve, "OpenAI-compatible HTTP server with continuous batching" },
+    { "bench-grammar", cli_bench_grammar, "the cost per token of grammar-constrained sampling (structured output)" },
     { "bench-topk", cli_topk, "top-k attention over a synthetic N-token prefix decoded from a KV file" },
 };
 

@@ -381,6 +381,38 @@ sparq_model_params sparq_model_default_params(void)
     return p;
 }
 
+/* model.h: piece_blob / piece_off / piece_eog. 0, or -1 out of memory. */
+static int build_pieces(sparq_model *m)
+{
+    const int n = m->hp.n_vocab;
+    char buf[256];
+    size_t total = 0;
+    m->piece_off = malloc(((size_t)n + 1) * sizeof *m->piece_off);
+    m->piece_eog = malloc((size_t)n ? (size_t)n : 1);
+    if (!m->piece_off || !m->piece_eog) return -1;
+    for (int i = 0; i < n; i++) {
+        int len = tok_decode(m->tok, i, buf, sizeof buf);
+        total += len > 0 ? (size_t)len : 0;
+        m->piece_eog[i] = (uint8_t)(tok_is_eog(m->tok, i) != 0);
+    }
+    if (total >= UINT32_MAX) return -1;
+    m->piece_blob = malloc(total ? total : 1);
+    if (!m->piece_blob) return -1;
+    uint32_t at = 0;
+    for (int i = 0; i < n; i++) {
+        m->piece_off[i] = at;
+        int len = tok_decode(m->tok, i, buf, sizeof buf);
+        if (len > (int)sizeof buf) { /* a rare long piece: decode into the blob directly */
+            tok_decode(m->tok, i, m->piece_blob + at, len);
+        } else if (len > 0) {
+            memcpy(m->piece_blob + at, buf, (size_t)len);
+        }
+        at += len > 0 ? (uint32_t)len : 0;
+    }
+    m->piece_off[n] = at;
+    return 0;
+}
+
 int sparq_model_load(const char *path, sparq_model **out, char *err, size_t err_size)
 {
     sparq_model_params p = sparq_model_default_params();
@@ -449,6 +481,10 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
                  tok_n_vocab(m->tok), m->hp.n_vocab);
         goto fail;
     }
+    if (build_pieces(m)) {
+        snprintf(err, err_size, "model: out of memory for the token pieces");
+        goto fail;
+    }
     if (bind_vector(&L, "output_norm.weight", m->hp.n_embd, &m->output_norm, 1)) goto fail;
     if (bind_matrix(&L, "output.weight", m->hp.n_embd, m->hp.n_vocab, &m->output, 0)) goto fail;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
@@ -477,6 +513,9 @@ void sparq_model_free(sparq_model *m)
     if (!m) return;
     model_repack_free(m);
     free(m->layers);
+    free(m->piece_blob);
+    free(m->piece_off);
+    free(m->piece_eog);
     tok_free(m->tok);
     gguf_close(m->file);
     free(m);

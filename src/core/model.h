@@ -83,6 +83,13 @@ struct sparq_model {
     layer_weights   *layers;     /* [n_layer]                               */
     void            *packed;     /* one mapping holding every weight.packed */
     size_t           packed_size;
+    /* Each token's output bytes (tok_decode), decoded once at load so a
+     * grammar can test a whole vocabulary per step without re-decoding:
+     * token i is piece_blob[piece_off[i] .. piece_off[i+1]); piece_eog[i]
+     * says it ends a generation. */
+    char            *piece_blob;
+    uint32_t        *piece_off;  /* [n_vocab + 1]                           */
+    uint8_t         *piece_eog;  /* [n_vocab]                               */
 };
 
 /* Per-sequence scratch, allocated once at context creation. */

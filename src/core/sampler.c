@@ -5,6 +5,7 @@
  * (sparq_sampler_default_params); `sparq run` and the server start from
  * them. */
 #include "sparq.h"
+#include "core/grammar.h"
 #include "core/model.h"
 #include "util/err.h"
 
@@ -31,6 +32,13 @@ struct sparq_sampler {
     int32_t *hist;           /* ring of the last `hist_cap` accepted ids   */
     int      hist_cap, hist_n, hist_at;
     int     *count;          /* [n_vocab] scratch: occurrences in window   */
+    /* grammar (sparq_sampler_set_grammar): the matcher and the model's
+     * token pieces it tests; first[] caches the bytes that may come next
+     * for the current step (first_ok) */
+    gmatcher *gm;
+    const sparq_model *gmodel;
+    uint8_t   first[256];
+    int       first_ok, n_checked;
 };
 
 sparq_sampler_params sparq_sampler_default_params(void)
@@ -114,6 +122,7 @@ void sparq_sampler_free(sparq_sampler *s)
     free(s->bias_val);
     free(s->count);
     free(s->hist);
+    gm_free(s->gm);
     free(s);
 }
 
@@ -281,8 +290,12 @@ static const float *prepare_logits(sparq_sampler *s, const float *logits)
     return w;
 }
 
+static int32_t draw(sparq_sampler *s, int m);
+static int32_t sample_grammar(sparq_sampler *s, const float *logits);
+
 int32_t sparq_sample(sparq_sampler *s, const float *logits_in)
 {
+    if (s->gm) return sample_grammar(s, logits_in);
     const int n = s->n_vocab;
     const float *logits = prepare_logits(s, logits_in);
     int32_t chosen;
@@ -304,6 +317,14 @@ int32_t sparq_sample(sparq_sampler *s, const float *logits_in)
         m++;
     }
     for (int i = 0; i < m; i++) s->buf[i].p /= sum;
+    chosen = draw(s, m);
+    sparq_sampler_accept(s, chosen);
+    return chosen;
+}
+
+/* top-k, top-p and the draw over buf[0..m) (probabilities summing to 1) */
+static int32_t draw(sparq_sampler *s, int m)
+{
     /* Sorting the whole vocabulary costs ~1 ms at 128k: negligible next to
      * a forward pass, and it keeps top-k and top-p one simple code path. */
     qsort(s->buf, (size_t)m, sizeof *s->buf, by_prob_desc);
@@ -335,7 +356,134 @@ int32_t sparq_sample(sparq_sampler *s, const float *logits_in)
      * undrawable); buf[0] is the maximum, p = 1 / sum > 0 */
     if (at < 0)
         for (at = keep - 1; at > 0 && !(s->buf[at].p > 0.0f); at--) {}
-    chosen = s->buf[at].id;
-    sparq_sampler_accept(s, chosen);
-    return chosen;
+    return s->buf[at].id;
+}
+
+/* ---- grammar-constrained draws -------------------------------------- */
+
+int sparq_sampler_set_grammar(sparq_sampler *s, const sparq_model *m, const sparq_grammar *g, char *err,
+                              size_t err_size)
+{
+    if (!g) {
+        gm_free(s->gm);
+        s->gm = NULL;
+        s->gmodel = NULL;
+        return 0;
+    }
+    if (!m || sparq_model_n_vocab(m) != s->n_vocab)
+        return err_set(err, err_size, "grammar: the model's vocabulary is not the sampler's (%d ids)", s->n_vocab);
+    gmatcher *gm = gm_create(g);
+    if (!gm) return err_set(err, err_size, "grammar: out of memory");
+    gm_free(s->gm);
+    s->gm = gm;
+    s->gmodel = m;
+    return 0;
+}
+
+int sparq_sampler_grammar_done(const sparq_sampler *s) { return s->gm && gm_complete(s->gm); }
+
+/* May token id come next? End-of-generation tokens: only when the grammar
+ * is complete; tokens that print nothing (control tokens): never. After a
+ * few checks in one step the first-byte table pays for itself: most
+ * tokens are then refused on their first byte. */
+static int token_allowed(sparq_sampler *s, int32_t id)
+{
+    const sparq_model *m = s->gmodel;
+    if (m->piece_eog[id]) return gm_complete(s->gm);
+    const uint32_t a = m->piece_off[id], b = m->piece_off[id + 1];
+    if (a == b) return 0;
+    const uint8_t *bytes = (const uint8_t *)m->piece_blob + a;
+    if (!s->first_ok && ++s->n_checked > 16) {
+        gm_first_bytes(s->gm, s->first);
+        s->first_ok = 1;
+    }
+    if (s->first_ok) {
+        if (!s->first[bytes[0]]) return 0;
+        if (b - a == 1) return 1;
+    }
+    return gm_allows(s->gm, bytes, b - a);
+}
+
+static int by_logit_desc(const void *a, const void *b) { return by_prob_desc(a, b); }
+
+/* The grammar's answer when it allows nothing (it cannot end yet no token
+ * extends it, e.g. the vocabulary lacks a byte it needs): end the
+ * generation rather than emit text outside it. */
+static int32_t dead_end(sparq_sampler *s)
+{
+    const sparq_model *m = s->gmodel;
+    int eos = sparq_token_eos(m);
+    if (eos >= 0 && eos < s->n_vocab) return eos;
+    for (int i = 0; i < s->n_vocab; i++)
+        if (m->piece_eog[i]) return i;
+    return 0;
+}
+
+static int32_t take(sparq_sampler *s, int32_t id)
+{
+    const sparq_model *m = s->gmodel;
+    if (!m->piece_eog[id])
+        gm_accept(s->gm, (const uint8_t *)m->piece_blob + m->piece_off[id], m->piece_off[id + 1] - m->piece_off[id]);
+    sparq_sampler_accept(s, id);
+    return id;
+}
+
+/* The same stages as sparq_sample over the allowed tokens only: the
+ * candidates sorted by logit, checked from the top; greedy stops at the
+ * first allowed, sampling keeps the allowed ones down to the min-p floor
+ * (relative to the best allowed token) and at most top-k of them, over
+ * which top-p then renormalises (llama.cpp's chain does so too; the free
+ * path normalises over all min-p survivors): checking every allowed token
+ * only to normalise would cost ~20 ms a draw at a 128k vocabulary. With
+ * neither min-p nor top-k every token is checked. */
+static int32_t sample_grammar(sparq_sampler *s, const float *logits_in)
+{
+    const int n = s->n_vocab;
+    const float *logits = prepare_logits(s, logits_in);
+    s->first_ok = 0;
+    s->n_checked = 0;
+    int32_t best = logits_argmax(logits, n);
+    if (logits[best] == -INFINITY) return take(s, dead_end(s));
+    if (s->p.temp <= 0.0f && token_allowed(s, best)) return take(s, best);
+    const float gmax = logits[best];
+    const int cap = s->p.top_k > 0 ? s->p.top_k : n;
+    /* Sorting all of a 128k vocabulary costs milliseconds: sort only the
+     * logits within delta of the maximum, and widen delta while that band
+     * holds too few allowed tokens to decide the draw. */
+    for (float delta = 4.0f;; delta *= 4.0f) {
+        const int all = !(delta < 1e6f);
+        const float band = all ? -INFINITY : gmax - delta;
+        int m = 0, more = 0;
+        for (int i = 0; i < n; i++) {
+            if (logits[i] == -INFINITY) continue;
+            if (logits[i] >= band) {
+                s->buf[m].id = i;
+                s->buf[m].p = logits[i];
+                m++;
+            } else more = 1;
+        }
+        qsort(s->buf, (size_t)m, sizeof *s->buf, by_logit_desc);
+        int first = 0;
+        while (first < m && !token_allowed(s, s->buf[first].id)) first++;
+        if (first == m) {
+            if (more) continue;
+            return take(s, dead_end(s));
+        }
+        if (s->p.temp <= 0.0f) return take(s, s->buf[first].id);
+        const float mx = s->buf[first].p;
+        const float floor_logit = s->p.min_p > 0.0f ? mx + logf(s->p.min_p) : -INFINITY;
+        int k = 0, i = first;
+        float sum = 0.0f;
+        for (; i < m && k < cap && s->buf[i].p >= floor_logit; i++) {
+            if (i > first && !token_allowed(s, s->buf[i].id)) continue;
+            s->buf[k].id = s->buf[i].id;
+            s->buf[k].p = expf((s->buf[i].p - mx) / s->p.temp);
+            sum += s->buf[k].p;
+            k++;
+        }
+        /* the band ran out before top-k or the floor did: widen it */
+        if (i == m && more && k < cap && !(floor_logit > band)) continue;
+        for (int j = 0; j < k; j++) s->buf[j].p /= sum;
+        return take(s, draw(s, k));
+    }
 }

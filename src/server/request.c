@@ -10,6 +10,7 @@
  */
 #include "server/request.h"
 #include "cli/cli.h"
+#include "core/grammar.h"
 #include "util/json.h"
 #include "util/names.h"
 
@@ -195,16 +196,17 @@ static int check_fields(const json_value *o, srv_endpoint ep, char *err, size_t 
     static const char *const generate[] = { "model", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                                             "min_p", "top_k", "frequency_penalty", "presence_penalty",
                                             "repetition_penalty", "repeat_penalty", "n", "seed", "stream",
-                                            "ignore_eos", "stop", "logit_bias", "logprobs", "sparq", "user", NULL };
+                                            "ignore_eos", "stop", "logit_bias", "logprobs", "sparq", "user",
+                                            "response_format", "grammar", "json_schema", NULL };
     static const char *const completions[] = { "prompt", "echo", NULL };
     static const char *const chat[] = { "messages", "top_logprobs", NULL };
     static const char *const tokenize[] = { "content", "add_special", NULL };
     static const char *const detokenize[] = { "tokens", NULL };
     /* OpenAI and llama-server fields this server does not implement */
     static const char *const unsupported[] = {
-        "response_format", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+        "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
         "stream_options", "suffix", "best_of", "echo", "top_logprobs", "store", "metadata", "service_tier",
-        "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "grammar", "json_schema",
+        "reasoning_effort", "modalities", "audio", "prediction", "web_search_options",
         "n_probs", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "n_predict", "cache_prompt",
         "samplers", "id_slot", "with_pieces", "prompt", "messages", NULL };
     const int gen = ep == SRV_EP_COMPLETIONS || ep == SRV_EP_CHAT;
@@ -217,11 +219,7 @@ static int check_fields(const json_value *o, srv_endpoint ep, char *err, size_t 
                 : key_in(m->key, m->key_len, ep == SRV_EP_TOKENIZE ? tokenize : detokenize))
             continue;
         const char *hint = "";
-        if (gen && key_in(m->key, m->key_len, (const char *const[]){ "response_format", NULL })) {
-            const json_value *t = v->type == JSON_OBJECT && v->n == 1 ? json_get(v, "type") : NULL;
-            if (t && t->type == JSON_STRING && t->n == 4 && !memcmp(t->u.str, "text", 4)) continue;
-            hint = " (only {\"type\": \"text\"}, the default)";
-        } else if (gen && key_in(m->key, m->key_len, (const char *const[]){ "tools", NULL })) {
+        if (gen && key_in(m->key, m->key_len, (const char *const[]){ "tools", NULL })) {
             if (v->type == JSON_ARRAY && json_len(v) == 0) continue;
             hint = " (no tool calls; only an empty list)";
         } else if (gen && key_in(m->key, m->key_len, (const char *const[]){ "tool_choice", NULL })) {
@@ -567,6 +565,89 @@ static int doc_not_chat(const srv_parse_env *e, const srv_request *r, char *err,
     return -1;
 }
 
+/* Structured output: llama-server's "grammar" (GBNF text) and
+ * "json_schema" (a schema), and OpenAI's "response_format": {"type":
+ * "text"} (free text), {"type": "json_object"} (any JSON object; a
+ * "schema" member, as llama-server takes it, narrows it) or {"type":
+ * "json_schema", "json_schema": {"schema": {...}, "name", "strict",
+ * "description"}}. At most one of the three; the grammar is compiled here,
+ * so a bad one is this request's 400 with the parser's message. */
+static int parse_grammar(const json_value *o, srv_request *r, char *err, size_t n)
+{
+    const json_value *gr = json_get(o, "grammar"), *js = json_get(o, "json_schema"),
+                     *rf = json_get(o, "response_format"), *schema = NULL;
+    if (gr && gr->type == JSON_NULL) gr = NULL;
+    if (js && js->type == JSON_NULL) js = NULL;
+    if (rf && rf->type == JSON_NULL) rf = NULL;
+    int json_mode = 0;
+    if (rf) {
+        const json_value *t = json_get(rf, "type");
+        if (rf->type != JSON_OBJECT || !t || t->type != JSON_STRING) {
+            snprintf(err, n, "'response_format' must be an object with a string 'type'");
+            return -1;
+        }
+        for (size_t i = 0; i < rf->n; i++)
+            if (!key_in(rf->u.members[i].key, rf->u.members[i].key_len,
+                        (const char *const[]){ "type", "json_schema", "schema", NULL })) {
+                snprintf(err, n, "'response_format' has an unknown field '%.40s'", rf->u.members[i].key);
+                return -1;
+            }
+        if (!strcmp(t->u.str, "text")) rf = NULL;
+        else if (!strcmp(t->u.str, "json_object")) {
+            json_mode = 1;
+            schema = json_get(rf, "schema");
+        } else if (!strcmp(t->u.str, "json_schema")) {
+            const json_value *w = json_get(rf, "json_schema");
+            schema = w && w->type == JSON_OBJECT ? json_get(w, "schema") : NULL;
+            if (!schema) {
+                snprintf(err, n, "'response_format' json_schema needs {\"json_schema\": {\"schema\": {...}}}");
+                return -1;
+            }
+            for (size_t i = 0; i < w->n; i++)
+                if (!key_in(w->u.members[i].key, w->u.members[i].key_len,
+                            (const char *const[]){ "schema", "name", "strict", "description", NULL })) {
+                    snprintf(err, n, "'response_format.json_schema' has an unknown field '%.40s'", w->u.members[i].key);
+                    return -1;
+                }
+        } else {
+            snprintf(err, n, "'response_format' type '%.32s' is not one of text, json_object, json_schema", t->u.str);
+            return -1;
+        }
+    }
+    if ((gr != NULL) + (js != NULL) + (rf != NULL) > 1) {
+        snprintf(err, n, "give at most one of 'grammar', 'json_schema' and 'response_format'");
+        return -1;
+    }
+    if (js) schema = js;
+    char gerr[256] = "";
+    if (gr) {
+        if (gr->type != JSON_STRING || strlen(gr->u.str) != gr->n) {
+            snprintf(err, n, "'grammar' must be a string of GBNF rules");
+            return -1;
+        }
+        if (!(r->gbnf = strdup(gr->u.str))) {
+            snprintf(err, n, "out of memory");
+            return -1;
+        }
+    } else if (schema || json_mode) {
+        static const char any_object[] = "{\"type\":\"object\"}";
+        if (schema) r->gbnf = json_schema_value_to_gbnf(schema, gerr, sizeof gerr);
+        else r->gbnf = json_schema_to_gbnf(any_object, sizeof any_object - 1, gerr, sizeof gerr);
+        if (!r->gbnf) {
+            snprintf(err, n, "%s", gerr);
+            return -1;
+        }
+    } else {
+        return 0;
+    }
+    r->grammar = sparq_grammar_parse(r->gbnf, gerr, sizeof gerr);
+    if (!r->grammar) {
+        snprintf(err, n, "%s", gerr);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_generate(const srv_parse_env *e, const json_value *o, int chat, srv_request *r, char *err, size_t n)
 {
     r->chat = chat;
@@ -582,7 +663,7 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
         snprintf(err, n, "'model' must be a string");
         return SRV_PARSE_INVALID;
     }
-    if (parse_sampling(e, o, r, chat, err, n) || parse_attn(e, o, r, err, n) ||
+    if (parse_sampling(e, o, r, chat, err, n) || parse_attn(e, o, r, err, n) || parse_grammar(o, r, err, n) ||
         get_int(o, "max_tokens", 0, 1e9, &max_tokens, err, n) ||
         get_int(o, "max_completion_tokens", 0, 1e9, &max_tokens, err, n) ||
         (chat && r->doc >= 0 && doc_not_chat(e, r, err, n)) ||
@@ -680,6 +761,8 @@ srv_request *srv_request_clone(const srv_request *r, uint64_t seed)
     c->n_stops = 0;
     c->bias_ids = NULL;
     c->bias = NULL;
+    c->gbnf = NULL;
+    c->grammar = NULL;
     memset(&c->text, 0, sizeof c->text);
     c->toks = NULL;
     c->n_toks = c->cap_toks = 0;
@@ -704,6 +787,10 @@ srv_request *srv_request_clone(const srv_request *r, uint64_t seed)
             memcpy(c->bias_ids, r->bias_ids, nb * sizeof *c->bias_ids);
             memcpy(c->bias, r->bias, nb * sizeof *c->bias);
         }
+    }
+    if (ok && r->gbnf) {
+        char gerr[64];
+        ok = (c->gbnf = strdup(r->gbnf)) != NULL && (c->grammar = sparq_grammar_parse(c->gbnf, gerr, sizeof gerr));
     }
     if (!ok) {
         srv_request_release(c);

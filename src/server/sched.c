@@ -50,6 +50,8 @@ void srv_request_release(srv_request *r)
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->bias_ids);
     free(r->bias);
+    free(r->gbnf);
+    sparq_grammar_free(r->grammar);
     free(r->text.data);
     free(r->toks);
     free(r);
@@ -746,6 +748,7 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     /* ids were checked against the vocabulary when parsed; this cannot fail otherwise */
     if (sl->smp && r->n_bias && sparq_sampler_set_logit_bias(sl->smp, r->bias_ids, r->bias, r->n_bias, err, err_size))
         return -1;
+    if (sl->smp && r->grammar && sparq_sampler_set_grammar(sl->smp, s->model, r->grammar, err, err_size)) return -1;
     sl->logits = malloc((size_t)V * sizeof(float));
     if (r->echo && r->logprobs >= 0)
         sl->prompt_logits = malloc((size_t)r->n_prompt * V * sizeof(float));

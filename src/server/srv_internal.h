@@ -42,6 +42,11 @@ typedef struct srv_request {
     int32_t *bias_ids;          /* "logit_bias": [n_bias] ids and biases     */
     float   *bias;
     int      n_bias;
+    /* "grammar" / "json_schema" / "response_format" json_object or
+     * json_schema: the constraint as GBNF text and compiled (each clone
+     * compiles its own copy); NULL: free text */
+    char    *gbnf;
+    sparq_grammar *grammar;
     double   deadline;          /* monotonic seconds                        */
     int      waited;            /* [sched] counted once in prefix_waits      */
     char     prefix_id[SRV_MAX_PREFIX_ID + 1]; /* "sparq.prefix_id", or ""  */

@@ -131,8 +131,9 @@ async function main() {
     }
   }
   await expectError('n > 16 rejected', () => completion(c0, { n: 17 }), 400, /'n'/);
-  await expectError('response_format refused', () => client.chat.completions.create({ model, messages: msgs,
-    max_tokens: 4, response_format: { type: 'json_object' } }), 400, /response_format is not supported/);
+  await expectError('unsupported schema keyword named', () => client.chat.completions.create({ model, messages: msgs,
+    max_tokens: 4, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string',
+      pattern: '^a' } } } }), 400, /unsupported keyword 'pattern'/);
   await expectError('tools refused', () => client.chat.completions.create({ model, messages: msgs, max_tokens: 4,
     tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }),
     400, /tools is not supported/);
