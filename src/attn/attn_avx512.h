@@ -26,7 +26,7 @@ static inline __mmask16 tail_mask(int64_t left)
  * weight (1), and Intel cores take a microcode assist for every subnormal
  * an FMA reads or writes (with FTZ/DAZ off, as a library must leave them):
  * subnormal weights made llama-3.2-1b's prefill at depth 2048 3.9x slower
- * on a Xeon (docs/benchmarks_notes.md). The clamp keeps -inf from making
+ * on a Xeon (docs/bench-results/HISTORY.md). The clamp keeps -inf from making
  * inf - inf; NaN gives 0. */
 static inline __m512 exp_neg(__m512 x)
 {
