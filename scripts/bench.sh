@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # bench.sh - measures sparq (and llama.cpp's llama-bench on the same GGUF
-# files, when given) and regenerates docs/BENCHMARKS.md from the raw results.
+# files, when given) and writes a report generated from the raw results.
+# docs/BENCHMARKS.md is written by hand from the raw files of the main runs
+# (it compares several scripts' runs side by side), so the generated report
+# goes beside the raw results, never over that page.
 #
 # usage: scripts/bench.sh [--quick] [--no-perf] [--report-only] [--steps LIST] [--out FILE] [--results DIR]
 #   --quick        fewer sizes and repetitions, smaller depths (a few minutes)
@@ -8,7 +11,7 @@
 #   --report-only  measure nothing: rewrite the report from the results DIR
 #   --steps LIST   rerun only these steps (e.g. decode_weights,llama_weights),
 #                  keeping the other results; the report says which and when
-#   --out FILE     the report (default docs/BENCHMARKS.md)
+#   --out FILE     the report (default RESULTS_DIR/REPORT.md)
 #   --results DIR  raw JSON, logs and profiles (default /tmp/sparq-bench-results)
 # environment:
 #   LLAMA_BENCH=/path/to/llama-bench   also run llama.cpp (-fa 0 and 1; the better counts)
@@ -28,7 +31,7 @@ QUICK=0
 PERF=1
 REPORT_ONLY=0
 STEPS=""
-OUT=docs/BENCHMARKS.md
+OUT=
 RES=/tmp/sparq-bench-results
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,11 +41,12 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=",$2,"; shift ;;
     --out) OUT="$2"; shift ;;
     --results) RES="$2"; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+OUT=${OUT:-$RES/REPORT.md}
 MODEL_DIR=${MODEL_DIR:-/tmp/sparq-bench-models}
 THREADS=${THREADS:-$(nproc)}
 LLAMA_BENCH=${LLAMA_BENCH:-}
@@ -558,11 +562,6 @@ for name, what in (("attn_sparq", "SparQ op, S=32k, r=16, k=128, 1 thread"),
 if not any_perf:
     w("_no profiles in this run (--no-perf or perf unavailable)_\n")
 
-notes = os.path.join(os.path.dirname(out) or ".", "benchmarks_notes.md")
-if os.path.exists(notes):
-    w("## Notes (written by hand, kept in docs/benchmarks_notes.md)\n")
-    w(open(notes).read().rstrip() + "\n")
-
 w("## Commands\n")
 w("```\n" + "\n".join(cmds) + "\n```\n")
 
@@ -574,7 +573,7 @@ w("```\n" + "\n".join(cmds) + "\n```\n")
 # run of every (model, scenario) is copied (run directories sort by name:
 # date, then time).
 import glob
-docs = os.path.dirname(out) or "."
+docs = "docs"  # the script runs from the checkout's root
 titles = {"prefill": "Prefill", "answer": "Time to answer", "serve": "Serving"}
 
 def run_cases(d):
