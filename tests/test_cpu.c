@@ -158,6 +158,8 @@ static void test_tables(void)
     CHECK(attn_kernels_at(CPU_AVX512) == &attn_kernels_avx512 && attn_kernels_at(CPU_AVX2) == &attn_kernels_avx2 &&
               attn_pf_ops_at(CPU_AVX2) == &attn_pf_ops_avx2,
           "x86 levels have their attention twins");
+    CHECK(idx_kernels_at(CPU_AVX2) == &idx_kernels_avx2 && idx_kernels_at(CPU_AVX512) == &idx_kernels_avx512,
+          "x86 levels have their index twins");
 #endif
 }
 
