@@ -160,6 +160,8 @@ static void test_tables(void)
           "x86 levels have their attention twins");
     CHECK(idx_kernels_at(CPU_AVX2) == &idx_kernels_avx2 && idx_kernels_at(CPU_AVX512) == &idx_kernels_avx512,
           "x86 levels have their index twins");
+    CHECK(fwd_kernels_at(CPU_AVX2) == &fwd_kernels_avx2 && fwd_kernels_at(CPU_AVX512) == &fwd_kernels_avx512,
+          "x86 levels have their SiLU twins");
 #endif
 }
 

@@ -26,7 +26,8 @@ static inline __m256 pow2i8(__m256 n)
 
 /* exp(x) for x <= 0: attn_exp.h's reduction and polynomial; below -87 the
  * result is exactly 0, never a subnormal (attn_avx512.h's exp_neg says
- * why: Intel's microcode assists). The clamp keeps 2^n normal; NaN gives 0. */
+ * why: Intel's microcode assists). The clamp keeps 2^n normal; NaN gives 0.
+ * Up to x = 88.37 (n = 127) the exponent bits hold 2^n. */
 static inline __m256 exp_neg8(__m256 x)
 {
     const __m256 normal = _mm256_cmp_ps(x, _mm256_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
@@ -42,6 +43,15 @@ static inline __m256 exp_neg8(__m256 x)
     p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C1));
     p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C0));
     return _mm256_and_ps(normal, _mm256_mul_ps(p, pow2i8(n)));
+}
+
+/* exp(x) for any x (core/forward_avx2.c's SiLU takes e^-x): exp_neg8's
+ * with x also clamped above at 88.5, where 2^n reaches 2^128 and the result
+ * is +inf (as scalef overflows in attn_avx512.h's exp_neg; from 88.38 on,
+ * a little before expf does: the SiLU there is -0 instead of ~-3e-37). */
+static inline __m256 exp_any8(__m256 x)
+{
+    return exp_neg8(_mm256_min_ps(x, _mm256_set1_ps(88.5f)));
 }
 
 /* exp(x - m) for x <= m as attn_avx512.h's exp_sub: 2^(x log2e - m log2e)
