@@ -162,6 +162,8 @@ static void test_tables(void)
           "x86 levels have their index twins");
     CHECK(fwd_kernels_at(CPU_AVX2) == &fwd_kernels_avx2 && fwd_kernels_at(CPU_AVX512) == &fwd_kernels_avx512,
           "x86 levels have their SiLU twins");
+    CHECK(bench_kernels_at(CPU_AVX2) == &bench_kernels_avx2 && bench_kernels_at(CPU_AVX512) == &bench_kernels_avx512,
+          "x86 levels have their read-bandwidth twins");
 #endif
 }
 
