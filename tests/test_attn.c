@@ -3,8 +3,10 @@
  *  1. half floats: attn_f16_to_f32 against the CPU's F16C conversion, all 65536.
  *  2. top-k: attn_topk_indices against a full sort (ties, NaN, +-0, +-inf,
  *     long inputs); the k-th key (exact threshold) against a sort.
- *  3. kernel twins: every attn_*_ref against its AVX-512 twin, odd sizes
- *     (tolerance 1e-5 relative to 1 + |value|, see test_twins); the fused
+ *  3. kernel twins: every attn_*_ref against the twin of the level running
+ *     (SPARQ_CPU; tests/test_cpu.c runs this at every level), odd sizes,
+ *     f32, f16 and Q8_0 caches (tolerance 1e-5 relative to 1 + |value|, see
+ *     test_twins; integer Q8_0 scores bit-identical); the fused
  *     SparQ pass (attn_kt_exp) also against a double softmax of naive
  *     logits, with maxima that keep rising and falling across blocks.
  *     3b. what each twin measured it read (attn_meter) == n*d or n*r, over
@@ -450,21 +452,41 @@ static double rel_diff(const float *a, const float *b, int64_t n)
 static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_group)
 {
     const int64_t S = n + 5;
-    const size_t es = elem == KV_F16 ? 2 : 4, nel = (size_t)S * d;
-    uint8_t *K = malloc(nel * es), *V = malloc(nel * es), *KT = malloc(nel * es);
-    for (size_t i = 0; i < nel; i++) {
-        const float k = rng_normal(r), v = rng_normal(r), kt = rng_normal(r);
-        if (elem == KV_F16) {
-            ((uint16_t *)K)[i] = to_f16(k);
-            ((uint16_t *)V)[i] = to_f16(v);
-            ((uint16_t *)KT)[i] = to_f16(kt);
-        } else {
-            ((float *)K)[i] = k;
-            ((float *)V)[i] = v;
-            ((float *)KT)[i] = kt;
+    const size_t nel = (size_t)S * d;
+    const size_t krow = attn_kv_row_bytes(elem, d), ktrow = attn_kv_row_bytes(elem, S);
+    uint8_t *K = malloc((size_t)S * krow), *V = malloc((size_t)S * krow), *KT = malloc((size_t)d * ktrow);
+    if (elem == KV_Q8_0) { /* rows quantized as the cache stores them: K, V per head row, K^T per position row */
+        float *x = malloc((size_t)(S > d ? S : d) * sizeof *x);
+        for (int64_t i = 0; i < S; i++) {
+            for (int j = 0; j < d; j++) x[j] = rng_normal(r);
+            attn_q8_quantize_row(x, d, K + (size_t)i * krow);
+            for (int j = 0; j < d; j++) x[j] = rng_normal(r);
+            attn_q8_quantize_row(x, d, V + (size_t)i * krow);
         }
-    }
+        for (int j = 0; j < d; j++) {
+            for (int64_t i = 0; i < S; i++) x[i] = rng_normal(r);
+            attn_q8_quantize_row(x, S, KT + (size_t)j * ktrow);
+        }
+        free(x);
+    } else
+        for (size_t i = 0; i < nel; i++) {
+            const float k = rng_normal(r), v = rng_normal(r), kt = rng_normal(r);
+            if (elem == KV_F16) {
+                ((uint16_t *)K)[i] = to_f16(k);
+                ((uint16_t *)V)[i] = to_f16(v);
+                ((uint16_t *)KT)[i] = to_f16(kt);
+            } else {
+                ((float *)K)[i] = k;
+                ((float *)V)[i] = v;
+                ((float *)KT)[i] = kt;
+            }
+        }
     attn_kv_view kv = { S, d, elem, K, V, KT, S, NULL, NULL, NULL, 0, 0 };
+    /* Q8_0 heads of a multiple of 64 take the integer kernels (attn.h): their
+     * scores are bit-identical across twins; their softmax-weighted sums
+     * quantize the weights, where an exp 2e-7 apart may move a code by one
+     * (tests/test_kvq8.c bounds that against f32), so those are left out */
+    const int q8i = attn_q8i_applies(&kv);
     const int nc = d < 33 ? d : 33;
     float *q = malloc((size_t)g * d * sizeof *q), *qs = malloc((size_t)g * nc * sizeof *qs);
     float *s1 = malloc((size_t)g * S * sizeof *s1), *s2 = malloc((size_t)g * S * sizeof *s2);
@@ -479,6 +501,7 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
         const int32_t *rw = use_rows ? rows : NULL;
         attn_scores_ref(&kv, q, g, rw, n, s1);
         simd->scores(&kv, q, g, rw, n, s2);
+        if (q8i && memcmp(s1, s2, (size_t)g * n * sizeof *s1) != 0) e = INFINITY;
         e = fmax(e, rel_diff(s1, s2, g * n));
         memcpy(s2, s1, (size_t)g * n * sizeof *s1);
         attn_softmax_ref(s1, g, n);
@@ -487,6 +510,7 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
         attn_weighted_sum_ref(&kv, s1, g, rw, n, o1);
         simd->weighted_sum(&kv, s1, g, rw, n, o2);
         e = fmax(e, rel_diff(o1, o2, (int64_t)g * d));
+        if (q8i) continue;
         attn_gather_group_ref(&kv, q, g, rw, n, o1, s1);
         simd->gather_group(&kv, q, g, rw, n, o2, s2);
         *e_group = fmax(*e_group, rel_diff(o1, o2, (int64_t)g * d));
@@ -497,7 +521,7 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
         e = fmax(e, rel_diff(s1, s2, g * S));
     }
     /* the softmax-weighted sum from scores (no weights stored) */
-    for (int use_rows = 0; use_rows < 2; use_rows++) {
+    for (int use_rows = 0; use_rows < 2 && !q8i; use_rows++) {
         const int32_t *rw = use_rows ? rows : NULL;
         attn_scores_ref(&kv, q, g, rw, n, s1);
         attn_softmax_weighted_sum_ref(&kv, s1, g, rw, n, o1, NULL);
@@ -540,7 +564,7 @@ static void test_twins(void)
     for (size_t a = 0; a < sizeof ds / sizeof ds[0]; a++)
         for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
             for (size_t c = 0; c < sizeof gs / sizeof gs[0]; c++)
-                for (int elem = 0; elem < 2; elem++) {
+                for (int elem = 0; elem < 3; elem++) {
                     if (elem == KV_F16 && !have_f16) continue;
                     double eg = 0;
                     const double e = twin_case(&r, ds[a], ns[b], gs[c], elem, &eg);
@@ -1115,7 +1139,7 @@ static void test_policies_naive(void)
     for (size_t a = 0; a < 6; a++)
         for (size_t b = 0; b < 3; b++)
             for (size_t c = 0; c < 2; c++)
-                for (int elem = 0; elem < 2; elem++) {
+                for (int elem = 0; elem < 3; elem++) {
                     if (elem == KV_F16 && !have_f16) continue;
                     /* sanitizer runs: the biggest shapes only in f32 */
                     if (test_quick() && Ss[a] > 1000 && (elem == KV_F16 || ds[b] > 64)) continue;

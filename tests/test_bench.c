@@ -380,7 +380,7 @@ static void test_sum_kernels(void)
         CHECK(k->sum_f32(x, N) == (float)want, "%s long sum", cpu_level_name((cpu_level)l));
         n_twins++;
     }
-    if (!n_twins) test_skip("sum kernels: no SIMD level with a twin on this CPU (no AVX512)");
+    if (!n_twins) test_skip("sum kernels: no SIMD level with a twin on this CPU (no AVX2)");
     free(x);
 }
 

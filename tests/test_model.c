@@ -5,6 +5,8 @@
  *   F32 weights, F32 KV:  1e-4  (llama.cpp vs float64 agree to 2e-5)
  *   F16 KV cache:         0.05  (llama.cpp itself differs by up to 0.03)
  *   per weight type on the random models: see rand_cases below.
+ * The forward pass's own SiLU kernel: every level this CPU runs against the
+ * plain-C twin (test_silu).
  */
 #include "test.h"
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include "tensor/quant.h"
 #include "sparq.h"
 #include "core/model.h"
+#include "core/forward_kernels.h"
 
 static const char *const stories[] = { "once_upon_a_time", "lily_tom_park", "sad_dog", "boy_cat_story" };
 
@@ -456,8 +459,52 @@ static void test_check_logits(void)
     sparq_model_free(m);
 }
 
+/* silu_mul_row at every SIMD level this CPU runs (whatever SPARQ_CPU chose)
+ * against the reference, over every tail length and arguments from -100
+ * to 100 (both exps' cut-offs: e^-x is 0 past x = 87, inf past x = -88.4).
+ * Tolerance 1e-6 relative (the vector exp is ~2e-7 from expf; one division
+ * and one product add 1 ulp each) or 1e-30 absolute: where e^-x overflows
+ * the twins may give -0 for the reference's ~-3e-37. Each length runs at
+ * two offsets of one array, so an element must come out the same wherever
+ * it sits in the row (prefill and decode see different lengths). */
+static void test_silu(void)
+{
+    enum { N = 300 };
+    float x[N + 8], up[N + 8], want[N + 8], got[N + 8], shifted[N + 8];
+    for (int i = 0; i < N + 8; i++) {
+        x[i] = -100.0f + 200.0f * (float)((i * 37) % (N + 8)) / (float)(N + 8);
+        up[i] = 0.5f + (float)(i % 7) * 0.25f;
+    }
+    x[3] = 0.0f, x[5] = -0.0f, x[11] = 87.5f, x[12] = -88.0f, x[13] = -88.5f, x[14] = -89.0f;
+    int n_levels = 0;
+    for (int l = CPU_REF + 1; l < CPU_LEVELS; l++) {
+        const fwd_kernels *k = fwd_kernels_at((cpu_level)l);
+        if (!cpu_level_supported((cpu_level)l) || k == &fwd_kernels_ref) continue;
+        n_levels++;
+        int bad = 0, moved = 0;
+        for (int n = 0; n <= N; n += n < 40 ? 1 : 37) {
+            memcpy(want, x, sizeof x);
+            memcpy(got, x, sizeof x);
+            silu_mul_row_ref(want, up, n);
+            k->silu_mul_row(got, up, n);
+            for (int i = 0; i < n; i++)
+                bad += !(fabsf(got[i] - want[i]) <= 1e-6f * fabsf(want[i]) + 1e-30f);
+            for (int i = n; i < N + 8; i++) bad += memcmp(&got[i], &x[i], sizeof(float)) != 0; /* past n: untouched */
+            if (n >= 3) {
+                memcpy(shifted, x, sizeof x);
+                k->silu_mul_row(shifted + 3, up + 3, n - 3);
+                for (int i = 3; i < n; i++) moved += memcmp(&shifted[i], &got[i], sizeof(float)) != 0;
+            }
+        }
+        CHECK(bad == 0, "silu %s vs ref: %d elements off", cpu_level_name((cpu_level)l), bad);
+        CHECK(moved == 0, "silu %s: %d elements depend on their place in the row", cpu_level_name((cpu_level)l), moved);
+    }
+    if (!n_levels) test_skip("silu twins: no SIMD level with a SiLU twin on this CPU");
+}
+
 int main(void)
 {
+    test_silu();
     test_stories();
     test_check_logits();
     test_rand_models();

@@ -136,15 +136,14 @@ const attn_kernels attn_kernels_ref = {
     attn_topk_kth_key_ref, attn_topk_above_ref, attn_gather_group_ref,
 };
 
-/* avx2 has no decode-attention twins: the reference's loops are what it
- * runs (the prefill tiles do have AVX2 twins, attn_prefill.c). ARM64's
- * two NEON tables are attn_kernels_neon.c's two builds. */
+/* ARM64's two NEON tables are attn_kernels_neon.c's two builds. */
 static const attn_kernels *const tables[CPU_LEVELS] = {
     [CPU_REF] = &attn_kernels_ref,
-    [CPU_AVX2] = &attn_kernels_ref,
 #if defined(__x86_64__)
+    [CPU_AVX2] = &attn_kernels_avx2,
     [CPU_AVX512] = &attn_kernels_avx512,
 #else
+    [CPU_AVX2] = &attn_kernels_ref,
     [CPU_AVX512] = &attn_kernels_ref,
 #endif
 #if defined(__aarch64__)

@@ -335,14 +335,19 @@ void attn_scores_q8i_avx512(const attn_kv_view *kv, const float *q, int g, const
                             int64_t n, float *s);
 void attn_softmax_weighted_sum_q8i_avx512(const attn_kv_view *kv, const float *s, int g,
                                           const int32_t *rows, int64_t n, float *out, float *lse);
+/* attn_kernels_q8i_avx2.c: the same without VNNI (compiled for AVX2). */
+void attn_scores_q8i_avx2(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                          int64_t n, float *s);
+void attn_softmax_weighted_sum_q8i_avx2(const attn_kv_view *kv, const float *s, int g,
+                                        const int32_t *rows, int64_t n, float *out, float *lse);
 
-/* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx512.c,
- * attn_kernels_neon.c) - rows: positions to read, or NULL for 0..n-1.
- * Every kernel has a plain-C `_ref` twin and an `_avx512` twin with the
- * same signature (the NEON table has its own for the f32/f16 kernels),
- * gathered in the attn_kernels tables below; the un-suffixed name runs the
- * table of the level chosen at run time (util/cpu.h; avx2 runs the
- * reference).
+/* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx2.c,
+ * attn_kernels_avx512.c, attn_kernels_neon.c) - rows: positions to read,
+ * or NULL for 0..n-1. Every kernel has a plain-C `_ref` twin and `_avx2`
+ * and `_avx512` twins with the same signature (the NEON table has its own
+ * for the f32/f16 kernels), gathered in the attn_kernels tables below; the
+ * un-suffixed name runs the table of the level chosen at run time
+ * (util/cpu.h).
  * Elements read: attn_scores and attn_weighted_sum n*d each,
  * attn_kt_logits n*r; each twin measures them into kv->meter (K, V or
  * K^T) when it is set. */
@@ -428,7 +433,7 @@ void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const 
 void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
                         int g, int64_t n, float *s);
 /* attn_gather_group's twins: _ref runs the scores and softmax_weighted_sum
- * _ref kernels; _avx512 the scores and softmax_weighted_sum _avx512 ones. */
+ * _ref kernels; _avx2 and _avx512 their own level's. */
 void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
                            const int32_t *sel, int64_t n_sel, float *out, float *scratch);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -453,6 +458,25 @@ void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_
                            int r, int g, int64_t n, float *s);
 void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
                               const int32_t *sel, int64_t n_sel, float *out, float *scratch);
+int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx);
+uint32_t attn_topk_kth_key_avx2(const uint32_t *key, int64_t m, int64_t k);
+int64_t attn_topk_above_avx2(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
+                             int32_t *idx);
+void attn_softmax_weighted_sum_avx2(const attn_kv_view *kv, const float *s, int g,
+                                    const int32_t *rows, int64_t n, float *out, float *lse);
+void attn_kt_exp_avx2(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
+                      int g, int64_t n, float *e, float *scale, float *lsum);
+void attn_scaled_head_sum_avx2(const float *e, const float *scale, int g, int64_t n,
+                               int64_t m, float *out);
+void attn_scores_avx2(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                      int64_t n, float *s);
+void attn_softmax_avx2(float *s, int g, int64_t n);
+void attn_weighted_sum_avx2(const attn_kv_view *kv, const float *w, int g,
+                            const int32_t *rows, int64_t n, float *out);
+void attn_kt_logits_avx2(const attn_kv_view *kv, const float *qs, const int32_t *comp,
+                         int r, int g, int64_t n, float *s);
+void attn_gather_group_avx2(const attn_kv_view *kv, const float *q, int g,
+                            const int32_t *sel, int64_t n_sel, float *out, float *scratch);
 
 /* One level's kernel building blocks (the un-suffixed functions above call
  * through the table of the level running). */
@@ -474,7 +498,7 @@ typedef struct attn_kernels {
     void (*gather_group)(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t n_sel,
                          float *out, float *scratch);
 } attn_kernels;
-extern const attn_kernels attn_kernels_ref, attn_kernels_avx512;
+extern const attn_kernels attn_kernels_ref, attn_kernels_avx2, attn_kernels_avx512;
 /* ARM64: attn_kernels_neon.c's two builds (Makefile) */
 extern const attn_kernels attn_kernels_neon, attn_kernels_neondp;
 /* The table `level` runs (its own twins or, without them, the reference). */

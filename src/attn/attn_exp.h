@@ -1,5 +1,5 @@
 /* attn_exp.h - the constants of the softmax exp shared by the SIMD kernels
- * (attn_avx512.h's exp_neg, attn_prefill_avx2.c's exp_neg8), so that every
+ * (attn_avx512.h's exp_neg, attn_avx2.h's exp_neg8 and exp_sub8), so that every
  * build rounds the same polynomial: x = n ln2 + t with ln2 in two parts (t
  * exact to ~1e-10), e^t by a degree-5 polynomial fitted by Remez exchange
  * for minimax relative error (7.5e-8), about 2e-7 relative to expf. */

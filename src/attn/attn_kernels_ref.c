@@ -2,9 +2,10 @@
  *
  * One position (or one key) at a time, in the order the maths is written,
  * sums of many terms in double; K, V and K^T elements are read through
- * attn_kv_at (f32, f16 or Q8_0). They define what the AVX-512 twins in
- * attn_kernels_avx512.c must compute (tests/test_attn.c compares each pair
- * over odd sizes) and are what a build without AVX-512 runs.
+ * attn_kv_at (f32, f16 or Q8_0). They define what the SIMD twins
+ * (attn_kernels_avx2.c, attn_kernels_avx512.c, attn_kernels_neon.c) must
+ * compute (tests/test_attn.c compares each pair over odd sizes) and are
+ * what SPARQ_CPU=ref runs.
  *
  * Map: scores | softmax | weighted sums | K^T logits | SparQ's fused exp and
  * group sum | top-k filter and k-th key.

@@ -1,13 +1,13 @@
 /* attn_prefill_avx2.c - the AVX2 (+FMA) twins of the prefill attention row
  * primitives (attn_prefill.h) for CPUs without AVX-512: scores of 2 rows
- * at a time over a transposed key tile (four 8-key accumulators each), a
- * polynomial exp (attn_avx512.h's, with 2^n built in the exponent bits),
+ * at a time over a transposed key tile (four 8-key accumulators each),
+ * attn_avx2.h's polynomial exp (decode's, so both round alike),
  * p.V of 2 rows x 32 of d at a time. Per row the reference's order.
  */
 #include "attn/attn_prefill.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include "attn/attn_exp.h"
+#include "attn/attn_avx2.h"
 
 #include <immintrin.h>
 
@@ -47,28 +47,6 @@ static void scores_avx2(const float *const *q, int nr, const float *kt, int d, f
         if (nr - r0 >= 2) scores_rows(q + r0, kt, d, scale, s + r0 * ATTN_PF_BK, 2);
         else scores_rows(q + r0, kt, d, scale, s + r0 * ATTN_PF_BK, 1);
     }
-}
-
-/* exp(x) for x <= 0: attn_exp.h's reduction and polynomial; 2^n goes
- * into the exponent bits, so x is clamped at -87 (2^n stays normal), and
- * below -87 the result is 0 as in attn_avx512.h's exp_neg (e^-87 is
- * 1.6e-38, nothing next to the row's largest weight, 1). */
-INLINE __m256 exp_neg8(__m256 x)
-{
-    const __m256 normal = _mm256_cmp_ps(x, _mm256_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(ATTN_EXP_MIN));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(ATTN_EXP_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 t = _mm256_fnmadd_ps(n, _mm256_set1_ps(ATTN_EXP_LN2_HI), x);
-    t = _mm256_fnmadd_ps(n, _mm256_set1_ps(ATTN_EXP_LN2_LO), t);
-    __m256 p = _mm256_set1_ps(ATTN_EXP_C5);
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C4));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C3));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C2));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C1));
-    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(ATTN_EXP_C0));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(normal, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 static float expsum_avx2(float *s, int nk, float m)

@@ -43,7 +43,7 @@ static void scores_neon(const float *const *q, int nr, const float *kt, int d, f
     }
 }
 
-/* exp(x) for x <= 0, as attn_prefill_avx2.c's exp_neg8: 0 below -87. */
+/* exp(x) for x <= 0, as attn_avx2.h's exp_neg8: 0 below -87. */
 INLINE float32x4_t exp_neg4(float32x4_t x)
 {
     const uint32x4_t normal = vcgeq_f32(x, vdupq_n_f32(ATTN_EXP_MIN));

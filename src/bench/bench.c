@@ -268,15 +268,16 @@ float bench_sum_f32_ref(const float *x, size_t n)
 
 const bench_kernels bench_kernels_ref = { bench_sum_f32_ref };
 
-/* Levels without a twin (avx2) read through the reference loop, which GCC
- * vectorises only as far as the baseline allows: bench membw then measures
- * a slower loop, not a slower memory. */
+/* Levels without a twin (ARM64's) read through the reference loop, which
+ * GCC vectorises only as far as the baseline allows: bench membw then
+ * measures a slower loop, not a slower memory. */
 static const bench_kernels *const tables[CPU_LEVELS] = {
     [CPU_REF] = &bench_kernels_ref,
-    [CPU_AVX2] = &bench_kernels_ref,
 #if defined(__x86_64__)
+    [CPU_AVX2] = &bench_kernels_avx2,
     [CPU_AVX512] = &bench_kernels_avx512,
 #else
+    [CPU_AVX2] = &bench_kernels_ref,
     [CPU_AVX512] = &bench_kernels_ref,
 #endif
     [CPU_NEON] = &bench_kernels_ref,

@@ -105,12 +105,13 @@ int bench_fill_kv(kv_cache *kv, int64_t from, int64_t to, uint64_t seed, int thr
  * The twins differ only by the order of additions. */
 float bench_sum_f32(const float *x, size_t n);
 float bench_sum_f32_ref(const float *x, size_t n);
+float bench_sum_f32_avx2(const float *x, size_t n);
 float bench_sum_f32_avx512(const float *x, size_t n);
 /* One level's kernels (bench_sum_f32 calls through the level running). */
 typedef struct bench_kernels {
     float (*sum_f32)(const float *x, size_t n);
 } bench_kernels;
-extern const bench_kernels bench_kernels_ref, bench_kernels_avx512;
+extern const bench_kernels bench_kernels_ref, bench_kernels_avx2, bench_kernels_avx512;
 const bench_kernels *bench_kernels_at(cpu_level level);
 
 /* ---- result rows ------------------------------------------------------------ */

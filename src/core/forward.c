@@ -267,8 +267,8 @@ static void rope_head(float *x, const float *cs, int rope_dim, int type)
     }
 }
 
-/* The reference SiLU (scalar expf); the AVX-512 level runs
- * forward_avx512.c's vector exp instead (about 2e-7 from expf). */
+/* The reference SiLU (scalar expf); the AVX2 and AVX-512 levels run a
+ * vector exp instead (about 2e-7 from expf). */
 void silu_mul_row_ref(float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
@@ -276,13 +276,13 @@ void silu_mul_row_ref(float *gate, const float *up, int64_t n)
 
 const fwd_kernels fwd_kernels_ref = { silu_mul_row_ref };
 
-/* avx2 has no twin: the reference's expf loop, as AVX2 builds always ran. */
 static const fwd_kernels *const fwd_tables[CPU_LEVELS] = {
     [CPU_REF] = &fwd_kernels_ref,
-    [CPU_AVX2] = &fwd_kernels_ref,
 #if defined(__x86_64__)
+    [CPU_AVX2] = &fwd_kernels_avx2,
     [CPU_AVX512] = &fwd_kernels_avx512,
 #else
+    [CPU_AVX2] = &fwd_kernels_ref,
     [CPU_AVX512] = &fwd_kernels_ref,
 #endif
     [CPU_NEON] = &fwd_kernels_ref,

@@ -1,6 +1,6 @@
 /* forward_kernels.h - the forward pass's own elementwise kernels, one table
  * per level (util/cpu.h): forward.c calls through the table of the level
- * running; forward_avx512.c holds the AVX-512 twin.
+ * running; forward_avx2.c and forward_avx512.c hold the SIMD twins.
  */
 #ifndef SPARQ_FORWARD_KERNELS_H
 #define SPARQ_FORWARD_KERNELS_H
@@ -14,10 +14,11 @@ typedef struct fwd_kernels {
     void (*silu_mul_row)(float *gate, const float *up, int64_t n);
 } fwd_kernels;
 
-extern const fwd_kernels fwd_kernels_ref, fwd_kernels_avx512;
+extern const fwd_kernels fwd_kernels_ref, fwd_kernels_avx2, fwd_kernels_avx512;
 const fwd_kernels *fwd_kernels_at(cpu_level level);
 
 void silu_mul_row_ref(float *gate, const float *up, int64_t n);
+void silu_mul_row_avx2(float *gate, const float *up, int64_t n);
 void silu_mul_row_avx512(float *gate, const float *up, int64_t n);
 
 #endif

@@ -390,7 +390,7 @@ typedef struct idx_kernels {
     void (*assign)(const float *x, int64_t n, int d, const float *c, const float *hn, int nc, int32_t *label,
                    float *best);
 } idx_kernels;
-extern const idx_kernels idx_kernels_ref, idx_kernels_avx512;
+extern const idx_kernels idx_kernels_ref, idx_kernels_avx2, idx_kernels_avx512;
 const idx_kernels *idx_kernels_at(cpu_level level);
 /* The key sections (keys, then i8 scales) of h's n_blocks, appended after
  * *end; -1 on overflow or a bad key type. */

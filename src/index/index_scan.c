@@ -2,9 +2,10 @@
  * nothing kind-specific: the block scoring kernel, the top-k candidate
  * buffers, row packing into blocks of 16 keys, the block scan that counts
  * the bytes it reads, and the key-block sections of an image. Each kernel
- * has a plain-C `_ref` twin (the reference the tests compare with) and an
- * AVX-512 twin (index_avx512.c); the un-suffixed name runs the twin of the
- * level chosen at run time (util/cpu.h).
+ * has a plain-C `_ref` twin (the reference the tests compare with), an
+ * AVX2 twin (index_avx2.c) and an AVX-512 one (index_avx512.c); the
+ * un-suffixed name runs the twin of the level chosen at run time
+ * (util/cpu.h).
  *
  * Map:
  *   block kernels      idx_block_scores(_ref): 16 keys x g queries
@@ -64,13 +65,13 @@ void idx_block_scores_ref(int key_type, const void *blk, const float *scale16,
 const idx_kernels idx_kernels_ref = { idx_block_scores_ref, idx_topk_push16_ref, idx_pack_rows_ref,
                                       idx_assign_ref };
 
-/* avx2 has no index twins: it runs the reference loops. */
 static const idx_kernels *const tables[CPU_LEVELS] = {
     [CPU_REF] = &idx_kernels_ref,
-    [CPU_AVX2] = &idx_kernels_ref,
 #if defined(__x86_64__)
+    [CPU_AVX2] = &idx_kernels_avx2,
     [CPU_AVX512] = &idx_kernels_avx512,
 #else
+    [CPU_AVX2] = &idx_kernels_ref,
     [CPU_AVX512] = &idx_kernels_ref,
 #endif
     [CPU_NEON] = &idx_kernels_ref,
