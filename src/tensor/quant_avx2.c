@@ -12,6 +12,7 @@
 #include "tensor/quant_impl.h"
 
 #if defined(QUANT_CAN_AVX2)
+#include "tensor/bf16_avx2.h"
 
 #include <immintrin.h>
 
@@ -163,30 +164,6 @@ static float dot_f16(const uint16_t *a, const uint16_t *b, int64_t n)
     double s = acc64_reduce(&acc);
     for (int64_t i = np; i < n; i++) s += (double)(h2f(a[i]) * h2f(b[i]));
     return (float)s;
-}
-
-/* vdpbf16ps emulated on 8 lanes: bf16 subnormal inputs as zero, odd
- * element first, subnormal results flushed (as quant_ref.c does). */
-static inline __m256 bf16_daz(__m256i v) /* v: bf16 already in the high half of each 32-bit lane */
-{
-    __m256i exp = _mm256_and_si256(v, _mm256_set1_epi32(0x7f800000));
-    __m256i zero_it = _mm256_andnot_si256(_mm256_set1_epi32((int)0x80000000u), _mm256_cmpeq_epi32(exp, _mm256_setzero_si256()));
-    return _mm256_castsi256_ps(_mm256_andnot_si256(zero_it, v)); /* signed zero, like 0.0f * x */
-}
-
-static inline __m256 ftz(__m256 v)
-{
-    __m256 tiny = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ);
-    return _mm256_andnot_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), tiny), v); /* keep the sign of a flushed zero */
-}
-
-static inline __m256 dpbf16x8(__m256 c, const uint16_t *a, const uint16_t *b)
-{
-    __m256i va = load32(a), vb = load32(b), hi = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 ao = bf16_daz(_mm256_and_si256(va, hi)), bo = bf16_daz(_mm256_and_si256(vb, hi));
-    __m256 ae = bf16_daz(_mm256_slli_epi32(va, 16)), be = bf16_daz(_mm256_slli_epi32(vb, 16));
-    c = ftz(_mm256_fmadd_ps(ao, bo, c));
-    return ftz(_mm256_fmadd_ps(ae, be, c));
 }
 
 static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
