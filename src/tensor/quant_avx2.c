@@ -468,12 +468,82 @@ static float dot_q2_K(const blk_q2_K *w, const blk_q8_K *x, int64_t nb)
     return acc - accm;
 }
 
+/* --------------------------------------- Q8_K quantiser, dequantisers */
+
+/* Q8_K as quant_q8_K in quant_ref.c: the scale comes from the first element
+ * of largest magnitude, with its sign; nearest-even codes, at most 127. */
+static void quant_q8_K(const float *x, blk_q8_K *y, int64_t nb)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < nb; i++, x += QKK) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < QKK / 8; k++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
+        __m128 r = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        float max = 0.0f;
+        for (int k = 0; k < QKK / 8; k++) {
+            const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)),
+                                                            _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (eq) {
+                max = x[8 * k + __builtin_ctz((unsigned)eq)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        for (int k = 0; k < QKK / 16; k++) {
+            __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * k), vs));
+            __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * k + 8), vs));
+            q0 = _mm256_min_epi32(q0, _mm256_set1_epi32(127));
+            q1 = _mm256_min_epi32(q1, _mm256_set1_epi32(127));
+            /* the packs keep lane order within 128 bits: permute back */
+            const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xd8);
+            const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            _mm_storeu_si128((__m128i *)(void *)(y[i].qs + 16 * k), b);
+            y[i].bsums[k] = (int16_t)hsum8_epi32(_mm256_add_epi32(q0, q1));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+static void deq_q8_0(const blk_q8_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK) {
+        const __m256 d = _mm256_set1_ps(h2f(b[i].d));
+        for (int k = 0; k < QK / 8; k++)
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                          _mm_loadl_epi64((const __m128i *)(const void *)(b[i].qs + 8 * k)))), d));
+    }
+}
+
+static void deq_q4_0(const blk_q4_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK) {
+        const __m256i q = _mm256_sub_epi8(nibbles32(b[i].qs), _mm256_set1_epi8(8));
+        const __m256 d = _mm256_set1_ps(h2f(b[i].d));
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+        _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+        _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+        _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+    }
+}
+
 /* -------------------------------------------------------- entry points */
 
 void quant_to_float_avx2(uint32_t type, const void *src, float *dst, int64_t n)
 {
-    if (type == QT_F16) fp16_to_fp32_row_avx2(src, dst, n);
-    else quant_to_float_ref(type, src, dst, n);
+    switch (type) {
+    case QT_F16:  fp16_to_fp32_row_avx2(src, dst, n); return;
+    case QT_Q8_0: deq_q8_0(src, dst, n / QK); return;
+    case QT_Q4_0: deq_q4_0(src, dst, n / QK); return;
+    default:      quant_to_float_ref(type, src, dst, n); return;
+    }
 }
 
 int quant_from_float_avx2(uint32_t type, const float *src, void *dst, int64_t n)
@@ -486,6 +556,10 @@ int quant_from_float_avx2(uint32_t type, const float *src, void *dst, int64_t n)
     case QT_Q8_1:
         if (n % QK != 0) return -1;
         quant_q8_0(src, type == QT_Q8_0 ? dst : NULL, n / QK, type == QT_Q8_1 ? dst : NULL);
+        return 0;
+    case QT_Q8_K:
+        if (n % QKK != 0) return -1;
+        quant_q8_K(src, dst, n / QKK);
         return 0;
     default:
         return quant_from_float_ref(type, src, dst, n);
