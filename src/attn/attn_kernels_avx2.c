@@ -103,75 +103,73 @@ static ALWAYS_INLINE void stf(float *x, int64_t k, __m256 v)
 /* ---- scores --------------------------------------------------------------- */
 
 /* Dot products of R rows (element offsets at[u]) with HB query heads,
- * R * HB <= 8: lane hh * R + u of the result is head hh . row u (lanes past
- * R * HB zero). Each q chunk load serves R rows, each converted K chunk HB
- * heads. */
-static ALWAYS_INLINE __m256 scores_tile(const attn_kv_view *kv, const float *qh, const int HB, const int R,
-                                        const int64_t *at, const int f16)
+ * R * HB = 12 accumulators (two FMA pipes of latency 4 want 8 chains; 12
+ * leave room for the loads between them): lane[hh * R + u] = head hh .
+ * row u. Each q chunk serves R rows, each converted K chunk HB heads. */
+enum { SC_SLOTS = 12, SC_ROWS = 12 }; /* accumulators; rows per block (a multiple of every R) */
+
+static ALWAYS_INLINE void scores_tile(const attn_kv_view *kv, const float *qh, const int HB, const int R,
+                                      const int64_t *at, float lane[16], const int f16)
 {
     const int d = kv->d, dfull = d & ~7;
-    __m256 a[8];
-    UNROLL for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_ps();
+    __m256 a[16];
+    UNROLL for (int t = 0; t < 16; t++) a[t] = _mm256_setzero_ps();
     int j = 0;
-    for (; j < dfull; j += 8) {
-        __m256 qv[4];
-        UNROLL for (int hh = 0; hh < HB; hh++) qv[hh] = _mm256_loadu_ps(qh + (size_t)hh * d + j);
+    for (; j < dfull; j += 8)
         UNROLL for (int u = 0; u < R; u++) {
             const __m256 k = ld8(kv->K, at[u], j, f16);
-            UNROLL for (int hh = 0; hh < HB; hh++) a[hh * R + u] = _mm256_fmadd_ps(qv[hh], k, a[hh * R + u]);
+            UNROLL for (int hh = 0; hh < HB; hh++)
+                a[hh * R + u] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + (size_t)hh * d + j), k, a[hh * R + u]);
         }
-    }
-    if (j < d) {
-        __m256 qv[4];
-        UNROLL for (int hh = 0; hh < HB; hh++) qv[hh] = ldf(qh + (size_t)hh * d + j, d - j);
+    if (j < d)
         UNROLL for (int u = 0; u < R; u++) {
             const __m256 k = ld8_part(kv->K, at[u], j, f16, d - j);
-            UNROLL for (int hh = 0; hh < HB; hh++) a[hh * R + u] = _mm256_fmadd_ps(qv[hh], k, a[hh * R + u]);
+            UNROLL for (int hh = 0; hh < HB; hh++)
+                a[hh * R + u] = _mm256_fmadd_ps(ldf(qh + (size_t)hh * d + j, d - j), k, a[hh * R + u]);
         }
-    }
-    return hsum8x8(a);
+    _mm256_storeu_ps(lane, hsum8x8(a));
+    _mm256_storeu_ps(lane + 8, hsum8x8(a + 8));
 }
 
-/* Scores of HB heads from h0 over rows [i0, i0+nb), nb <= 8, R rows per
- * tile, written to s[(h0+hh)*n + i]. Rows past nb repeat a valid one and
- * are not stored. Returns the rows the tiles read. */
+/* Scores of HB heads from h0 over rows [i0, i0+nb), nb <= SC_ROWS, R rows
+ * per tile, written to s[(h0+hh)*n + i]. Rows past nb repeat a valid one
+ * and are not stored. Returns the rows the tiles read. */
 static ALWAYS_INLINE int scores_heads(const attn_kv_view *kv, const float *q, int h0, const int HB, const int R,
                                       const int32_t *rows, int64_t i0, int nb, float scale, float *s,
                                       int64_t n, const int f16)
 {
     const float *qh = q + (size_t)h0 * kv->d;
-    const __m256 sc = _mm256_set1_ps(scale);
     int read = 0;
     for (int r0 = 0; r0 < nb; r0 += R) {
-        int64_t at[8];
+        int64_t at[SC_ROWS];
         UNROLL for (int u = 0; u < R; u++) {
             const int64_t rr = r0 + u < nb ? i0 + r0 + u : i0;
             at[u] = (rows ? rows[rr] : rr) * kv_row_units(kv->d, f16);
         }
-        float lane[8];
-        _mm256_storeu_ps(lane, _mm256_mul_ps(scores_tile(kv, qh, HB, R, at, f16), sc));
+        float lane[16];
+        scores_tile(kv, qh, HB, R, at, lane, f16);
         const int m = nb - r0 < R ? nb - r0 : R;
         for (int hh = 0; hh < HB; hh++)
-            for (int u = 0; u < m; u++) s[(size_t)(h0 + hh) * n + i0 + r0 + u] = lane[hh * R + u];
+            for (int u = 0; u < m; u++) s[(size_t)(h0 + hh) * n + i0 + r0 + u] = lane[hh * R + u] * scale;
         read += m;
     }
     return read;
 }
 
-/* Scores of all g heads for rows [i0, i0+nb), nb <= 8. Returns the rows
- * the first head block read (the later ones find them in L1). */
-static ALWAYS_INLINE int scores_rows8(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
-                                      int64_t i0, int nb, float scale, float *s, int64_t n, const int f16)
+/* Scores of all g heads for rows [i0, i0+nb), nb <= SC_ROWS. Returns the
+ * rows the first head block read (the later ones find them in L1). */
+static ALWAYS_INLINE int scores_rows(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
+                                     int64_t i0, int nb, float scale, float *s, int64_t n, const int f16)
 {
     int h0 = 0, read = 0, x = 0;
     for (; h0 + 4 <= g; h0 += 4) {
-        x = scores_heads(kv, q, h0, 4, 2, rows, i0, nb, scale, s, n, f16);
+        x = scores_heads(kv, q, h0, 4, 3, rows, i0, nb, scale, s, n, f16);
         if (h0 == 0) read = x;
     }
     switch (g - h0) {
-    case 3: x = scores_heads(kv, q, h0, 3, 2, rows, i0, nb, scale, s, n, f16); break;
-    case 2: x = scores_heads(kv, q, h0, 2, 4, rows, i0, nb, scale, s, n, f16); break;
-    case 1: x = scores_heads(kv, q, h0, 1, 8, rows, i0, nb, scale, s, n, f16); break;
+    case 3: x = scores_heads(kv, q, h0, 3, 4, rows, i0, nb, scale, s, n, f16); break;
+    case 2: x = scores_heads(kv, q, h0, 2, 6, rows, i0, nb, scale, s, n, f16); break;
+    case 1: x = scores_heads(kv, q, h0, 1, 12, rows, i0, nb, scale, s, n, f16); break;
     default: return read;
     }
     return h0 == 0 ? x : read;
@@ -188,14 +186,14 @@ static ALWAYS_INLINE void scores_avx2(const attn_kv_view *kv, const float *q, in
     const size_t row_bytes = kv_row_bytes(kv->d, f16);
     int64_t read = 0;
     if (rows) prefetch_rows8(kv->K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, row_bytes);
-    for (int64_t i0 = 0; i0 < n; i0 += 8) {
-        const int nb = n - i0 < 8 ? (int)(n - i0) : 8;
+    for (int64_t i0 = 0; i0 < n; i0 += SC_ROWS) {
+        const int nb = n - i0 < SC_ROWS ? (int)(n - i0) : SC_ROWS;
         if (rows) {
-            const int64_t a = i0 + SCORES_AHEAD, b = a + 8 < n ? a + 8 : n;
+            const int64_t a = i0 + SCORES_AHEAD, b = a + SC_ROWS < n ? a + SC_ROWS : n;
             prefetch_rows8(kv->K, rows, a, b, row_bytes);
             if (i0 < v_rows) prefetch_rows8(kv->V, rows, i0, i0 + nb, row_bytes);
         }
-        read += scores_rows8(kv, q, g, rows, i0, nb, scale, s, n, f16);
+        read += scores_rows(kv, q, g, rows, i0, nb, scale, s, n, f16);
     }
     if (kv->meter) kv->meter->k += read * kv->d;
 }

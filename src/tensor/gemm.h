@@ -58,9 +58,9 @@
 enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_GROUP = 16 };
 
 /* 1 if weights of this type have a packed GEMM path at the level running
- * (util/cpu.h): every kind at avx512, the integer kinds at avx2
- * (gemm_avx2.c) and neon (gemm_neon.c), none at ref; the packing and gemm_panel_ref work
- * everywhere. */
+ * (util/cpu.h): every kind at avx512 and avx2 (gemm_avx2.c), the integer
+ * kinds at neon (gemm_neon.c), none at ref; the packing and gemm_panel_ref
+ * work everywhere. */
 int gemm_supported(uint32_t type);
 
 /* Bytes per row of a packed panel (a group of GEMM_GROUP rows takes

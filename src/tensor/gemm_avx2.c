@@ -1,6 +1,7 @@
-/* gemm_avx2.c - the AVX2 (+FMA) micro-kernels of gemm.h for the integer
- * kinds, for builds without AVX-512 (e.g. -march=haswell), bit-identical
- * to gemm_panel_ref.
+/* gemm_avx2.c - the AVX2 (+FMA) micro-kernels of gemm.h, for CPUs without
+ * AVX-512, bit-identical to gemm_panel_ref: the integer kinds below, the
+ * float kinds (F32/F16 rows widened, BF16 through an emulated vdpbf16ps)
+ * further down.
  *
  * A 16-row group's vector of 4 codes x 16 rows is two ymm halves (rows
  * 0-7, 8-15). Without VNNI the 4-product sums come from vpmaddubsw (pairs
@@ -21,6 +22,7 @@
 #include "tensor/quant_impl.h"
 
 #if defined(QUANT_CAN_AVX2)
+#include "tensor/bf16_avx2.h"
 
 #include <assert.h>
 #include <immintrin.h>
@@ -124,12 +126,104 @@ INT2_KERNS(u32, 32, 0, 0, 1)  /* Q4_0 (f16 scales) */
 INT2_KERNS(u32m, 32, 1, 0, 0) /* Q4_K, Q5_K */
 INT2_KERNS(u16, 16, 0, 0, 0)  /* Q6_K */
 
+/* ---- float kinds ----------------------------------------------------------
+ * R x T tiles (R, T <= 2) over the rows stored one after another: the
+ * reference's 16 lanes per (row, token) are two ymm accumulators, each lane
+ * the same chain of fused multiply-adds, and quant_hsum16's tree sums
+ * them, so the tiles are bit-identical to gemm_panel_ref. 2 x 2 x 2
+ * accumulators, the tokens' and a row's vectors fill the 16 registers. */
+enum { FLT_R = 2, FLT_T = 2 };
+
+/* quant_hsum16 of the lanes of lo (0-7) and hi (8-15), in its order. */
+INLINE float hsum16(__m256 lo, __m256 hi)
+{
+    const __m256 t = _mm256_add_ps(lo, hi);
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u)); /* u0 + u2, u1 + u3 */
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+/* F32 rows (n padded to 16) or, bf16 != 0, BF16 rows (padded to 32: per 32
+ * elements lane l of the 16 takes pairs 2l + 1, 2l through the emulated
+ * vdpbf16ps). */
+INLINE void tile_float(const uint8_t *rows, size_t rb, const uint8_t *acts, int64_t n, float *out, size_t ldo,
+                       const int R, const int T, const int bf16)
+{
+    __m256 acc[FLT_R][FLT_T][2];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    if (bf16) {
+        const int64_t np = (n + 31) / 32 * 32;
+        for (int64_t k = 0; k < np; k += 32)
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const uint16_t *w = (const uint16_t *)(const void *)(rows + r * rb) + k;
+#pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    const uint16_t *x = (const uint16_t *)(const void *)(acts + t * rb) + k;
+                    acc[r][t][0] = dpbf16x8(acc[r][t][0], w, x);
+                    acc[r][t][1] = dpbf16x8(acc[r][t][1], w + 16, x + 16);
+                }
+            }
+    } else {
+        const int64_t np = (n + 15) / 16 * 16;
+        for (int64_t k = 0; k < np; k += 16) {
+            __m256 x[FLT_T][2];
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                x[t][0] = _mm256_loadu_ps((const float *)(const void *)(acts + t * rb) + k);
+                x[t][1] = _mm256_loadu_ps((const float *)(const void *)(acts + t * rb) + k + 8);
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const __m256 w0 = _mm256_loadu_ps((const float *)(const void *)(rows + r * rb) + k);
+                const __m256 w1 = _mm256_loadu_ps((const float *)(const void *)(rows + r * rb) + k + 8);
+#pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    acc[r][t][0] = _mm256_fmadd_ps(w0, x[t][0], acc[r][t][0]);
+                    acc[r][t][1] = _mm256_fmadd_ps(w1, x[t][1], acc[r][t][1]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) out[t * ldo + r] = hsum16(acc[r][t][0], acc[r][t][1]);
+}
+
+static void panel_float(uint32_t type, const uint8_t *rows, int nr, const uint8_t *acts, int nt, int64_t n,
+                        float *out, size_t ldo)
+{
+    const size_t rb = gemm_row_bytes(type, n);
+    const int bf16 = gemm_is_bf16(type);
+    for (int t0 = 0; t0 < nt; t0 += FLT_T)
+        for (int r0 = 0; r0 < nr; r0 += FLT_R) {
+            const int R = nr - r0 < FLT_R ? nr - r0 : FLT_R, T = nt - t0 < FLT_T ? nt - t0 : FLT_T;
+            const uint8_t *w = rows + r0 * rb, *x = acts + t0 * rb;
+            float *o = out + t0 * ldo + r0;
+            if (bf16) {
+                if (R == 2 && T == 2) tile_float(w, rb, x, n, o, ldo, 2, 2, 1);
+                else if (R == 2) tile_float(w, rb, x, n, o, ldo, 2, 1, 1);
+                else if (T == 2) tile_float(w, rb, x, n, o, ldo, 1, 2, 1);
+                else tile_float(w, rb, x, n, o, ldo, 1, 1, 1);
+            } else {
+                if (R == 2 && T == 2) tile_float(w, rb, x, n, o, ldo, 2, 2, 0);
+                else if (R == 2) tile_float(w, rb, x, n, o, ldo, 2, 1, 0);
+                else if (T == 2) tile_float(w, rb, x, n, o, ldo, 1, 2, 0);
+                else tile_float(w, rb, x, n, o, ldo, 1, 1, 0);
+            }
+        }
+}
+
 static void panel_avx2(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
                      size_t ldo)
 {
     gemm_int_layout l;
-    if (gemm_int_layout_of(type, n, &l)) { /* float kinds: no AVX2 tiles (gemm_supported says so) */
-        gemm_panel_ref(type, rows, nr, acts, nt, n, out, ldo);
+    if (gemm_int_layout_of(type, n, &l)) {
+        panel_float(type, rows, nr, acts, nt, n, out, ldo);
         return;
     }
     const int2_fn *tab = type == QT_IQ4_XS ? x32_tab : l.zp == 128 ? s32_tab : l.bs == 16 ? u16_tab
@@ -148,7 +242,7 @@ static void panel_avx2(uint32_t type, const void *rows, int nr, const void *acts
     }
 }
 
-const gemm_kernels gemm_kernels_avx2 = { 1, 0, panel_avx2, NULL, NULL };
+const gemm_kernels gemm_kernels_avx2 = { 1, 1, panel_avx2, NULL, NULL };
 
 #else
 typedef int gemm_avx2_unused; /* ISO C forbids an empty translation unit */

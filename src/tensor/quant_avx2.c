@@ -12,6 +12,7 @@
 #include "tensor/quant_impl.h"
 
 #if defined(QUANT_CAN_AVX2)
+#include "tensor/bf16_avx2.h"
 
 #include <immintrin.h>
 
@@ -163,30 +164,6 @@ static float dot_f16(const uint16_t *a, const uint16_t *b, int64_t n)
     double s = acc64_reduce(&acc);
     for (int64_t i = np; i < n; i++) s += (double)(h2f(a[i]) * h2f(b[i]));
     return (float)s;
-}
-
-/* vdpbf16ps emulated on 8 lanes: bf16 subnormal inputs as zero, odd
- * element first, subnormal results flushed (as quant_ref.c does). */
-static inline __m256 bf16_daz(__m256i v) /* v: bf16 already in the high half of each 32-bit lane */
-{
-    __m256i exp = _mm256_and_si256(v, _mm256_set1_epi32(0x7f800000));
-    __m256i zero_it = _mm256_andnot_si256(_mm256_set1_epi32((int)0x80000000u), _mm256_cmpeq_epi32(exp, _mm256_setzero_si256()));
-    return _mm256_castsi256_ps(_mm256_andnot_si256(zero_it, v)); /* signed zero, like 0.0f * x */
-}
-
-static inline __m256 ftz(__m256 v)
-{
-    __m256 tiny = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ);
-    return _mm256_andnot_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), tiny), v); /* keep the sign of a flushed zero */
-}
-
-static inline __m256 dpbf16x8(__m256 c, const uint16_t *a, const uint16_t *b)
-{
-    __m256i va = load32(a), vb = load32(b), hi = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 ao = bf16_daz(_mm256_and_si256(va, hi)), bo = bf16_daz(_mm256_and_si256(vb, hi));
-    __m256 ae = bf16_daz(_mm256_slli_epi32(va, 16)), be = bf16_daz(_mm256_slli_epi32(vb, 16));
-    c = ftz(_mm256_fmadd_ps(ao, bo, c));
-    return ftz(_mm256_fmadd_ps(ae, be, c));
 }
 
 static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
@@ -491,12 +468,82 @@ static float dot_q2_K(const blk_q2_K *w, const blk_q8_K *x, int64_t nb)
     return acc - accm;
 }
 
+/* --------------------------------------- Q8_K quantiser, dequantisers */
+
+/* Q8_K as quant_q8_K in quant_ref.c: the scale comes from the first element
+ * of largest magnitude, with its sign; nearest-even codes, at most 127. */
+static void quant_q8_K(const float *x, blk_q8_K *y, int64_t nb)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < nb; i++, x += QKK) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < QKK / 8; k++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
+        __m128 r = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        float max = 0.0f;
+        for (int k = 0; k < QKK / 8; k++) {
+            const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)),
+                                                            _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (eq) {
+                max = x[8 * k + __builtin_ctz((unsigned)eq)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        for (int k = 0; k < QKK / 16; k++) {
+            __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * k), vs));
+            __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * k + 8), vs));
+            q0 = _mm256_min_epi32(q0, _mm256_set1_epi32(127));
+            q1 = _mm256_min_epi32(q1, _mm256_set1_epi32(127));
+            /* the packs keep lane order within 128 bits: permute back */
+            const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xd8);
+            const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            _mm_storeu_si128((__m128i *)(void *)(y[i].qs + 16 * k), b);
+            y[i].bsums[k] = (int16_t)hsum8_epi32(_mm256_add_epi32(q0, q1));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+static void deq_q8_0(const blk_q8_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK) {
+        const __m256 d = _mm256_set1_ps(h2f(b[i].d));
+        for (int k = 0; k < QK / 8; k++)
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                          _mm_loadl_epi64((const __m128i *)(const void *)(b[i].qs + 8 * k)))), d));
+    }
+}
+
+static void deq_q4_0(const blk_q4_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QK) {
+        const __m256i q = _mm256_sub_epi8(nibbles32(b[i].qs), _mm256_set1_epi8(8));
+        const __m256 d = _mm256_set1_ps(h2f(b[i].d));
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+        _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+        _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+        _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+    }
+}
+
 /* -------------------------------------------------------- entry points */
 
 void quant_to_float_avx2(uint32_t type, const void *src, float *dst, int64_t n)
 {
-    if (type == QT_F16) fp16_to_fp32_row_avx2(src, dst, n);
-    else quant_to_float_ref(type, src, dst, n);
+    switch (type) {
+    case QT_F16:  fp16_to_fp32_row_avx2(src, dst, n); return;
+    case QT_Q8_0: deq_q8_0(src, dst, n / QK); return;
+    case QT_Q4_0: deq_q4_0(src, dst, n / QK); return;
+    default:      quant_to_float_ref(type, src, dst, n); return;
+    }
 }
 
 int quant_from_float_avx2(uint32_t type, const float *src, void *dst, int64_t n)
@@ -509,6 +556,10 @@ int quant_from_float_avx2(uint32_t type, const float *src, void *dst, int64_t n)
     case QT_Q8_1:
         if (n % QK != 0) return -1;
         quant_q8_0(src, type == QT_Q8_0 ? dst : NULL, n / QK, type == QT_Q8_1 ? dst : NULL);
+        return 0;
+    case QT_Q8_K:
+        if (n % QKK != 0) return -1;
+        quant_q8_K(src, dst, n / QKK);
         return 0;
     default:
         return quant_from_float_ref(type, src, dst, n);
@@ -537,10 +588,82 @@ float quant_dot_avx2(uint32_t type, const void *w, const void *x, int64_t n)
     }
 }
 
+/* ---------------------------------------------- four rows at a time
+ * Decode's matrix-vector products: the token's block and its scale are
+ * loaded once for four weight rows, four independent chains keep the FMA
+ * latency hidden, and a short software prefetch keeps each of the four
+ * row streams ahead. Per row the operations of the one-row kernels above,
+ * in their order (so the same floats as the reference). */
+
+static void dot_q8_0_x4(const blk_q8_0 *w0, size_t stride, const blk_q8_0 *x, int64_t nb, float *out)
+{
+    const blk_q8_0 *w[4];
+    for (int r = 0; r < 4; r++) w[r] = (const blk_q8_0 *)((const char *)w0 + r * stride);
+    __m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i xv = load32(x[i].qs);
+        const float dx = h2f(x[i].d);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            _mm_prefetch((const char *)(w[r] + i) + 256, _MM_HINT_T0);
+            a[r] = lanes_fma(h2f(w[r][i].d) * dx, dot4_i8(load32(w[r][i].qs), xv), a[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8_ps(a[r]);
+}
+
+/* The four rows' block sums from their lanes by one hadd tree (exact), then
+ * each row's fmaf as in dot_q4_0 / dot_iq4_nl. */
+static inline void x4_block(__m256i l0, __m256i l1, __m256i l2, __m256i l3, const uint16_t dw[4], float dx,
+                            float acc[4])
+{
+    const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(l0, l1), _mm256_hadd_epi32(l2, l3));
+    const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    float f[4];
+    _mm_storeu_ps(f, _mm_cvtepi32_ps(t));
+    for (int r = 0; r < 4; r++) acc[r] = fmaf(f[r], h2f(dw[r]) * dx, acc[r]);
+}
+
+static void dot_q4_0_x4(const blk_q4_0 *w0, size_t stride, const blk_q8_0 *x, int64_t nb, float *out)
+{
+    const blk_q4_0 *w[4];
+    for (int r = 0; r < 4; r++) w[r] = (const blk_q4_0 *)((const char *)w0 + r * stride);
+    float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int64_t i = 0; i < nb; i++) {
+        for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(w[r] + i) + 256, _MM_HINT_T0);
+        const uint16_t dw[4] = { w[0][i].d, w[1][i].d, w[2][i].d, w[3][i].d };
+        x4_block(q4_0_lanes(w[0] + i, x + i), q4_0_lanes(w[1] + i, x + i), q4_0_lanes(w[2] + i, x + i),
+                 q4_0_lanes(w[3] + i, x + i), dw, h2f(x[i].d), acc);
+    }
+    for (int r = 0; r < 4; r++) out[r] = acc[r];
+}
+
+static void dot_iq4_nl_x4(const blk_iq4_nl *w0, size_t stride, const blk_q8_0 *x, int64_t nb, float *out)
+{
+    const blk_iq4_nl *w[4];
+    for (int r = 0; r < 4; r++) w[r] = (const blk_iq4_nl *)((const char *)w0 + r * stride);
+    float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int64_t i = 0; i < nb; i++) {
+        for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(w[r] + i) + 256, _MM_HINT_T0);
+        const uint16_t dw[4] = { w[0][i].d, w[1][i].d, w[2][i].d, w[3][i].d };
+        x4_block(iq4_lanes(w[0][i].qs, x[i].qs), iq4_lanes(w[1][i].qs, x[i].qs), iq4_lanes(w[2][i].qs, x[i].qs),
+                 iq4_lanes(w[3][i].qs, x[i].qs), dw, h2f(x[i].d), acc);
+    }
+    for (int r = 0; r < 4; r++) out[r] = acc[r];
+}
+
 void quant_dot_rows_avx2(uint32_t type, const void *w, size_t w_stride, int nr,
                          const void *x, int64_t n, float *out)
 {
-    for (int r = 0; r < nr; r++) out[r] = quant_dot_avx2(type, (const char *)w + (size_t)r * w_stride, x, n);
+    const char *wp = w;
+    int r = 0;
+    if (type == QT_Q8_0)
+        for (; r + 4 <= nr; r += 4) dot_q8_0_x4((const blk_q8_0 *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
+    if (type == QT_Q4_0)
+        for (; r + 4 <= nr; r += 4) dot_q4_0_x4((const blk_q4_0 *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
+    if (type == QT_IQ4_NL)
+        for (; r + 4 <= nr; r += 4) dot_iq4_nl_x4((const blk_iq4_nl *)(wp + (size_t)r * w_stride), w_stride, x, n / QK, out + r);
+    for (; r < nr; r++) out[r] = quant_dot_avx2(type, wp + (size_t)r * w_stride, x, n);
 }
 
 const quant_kernels quant_kernels_avx2 = {
