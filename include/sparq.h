@@ -380,7 +380,10 @@ SPARQ_API int sparq_import_llama_state(sparq_model *m, const sparq_context_param
                                        const char *kv_path, const char *indexes, int kv_type, int64_t *n_out,
                                        char *err, size_t err_size);
 
-enum { SPARQ_VERIFY_AUTO = 0, SPARQ_VERIFY_ALWAYS = 1 };
+/* SPARQ_VERIFY_META: the header and metadata checksums only, for a file
+ * whose data was checked when it was first opened (sparq serve checks a
+ * --load-kv document at start, then maps it once per request). */
+enum { SPARQ_VERIFY_AUTO = 0, SPARQ_VERIFY_ALWAYS = 1, SPARQ_VERIFY_META = 2 };
 /* Creates a context whose KV cache is the file at path, mapped privately
  * (pages are read from disk on demand; later tokens go to private memory).
  * Its capacity and KV type are the file's (p->n_ctx must be 0 or equal);

@@ -331,7 +331,9 @@ int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const c
     model_fingerprint(m, &fp);
     kvf_file *f = NULL;
     if (path_check_regular(path, err, err_size)) return -1;
-    if (kvf_open(path, &fp, verify == SPARQ_VERIFY_ALWAYS ? KVF_VERIFY_ALWAYS : KVF_VERIFY_AUTO,
+    if (kvf_open(path, &fp,
+                 verify == SPARQ_VERIFY_ALWAYS ? KVF_VERIFY_ALWAYS
+                 : verify == SPARQ_VERIFY_META ? KVF_VERIFY_META : KVF_VERIFY_AUTO,
                  &f, err, err_size))
         return -1;
     if (p->n_ctx > 0 && p->n_ctx != f->cap) {

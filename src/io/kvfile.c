@@ -1101,7 +1101,7 @@ static int open_checked(kvf_file *f, const char *path, const kvf_fingerprint *ex
     const uint64_t per_head = (uint64_t)f->n * L.row;
     f->data_bytes = L.heads * per_head * (f->kt ? 3 : 2);
     for (int i = 0; i < f->n_index; i++) f->data_bytes += f->index[i].bytes;
-    if (verify == KVF_VERIFY_ALWAYS || f->data_bytes <= KVF_VERIFY_LIMIT) {
+    if (verify == KVF_VERIFY_ALWAYS || (verify == KVF_VERIFY_AUTO && f->data_bytes <= KVF_VERIFY_LIMIT)) {
         if (verify_data(f, meta, &L, omp_get_num_procs(), err, err_size)) return -1;
         f->verified = 1;
     }

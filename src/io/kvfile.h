@@ -80,7 +80,9 @@
 #define KVF_PAGE         4096
 #define KVF_VERIFY_LIMIT ((uint64_t)1 << 30) /* data bytes hashed by default */
 #define KVF_KT_BLOCK     4096                 /* K^T checksum block, columns   */
-enum { KVF_VERIFY_AUTO = 0, KVF_VERIFY_ALWAYS = 1 };
+/* KVF_VERIFY_META: the header and metadata only, for a file whose data this
+ * process has already checked (a server opening one document per request). */
+enum { KVF_VERIFY_AUTO = 0, KVF_VERIFY_ALWAYS = 1, KVF_VERIFY_META = 2 };
 enum { KVF_MAX_KINDS = 4 };
 
 /* Which model a cache belongs to. */

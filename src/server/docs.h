@@ -33,7 +33,9 @@ typedef struct srv_doc {
 
 /* Opens every "ID=PATH" of specs[n] (ID: 1 to SRV_MAX_PREFIX_ID printable
  * characters, no '='; names distinct): each file is checked (header,
- * metadata, and the model it was made with: m's) and closed again. *out
+ * metadata, the model it was made with: m's, and the data checksums when
+ * the data is at most 1 GiB, as sparq_context_load_kv checks by default)
+ * and closed again; requests then map it checking the header only. *out
  * gets n documents (srv_docs_free) with attn unset. 0, or -1 with a
  * one-line message naming the spec. */
 int  srv_docs_open(const sparq_model *m, const char *const *specs, int n, srv_doc **out, char *err, size_t err_size);

@@ -728,7 +728,8 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     if (r->doc >= 0) { /* the file itself, mapped (server/docs.h) */
         cp.n_ctx = 0;
         cp.prefill.mode = SPARQ_PREFILL_POLICY;
-        if (sparq_context_load_kv(s->model, &cp, s->cfg.docs[r->doc].path, SPARQ_VERIFY_AUTO, &sl->c, err, err_size))
+        /* its data was checked once, at start (srv_docs_open) */
+        if (sparq_context_load_kv(s->model, &cp, s->cfg.docs[r->doc].path, SPARQ_VERIFY_META, &sl->c, err, err_size))
             return -1;
     } else if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) {
         return -1;
