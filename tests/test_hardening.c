@@ -82,32 +82,11 @@ static int run_sparq(const char *args, double secs, char **out)
 
 /* ---- the server process ------------------------------------------------------ */
 
-typedef struct server {
-    pid_t pid;
-    int   port;
-    char  log[64], port_file[80];
-} server;
+typedef proc_server server;
 
 static int start_server(server *s, const char *args)
 {
-    snprintf(s->log, sizeof s->log, "/tmp/sparq_test_hardening_log_XXXXXX");
-    int fd = mkstemp(s->log);
-    s->pid = -1;
-    if (fd < 0) return -1;
-    snprintf(s->port_file, sizeof s->port_file, "%s.port", s->log);
-    unlink(s->port_file);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "exec %s serve --port 0 --port-file %s %s", bin, s->port_file, args);
-    s->pid = fork();
-    if (s->pid < 0) return -1;
-    if (s->pid == 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(fd);
-    const int rc = wait_port_file(&s->pid, s->port_file, &s->port, 50000);
+    const int rc = proc_server_start(s, bin, "hardening", args);
     CHECK(rc == 0, "server did not start (log %s): serve %s", s->log, args);
     return rc;
 }

@@ -1,11 +1,14 @@
 /* test_proc.h - what the tests that run servers share (test_server,
- * test_deploy): a monotonic clock, a loopback connect, and waiting for a
- * started `sparq serve` to write the port it bound to its port file.
+ * test_deploy, test_hardening, test_webui, ...): a monotonic clock, a
+ * loopback connect, waiting for a started `sparq serve` to write the port
+ * it bound to its port file, and starting and stopping one.
  */
 #ifndef SPARQ_TEST_PROC_H
 #define SPARQ_TEST_PROC_H
 
 #include <arpa/inet.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -56,6 +59,61 @@ static int wait_port_file(pid_t *pid, const char *port_file, int *port, useconds
         }
         usleep(poll_us);
     }
+    return -1;
+}
+
+/* A `sparq serve` child: its output goes to log, the port it bound to port. */
+typedef struct proc_server {
+    pid_t pid;
+    int   port;
+    char  log[64], port_file[80];
+} proc_server;
+
+/* Starts `bin serve --port 0 --port-file ... args` (through sh, so args may
+ * hold quotes) with stdout and stderr in a temporary log named after tag;
+ * 0 once it listens, else -1 (pid -1 when it died or never started). */
+static inline int proc_server_start(proc_server *s, const char *bin, const char *tag, const char *args)
+{
+    snprintf(s->log, sizeof s->log, "/tmp/sparq_test_%s_log_XXXXXX", tag);
+    const int fd = mkstemp(s->log);
+    s->pid = -1;
+    if (fd < 0) return -1;
+    snprintf(s->port_file, sizeof s->port_file, "%s.port", s->log);
+    unlink(s->port_file);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "exec %s serve --port 0 --port-file %s %s", bin, s->port_file, args);
+    s->pid = fork();
+    if (s->pid < 0) {
+        close(fd);
+        return -1;
+    }
+    if (s->pid == 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fd);
+    return wait_port_file(&s->pid, s->port_file, &s->port, 50000);
+}
+
+/* SIGTERM, then its exit status (-1 if it hangs for 20 s: then killed; the
+ * log is kept then, to read why). */
+static inline int proc_server_stop(proc_server *s)
+{
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    for (double t0 = now(); now() - t0 < 20;) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            unlink(s->port_file);
+            unlink(s->log);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(50000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
     return -1;
 }
 
