@@ -228,19 +228,37 @@ def _greedy_ids(ctx, model, ids, n):
 
 
 @uses_numpy
-def test_sparq_with_k_at_least_S_equals_dense(model):
-    """SparQ that keeps every position (r = d, k >= S) is dense attention."""
+@pytest.mark.parametrize("select_always", [0, 1])
+def test_sparq_with_k_at_least_S_equals_dense(model, select_always):
+    """SparQ that keeps every position (r = d, k >= S) is dense attention:
+    through its dense shortcut, and (select_always) through its selecting
+    path, top-k of all S positions, gathered, mean-value reallocation."""
     ids = model.tokenize(PROMPT)
     n = 40
     d = model.head_dim
     with sparq.Context(model, n_ctx=64, kv_type="f32") as dense, \
             sparq.Context(model, n_ctx=64, kv_type="f32",
-                          attn=sparq.AttnParams("sparq", r=d, k=64, l=0)) as sq:
+                          attn=sparq.AttnParams("sparq", r=d, k=64, l=0,
+                                                select_always=select_always)) as sq:
         a, la = _greedy_ids(dense, model, ids, n)
         b, lb = _greedy_ids(sq, model, ids, n)
         assert a == b
         np.testing.assert_allclose(la, lb, rtol=0, atol=1e-4)
         assert sq.attn_stats()["steps"] == n
+
+
+@uses_numpy
+def test_sparq_selecting_fewer_than_S_differs_from_dense(model):
+    """The control of the identity above: the selecting path keeping k = 4
+    of the positions is not dense, and the comparison sees it."""
+    ids = model.tokenize(PROMPT)
+    d = model.head_dim
+    with sparq.Context(model, n_ctx=64, kv_type="f32") as dense, \
+            sparq.Context(model, n_ctx=64, kv_type="f32",
+                          attn=sparq.AttnParams("sparq", r=d, k=4, l=0, select_always=1)) as sq:
+        _, la = _greedy_ids(dense, model, ids, 40)
+        _, lb = _greedy_ids(sq, model, ids, 40)
+        assert float(np.max(np.abs(np.asarray(la) - np.asarray(lb)))) > 1e-2
 
 
 def _naive_attention(q, K, V):
