@@ -71,6 +71,9 @@ typedef struct sparq_attn_params {
     int ivf_nprobe;         /* 0 = max(8, nlist/16)                        */
     int hnsw_ef_search;     /* 0 = 64 (raised to k)                        */
     int topk_check;         /* count recall@k against exact top-k (slow)   */
+    int select_always;      /* SparQ/oracle: select even when k >= S, where
+                               they otherwise run dense attention; selecting
+                               every position must equal dense (tests)     */
 } sparq_attn_params;
 
 enum { SPARQ_TOPK_UNIFORM = 0, SPARQ_TOPK_LINEAR = 1 };

@@ -20,20 +20,28 @@
 #   FUZZ_SECONDS=3600 FUZZ_ONLY=fuzz_kvfile scripts/fuzz.sh
 #   FUZZ_SECONDS=3600 FUZZ_ONLY=fuzz_request scripts/fuzz.sh
 # Without clang or the libFuzzer runtime (libclang-rt-14-dev, see
-# scripts/setup.sh) it prints why and "fuzz: skipped".
+# scripts/setup.sh) it prints why and "fuzz: skipped", exit 0; with CI=true
+# that is a failure (exit 1): CI must fuzz, and a missing tool must not
+# pass as a green run.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
 OUT=build-fuzz
 SECONDS_TOTAL=${FUZZ_SECONDS:-30}
+skip() { # why: a missing tool skips a local run and fails CI
+  echo "fuzz: $1" >&2
+  case "${CI:-}" in
+    true|1|yes) echo "fuzz: FAILED: CI requires the fuzzers"; exit 1 ;;
+  esac
+  echo "fuzz: skipped"
+  exit 0
+}
 CC_FUZZ=""
 for c in clang clang-14 clang-15 clang-16; do
   command -v "$c" >/dev/null 2>&1 && { CC_FUZZ=$c; break; }
 done
 if [ -z "$CC_FUZZ" ]; then
-  echo "fuzz: clang not found (apt-get install clang libclang-rt-14-dev)" >&2
-  echo "fuzz: skipped"
-  exit 0
+  skip "clang not found (apt-get install clang libclang-rt-14-dev)"
 fi
 mkdir -p "$OUT/seeds" "$OUT/obj" || exit 1
 
@@ -41,9 +49,7 @@ mkdir -p "$OUT/seeds" "$OUT/obj" || exit 1
 probe="$OUT/probe.c"
 printf '#include <stdint.h>\n#include <stddef.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' > "$probe"
 if ! "$CC_FUZZ" -fsanitize=fuzzer "$probe" -o "$OUT/probe" >/dev/null 2>&1; then
-  echo "fuzz: $CC_FUZZ cannot link -fsanitize=fuzzer (libFuzzer runtime missing: apt-get install libclang-rt-14-dev)" >&2
-  echo "fuzz: skipped"
-  exit 0
+  skip "$CC_FUZZ cannot link -fsanitize=fuzzer (libFuzzer runtime missing: apt-get install libclang-rt-14-dev)"
 fi
 rm -f "$probe" "$OUT/probe"
 

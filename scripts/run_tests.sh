@@ -9,6 +9,10 @@
 # With CI=true a skip caused by missing reference data (a model, a golden
 # file, a dataset: everything but the hardware and optional-build reasons
 # listed in SKIP_OK below) counts as a failure: CI must have ../shared.
+#
+# Each program (and the pytest run) gets at most SPARQ_TEST_TIMEOUT seconds
+# (default 1800; 0 = none): a deadlock then fails that one test, named, and
+# the rest still run. Each summary line ends with the test's wall time.
 set -u
 build=${1:-build}
 export SPARQ_BUILD="$build"
@@ -18,6 +22,21 @@ case "${CI:-}" in true|1|yes) ci=1 ;; esac
 # optional build parts and tools a machine may lack (another Python to
 # install the package into).
 SKIP_OK=${SPARQ_SKIP_OK:-'AVX-512|AVX512|F16C|SIMD level|Faiss not built|not compiled in|build without|not on this machine'}
+tmo=${SPARQ_TEST_TIMEOUT:-1800}
+case "$tmo" in ''|*[!0-9]*) echo "SPARQ_TEST_TIMEOUT must be a number of seconds, not '$tmo'" >&2; exit 2 ;; esac
+# timeout(1) sends TERM, then KILL 10 s later if the test ignores it; its
+# exit status 124 (137 after the KILL) says the limit struck.
+run_limited() {
+  if [ "$tmo" -gt 0 ]; then timeout -k 10 "$tmo" "$@"; else "$@"; fi
+}
+timed_out() { # exit status -> true if timeout(1) ended the test
+  [ "$tmo" -gt 0 ] && { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; }
+}
+now_ms() { date +%s%3N; }
+wall() { # start in ms -> " (12.3 s)"
+  local ms=$(( $(now_ms) - $1 ))
+  printf ' (%d.%d s)' $((ms / 1000)) $((ms % 1000 / 100))
+}
 total_pass=0; total_fail=0; total_skip=0; crashed=""; ci_fail=""
 
 count_line() { # "name: N passed, M failed[, K skipped]" -> adds to the totals
@@ -47,16 +66,22 @@ ci_skips() { # name, then the skip reasons on stdin (not a pipe: the totals
 for t in "$build"/tests/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
-  out=$("$t" 2>&1); rc=$?
+  t0=$(now_ms)
+  out=$(run_limited "$t" 2>&1); rc=$?
+  took=$(wall "$t0")
   line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
   if [ -z "$line" ] || [ $rc -ne 0 ]; then
     printf '%s\n' "$out" | tail -n 40
   fi
-  if [ -z "$line" ]; then
-    echo "$name: CRASHED or printed no summary (exit $rc)"
+  if timed_out $rc; then
+    echo "$name: TIMED OUT after ${tmo}s and was killed (SPARQ_TEST_TIMEOUT)$took"
     crashed="$crashed $name"; total_fail=$((total_fail + 1)); continue
   fi
-  echo "$line"
+  if [ -z "$line" ]; then
+    echo "$name: CRASHED or printed no summary (exit $rc)$took"
+    crashed="$crashed $name"; total_fail=$((total_fail + 1)); continue
+  fi
+  echo "$line$took"
   # every skip says why, on the next lines (unless already shown above)
   [ $rc -eq 0 ] && printf '%s\n' "$out" | sed -nE 's/^SKIP (.*)/  skipped: \1/p'
   count_line "$line"
@@ -82,8 +107,11 @@ elif [ -d tests/python ]; then
   if readelf -d "$build/libsparq.so" 2>/dev/null | grep -q libasan; then
     pre="$(${CC:-cc} -print-file-name=libasan.so):$(${CC:-cc} -print-file-name=libubsan.so)"
   fi
+  t0=$(now_ms)
   out=$(PYTHONDONTWRITEBYTECODE=1 LD_PRELOAD="$pre" ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
-        "$py" -m pytest -q -rs -p no:cacheprovider --junitxml="$junit" tests/python 2>&1); rc=$?
+        run_limited "$py" -m pytest -q -rs -p no:cacheprovider --junitxml="$junit" tests/python 2>&1); rc=$?
+  took=$(wall "$t0")
+  timed_out $rc && echo "python: pytest TIMED OUT after ${tmo}s and was killed (SPARQ_TEST_TIMEOUT)"
   counts=$("$py" - "$junit" <<'PYEOF'
 import sys, xml.etree.ElementTree as ET
 try:
@@ -104,14 +132,14 @@ PYEOF
   rm -f "$junit"
   if [ -z "$counts" ] || [ $rc -gt 1 ]; then
     printf '%s\n' "$out" | tail -n 40
-    echo "python: pytest CRASHED or reported nothing (exit $rc)"
+    echo "python: pytest CRASHED or reported nothing (exit $rc)$took"
     crashed="$crashed python"; total_fail=$((total_fail + 1))
   else
     [ $rc -ne 0 ] && printf '%s\n' "$out" | tail -n 60
     set -- $(printf '%s\n' "$counts" | head -n 1)
     line="python: $1 passed, $2 failed"
     [ "$3" -gt 0 ] && line="$line, $3 skipped"
-    echo "$line"
+    echo "$line$took"
     printf '%s\n' "$counts" | sed -nE 's/^SKIP (.*)/\1/p' | sort | uniq -c | sed -E 's/^ *([0-9]+) /  skipped (x\1): /'
     count_line "$line"
     [ $rc -ne 0 ] && [ "$2" -eq 0 ] && total_fail=$((total_fail + 1))

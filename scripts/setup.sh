@@ -12,7 +12,8 @@
 #   python3-pytest, python3-numpy   the Python package's tests (numpy: logits as arrays)
 #   python3-setuptools, python3-pip, python3-venv   installing the Python package offline
 #   pkg-config          building the C example against an installed tree (sparq.pc)
-#   nodejs, npm, curl   the server test (the official openai npm client; raw HTTP)
+#   nodejs, npm, curl   the server test (the official openai npm client, which
+#                       `npm ci` installs in tests/server from its lock file; raw HTTP)
 #   nginx               the deploy test (three replicas behind deploy/nginx/sparq.conf)
 #   chromium            the chat page's test (tests/test_webui.c), driven headless by
 #                       puppeteer-core, which `npm ci` installs in tests/webui from its lock file
@@ -42,18 +43,25 @@ if [ "$mode" != "--run" ]; then
   command -v node >/dev/null || missing="$missing nodejs"
   command -v npm >/dev/null || missing="$missing npm"
 fi
-# The browser test's npm packages, exactly as locked: again whenever the
-# lock file is newer than the install (npm writes node_modules/.package-lock.json).
-webui_modules() {
+# The node tests' npm packages, exactly as locked: the server test's openai
+# client (tests/server) and the browser test's puppeteer-core (tests/webui).
+# Installed here, not by a test, so a test run never reaches the registry;
+# again whenever a lock file is newer than the install (npm writes
+# node_modules/.package-lock.json).
+npm_modules() { # dir, a package that must be there afterwards
   local dir
-  dir="$(dirname "$0")/../tests/webui"
+  dir="$(dirname "$0")/../$1"
+  if [ ! -d "$dir/node_modules/$2" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    echo "setup: npm ci in $1" >&2
+    (cd "$dir" && timeout 600 npm ci --prefer-offline --no-audit --no-fund >&2) ||
+      echo "setup: npm ci in $1 failed; the tests that use it fail until it succeeds" >&2
+  fi
+}
+webui_modules() {
   [ "$mode" = "--run" ] && return 0
   command -v npm >/dev/null || return 0
-  if [ ! -d "$dir/node_modules/puppeteer-core" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
-    echo "setup: npm ci in tests/webui" >&2
-    (cd "$dir" && timeout 600 npm ci --no-audit --no-fund >&2) ||
-      echo "setup: npm ci in tests/webui failed; the chat page's test will fail until it succeeds" >&2
-  fi
+  npm_modules tests/server openai
+  npm_modules tests/webui puppeteer-core
   return 0
 }
 if [ -z "$missing" ]; then

@@ -1,29 +1,50 @@
 /* test_layers.c - the source tree keeps its layering (src/README.md).
  *
- * Reads every file under src/LAYER/ and checks each `#include "..."`:
+ * Reads every file under src/LAYER/ and checks each include directive
+ * (`#include "..."`, `# include "..."`, and `<...>` naming a project folder):
+ *   - a project header is included with quotes, never <...>;
  *   - it names a header with its folder ("attn/attn.h"), or the public
  *     "sparq.h"/"sparq_attn.h", or a file of the same folder;
  *   - the named header exists;
- *   - its layer is not above the including file's layer;
+ *   - its layer is one the including file's layer may include (the table of
+ *     src/README.md: eval and bench share an order but neither includes the
+ *     other; cli includes everything; server what is below eval and the
+ *     command's option parser, cli/cli.h, which it shares with cli);
  *   - the project headers' include graph has no cycle.
  * The layer order is written here a second time, on purpose: a change to it
  * must be made in src/README.md and here, not slip in with an include.
+ * A planted tree of violations (one per rule) must make every rule fire.
  */
 #include "test.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
 
-static const struct { const char *dir; int rank; } layers[] = {
-    { "util", 0 }, { "tensor", 1 }, { "index", 2 }, { "attn", 3 }, { "io", 4 },
-    { "core", 5 }, { "eval", 6 },   { "bench", 6 }, { "cli", 7 },  { "server", 7 },
+/* may: bit i set = may include layers[i]; may_file: one more header allowed */
+#define BELOW(n) ((1u << (n)) - 1u)
+static const struct { const char *dir; unsigned may; const char *may_file; } layers[] = {
+    { "util", BELOW(1), NULL },     { "tensor", BELOW(2), NULL }, { "index", BELOW(3), NULL },
+    { "attn", BELOW(4), NULL },     { "io", BELOW(5), NULL },     { "core", BELOW(6), NULL },
+    { "eval", BELOW(6) | 1u << 6, NULL },                       /* 0-5 and itself */
+    { "bench", BELOW(6) | 1u << 7, NULL },                      /* 0-5 and itself */
+    { "cli", BELOW(10), NULL },                                 /* everything */
+    { "server", BELOW(6) | 1u << 9, "cli/cli.h" },              /* 0-5, itself, cli.h */
 };
 enum { N_LAYERS = sizeof layers / sizeof layers[0] };
 
-static int layer_rank(const char *dir)
+/* violations found by the current scan (the main tree's are CHECK failures,
+   the planted tree's are counted and printed only when missing) */
+static int n_violations, quiet;
+#define VIOLATION(...)                                                       \
+    do {                                                                     \
+        n_violations++;                                                      \
+        if (!quiet) CHECK(0, __VA_ARGS__);                                   \
+    } while (0)
+
+static int layer_index(const char *dir)
 {
     for (int i = 0; i < N_LAYERS; i++)
-        if (!strcmp(layers[i].dir, dir)) return layers[i].rank;
+        if (!strcmp(layers[i].dir, dir)) return i;
     return -1;
 }
 
@@ -43,6 +64,28 @@ static header *header_get(const char *name)
     return h;
 }
 
+/* An include directive: optional blanks, '#', optional blanks, "include",
+   blanks, then "name" or <name>. Returns 0 with the name, -1 for any other
+   line. */
+static int parse_include(const char *line, char *name, size_t size, int *angle)
+{
+    const char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p++ != '#') return -1;
+    while (*p == ' ' || *p == '\t') p++;
+    if (strncmp(p, "include", 7)) return -1;
+    p += 7;
+    while (*p == ' ' || *p == '\t') p++;
+    const char close = *p == '"' ? '"' : *p == '<' ? '>' : 0;
+    if (!close) return -1;
+    *angle = close == '>';
+    const char *end = strchr(++p, close);
+    if (!end || (size_t)(end - p) >= size) return -1;
+    memcpy(name, p, (size_t)(end - p));
+    name[end - p] = 0;
+    return 0;
+}
+
 static void check_file(const char *src, const char *dir, const char *file)
 {
     char path[512];
@@ -51,7 +94,7 @@ static void check_file(const char *src, const char *dir, const char *file)
     char *text = test_read_file(path, &n);
     CHECK(text != NULL, "cannot read %s", path);
     if (!text) return;
-    const int rank = layer_rank(dir);
+    const int self_layer = layer_index(dir);
     const size_t len = strlen(file);
     header *self = NULL;
     if (len > 2 && !strcmp(file + len - 2, ".h")) {
@@ -63,32 +106,46 @@ static void check_file(const char *src, const char *dir, const char *file)
         char *next = strchr(line, '\n');
         if (next) *next++ = 0;
         char inc[128];
-        if (sscanf(line, " #include \"%127[^\"]\"", inc) == 1) {
-            if (!strcmp(inc, "sparq.h") || !strcmp(inc, "sparq_attn.h")) {
+        int angle = 0;
+        if (parse_include(line, inc, sizeof inc, &angle)) {
+            line = next;
+            continue;
+        }
+        if (!strcmp(inc, "sparq.h") || !strcmp(inc, "sparq_attn.h")) {
+            line = next;
+            continue;
+        }
+        char idir[64] = "", ifile[128] = "";
+        const char *slash = strchr(inc, '/');
+        if (slash) {
+            snprintf(idir, sizeof idir, "%.*s", (int)(slash - inc < 63 ? slash - inc : 63), inc);
+            snprintf(ifile, sizeof ifile, "%s", slash + 1);
+        } else if (!angle) {
+            snprintf(idir, sizeof idir, "%.60s", dir);
+            snprintf(ifile, sizeof ifile, "%s", inc);
+        }
+        const int ilayer = idir[0] ? layer_index(idir) : -1;
+        if (angle) { /* a system header, unless it names a project folder */
+            if (ilayer < 0) {
                 line = next;
                 continue;
             }
-            char idir[64] = "", ifile[128] = "";
-            const char *slash = strchr(inc, '/');
-            if (slash) {
-                snprintf(idir, sizeof idir, "%.*s", (int)(slash - inc), inc);
-                snprintf(ifile, sizeof ifile, "%s", slash + 1);
-            } else {
-                snprintf(idir, sizeof idir, "%.60s", dir);
-                snprintf(ifile, sizeof ifile, "%s", inc);
-            }
-            char ipath[512];
-            struct stat st;
-            snprintf(ipath, sizeof ipath, "%s/%s/%s", src, idir, ifile);
-            CHECK(stat(ipath, &st) == 0, "%s/%s includes \"%s\", which is not %s", dir, file,
-                  inc, ipath);
-            const int irank = layer_rank(idir);
-            CHECK(irank >= 0, "%s/%s includes \"%s\" from an unknown layer", dir, file, inc);
-            CHECK(irank <= rank, "%s/%s (layer %s) includes \"%s\" from the layer above, %s",
-                  dir, file, dir, inc, idir);
-            if (self && self->n_inc < MAX_INC)
-                snprintf(self->inc[self->n_inc++], sizeof self->inc[0], "%.60s/%.60s", idir, ifile);
+            VIOLATION("%s/%s includes <%s>: a project header is included with quotes", dir, file,
+                      inc);
         }
+        char ipath[512];
+        struct stat st;
+        snprintf(ipath, sizeof ipath, "%s/%s/%s", src, idir, ifile);
+        if (stat(ipath, &st) != 0)
+            VIOLATION("%s/%s includes \"%s\", which is not %s", dir, file, inc, ipath);
+        if (ilayer < 0)
+            VIOLATION("%s/%s includes \"%s\" from an unknown layer", dir, file, inc);
+        else if (self_layer >= 0 && !(layers[self_layer].may & 1u << ilayer) &&
+                 !(layers[self_layer].may_file && !strcmp(layers[self_layer].may_file, inc)))
+            VIOLATION("%s/%s (layer %s) includes \"%s\" from %s, which %s may not include "
+                      "(src/README.md)", dir, file, dir, inc, idir, dir);
+        if (self && self->n_inc < MAX_INC)
+            snprintf(self->inc[self->n_inc++], sizeof self->inc[0], "%.60s/%.60s", idir, ifile);
         line = next;
     }
     free(text);
@@ -115,13 +172,15 @@ static int has_cycle(header *h, char *path, size_t size)
     return 0;
 }
 
-int main(void)
+/* Checks every file of the tree at src; returns 0, or -1 if it cannot be read.
+   Violations (and include cycles) are counted in n_violations. */
+static int scan_tree(const char *src, int *n_files, int *n_dirs)
 {
-    const char *src = getenv("SPARQ_SRC") ? getenv("SPARQ_SRC") : "src";
+    n_hdrs = 0;
+    memset(hdrs, 0, sizeof hdrs);
+    *n_files = *n_dirs = 0;
     DIR *top = opendir(src);
-    CHECK(top != NULL, "cannot open %s (run from the repository root)", src);
-    if (!top) return test_summary("test_layers");
-    int n_files = 0, n_dirs = 0;
+    if (!top) return -1;
     struct dirent *de;
     while ((de = readdir(top))) {
         if (de->d_name[0] == '.') continue;
@@ -130,13 +189,13 @@ int main(void)
         struct stat st;
         if (stat(sub, &st) || !S_ISDIR(st.st_mode)) {
             const size_t l = strlen(de->d_name);
-            CHECK(l > 3 && !strcmp(de->d_name + l - 3, ".md"),
-                  "%s is a source file outside a layer folder", sub);
+            if (!(l > 3 && !strcmp(de->d_name + l - 3, ".md")))
+                VIOLATION("%s is a source file outside a layer folder", sub);
             continue;
         }
-        CHECK(layer_rank(de->d_name) >= 0, "src/%s is not a layer named in src/README.md",
-              de->d_name);
-        n_dirs++;
+        if (layer_index(de->d_name) < 0)
+            VIOLATION("src/%s is not a layer named in src/README.md", de->d_name);
+        (*n_dirs)++;
         DIR *d = opendir(sub);
         if (!d) continue;
         struct dirent *fe;
@@ -147,21 +206,95 @@ int main(void)
                              (l > 3 && !strcmp(fe->d_name + l - 3, ".cc"));
             if (!code) continue;
             check_file(src, de->d_name, fe->d_name);
-            n_files++;
+            (*n_files)++;
         }
         closedir(d);
     }
     closedir(top);
-    CHECK(n_dirs >= 8 && n_files >= 50, "only %d layer folders and %d files found", n_dirs,
-          n_files);
     char path[2048] = "";
-    int cycles = 0;
     for (int i = 0; i < n_hdrs; i++)
         if (hdrs[i].mark == 0 && has_cycle(&hdrs[i], path, sizeof path)) {
-            CHECK(0, "include cycle: %s", path);
-            cycles++;
+            VIOLATION("include cycle: %s (headers include each other in a circle)", path);
             break;
         }
-    CHECK(cycles == 0, "headers include each other in a circle");
+    return 0;
+}
+
+static void plant(const char *root, const char *rel, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    char *slash = strrchr(path, '/');
+    *slash = 0;
+    mkdir(path, 0700);
+    *slash = '/';
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A tree with one violation of each rule (and allowed includes that must not
+   count): the scan must find exactly those. */
+static void negative_control(void)
+{
+    char root[] = "/tmp/sparq_test_layers_XXXXXX";
+    if (!mkdtemp(root)) {
+        CHECK(0, "mkdtemp failed");
+        return;
+    }
+    static const struct { const char *rel, *text; } files[] = {
+        /* allowed: system headers, own layer, below, cli <-> server's cli.h */
+        { "util/ok.c", "#include <stdio.h>\n#include <sys/stat.h>\n#include \"util/u.h\"\n" },
+        { "core/c.h", "#include \"util/u.h\"\n#include \"sparq.h\"\n" },
+        { "cli/cli.h", "" },
+        { "cli/other.h", "" },
+        { "cli/c.c", "#include \"server/s.h\"\n#include \"eval/e.h\"\n#include \"bench/b.h\"\n" },
+        { "server/s.h", "" },
+        { "eval/e.h", "" },
+        { "bench/b.h", "" },
+        { "tensor/t.c", "/* #include \"core/c.h\" in a comment is not a directive */\n" },
+        /* 1: upward, written "# include" with blanks */
+        { "util/u.h", "  #  include   \"core/c.h\"\n" },
+        /* 2: a project header with <> (and upward) */
+        { "attn/a.c", "#include <core/c.h>\n" },
+        /* 1 each: eval -> bench, bench -> eval, server -> cli beyond cli.h */
+        { "eval/e.c", "#include \"bench/b.h\"\n" },
+        { "bench/b.c", "#\tinclude \"eval/e.h\"\n" },
+        { "server/s.c", "#include \"cli/cli.h\"\n#include \"cli/other.h\"\n" },
+        /* 1: a header that does not exist */
+        { "io/x.c", "#include \"io/missing.h\"\n" },
+        /* 1: a cycle */
+        { "index/p.h", "#include \"index/q.h\"\n" },
+        { "index/q.h", "#include \"p.h\"\n" },
+    };
+    enum { EXPECTED = 8 };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) plant(root, files[i].rel, files[i].text);
+    int nf, nd;
+    n_violations = 0;
+    quiet = 1;
+    const int rc = scan_tree(root, &nf, &nd);
+    quiet = 0;
+    CHECK(rc == 0 && n_violations == EXPECTED,
+          "negative control: the planted tree has %d violations, the scan found %d", EXPECTED,
+          n_violations);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    CHECK(system(cmd) == 0, "cannot remove %s", root);
+}
+
+int main(void)
+{
+    const char *src = getenv("SPARQ_SRC") ? getenv("SPARQ_SRC") : "src";
+    int n_files = 0, n_dirs = 0;
+    n_violations = 0;
+    const int rc = scan_tree(src, &n_files, &n_dirs);
+    CHECK(rc == 0, "cannot open %s (run from the repository root)", src);
+    if (rc) return test_summary("test_layers");
+    CHECK(n_violations == 0, "%d layering violations in %s", n_violations, src);
+    CHECK(n_dirs >= 8 && n_files >= 50, "only %d layer folders and %d files found", n_dirs,
+          n_files);
+    negative_control();
     return test_summary("test_layers");
 }

@@ -8,7 +8,11 @@
  *     guess (ln 512 = 6.24 nats); training ended near 3.15 (manifest.json).
  *  3. At d = 64 the policy identities hold: SparQ and the exact top-k with
  *     k >= S read every position, so a decode step's logits equal dense
- *     attention's (to float summation order), token for token.
+ *     attention's (to float summation order), token for token. Both
+ *     policies shortcut k >= S to the dense kernel, so the identity is also
+ *     checked through their selecting code (select_always: top-k of all S
+ *     positions, gathered, SparQ's alpha); and, so that the comparison can
+ *     fail, selecting k = S/2 through the same path must differ from dense.
  * The file is part of the repository, so a missing file is a failure; the
  * held-out text comes from ../shared and is skipped (said so) without it. */
 #include "test.h"
@@ -35,8 +39,8 @@ static int tokens_of_heldout(sparq_model *m, int32_t *ids, int cap)
     return k;
 }
 
-static int decode_run(sparq_model *m, const char *policy, int k, const int32_t *ids, int n_prompt, int n_steps,
-                      float *logits /* [n_steps][V] */)
+static int decode_run(sparq_model *m, const char *policy, int k, int select_always, const int32_t *ids, int n_prompt,
+                      int n_steps, float *logits /* [n_steps][V] */)
 {
     sparq_context_params cp = sparq_context_default_params();
     cp.n_ctx = 2048;
@@ -44,6 +48,7 @@ static int decode_run(sparq_model *m, const char *policy, int k, const int32_t *
     cp.kv_type = SPARQ_KV_F32;
     cp.attn.policy = policy;
     cp.attn.k = k;
+    cp.attn.select_always = select_always;
     if (policy && !strcmp(policy, "sparq")) cp.attn.r = 16;
     sparq_context *c = NULL;
     char err[256];
@@ -113,25 +118,33 @@ int main(void)
     sparq_context_free(c);
 
     /* 3. k >= S: sparq and oracle equal dense at every decode step */
-    CHECK(decode_run(m, "dense", 0, ids, P, STEPS, dense) == 0, "dense decode");
+    CHECK(decode_run(m, "dense", 0, 0, ids, P, STEPS, dense) == 0, "dense decode");
     const char *pols[] = { "sparq", "oracle" };
-    for (int p = 0; p < 2; p++) {
-        CHECK(decode_run(m, pols[p], 2048, ids, P, STEPS, other) == 0, "%s decode", pols[p]);
-        double maxd = 0;
-        int same_top = 1;
-        for (int s = 0; s < STEPS; s++) {
-            const float *a = dense + (size_t)s * V, *b = other + (size_t)s * V;
-            int ia = 0, ib = 0;
-            for (int j = 0; j < V; j++) {
-                maxd = fmax(maxd, fabs(a[j] - b[j]));
-                if (a[j] > a[ia]) ia = j;
-                if (b[j] > b[ib]) ib = j;
+    /* k = 2048 >= S at every step: the dense shortcut, then the selecting
+       path (select_always); k = P/2 through that path is the control */
+    const struct { int k, select_always, equal; } runs[] = { { 2048, 0, 1 }, { 2048, 1, 1 }, { P / 2, 1, 0 } };
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < 3; r++) {
+            const int k = runs[r].k, sa = runs[r].select_always;
+            CHECK(decode_run(m, pols[p], k, sa, ids, P, STEPS, other) == 0, "%s decode", pols[p]);
+            double maxd = 0;
+            int same_top = 1;
+            for (int s = 0; s < STEPS; s++) {
+                const float *a = dense + (size_t)s * V, *b = other + (size_t)s * V;
+                int ia = 0, ib = 0;
+                for (int j = 0; j < V; j++) {
+                    maxd = fmax(maxd, fabs(a[j] - b[j]));
+                    if (a[j] > a[ia]) ia = j;
+                    if (b[j] > b[ib]) ib = j;
+                }
+                same_top &= ia == ib;
             }
-            same_top &= ia == ib;
+            if (runs[r].equal)
+                CHECK(maxd < 1e-3 && same_top, "%s k=%d%s vs dense: max |logit diff| %.3g, same argmax %d", pols[p],
+                      k, sa ? " (selecting)" : "", maxd, same_top);
+            else /* negative control: the comparison sees a dropped half */
+                CHECK(maxd > 1e-2, "%s k=%d (selecting) vs dense: max |logit diff| only %.3g", pols[p], k, maxd);
         }
-        CHECK(maxd < 1e-3 && same_top, "%s k=2048 vs dense: max |logit diff| %.3g, same argmax %d", pols[p], maxd,
-              same_top);
-    }
     free(all);
     free(dense);
     free(other);

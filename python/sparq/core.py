@@ -176,7 +176,8 @@ class AttnParams:
     Zero (or -1 for l) means the policy's default, as in C."""
 
     FIELDS = ("r", "k", "l", "select_logits", "no_realloc", "n_sink", "topk_schedule",
-              "index_key_type", "ivf_nlist", "ivf_nprobe", "hnsw_ef_search", "topk_check")
+              "index_key_type", "ivf_nlist", "ivf_nprobe", "hnsw_ef_search", "topk_check",
+              "select_always")
 
     def __init__(self, policy="dense", index=None, **kw):
         self.policy = policy

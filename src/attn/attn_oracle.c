@@ -37,8 +37,9 @@ static int oracle_attend(void *state, const sparq_attn_params *p, int layer, int
     v.meter = &m;
     /* Keeping everything is dense attention; the dense kernel makes that
      * an identity to the last bit rather than to f32 rounding of the
-     * renormalised selection. */
-    if (p->k >= kv->S && !tr) attn_dense_group(&v, q, g, out, scratch->f);
+     * renormalised selection. select_always takes the selecting path
+     * anyway, so a test can hold that path to dense. */
+    if (p->k >= kv->S && !tr && !p->select_always) attn_dense_group(&v, q, g, out, scratch->f);
     else attn_exact_topk_group(&v, q, g, p->k, 1, out, scratch, tr);
     if (counts) { /* measured by the kernels */
         counts->read += attn_meter_total(&m);

@@ -209,7 +209,10 @@ static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int 
         tr->n_i1 = r;
     }
 
-    if (p->k >= S) { /* everything selected, alpha = 1: dense attention */
+    /* everything selected, alpha = 1: dense attention (select_always runs
+     * the selection below instead, with k = S, so a test can hold that path
+     * to this identity) */
+    if (p->k >= S && !p->select_always) {
         attn_dense_group(kv, q, g, out, s.e);
         cnt.written = 2 * (int64_t)d;
         if (tr) {
@@ -224,7 +227,8 @@ static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int 
 
     /* 2. approximate scores over all S positions: s_hat_h[i] =
      * scale[h][block of i] * e[h][i], never stored whole */
-    const int64_t k = p->k, l = p->l, nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    const int64_t k = p->k < S ? p->k : S, l = p->l < k ? p->l : k,
+                  nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
     float *lsum = p->select_logits ? s.score : NULL;
     if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
     else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
