@@ -1403,6 +1403,92 @@ done:
     }
 }
 
+/* Under a prefix_id, --kv-dir holds one document's file; a prompt of
+ * another document under that name does not use it (no hit, prefilled
+ * whole, the cold answer) and its own file replaces it, which the next
+ * server uses for it. The control: the first document under the name is
+ * served from the file. */
+static void kv_dir_named_other(const char *model)
+{
+    enum { D = 200 };
+    int32_t doc[2][D];
+    char *body[2], *ref[2] = { 0 }, dir[] = "/tmp/sparq_test_server_named_XXXXXX", name[40] = { 0 }, args[2048],
+                    path[160];
+    int n_prompt[2];
+    for (int k = 0; k < 2; k++) {
+        uint32_t st = 5150u + 91u * (uint32_t)k;
+        doc[k][0] = 1;
+        for (int i = 1; i < D; i++) {
+            st = st * 1664525u + 1013904223u;
+            doc[k][i] = 3 + (int)(st >> 8) % 480;
+        }
+        int sfx;
+        body[k] = doc_request(doc[k], D, 2 + k, &sfx, ", \"sparq\": {\"prefix_id\": \"shared-name\"}");
+        n_prompt[k] = D + sfx;
+    }
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --kv-dir %s --api-key %s", model, dir, key);
+    server s;
+    /* the cold answers, and document 0's file under the name */
+    if (start_server(&s, args) == 0) {
+        ref[0] = complete(s.port, body[0]);
+        CHECK(kv_settle(s.port) == 0 && metric(s.port, "kv_dir_writes_total") == 1, "document 0's file written");
+        CHECK(stop_server(&s) == 0, "named writer: SIGTERM did not end it cleanly");
+    }
+    CHECK(only_kv_file(dir, name) == 0, "one KV file in %s", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t n_first = 0;
+    unsigned char *first = test_read_file(path, &n_first);
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --api-key %s", model, key);
+    if (start_server(&s, args) == 0) { /* no kv-dir: document 1 cold */
+        ref[1] = complete(s.port, body[1]);
+        CHECK(stop_server(&s) == 0, "named reference: SIGTERM did not end it cleanly");
+    }
+    CHECK(ref[0] && ref[1] && first, "the cold answers and document 0's file");
+    if (!ref[0] || !ref[1] || !first) goto done;
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --kv-dir %s --api-key %s", model, dir, key);
+    /* control: document 0 under the name uses the file */
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body[0]);
+        CHECK(t && !strcmp(t, ref[0]) && metric(s.port, "kv_dir_hits_total") == 1 &&
+                  metric(s.port, "prefill_tokens_total") < n_prompt[0],
+              "document 0 under its name: not served from its file: '%s'", t ? t : "(none)");
+        free(t);
+        CHECK(stop_server(&s) == 0, "named control: SIGTERM did not end it cleanly");
+    }
+    /* document 1 under the name: a miss, and its file replaces document 0's */
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body[1]);
+        const long long hits = metric(s.port, "kv_dir_hits_total"), pre = metric(s.port, "prefill_tokens_total");
+        CHECK(t && !strcmp(t, ref[1]) && hits == 0 && pre == n_prompt[1],
+              "another document's file under the name was used: %lld hits, %lld of %d prefilled, '%s'", hits, pre,
+              n_prompt[1], t ? t : "(none)");
+        free(t);
+        CHECK(kv_settle(s.port) == 0 && metric(s.port, "kv_dir_writes_total") == 1, "document 1's file not written");
+        CHECK(stop_server(&s) == 0, "named replacer: SIGTERM did not end it cleanly");
+    }
+    size_t n_now = 0;
+    unsigned char *now_b = test_read_file(path, &n_now);
+    CHECK(now_b && !(n_now == n_first && !memcmp(now_b, first, n_now)), "document 0's file is still under the name");
+    free(now_b);
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body[1]);
+        CHECK(t && !strcmp(t, ref[1]) && metric(s.port, "kv_dir_hits_total") == 1,
+              "document 1 under the name: its own file not used: '%s'", t ? t : "(none)");
+        free(t);
+        CHECK(stop_server(&s) == 0, "named reader: SIGTERM did not end it cleanly");
+    }
+done:
+    free(first);
+    for (int k = 0; k < 2; k++) {
+        free(body[k]);
+        free(ref[k]);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "rm -rf %s", dir);
+}
+
 /* A request waiting for another sequence's prefill leaves the queue as
  * soon as its client hangs up (counted as cancelled while the prefill it
  * waited for still runs); the prefilling request is unaffected. */
@@ -1591,6 +1677,7 @@ int main(void)
     warm_tails(model);
     kv_dir_burst(model);
     kv_dir_mismatch(model);
+    kv_dir_named_other(model);
     loaded_document(model);
     if (s.pid > 0) {
         /* validation needs a running server: a fresh one */
