@@ -1222,6 +1222,235 @@ static void kv_dir_burst(const char *model)
     CHECK(system(cmd) == 0, "rm -rf %s", dir);
 }
 
+/* The one KV file in dir: its name (35 chars + NUL) into name; 0 if exactly
+ * one file is there (nothing else either), -1 otherwise. */
+static int only_kv_file(const char *dir, char name[40])
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        n++;
+        snprintf(name, 40, "%.39s", e->d_name);
+    }
+    if (d) closedir(d);
+    return n == 1 && strlen(name) == 35 && !strcmp(name + 32, ".kv") ? 0 : -1;
+}
+
+static int write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    const int bad = fwrite(p, 1, n, f) != n;
+    return fclose(f) || bad ? -1 : 0;
+}
+
+/* A --kv-dir file under a prompt's name whose stored tokens or data do not
+ * match it - another document's file planted there, a byte flipped in the
+ * stored token ids, a byte flipped in K - is not used (no hit, the whole
+ * prompt prefilled, the answer a cold prefill's) and is removed: the
+ * server then writes the prompt's own file there, which a later server
+ * uses. Without the removal the bad file would stay and the name would
+ * never cache its prompt again (a write is skipped while a file exists).
+ * The control: the prompt's own file under the name is used. */
+static void kv_dir_mismatch(const char *model)
+{
+    enum { D = 200 };
+    int32_t doc[2][D];
+    char *body[2], *ref[2] = { 0 }, dir[2][48], name[2][40] = { { 0 } }, args[2048], path[2][160];
+    int n_prompt[2];
+    for (int k = 0; k < 2; k++) {
+        uint32_t st = 9001u + 77u * (uint32_t)k;
+        doc[k][0] = 1;
+        for (int i = 1; i < D; i++) {
+            st = st * 1664525u + 1013904223u;
+            doc[k][i] = 3 + (int)(st >> 8) % 480;
+        }
+        int sfx;
+        body[k] = doc_request(doc[k], D, 5, &sfx, NULL);
+        n_prompt[k] = D + sfx;
+        snprintf(dir[k], sizeof dir[k], "/tmp/sparq_test_server_mism_XXXXXX");
+        CHECK(mkdtemp(dir[k]) != NULL, "mkdtemp");
+    }
+    server s;
+    /* each document alone, cold, into its own directory: the reference
+     * answers and each document's own file */
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --kv-dir %s --api-key %s", model,
+                 dir[k], key);
+        if (start_server(&s, args) == 0) {
+            ref[k] = complete(s.port, body[k]);
+            CHECK(kv_settle(s.port) == 0 && metric(s.port, "kv_dir_writes_total") == 1 &&
+                      metric(s.port, "kv_dir_hits_total") == 0,
+                  "document %d: one file written, nothing loaded", k);
+            CHECK(stop_server(&s) == 0, "mismatch writer %d: SIGTERM did not end it cleanly", k);
+        }
+        CHECK(only_kv_file(dir[k], name[k]) == 0, "document %d: one KV file in %s", k, dir[k]);
+        snprintf(path[k], sizeof path[k], "%s/%s", dir[k], name[k]);
+    }
+    size_t n_good = 0, n_other = 0;
+    unsigned char *good = test_read_file(path[1], &n_good), *other = test_read_file(path[0], &n_other);
+    CHECK(ref[0] && ref[1] && good && other && n_good > 8192 && strcmp(name[0], name[1]) != 0,
+          "the two documents' answers and files");
+    if (!ref[0] || !ref[1] || !good || !other || n_good <= 8192) goto done;
+
+    /* the header's meta_off (the stored token ids first) and k_off */
+    uint64_t meta_off = 0, k_off = 0;
+    memcpy(&meta_off, good + 128, 8);
+    memcpy(&k_off, good + 144, 8);
+    CHECK(meta_off >= 4096 && meta_off + 64 < n_good && k_off >= 4096 && k_off + 64 < n_good, "header offsets");
+    if (meta_off < 4096 || meta_off + 64 >= n_good || k_off < 4096 || k_off + 64 >= n_good) goto done;
+    unsigned char *bad_tok = malloc(n_good), *bad_k = malloc(n_good);
+    CHECK(bad_tok && bad_k, "out of memory");
+    if (!bad_tok || !bad_k) {
+        free(bad_tok);
+        free(bad_k);
+        goto done;
+    }
+    memcpy(bad_tok, good, n_good);
+    bad_tok[meta_off + 4 * 10] ^= 0x01; /* token id 10 */
+    memcpy(bad_k, good, n_good);
+    bad_k[k_off + 40] ^= 0x10; /* layer 0, head 0, position 0 */
+    static const char *what[] = { "its own file (control)", "another document's file", "a flipped token byte",
+                                  "a flipped K byte" };
+    const unsigned char *plant[] = { good, other, bad_tok, bad_k };
+    const size_t n_plant[] = { n_good, n_other, n_good, n_good };
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --kv-dir %s --api-key %s", model, dir[1],
+             key);
+    for (int c = 0; c < 4; c++) {
+        CHECK(write_bytes(path[1], plant[c], n_plant[c]) == 0, "planting %s", what[c]);
+        if (start_server(&s, args) != 0) continue;
+        char *t = complete(s.port, body[1]);
+        CHECK(t && !strcmp(t, ref[1]), "%s under the name: '%s' vs '%s'", what[c], t ? t : "(none)", ref[1]);
+        free(t);
+        const long long hits = metric(s.port, "kv_dir_hits_total"), pre = metric(s.port, "prefill_tokens_total");
+        CHECK(kv_settle(s.port) == 0, "%s: a write still pending after 30 s", what[c]);
+        const long long writes = metric(s.port, "kv_dir_writes_total");
+        CHECK(stop_server(&s) == 0, "mismatch server (%s): SIGTERM did not end it cleanly", what[c]);
+        size_t n_now = 0;
+        unsigned char *now_b = test_read_file(path[1], &n_now);
+        const int same_as_planted = now_b && n_now == n_plant[c] && !memcmp(now_b, plant[c], n_now);
+        if (c == 0) { /* used: a hit, only the suffix prefilled, nothing written */
+            CHECK(hits == 1 && pre < n_prompt[1] && writes == 0 && same_as_planted,
+                  "%s: %lld hits, %lld of %d prefilled, %lld writes", what[c], hits, pre, n_prompt[1], writes);
+        } else { /* not used, removed, and the prompt's own file written in its place */
+            CHECK(hits == 0 && pre == n_prompt[1], "%s was used: %lld hits, %lld of %d prefilled", what[c], hits,
+                  pre, n_prompt[1]);
+            CHECK(writes == 1 && !same_as_planted, "%s was not removed: %lld writes, file %s", what[c], writes,
+                  same_as_planted ? "unchanged" : now_b ? "replaced" : "gone");
+        }
+        free(now_b);
+        if (c == 0) continue;
+        /* what is there now is the prompt's own file: the next server uses it */
+        if (start_server(&s, args) == 0) {
+            t = complete(s.port, body[1]);
+            CHECK(t && !strcmp(t, ref[1]) && metric(s.port, "kv_dir_hits_total") == 1,
+                  "after %s: the rewritten file is not used: '%s'", what[c], t ? t : "(none)");
+            free(t);
+            CHECK(stop_server(&s) == 0, "mismatch reader: SIGTERM did not end it cleanly");
+        }
+    }
+    free(bad_tok);
+    free(bad_k);
+done:
+    free(good);
+    free(other);
+    for (int k = 0; k < 2; k++) {
+        free(body[k]);
+        free(ref[k]);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir[k]);
+        CHECK(system(cmd) == 0, "rm -rf %s", dir[k]);
+    }
+}
+
+/* Under a prefix_id, --kv-dir holds one document's file; a prompt of
+ * another document under that name does not use it (no hit, prefilled
+ * whole, the cold answer) and its own file replaces it, which the next
+ * server uses for it. The control: the first document under the name is
+ * served from the file. */
+static void kv_dir_named_other(const char *model)
+{
+    enum { D = 200 };
+    int32_t doc[2][D];
+    char *body[2], *ref[2] = { 0 }, dir[] = "/tmp/sparq_test_server_named_XXXXXX", name[40] = { 0 }, args[2048],
+                    path[160];
+    int n_prompt[2];
+    for (int k = 0; k < 2; k++) {
+        uint32_t st = 5150u + 91u * (uint32_t)k;
+        doc[k][0] = 1;
+        for (int i = 1; i < D; i++) {
+            st = st * 1664525u + 1013904223u;
+            doc[k][i] = 3 + (int)(st >> 8) % 480;
+        }
+        int sfx;
+        body[k] = doc_request(doc[k], D, 2 + k, &sfx, ", \"sparq\": {\"prefix_id\": \"shared-name\"}");
+        n_prompt[k] = D + sfx;
+    }
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --kv-dir %s --api-key %s", model, dir, key);
+    server s;
+    /* the cold answers, and document 0's file under the name */
+    if (start_server(&s, args) == 0) {
+        ref[0] = complete(s.port, body[0]);
+        CHECK(kv_settle(s.port) == 0 && metric(s.port, "kv_dir_writes_total") == 1, "document 0's file written");
+        CHECK(stop_server(&s) == 0, "named writer: SIGTERM did not end it cleanly");
+    }
+    CHECK(only_kv_file(dir, name) == 0, "one KV file in %s", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t n_first = 0;
+    unsigned char *first = test_read_file(path, &n_first);
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --api-key %s", model, key);
+    if (start_server(&s, args) == 0) { /* no kv-dir: document 1 cold */
+        ref[1] = complete(s.port, body[1]);
+        CHECK(stop_server(&s) == 0, "named reference: SIGTERM did not end it cleanly");
+    }
+    CHECK(ref[0] && ref[1] && first, "the cold answers and document 0's file");
+    if (!ref[0] || !ref[1] || !first) goto done;
+    snprintf(args, sizeof args, "-m %s -c 256 -b 16 -t 1 --prefix-cache 0 --kv-dir %s --api-key %s", model, dir, key);
+    /* control: document 0 under the name uses the file */
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body[0]);
+        CHECK(t && !strcmp(t, ref[0]) && metric(s.port, "kv_dir_hits_total") == 1 &&
+                  metric(s.port, "prefill_tokens_total") < n_prompt[0],
+              "document 0 under its name: not served from its file: '%s'", t ? t : "(none)");
+        free(t);
+        CHECK(stop_server(&s) == 0, "named control: SIGTERM did not end it cleanly");
+    }
+    /* document 1 under the name: a miss, and its file replaces document 0's */
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body[1]);
+        const long long hits = metric(s.port, "kv_dir_hits_total"), pre = metric(s.port, "prefill_tokens_total");
+        CHECK(t && !strcmp(t, ref[1]) && hits == 0 && pre == n_prompt[1],
+              "another document's file under the name was used: %lld hits, %lld of %d prefilled, '%s'", hits, pre,
+              n_prompt[1], t ? t : "(none)");
+        free(t);
+        CHECK(kv_settle(s.port) == 0 && metric(s.port, "kv_dir_writes_total") == 1, "document 1's file not written");
+        CHECK(stop_server(&s) == 0, "named replacer: SIGTERM did not end it cleanly");
+    }
+    size_t n_now = 0;
+    unsigned char *now_b = test_read_file(path, &n_now);
+    CHECK(now_b && !(n_now == n_first && !memcmp(now_b, first, n_now)), "document 0's file is still under the name");
+    free(now_b);
+    if (start_server(&s, args) == 0) {
+        char *t = complete(s.port, body[1]);
+        CHECK(t && !strcmp(t, ref[1]) && metric(s.port, "kv_dir_hits_total") == 1,
+              "document 1 under the name: its own file not used: '%s'", t ? t : "(none)");
+        free(t);
+        CHECK(stop_server(&s) == 0, "named reader: SIGTERM did not end it cleanly");
+    }
+done:
+    free(first);
+    for (int k = 0; k < 2; k++) {
+        free(body[k]);
+        free(ref[k]);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "rm -rf %s", dir);
+}
+
 /* A request waiting for another sequence's prefill leaves the queue as
  * soon as its client hangs up (counted as cancelled while the prefill it
  * waited for still runs); the prefilling request is unaffected. */
@@ -1409,6 +1638,8 @@ int main(void)
     shared_document(model);
     warm_tails(model);
     kv_dir_burst(model);
+    kv_dir_mismatch(model);
+    kv_dir_named_other(model);
     loaded_document(model);
     if (s.pid > 0) {
         /* validation needs a running server: a fresh one */

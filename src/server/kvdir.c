@@ -145,9 +145,12 @@ int kvdir_save(srv_kvdir *kd, sparq_context *c, const int32_t *tokens, int n, co
 
 /* The context of the file at path if it holds token ids matching ids for
  * at least `need` positions (*match: how many, up to the file's n); NULL
- * otherwise (an unusable file is removed). */
+ * otherwise (an unusable file is removed). exact: path is the name of
+ * exactly ids[0..n), so a file holding any other tokens is no collision
+ * but planted or damaged: it is removed too, or it would keep the name
+ * from ever caching its prompt (a write skips a name that exists). */
 static sparq_context *load_path(const srv_kvdir *kd, sparq_model *m, const char *path, const int32_t *ids, int n,
-                                int need, int *match)
+                                int need, int exact, int *match)
 {
     char err[256];
     *match = 0;
@@ -169,7 +172,13 @@ static sparq_context *load_path(const srv_kvdir *kd, sparq_model *m, const char 
         *match = l;
         stored = kf->n_tokens;
         kvf_close(kf);
-        if (l < need || need <= 0) return NULL; /* a collision or another document: prefill */
+        if (exact && (l < n || stored != n)) {
+            fprintf(stderr, "serve: kv-dir: removing '%s': it holds other tokens than its name stands for\n", path);
+            unlink(path);
+            *match = 0;
+            return NULL;
+        }
+        if (l < need || need <= 0) return NULL; /* another document under a prefix_id: prefill */
     }
     sparq_context_params cp = sparq_context_default_params();
     cp.n_threads = 1;
@@ -195,7 +204,7 @@ sparq_context *kvdir_load(const srv_kvdir *kd, sparq_model *m, const int32_t *to
     char path[PATH_MAX];
     int match;
     kvdir_path(kd, tokens, n, path, sizeof path);
-    sparq_context *c = load_path(kd, m, path, tokens, n, n, &match);
+    sparq_context *c = load_path(kd, m, path, tokens, n, n, 1, &match);
     if (c && sparq_context_pos(c) != n) { /* a file of n tokens holds n positions */
         sparq_context_free(c);
         return NULL;
@@ -212,7 +221,7 @@ sparq_context *kvdir_load_named(const srv_kvdir *kd, sparq_model *m, const char 
     *stale = 0;
     kvdir_path_named(kd, id, path, sizeof path);
     const int lim = n - 1; /* the last prompt token is always prefilled */
-    sparq_context *c = load_path(kd, m, path, ids, lim, nb, &match);
+    sparq_context *c = load_path(kd, m, path, ids, lim, nb, 0, &match);
     if (!c) {
         *stale = access(path, F_OK) == 0 && match < nb;
         return NULL;

@@ -50,7 +50,8 @@ void kvdir_path_named(const srv_kvdir *kd, const char *id, char *path, size_t si
 int  kvdir_save(srv_kvdir *kd, sparq_context *c, const int32_t *tokens, int n, const char *id, int replace,
                 int *evicted, char *err, size_t err_size);
 /* Loads the file of tokens[0..n) if present (a copy is what callers keep);
- * NULL if absent or unusable (an unusable file is removed). Touches its
+ * NULL if absent or unusable (an unusable file - corrupt, another model's,
+ * or holding other tokens than tokens[0..n) - is removed). Touches its
  * mtime (the LRU order). */
 sparq_context *kvdir_load(const srv_kvdir *kd, sparq_model *m, const int32_t *tokens, int n);
 /* The file named id, if present and usable: *use is how many of its
