@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_PREFLIGHT,
-       EP_PAGE, EP_PROPS };
+       EP_PAGE, EP_PROPS, EP_EMBEDDINGS };
 
 typedef struct conn {
     srv_server  *s;
@@ -105,6 +105,7 @@ static const char *err_type(int status)
     case 401: return "authentication_error";
     case 404: return "not_found_error";
     case 503: return "server_overloaded";
+    case 501: return "not_supported_error";
     case 504: return "timeout_error";
     default: return status >= 500 ? "server_error" : "invalid_request_error";
     }
@@ -665,6 +666,15 @@ static enum MHD_Result handle_tokenize(conn *k, int detok)
     return json_reply(k, 200, buf, len);
 }
 
+static enum MHD_Result handle_embeddings(conn *k)
+{
+    char err[512] = "", *out = NULL;
+    size_t len = 0;
+    const int status = srv_embeddings(k->s, k->body.data, k->body.len, &out, &len, err, sizeof err);
+    if (status == 200) return json_reply(k, 200, out, len);
+    return err_reply(k, status, status == 501 ? "not_supported" : status == 400 ? "invalid_request" : NULL, err);
+}
+
 static enum MHD_Result handle_metrics(conn *k)
 {
     srv_server *s = k->s;
@@ -998,7 +1008,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         { "/tokenize", "POST", EP_TOKENIZE }, { "/detokenize", "POST", EP_DETOKENIZE },
         { "/completions", "POST", EP_COMPLETIONS }, { "/chat/completions", "POST", EP_CHAT },
         { "/models", "GET", EP_MODELS }, { "/", "GET", EP_PAGE }, { "/index.html", "GET", EP_PAGE },
-        { "/props", "GET", EP_PROPS },
+        { "/props", "GET", EP_PROPS }, { "/v1/embeddings", "POST", EP_EMBEDDINGS },
+        { "/embeddings", "POST", EP_EMBEDDINGS },
     };
     int ep = EP_NONE;
     const char *allow = NULL;
@@ -1047,6 +1058,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_DETOKENIZE: return handle_tokenize(k, 1);
     case EP_PAGE: return handle_page(k);
     case EP_PROPS: return handle_props(k);
+    case EP_EMBEDDINGS: return handle_embeddings(k);
     default: return MHD_YES; /* a preflight: answered from its head */
     }
 }

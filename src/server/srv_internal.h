@@ -124,5 +124,10 @@ void *srv_sched_main(void *arg);
 /* GET /props (props.c): the body, malloc'ed, *len bytes; NULL when out of
  * memory. Reads only what srv_start fixed, so no lock is needed. */
 char *srv_props_json(const srv_server *s, size_t *len);
+/* POST /v1/embeddings (embeddings.c): the HTTP status; 200 with the
+ * malloc'ed response in *out (*out_len bytes), else the one-line reason in
+ * err (501: the server was started without --embedding). */
+int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size_t *out_len, char *err,
+                   size_t err_size);
 
 #endif
