@@ -290,7 +290,7 @@ static void bad_flags(const char *model)
 {
     static const char *const pools[] = { "none", "rank", "avg" };
     for (int i = 0; i < 3; i++) {
-        char cmd[2048];
+        char cmd[2200];
         snprintf(cmd, sizeof cmd, "%s serve -m %s --port 0 --embedding --pooling %s >/dev/null 2>&1", bin, model,
                  pools[i]);
         const int st = system(cmd);
