@@ -5,7 +5,8 @@
  *    "list", data[i].index/object/embedding, model, usage) and vectors
  *    equal, float for float, to sparq_embed's in this process (the same
  *    tokens, pooling, norm, batch and one thread); usage counts the tokens
- *    with BOS, as llama-server's did for the same inputs (28);
+ *    with BOS, as llama-server's did for the same inputs (28); `sparq
+ *    embed --json` prints the same vectors;
  *  - the vectors match llama.cpp's (tests/data/llamacpp/embed/; cosine >=
  *    0.9999, max |diff| <= 1e-3 for unit vectors, 1e-3 of the largest
  *    component for raw ones), and "embd_normalize": -1 gives the raw ones;
@@ -222,7 +223,50 @@ static void check_response(sparq_model *m, const char *resp, const golden *g, in
     json_free(d);
 }
 
-static void embed_requests(sparq_model *m, int port, int pooling, const char *tag)
+/* `sparq embed --json` of the golden inputs (one a line of a file), or NULL. */
+static char *cli_embed(const char *model, const golden *g, const char *pooling)
+{
+    char in[] = "/tmp/sparq_test_embed_in_XXXXXX";
+    const int fd = mkstemp(in);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "w");
+    for (size_t i = 0; f && i < json_len(g->inputs); i++) fprintf(f, "%s\n", json_str(json_at(g->inputs, i), NULL));
+    if (f) fclose(f);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s embed -m %s -t 1 -b 4 --pooling %s -f %s --json 2>/dev/null", bin, model, pooling, in);
+    FILE *p = popen(cmd, "r");
+    text_buf t = { 0 };
+    char buf[4096];
+    size_t got;
+    while (p && (got = fread(buf, 1, sizeof buf, p)) > 0) text_append(&t, buf, got);
+    const int st = p ? pclose(p) : -1;
+    unlink(in);
+    CHECK(st == 0 && t.data, "sparq embed failed: %s", cmd);
+    if (st) {
+        free(t.data);
+        return NULL;
+    }
+    return t.data;
+}
+
+/* The "embedding" arrays of two responses are equal, value for value. */
+static int same_vectors(const char *a, const char *b)
+{
+    char err[256];
+    json_doc *da = json_parse(a, strlen(a), 0, err, sizeof err), *db = json_parse(b, strlen(b), 0, err, sizeof err);
+    const json_value *x = da ? json_get(json_root(da), "data") : NULL, *y = db ? json_get(json_root(db), "data") : NULL;
+    int same = x && y && json_len(x) == json_len(y) && json_len(x) > 0;
+    for (size_t i = 0; same && i < json_len(x); i++) {
+        const json_value *u = json_get(json_at(x, i), "embedding"), *v = json_get(json_at(y, i), "embedding");
+        same = json_len(u) == json_len(v) && json_len(u) > 0;
+        for (size_t j = 0; same && j < json_len(u); j++) same = json_at(u, j)->u.number == json_at(v, j)->u.number;
+    }
+    json_free(da);
+    json_free(db);
+    return same;
+}
+
+static void embed_requests(sparq_model *m, const char *model, int port, int pooling, const char *tag)
 {
     char path[160], body[4096];
     golden g, graw;
@@ -246,6 +290,9 @@ static void embed_requests(sparq_model *m, int port, int pooling, const char *ta
     snprintf(body, sizeof body, "{\"input\":%s}", in ? in : "[]");
     CHECK(post(port, "/v1/embeddings", body, &out) == 200, "array input: %.300s", out ? out : "");
     if (out) check_response(m, out, &g, 0, 3, pooling, 2, n_tok[0] + n_tok[1] + n_tok[2]);
+    char *cli = cli_embed(model, &g, tag);
+    CHECK(out && cli && same_vectors(out, cli), "/v1/embeddings differs from sparq embed --json --pooling %s", tag);
+    free(cli);
     free(out);
     snprintf(body, sizeof body, "{\"input\":%s,\"embd_normalize\":-1,\"encoding_format\":\"float\"}", in ? in : "[]");
     CHECK(post(port, "/embeddings", body, &out) == 200, "raw: %.300s", out ? out : "");
@@ -324,7 +371,7 @@ int main(void)
         server s;
         snprintf(args, sizeof args, "-m %s -c 64 -b 4 -t 1 --max-prompt 40 %s", model, runs[r].flags);
         if (start_server(&s, args) == 0) {
-            embed_requests(m, s.port, runs[r].pooling, runs[r].tag);
+            embed_requests(m, model, s.port, runs[r].pooling, runs[r].tag);
             if (r == 0) bad_requests(s.port);
             CHECK(stop_server(&s) == 0, "server exit status");
         }
