@@ -13,8 +13,11 @@
  *  - --pooling last serves the last token's vector;
  *  - bad requests are 400s with an OpenAI error object: empty string, empty
  *    array, a number, a non-string in the array, no input, an input past
- *    --max-prompt, more than 256 inputs, unknown fields, base64, a bad
- *    embd_normalize, malformed JSON;
+ *    --max-prompt, more than 256 inputs, unknown fields, an unknown
+ *    encoding_format, a bad embd_normalize, malformed JSON;
+ *  - the official openai npm client (tests/server/embeddings.test.mjs):
+ *    its default base64 request, decoded, and a float one give the same
+ *    vectors, and an empty input is its BadRequestError;
  *  - without --embedding: 501 not_supported_error naming --embeddings, as
  *    llama-server answers; --pooling none or an unknown name: exit 2.
  */
@@ -27,6 +30,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 static char bin[1024];
 
@@ -266,6 +270,49 @@ static int same_vectors(const char *a, const char *b)
     return same;
 }
 
+/* The official openai npm client (tests/server/embeddings.test.mjs): its
+ * default base64 request and a float one give the vectors of float_resp,
+ * the server's float answer for inputs (a JSON array). */
+static void node_client(int port, const char *inputs, const char *float_resp)
+{
+    struct stat st;
+    if (stat("tests/server/node_modules/openai", &st) != 0) {
+        /* first run: install the locked packages (cached by npm afterwards) */
+        int rc = system("cd tests/server && timeout 300 npm ci --prefer-offline --no-audit --no-fund >/dev/null 2>&1");
+        CHECK(rc == 0, "npm ci in tests/server failed (needs the npm registry once, or its cache)");
+        if (rc) return;
+    }
+    char exp[] = "/tmp/sparq_test_embed_exp_XXXXXX", out[] = "/tmp/sparq_test_embed_node_XXXXXX";
+    const int fd = mkstemp(exp), fo = mkstemp(out);
+    if (fd < 0 || fo < 0) return;
+    close(fo);
+    FILE *f = fdopen(fd, "w");
+    const char *brace = strrchr(float_resp, '}');
+    if (!f || !brace) return;
+    /* the response with "inputs" added before its closing brace */
+    fprintf(f, "%.*s,\"inputs\":%s}", (int)(brace - float_resp), float_resp, inputs);
+    fclose(f);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cd tests/server && timeout 300 node embeddings.test.mjs http://127.0.0.1:%d/v1 %s >%s 2>&1",
+             port, exp, out);
+    const int rc = system(cmd);
+    size_t n;
+    char *text = test_read_file(out, &n);
+    unlink(exp);
+    unlink(out);
+    int pass = 0, summary = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "ok ", 3)) pass++;
+        else if (!strncmp(line, "not ok ", 7)) CHECK(0, "openai client: %s", line + 7);
+        else if (strstr(line, "embeddings: ")) summary = 1;
+        else fprintf(stderr, "node: %s\n", line);
+    }
+    test_n_pass += pass;
+    CHECK(summary && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "the node test did not finish (exit %d)", rc);
+    CHECK(pass >= 9, "the node test ran only %d checks", pass);
+    free(text);
+}
+
 static void embed_requests(sparq_model *m, const char *model, int port, int pooling, const char *tag)
 {
     char path[160], body[4096];
@@ -293,6 +340,7 @@ static void embed_requests(sparq_model *m, const char *model, int port, int pool
     char *cli = cli_embed(model, &g, tag);
     CHECK(out && cli && same_vectors(out, cli), "/v1/embeddings differs from sparq embed --json --pooling %s", tag);
     free(cli);
+    if (out && pooling == SPARQ_POOLING_MEAN) node_client(port, in ? in : "[]", out);
     free(out);
     snprintf(body, sizeof body, "{\"input\":%s,\"embd_normalize\":-1,\"encoding_format\":\"float\"}", in ? in : "[]");
     CHECK(post(port, "/embeddings", body, &out) == 200, "raw: %.300s", out ? out : "");
@@ -313,7 +361,7 @@ static void bad_requests(int port)
     expect_error(port, "{\"model\":\"x\"}", 400, "invalid_request_error", "'input' is required");
     expect_error(port, "{\"input\":\"Lily\",\"dimensions\":8}", 400, "invalid_request_error", "dimensions");
     expect_error(port, "{\"input\":\"Lily\",\"temperature\":1}", 400, "invalid_request_error", "unknown field");
-    expect_error(port, "{\"input\":\"Lily\",\"encoding_format\":\"base64\"}", 400, "invalid_request_error", "base64");
+    expect_error(port, "{\"input\":\"Lily\",\"encoding_format\":\"binary\"}", 400, "invalid_request_error", "base64");
     expect_error(port, "{\"input\":\"Lily\",\"embd_normalize\":0.5}", 400, "invalid_request_error", "embd_normalize");
     expect_error(port, "{\"input\":\"Lily\",\"input\":\"Ben\"}", 400, "invalid_request_error", "twice");
     expect_error(port, "{\"input\":", 400, "invalid_request_error", "json");

@@ -10,6 +10,7 @@
 #include "server/srv_internal.h"
 #include "util/json.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,8 +54,34 @@ static int tokenize_input(const srv_server *s, const json_value *v, size_t i, in
     return 0;
 }
 
+/* x[0..n) as base64 of its little-endian float32 bytes, quoted: what
+ * OpenAI's clients ask for by default ("encoding_format": "base64") and
+ * decode themselves. */
+static void write_base64(FILE *f, const float *x, int n)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const size_t len = (size_t)n * 4;
+    uint8_t b[3];
+    size_t k = 0;
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i / 4], 4);
+        b[k++] = (uint8_t)(u >> (8 * (i % 4))); /* little-endian whatever the host */
+        if (k == 3 || i + 1 == len) {
+            const uint32_t v = (uint32_t)b[0] << 16 | (k > 1 ? (uint32_t)b[1] << 8 : 0) | (k > 2 ? b[2] : 0);
+            fputc(tab[v >> 18 & 63], f);
+            fputc(tab[v >> 12 & 63], f);
+            fputc(k > 1 ? tab[v >> 6 & 63] : '=', f);
+            fputc(k > 2 ? tab[v & 63] : '=', f);
+            k = 0;
+        }
+    }
+    fputc('"', f);
+}
+
 /* Top-level fields: what is acted on, and nothing else (as request.c). */
-static int check_fields(const json_value *o, int *norm, char *err, size_t en)
+static int check_fields(const json_value *o, int *norm, int *b64, char *err, size_t en)
 {
     static const char *const known[] = { "input", "model", "encoding_format", "embd_normalize", "user", NULL };
     for (size_t i = 0; i < o->n; i++) {
@@ -72,8 +99,11 @@ static int check_fields(const json_value *o, int *norm, char *err, size_t en)
         }
     }
     const json_value *ef = json_get(o, "encoding_format");
-    if (ef && ef->type != JSON_NULL && !(ef->type == JSON_STRING && ef->n == 5 && !memcmp(ef->u.str, "float", 5)))
-        return bad(err, en, "%s", "'encoding_format' must be \"float\" (base64 is not supported)");
+    if (ef && ef->type != JSON_NULL) {
+        *b64 = ef->type == JSON_STRING && ef->n == 6 && !memcmp(ef->u.str, "base64", 6);
+        if (!*b64 && !(ef->type == JSON_STRING && ef->n == 5 && !memcmp(ef->u.str, "float", 5)))
+            return bad(err, en, "%s", "'encoding_format' must be \"float\" or \"base64\"");
+    }
     const json_value *u = json_get(o, "user");
     if (u && u->type != JSON_NULL && u->type != JSON_STRING) return bad(err, en, "%s", "'user' must be a string");
     const json_value *nv = json_get(o, "embd_normalize");
@@ -97,7 +127,7 @@ int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size
     }
     json_doc *d = json_parse(body ? body : "", body ? len : 0, 16, err, en);
     if (!d) return 400;
-    int status = 0, norm = s->cfg.embd_normalize, n_in = 0, max_n = 0, total = 0;
+    int status = 0, norm = s->cfg.embd_normalize, b64 = 0, n_in = 0, max_n = 0, total = 0;
     int32_t **ids = NULL;
     int *n_ids = NULL;
     float *vec = NULL;
@@ -106,7 +136,7 @@ int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size
     const json_member *dup = NULL;
     if (o->type != JSON_OBJECT) status = bad(err, en, "%s", "the body must be a JSON object");
     else if (json_find_duplicate(o, &dup)) status = bad(err, en, "%s", "a field is given twice (or out of memory)");
-    else status = check_fields(o, &norm, err, en);
+    else status = check_fields(o, &norm, &b64, err, en);
     if (!status && (!in || in->type == JSON_NULL)) status = bad(err, en, "%s", "'input' is required");
     if (!status) {
         n_in = in->type == JSON_ARRAY ? (int)(json_len(in) < SRV_MAX_EMBED_INPUTS + 1 ? json_len(in) : SRV_MAX_EMBED_INPUTS + 1) : 1;
@@ -155,7 +185,13 @@ int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size
                 status = 500;
                 break;
             }
-            fprintf(f, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":[", i ? "," : "", i);
+            fprintf(f, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
+            if (b64) {
+                write_base64(f, vec, E);
+                fputs(",\"encoding_format\":\"base64\"}", f);
+                continue;
+            }
+            fputc('[', f);
             for (int j = 0; j < E; j++) fprintf(f, "%s%.9g", j ? "," : "", (double)vec[j]);
             fputs("]}", f);
         }
