@@ -140,7 +140,7 @@ else
   SRV_OBJ  :=
   SRV_LIBS := -lpthread
   CFLAGS   += -DSPARQ_NO_SERVER=1
-  TEST_SRC := $(filter-out $(addprefix tests/test_,$(addsuffix .c,server request deploy soak cli_compat webui)),$(TEST_SRC))
+  TEST_SRC := $(filter-out $(addprefix tests/test_,$(addsuffix .c,server request deploy soak cli_compat webui embed_server)),$(TEST_SRC))
   TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 endif
 

@@ -122,6 +122,7 @@ SPARQ_API int     sparq_model_n_kv_head(const sparq_model *m);
 SPARQ_API int     sparq_model_head_dim(const sparq_model *m);
 SPARQ_API int64_t sparq_model_n_ctx_train(const sparq_model *m);
 SPARQ_API const char *sparq_model_arch(const sparq_model *m);
+SPARQ_API int     sparq_model_n_embd(const sparq_model *m); /* hidden size: an embedding's length */
 
 /* Tokenizes text (len < 0: NUL-terminated). add_special: BOS/EOS as the
  * vocabulary asks. Returns the number of ids of the full encoding (which
@@ -247,6 +248,27 @@ SPARQ_API int  sparq_context_create_in_file(sparq_model *m, const sparq_context_
 SPARQ_API int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits);
 /* The same, writing logits for every token: logits_all[n][n_vocab]. */
 SPARQ_API int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all);
+
+/* ---- embeddings ----------------------------------------------------------
+ * A text's embedding as llama.cpp computes it (llama-embedding and
+ * llama-server with --embedding --pooling P --embd-normalize N): the final
+ * hidden state of each token after the output norm (what the LM head
+ * reads), with the model's causal attention, pooled over the tokens (mean:
+ * their average; cls: the first token's; last: the last token's; none:
+ * every token's, one row each), then each row divided by its norm: -1 none, 0 max |x| / 32760 (int16 range), 1 sum of
+ * |x|, 2 euclidean (llama.cpp's default), p > 2 the p-norm. Tokenize with
+ * add_special = 1 for llama.cpp's tokens (BOS as the model asks).
+ * Numbering as llama.cpp's enum llama_pooling_type. */
+enum { SPARQ_POOLING_NONE = 0, SPARQ_POOLING_MEAN = 1, SPARQ_POOLING_CLS = 2, SPARQ_POOLING_LAST = 3 };
+/* "none", "mean", "cls", "last"; NULL for anything else. */
+SPARQ_API const char *sparq_pooling_name(int pooling);
+/* The SPARQ_POOLING_* named name, or -1. */
+SPARQ_API int         sparq_pooling_find(const char *name);
+/* Resets c, prefills tokens[0..n) (its prefill attention, exact by
+ * default; n <= its context size) and writes the pooled, normalised
+ * embedding to out[n_embd] (pooling none: out[n][n_embd]). The tokens
+ * stay cached. 0, or -1 with the message in sparq_context_error. */
+SPARQ_API int sparq_embed(sparq_context *c, const int32_t *tokens, int n, int pooling, int normalize, float *out);
 
 /* ---- batched decoding (server) ------------------------------------------
  * A server runs many sequences, one context each, over one model.

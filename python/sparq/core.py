@@ -275,6 +275,7 @@ class Model:
     n_kv_head = property(lambda s: s._lib.sparq_model_n_kv_head(s._handle()))
     head_dim = property(lambda s: s._lib.sparq_model_head_dim(s._handle()))
     n_ctx_train = property(lambda s: s._lib.sparq_model_n_ctx_train(s._handle()))
+    n_embd = property(lambda s: s._lib.sparq_model_n_embd(s._handle()))
     arch = property(lambda s: (s._lib.sparq_model_arch(s._handle()) or b"").decode())
     token_bos = property(lambda s: s._lib.sparq_token_bos(s._handle()))
     token_eos = property(lambda s: s._lib.sparq_token_eos(s._handle()))
@@ -449,6 +450,31 @@ class Context:
         if self._lib.sparq_eval_all(h, arr, n, buf) != 0:
             raise self._error("eval failed")
         return _floats_out(buf, (n, self.n_vocab))
+
+    def embed(self, tokens, pooling="mean", normalize=2):
+        """The embedding of tokens as llama.cpp computes it (sparq_embed):
+        final hidden states pooled by "mean", "cls", "last" ([n_embd]) or
+        "none" ([n][n_embd], one row per token), each row normalised
+        (normalize: -1 none, 0 int16 range, 1 taxicab, 2 euclidean, p > 2
+        p-norm). Resets the cache first; the tokens stay in it."""
+        h = self._handle()
+        if not isinstance(pooling, str):
+            raise TypeError("pooling must be a str, not %s" % type(pooling).__name__)
+        pid = self._lib.sparq_pooling_find(pooling.encode())
+        if pid < 0:
+            raise ValueError("pooling must be none, mean, cls or last, not %r" % pooling)
+        normalize = _int(normalize, "normalize")
+        if not -2**31 <= normalize < 2**31:
+            raise ValueError("normalize out of range")
+        arr, n = _ids(tokens)
+        if n == 0:
+            raise ValueError("embed needs at least one token")
+        E = self.model.n_embd
+        rows = n if pid == 0 else 1
+        buf = (ctypes.c_float * (rows * E))()
+        if self._lib.sparq_embed(h, arr, n, pid, normalize, buf) != 0:
+            raise self._error("embed failed")
+        return _floats_out(buf, (n, E) if pid == 0 else None)
 
     def reset(self):
         self._lib.sparq_context_reset(self._handle())

@@ -68,7 +68,7 @@ _LLAMA_IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "rpc
                   "no_perf", "numa", "last_n_tokens_size", "logits_all", "embedding"}
 # These would change the results: accepted only at their default ("off").
 _LLAMA_NEUTRAL = {"vocab_only": (False,), "kv_overrides": (None,), "rope_scaling_type": (None, -1),
-                  "pooling_type": (None, -1), "rope_freq_base": (0, 0.0), "rope_freq_scale": (0, 0.0),
+                  "rope_freq_base": (0, 0.0), "rope_freq_scale": (0, 0.0),
                   "yarn_ext_factor": (-1, -1.0), "yarn_attn_factor": (1, 1.0), "yarn_beta_fast": (32, 32.0),
                   "yarn_beta_slow": (1, 1.0), "yarn_orig_ctx": (0,), "lora_base": (None,),
                   "lora_scale": (1, 1.0), "lora_path": (None,), "chat_handler": (None,),
@@ -145,10 +145,15 @@ class Llama:
         # llama-cpp-python's options with no meaning here (n_gpu_layers, ...)
         # are accepted so programs switch by import; any other name is a
         # TypeError, so a misspelt option (n_ctxx=64) does not pass silently.
+        pooling_type = llama_cpp_options.pop("pooling_type", None)
         ignored = {k: v for k, v in llama_cpp_options.items() if k in _LLAMA_IGNORED}
         _refuse_unsupported({k: v for k, v in llama_cpp_options.items() if k not in _LLAMA_IGNORED},
                             "Llama", _LLAMA_NEUTRAL)
         self.ignored_options = ignored
+        pools = {None: "mean", -1: "mean", 0: "none", 1: "mean", 2: "cls", 3: "last"}
+        if pooling_type not in pools or isinstance(pooling_type, bool):
+            raise ValueError("pooling_type must be -1 (unspecified: mean), 0 none, 1 mean, 2 cls or 3 last")
+        self._pooling = pools[pooling_type]
         if seed in (-1, 0xFFFFFFFF):  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed
             seed = None
         path = find_model(model_path)
@@ -306,14 +311,43 @@ class Llama:
         finally:
             s.close()
 
-    # embeddings are not part of this package yet: say so instead of an AttributeError
-    def embed(self, input, *args, **kwargs):
-        raise NotImplementedError("sparq.Llama has no embeddings (embed): the library computes "
-                                  "next-token logits only")
+    # ---- embeddings --------------------------------------------------------
+    def embed(self, input, normalize=False, truncate=True, return_count=False):
+        """llama-cpp-python's embed: the embedding of a text (a list of floats)
+        or of each text of a list, pooled as pooling_type says (Llama(...,
+        pooling_type=): 1 mean, the default here, 2 cls, 3 last; 0 none
+        gives a list per token), L2-normalised if normalize. Longer texts
+        are cut to n_ctx tokens (truncate) or refused. Each text runs in a
+        context of its own: the generation cache is left as it was."""
+        single = isinstance(input, (str, bytes))
+        texts = [input] if single else list(input)
+        out, total = [], 0
+        for t in texts:
+            if not t:  # OpenAI's API refuses it too, though BOS alone has a state
+                raise ValueError("cannot embed an empty text")
+            ids = self.tokenize(t.encode("utf-8") if isinstance(t, str) else t)
+            if len(ids) > self.n_ctx():
+                if not truncate:
+                    raise ValueError("%d tokens exceed n_ctx %d" % (len(ids), self.n_ctx()))
+                ids = ids[:self.n_ctx()]
+            total += len(ids)
+            ctx = Context(self._model, n_ctx=len(ids), n_threads=self._n_threads)
+            try:
+                v = ctx.embed(ids, pooling=self._pooling, normalize=2 if normalize else -1)
+            finally:
+                ctx.close()
+            out.append(v.tolist())
+        res = out[0] if single else out
+        return (res, total) if return_count else res
 
-    def create_embedding(self, input, *args, **kwargs):
-        raise NotImplementedError("sparq.Llama has no embeddings (create_embedding): the library "
-                                  "computes next-token logits only")
+    def create_embedding(self, input, model=None):
+        """llama-cpp-python's create_embedding: OpenAI's response shape."""
+        data, total = self.embed(input, return_count=True)
+        if isinstance(input, (str, bytes)):
+            data = [data]
+        return {"object": "list", "model": model or self.model_path,
+                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
+                "usage": {"prompt_tokens": total, "total_tokens": total}}
 
     def eval(self, tokens):
         """Appends tokens to the cache (llama-cpp-python's Llama.eval)."""

@@ -199,5 +199,6 @@ int cli_prefill(int argc, char **argv);
 int cli_import(int argc, char **argv);
 int cli_topk(int argc, char **argv);
 int cli_serve(int argc, char **argv);
+int cli_embed(int argc, char **argv);
 
 #endif

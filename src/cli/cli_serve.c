@@ -39,6 +39,10 @@ typedef struct serve_opts {
     int         max_conns, max_conns_per_ip;
     float       read_timeout;
     cli_strs    docs;
+    int         embedding, embd_normalize;
+    const char *pooling;
+    const char *slot_save_path;
+    int         no_slots;
 } serve_opts;
 
 static const cli_opt serve_table[] = {
@@ -71,7 +75,17 @@ static const cli_opt serve_table[] = {
       "serve the document prefilled into the KV file PATH (sparq prefill --save-kv, sparq import) under the name ID: "
       "a request with \"sparq\": {\"prefix_id\": ID} continues it (its prompt is what follows the document); "
       "the file is mapped, not copied, however large (repeatable)" },
+    { "--slot-save-path", NULL, OPT_STR, OFF(slot_save_path), "DIR",
+      "POST /slots/ID?action=save|restore {\"filename\": NAME}: a slot's cache to and from the KV file DIR/NAME "
+      "(as llama-server's; default: those answer 501)" },
+    { "--no-slots", NULL, OPT_FLAG, OFF(no_slots), NULL, "GET /slots answers 501 (default: it lists the slots)" },
     { "--port-file", NULL, OPT_STR, OFF(port_file), "FILE", "write the bound port to FILE once listening" },
+    { "--embedding", "--embeddings", OPT_FLAG, OFF(embedding), NULL,
+      "answer /v1/embeddings (pooled final hidden states, as llama-server --embedding; without it a 501)" },
+    { "--pooling", NULL, OPT_STR, OFF(pooling), "P", "embeddings: mean, cls or last (default mean)" },
+    { "--embd-normalize", NULL, OPT_INT, OFF(embd_normalize), "N",
+      "embeddings: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean (default), >2 p-norm; a request's "
+      "\"embd_normalize\" overrides it" },
     { 0 },
 };
 
@@ -134,7 +148,7 @@ int cli_serve(int argc, char **argv)
     cli_compat_opts co = { 0 };
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30, { { 0 }, 0 } };
+    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30, { { 0 }, 0 }, 0, 2, NULL, NULL, 0 };
     cli_group groups[] = {
         { "model", cli_model_table, &mo },
         { "server", serve_table, &so },
@@ -157,6 +171,16 @@ int cli_serve(int argc, char **argv)
     }
     if (so.kv_dir_mb < 0 || (so.kv_dir && access(so.kv_dir, W_OK | X_OK) != 0)) {
         fprintf(stderr, "error: serve: --kv-dir must be a writable directory and --kv-dir-max >= 0\n");
+        return 2;
+    }
+    if (so.slot_save_path && access(so.slot_save_path, W_OK | X_OK) != 0) {
+        fprintf(stderr, "error: serve: --slot-save-path must be a writable directory\n");
+        return 2;
+    }
+    const int pooling = so.pooling ? sparq_pooling_find(so.pooling) : SPARQ_POOLING_MEAN;
+    if (pooling <= 0 || so.embd_normalize < -1 || so.embd_normalize > 64) {
+        fprintf(stderr, "error: serve: --pooling mean|cls|last (OpenAI's shape has one vector an input) and "
+                        "--embd-normalize -1..64\n");
         return 2;
     }
     const int kv_type = cli_model_kv_type(&mo, err, sizeof err);
@@ -202,9 +226,14 @@ int cli_serve(int argc, char **argv)
     cfg.prefix_cache_bytes = (size_t)so.prefix_mb << 20;
     cfg.kv_dir = so.kv_dir;
     cfg.kv_dir_bytes = (size_t)so.kv_dir_mb << 20;
+    cfg.slot_save_path = so.slot_save_path;
+    cfg.no_slots = so.no_slots;
     cfg.max_conns = so.max_conns;
     cfg.max_conns_per_ip = so.max_conns_per_ip;
     cfg.read_timeout = so.read_timeout;
+    cfg.embedding = so.embedding;
+    cfg.pooling = pooling;
+    cfg.embd_normalize = so.embd_normalize;
     if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         sparq_model_free(m);

@@ -22,6 +22,7 @@ static const subcommand subcommands[] = {
     { "stats", cli_stats, "attention statistics of a forward pass (q kurtosis, top-k agreement, ...)" },
     { "prefill", cli_prefill, "prefill a context once and save its KV cache (and indexes) to a file" },
     { "import", cli_import, "a llama.cpp saved sequence state to a KV cache file (with indexes)" },
+    { "embed", cli_embed, "text embeddings (pooled hidden states) as llama-embedding computes them" },
     { "serve", cli_serve, "OpenAI-compatible HTTP server with continuous batching" },
     { "bench-grammar", cli_bench_grammar, "the cost per token of grammar-constrained sampling (structured output)" },
     { "bench-topk", cli_topk, "top-k attention over a synthetic N-token prefix decoded from a KV file" },

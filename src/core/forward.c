@@ -609,9 +609,11 @@ static void qk_finish(const sparq_context *c, const layer_weights *L, int64_t t)
 }
 
 /* decode: the step is a generation step (one token through the policy);
- * otherwise exact causal attention, whatever n is. */
+ * otherwise exact causal attention, whatever n is. hidden (or NULL):
+ * [n][n_embd], every token's final hidden state after the output norm,
+ * what the LM head reads (embeddings pool it). */
 static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, float *logits,
-                   int all_logits)
+                   int all_logits, float *hidden)
 {
     const sparq_model *m = c->model;
     const model_hparams *hp = &m->hp;
@@ -661,6 +663,9 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
         FOR_ROWS(par, i, (size_t)n * E, rs->x[i] += rs->xn[i]);
     }
     c->kv.n += n;
+    if (hidden) {
+        FOR_ROWS(par, t, n, rms_norm(hidden + (size_t)t * E, rs->x + (size_t)t * E, m->output_norm, E, hp->rms_eps));
+    }
     if (!logits) return 0;
 
     /* final norm and LM head, for the last row or every row */
@@ -673,7 +678,7 @@ static int forward(sparq_context *c, const int32_t *tokens, int n, int decode, f
 
 /* prefill: exact attention even for a single token (a prompt's last chunk) */
 static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, int all_logits,
-                int prefill)
+                int prefill, float *hidden)
 {
     const int n_vocab = c->model->hp.n_vocab;
     c->error[0] = 0;
@@ -707,7 +712,9 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
         if (all_logits) out = logits + (size_t)done * n_vocab;
         else if (last && logits) out = c->rs.logits;
         const int decode = (n == 1 && !prefill) || stepwise;
-        if (forward(c, tokens + done, nb, decode, out, all_logits)) return -1;
+        if (forward(c, tokens + done, nb, decode, out, all_logits,
+                    hidden ? hidden + (size_t)done * c->model->hp.n_embd : NULL))
+            return -1;
         if (out && ctx_check_logits(c, out, all_logits ? nb : 1, all_logits ? c->kv.n - nb : c->kv.n - 1))
             return -1; /* NaN/Inf weights or activations: say where, never decode garbage */
         if (decode) c->stats.steps++;
@@ -721,22 +728,27 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
 
 int sparq_eval(sparq_context *c, const int32_t *tokens, int n, float *logits)
 {
-    return eval(c, tokens, n, logits, 0, 0);
+    return eval(c, tokens, n, logits, 0, 0, NULL);
 }
 
 int sparq_eval_prefill(sparq_context *c, const int32_t *tokens, int n, float *logits)
 {
-    return eval(c, tokens, n, logits, 0, 1);
+    return eval(c, tokens, n, logits, 0, 1, NULL);
 }
 
 int sparq_eval_prefill_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all)
 {
-    return eval(c, tokens, n, logits_all, 1, 1);
+    return eval(c, tokens, n, logits_all, 1, 1, NULL);
 }
 
 int sparq_eval_all(sparq_context *c, const int32_t *tokens, int n, float *logits_all)
 {
-    return eval(c, tokens, n, logits_all, 1, 0);
+    return eval(c, tokens, n, logits_all, 1, 0, NULL);
+}
+
+int ctx_eval_hidden(sparq_context *c, const int32_t *tokens, int n, float *hidden)
+{
+    return eval(c, tokens, n, NULL, 0, 1, hidden);
 }
 
 /* ---- batched decode ------------------------------------------------------- */

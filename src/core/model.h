@@ -136,6 +136,12 @@ struct sparq_context {
  * vocabulary, 1.7 ms of a 16-sequence decode step; 9 us so). context.c. */
 int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos);
 
+/* A prefill of n tokens (exact attention, in n_batch chunks) that writes
+ * each token's final hidden state after the output norm to
+ * hidden[n][n_embd] and computes no logits (forward.c; embed.c pools it).
+ * 0, or -1 with the message in c->error. */
+int ctx_eval_hidden(sparq_context *c, const int32_t *tokens, int n, float *hidden);
+
 /* After a batch: a cache built in its KV file records how far it got, so
  * a prefill that dies can be resumed (sparq_context_create_in_file). */
 void ctx_file_progress(sparq_context *c);

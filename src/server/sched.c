@@ -21,6 +21,10 @@
  *                      sequence prefilling its prefix (pc_serve_waiters)
  *   kv_*               --kv-dir: the same prefixes as files shared with
  *                      other replicas (kvdir.h), written by a writer thread
+ *   slot_pick / kept   --slot-save-path: a slot keeps its last cache, which
+ *                      /slots/ID?action=save|restore|erase (slots.c) writes,
+ *                      replaces or drops; a request goes to the free slot
+ *                      whose cache it continues
  *   srv_sched_main     the loop
  */
 #include "server/srv_internal.h"
@@ -33,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 
@@ -88,6 +93,14 @@ typedef struct slot {
                                   * request's prefix_id: replace it        */
     double         t_prefill;    /* seconds spent prefilling                */
     uint64_t       admitted;     /* admission order: prefill goes oldest first */
+    /* --slot-save-path: a slot keeps its last cache (llama-server's slots
+     * do), which /slots/ID?action=save writes and restore replaces */
+    int            keepable;     /* this request's cache is kept at its end */
+    int32_t       *hist;         /* [n_hist] the ids c caches, in order     */
+    int            n_hist, cap_hist;
+    sparq_context *kept;         /* the slot's cache between requests       */
+    int32_t       *kept_ids;     /* [n_kept] its ids                        */
+    int            n_kept;
 } slot;
 
 /* ---- prefix cache ------------------------------------------------------------
@@ -404,7 +417,19 @@ static int publish_token(slot *sl, int32_t id, const srv_token *lp, const char *
 
 /* ---- slots ------------------------------------------------------------------ */
 
-static void slot_release(srv_server *s, slot *sl)
+/* The slot's kept cache goes (slot_release keeps it otherwise). */
+static void slot_drop_kept(slot *sl)
+{
+    sparq_context_free(sl->kept);
+    free(sl->kept_ids);
+    sl->kept = NULL;
+    sl->kept_ids = NULL;
+    sl->n_kept = 0;
+}
+
+/* The request's context and sampler go; with keepable its cache becomes the
+ * slot's kept one (positions whose ids are known), replacing the last. */
+static void slot_release(srv_server *s, slot *sl, int idx)
 {
     if (sl->c) {
         sparq_attn_stats st;
@@ -413,11 +438,52 @@ static void slot_release(srv_server *s, slot *sl)
         if (sl->policy_ix >= 0) s->metrics.attn_bytes[sl->policy_ix] += st.bytes;
         pthread_mutex_unlock(&s->lock);
     }
+    if (sl->c && sl->keepable && sl->hist) {
+        const int64_t pos = sparq_context_pos(sl->c);
+        slot_drop_kept(sl);
+        sl->kept = sl->c;
+        sl->kept_ids = sl->hist;
+        sl->n_kept = (int)(pos < sl->n_hist ? pos : sl->n_hist);
+        sl->c = NULL;
+        sl->hist = NULL;
+    }
+    sparq_context *kept = sl->kept;
+    int32_t *kept_ids = sl->kept_ids;
+    const int n_kept = sl->n_kept;
     sparq_context_free(sl->c);
     sparq_sampler_free(sl->smp);
     free(sl->logits);
     free(sl->prompt_logits);
+    free(sl->hist);
     memset(sl, 0, sizeof *sl);
+    sl->kept = kept;
+    sl->kept_ids = kept_ids;
+    sl->n_kept = n_kept;
+    if (s->slot_pub) {
+        pthread_mutex_lock(&s->lock);
+        s->slot_pub[idx].n_cache = n_kept;
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+/* Appends id to the ids sl's cache holds; on failure the slot keeps no
+ * cache (an unknown id must never be saved). */
+static void slot_hist_push(slot *sl, const int32_t *ids, int n)
+{
+    if (!sl->keepable) return;
+    if (sl->n_hist + n > sl->cap_hist) {
+        int cap = sl->cap_hist ? sl->cap_hist : 256;
+        while (cap < sl->n_hist + n) cap *= 2;
+        int32_t *h = realloc(sl->hist, (size_t)cap * sizeof *h);
+        if (!h) {
+            sl->keepable = 0;
+            return;
+        }
+        sl->hist = h;
+        sl->cap_hist = cap;
+    }
+    memcpy(sl->hist + sl->n_hist, ids, (size_t)n * sizeof *ids);
+    sl->n_hist += n;
 }
 
 /* --kv-dir writes happen on one writer thread per server, so that neither
@@ -661,6 +727,151 @@ static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, srv_kvdir *kd, sl
     pthread_mutex_unlock(&s->lock);
 }
 
+/* ---- slots' kept caches (--slot-save-path) -------------------------------------- */
+
+/* Positions of sl's kept cache that r can start from: what they share, cut
+ * to a multiple of nb and short of r's last token (whose logits are
+ * needed), as for the prefix cache; 0 if none. */
+static int kept_use(const slot *sl, const srv_request *r, int nb)
+{
+    if (!sl->kept || !req_shares(r)) return 0;
+    const int lim = sl->n_kept < r->n_prompt - 1 ? sl->n_kept : r->n_prompt - 1;
+    return lim > 0 ? common_len(sl->kept_ids, r->prompt, lim) / nb * nb : 0;
+}
+
+/* The free slot for r (one is free): the one whose kept cache gives it the
+ * longest start (a restored slot), else the first that keeps none, else
+ * the first free one (as llama-server, by prompt similarity). */
+static int slot_pick(const slot *slots, int P, const srv_request *r, int nb)
+{
+    int best = -1, best_use = 0, empty = -1, first = -1;
+    for (int i = 0; i < P; i++) {
+        if (slots[i].r) continue;
+        if (first < 0) first = i;
+        if (!slots[i].kept && empty < 0) empty = i;
+        const int u = kept_use(&slots[i], r, nb);
+        if (u > best_use) {
+            best_use = u;
+            best = i;
+        }
+    }
+    return best >= 0 ? best : empty >= 0 ? empty : first;
+}
+
+/* What GET /slots shows of the request admitted into slot i. Lock held. */
+static void slot_publish(srv_server *s, int i, const srv_request *r, uint64_t task)
+{
+    if (!s->slot_pub) return;
+    srv_slot_pub *p = &s->slot_pub[i];
+    const int n_cache = p->n_cache;
+    memset(p, 0, sizeof *p);
+    p->r = r;
+    p->used = 1;
+    p->id_task = task;
+    p->temp = r->temp;
+    p->top_p = r->top_p;
+    p->min_p = r->min_p;
+    p->rep_pen = r->rep_pen;
+    p->pres_pen = r->pres_pen;
+    p->freq_pen = r->freq_pen;
+    p->top_k = r->top_k;
+    p->max_tokens = r->max_tokens;
+    p->ignore_eos = r->ignore_eos;
+    p->stream = r->stream;
+    p->n_probs = r->logprobs;
+    p->seed = r->seed;
+    p->n_cache = n_cache;
+}
+
+/* The new context of sl starts from its slot's kept cache when that gives
+ * a start (kept_use): copied, so the logits are those of a full prefill.
+ * 1 if it did. */
+static int slot_reuse_kept(srv_server *s, slot *sl, int nb)
+{
+    char err[256];
+    const int use = kept_use(sl, sl->r, nb);
+    if (use <= 0) return 0;
+    if (sparq_context_copy_prefix(sl->c, sl->kept, use, err, sizeof err)) {
+        fprintf(stderr, "serve: slot cache: %s\n", err);
+        return 0;
+    }
+    sl->fed = use;
+    pthread_mutex_lock(&s->lock);
+    s->metrics.prefix_hits++;
+    s->metrics.prefix_tokens += use;
+    pthread_mutex_unlock(&s->lock);
+    return 1;
+}
+
+/* Runs one slot action on the idle slot sl (lock not held); the result
+ * goes into a (under the lock, by the caller). */
+static void slot_action_exec(srv_server *s, slot *sl, srv_slot_action *a, int *status, char *err, size_t err_size,
+                             int64_t *n_tokens, int64_t *bytes)
+{
+    *status = 200;
+    *n_tokens = 0;
+    *bytes = 0;
+    err[0] = 0;
+    if (a->kind == SLOT_ERASE) {
+        *n_tokens = sl->n_kept;
+        slot_drop_kept(sl);
+    } else if (a->kind == SLOT_SAVE) {
+        struct stat st;
+        if (!sl->kept || sl->n_kept <= 0) {
+            *status = 400;
+            snprintf(err, err_size, "slot %d holds no cache to save (no request has run there since it was "
+                     "erased or the server started)", a->slot);
+        } else if (sparq_context_save_kv(sl->kept, a->path, NULL, sl->kept_ids, sl->n_kept, err, err_size)) {
+            *status = 500;
+        } else {
+            *n_tokens = sl->n_kept;
+            *bytes = stat(a->path, &st) == 0 ? (int64_t)st.st_size : 0;
+        }
+    } else {
+        int32_t *ids = NULL;
+        int n = 0;
+        sparq_context *c = srv_slot_load(s, a->path, &ids, &n, status, err, err_size);
+        if (c) {
+            struct stat st;
+            slot_drop_kept(sl);
+            sl->kept = c;
+            sl->kept_ids = ids;
+            sl->n_kept = n;
+            *n_tokens = n;
+            *bytes = stat(a->path, &st) == 0 ? (int64_t)st.st_size : 0;
+        }
+    }
+}
+
+/* Runs the queued slot actions whose slot is idle; an action on a busy slot
+ * waits for it. Lock held; dropped while an action runs. */
+static void slot_actions_run(srv_server *s, slot *slots)
+{
+    for (;;) {
+        srv_slot_action *a = s->actions, **link = &s->actions;
+        while (a && slots[a->slot].r) {
+            link = &a->next;
+            a = a->next;
+        }
+        if (!a) return;
+        *link = a->next; /* out of the queue: the HTTP thread waits on done */
+        a->started = 1;
+        pthread_mutex_unlock(&s->lock);
+        char err[sizeof a->error];
+        int status;
+        int64_t n_tokens, bytes;
+        slot_action_exec(s, &slots[a->slot], a, &status, err, sizeof err, &n_tokens, &bytes);
+        pthread_mutex_lock(&s->lock);
+        s->slot_pub[a->slot].n_cache = slots[a->slot].n_kept;
+        a->status = status;
+        a->n_tokens = n_tokens;
+        a->bytes = bytes;
+        snprintf(a->error, sizeof a->error, "%s", err);
+        a->done = 1;
+        pthread_cond_broadcast(&s->progress);
+    }
+}
+
 /* In-flight sharing: the running sequence whose prompt shares a longer
  * prefix with r's (at a multiple of n_batch) than the cache holds, or -1;
  * *want is that prefix's length. While the sequence is still prefilling
@@ -757,6 +968,8 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
         snprintf(err, err_size, "out of memory for a new sequence");
         return -1;
     }
+    sl->keepable = s->cfg.slot_save_path && r->doc < 0;
+    slot_hist_push(sl, r->prompt, r->n_prompt);
     sl->policy_ix = -1;
     for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)
         if (strcmp(sparq_attn_policy_name(i), r->attn.policy ? r->attn.policy : "dense") == 0) sl->policy_ix = i;
@@ -893,11 +1106,15 @@ void *srv_sched_main(void *arg)
                 else if (now > r->deadline) finish(s, &slots[i], "length", 504, "request timed out");
             }
             if (r->state == REQ_DONE) {
+                if (s->slot_pub) {
+                    s->slot_pub[i].r = NULL;
+                    s->slot_pub[i].n_decoded = r->n_gen;
+                }
                 srv_request_release(r);
                 slots[i].r = NULL;
                 s->n_active--;
                 pthread_mutex_unlock(&s->lock);
-                slot_release(s, &slots[i]);
+                slot_release(s, &slots[i], i);
                 pthread_mutex_lock(&s->lock);
                 continue;
             }
@@ -914,7 +1131,7 @@ void *srv_sched_main(void *arg)
             int i = -1, want = 0;
             if (!gone && !late) {
                 if (!n_free) break;
-                for (i = 0; slots[i].r; i++) {}
+                i = slot_pick(slots, P, r, pc.nb);
                 const int j = wait_target(&pc, slots, P, r, &want);
                 if (j >= 0 && slots[j].fed < want) {
                     if (!r->waited) s->metrics.prefix_waits++;
@@ -942,6 +1159,7 @@ void *srv_sched_main(void *arg)
             r->t_admit = now;
             slots[i].r = r;
             slots[i].admitted = n_admitted++;
+            slot_publish(s, i, r, slots[i].admitted);
             n_free--;
             active++;
         }
@@ -956,6 +1174,7 @@ void *srv_sched_main(void *arg)
             r->state = REQ_DONE;
             srv_request_release(r);
         }
+        if (slots && s->actions) slot_actions_run(s, slots);
         pthread_cond_broadcast(&s->progress);
         if (!active) {
             if (s->stopping) break;
@@ -973,8 +1192,14 @@ void *srv_sched_main(void *arg)
                 finish(s, sl, "stop", 400, err);
                 pthread_mutex_unlock(&s->lock);
             } else {
-                slot_reuse_prefix(s, &pc, kd, sl);
+                if (!slot_reuse_kept(s, sl, pc.nb)) slot_reuse_prefix(s, &pc, kd, sl);
                 sl->cached = sl->fed;
+                if (sl->kept) { /* the slot's cache is this request's from now on */
+                    slot_drop_kept(sl);
+                    pthread_mutex_lock(&s->lock);
+                    s->slot_pub[i].n_cache = 0;
+                    pthread_mutex_unlock(&s->lock);
+                }
             }
         }
         /* Prefill chunks in admission order, oldest first, until this
@@ -1094,8 +1319,10 @@ void *srv_sched_main(void *arg)
             const double t0 = srv_now();
             int rc = sparq_decode_batch(bc, btok, nb, blogits);
             const double t1 = srv_now();
-            for (int j = 0; j < nb && !rc; j++)
+            for (int j = 0; j < nb && !rc; j++) {
                 memcpy(slots[bslot[j]].logits, blogits + (size_t)j * V, (size_t)V * sizeof(float));
+                slot_hist_push(&slots[bslot[j]], &btok[j], 1);
+            }
             pthread_mutex_lock(&s->lock);
             s->metrics.decode_tokens += nb;
             s->metrics.decode_seconds += t1 - t0;
@@ -1104,9 +1331,20 @@ void *srv_sched_main(void *arg)
         }
         pthread_mutex_lock(&s->lock);
     }
+    while (s->actions) { /* never run: the server stops */
+        srv_slot_action *a = s->actions;
+        s->actions = a->next;
+        a->status = 503;
+        snprintf(a->error, sizeof a->error, "the server is shutting down");
+        a->done = 1;
+    }
+    pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->lock);
     if (kd) kv_writer_stop(&kvw); /* its queued files are written before the server stops */
-    for (int i = 0; slots && i < P; i++) slot_release(s, &slots[i]);
+    for (int i = 0; slots && i < P; i++) {
+        slot_release(s, &slots[i], i);
+        slot_drop_kept(&slots[i]);
+    }
     pc_free(&pc);
     free(slots);
     free(blogits);

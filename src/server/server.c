@@ -10,6 +10,7 @@
  *   stream_reader             SSE: waits for the scheduler, emits chunks
  *   handle_generate           /v1/completions, /v1/chat/completions
  *   handle_page / props       GET / (the chat page, webui.h), GET /props
+ *   handle_slots / _action    GET /slots, POST /slots/ID?action= (slots.c)
  *   on_request                routing
  */
 #include "server/request.h"
@@ -31,7 +32,7 @@
 #include <unistd.h>
 
 enum { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_PREFLIGHT,
-       EP_PAGE, EP_PROPS };
+       EP_PAGE, EP_PROPS, EP_EMBEDDINGS, EP_SLOTS, EP_SLOT_ACTION };
 
 typedef struct conn {
     srv_server  *s;
@@ -105,6 +106,7 @@ static const char *err_type(int status)
     case 401: return "authentication_error";
     case 404: return "not_found_error";
     case 503: return "server_overloaded";
+    case 501: return "not_supported_error";
     case 504: return "timeout_error";
     default: return status >= 500 ? "server_error" : "invalid_request_error";
     }
@@ -665,6 +667,47 @@ static enum MHD_Result handle_tokenize(conn *k, int detok)
     return json_reply(k, 200, buf, len);
 }
 
+static enum MHD_Result handle_embeddings(conn *k)
+{
+    char err[512] = "", *out = NULL;
+    size_t len = 0;
+    const int status = srv_embeddings(k->s, k->body.data, k->body.len, &out, &len, err, sizeof err);
+    if (status == 200) return json_reply(k, 200, out, len);
+    return err_reply(k, status, status == 501 ? "not_supported" : status == 400 ? "invalid_request" : NULL, err);
+}
+
+/* GET /slots[?fail_on_no_slot=1] (slots.c): 503 with that flag when every
+ * slot is busy, as llama-server. */
+static enum MHD_Result handle_slots(conn *k)
+{
+    srv_server *s = k->s;
+    if (s->cfg.no_slots)
+        return err_reply(k, 501, "not_supported", "this server does not list its slots (started with --no-slots)");
+    const char *fail = MHD_lookup_connection_value(k->mc, MHD_GET_ARGUMENT_KIND, "fail_on_no_slot");
+    if (fail && strcmp(fail, "0") != 0) {
+        pthread_mutex_lock(&s->lock);
+        int idle = 0;
+        for (int i = 0; i < s->cfg.parallel; i++) idle += !s->slot_pub[i].r;
+        pthread_mutex_unlock(&s->lock);
+        if (!idle) return err_reply(k, 503, "no_slot_available", "no slot available");
+    }
+    size_t len = 0;
+    char *b = srv_slots_json(s, &len);
+    return json_reply(k, 200, b, len);
+}
+
+/* POST /slots/ID?action=save|restore|erase (slots.c) */
+static enum MHD_Result handle_slot_action(conn *k, const char *url)
+{
+    char err[512] = "", *out = NULL;
+    size_t len = 0;
+    const char *code = NULL;
+    const char *action = MHD_lookup_connection_value(k->mc, MHD_GET_ARGUMENT_KIND, "action");
+    const int st = srv_slot_request(k->s, url + 7, action, k->body.data, k->body.len, &out, &len, &code, err, sizeof err);
+    if (st == 200) return json_reply(k, 200, out, len);
+    return err_reply(k, st, code, err);
+}
+
 static enum MHD_Result handle_metrics(conn *k)
 {
     srv_server *s = k->s;
@@ -998,7 +1041,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         { "/tokenize", "POST", EP_TOKENIZE }, { "/detokenize", "POST", EP_DETOKENIZE },
         { "/completions", "POST", EP_COMPLETIONS }, { "/chat/completions", "POST", EP_CHAT },
         { "/models", "GET", EP_MODELS }, { "/", "GET", EP_PAGE }, { "/index.html", "GET", EP_PAGE },
-        { "/props", "GET", EP_PROPS },
+        { "/props", "GET", EP_PROPS }, { "/v1/embeddings", "POST", EP_EMBEDDINGS },
+        { "/embeddings", "POST", EP_EMBEDDINGS }, { "/slots", "GET", EP_SLOTS },
     };
     int ep = EP_NONE;
     const char *allow = NULL;
@@ -1007,6 +1051,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!strcmp(method, "OPTIONS")) ep = EP_PREFLIGHT;
         else if (strcmp(method, routes[i].method) != 0) allow = routes[i].method;
         else ep = routes[i].ep;
+    }
+    if (!ep && !allow && !strncmp(url, "/slots/", 7)) { /* /slots/ID?action=... */
+        if (!strcmp(method, "OPTIONS")) ep = EP_PREFLIGHT;
+        else if (strcmp(method, "POST") != 0) allow = "POST";
+        else ep = EP_SLOT_ACTION;
     }
     if (!k->started) {
         k->started = 1;
@@ -1047,6 +1096,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_DETOKENIZE: return handle_tokenize(k, 1);
     case EP_PAGE: return handle_page(k);
     case EP_PROPS: return handle_props(k);
+    case EP_EMBEDDINGS: return handle_embeddings(k);
+    case EP_SLOTS: return handle_slots(k);
+    case EP_SLOT_ACTION: return handle_slot_action(k, url);
     default: return MHD_YES; /* a preflight: answered from its head */
     }
 }
@@ -1157,7 +1209,8 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
     pthread_cond_init(&s->wake_sched, NULL);
     pthread_cond_init(&s->progress, NULL);
     pthread_cond_init(&s->wake_watchdog, NULL);
-    if (pthread_create(&s->sched, NULL, srv_sched_main, s) != 0) {
+    s->slot_pub = calloc((size_t)(cfg->parallel > 0 ? cfg->parallel : 1), sizeof *s->slot_pub);
+    if (!s->slot_pub || pthread_create(&s->sched, NULL, srv_sched_main, s) != 0) {
         snprintf(err, err_size, "serve: cannot start the scheduler thread");
         srv_stop(s, 0);
         return NULL;
@@ -1240,5 +1293,6 @@ void srv_stop(srv_server *s, double grace)
     pthread_cond_destroy(&s->wake_sched);
     pthread_cond_destroy(&s->wake_watchdog);
     pthread_mutex_destroy(&s->lock);
+    free(s->slot_pub);
     free(s);
 }

@@ -47,6 +47,12 @@ typedef struct srv_config {
     int         max_conns;      /* open connections before 503 (0: parallel + queue + 64) */
     int         max_conns_per_ip; /* from one address before 503 (0: no limit) */
     double      read_timeout;   /* seconds for a request's head and body (0: 30) */
+    const char *slot_save_path; /* POST /slots/ID?action=save|restore: its
+                                 * directory; NULL: those answer 501       */
+    int         no_slots;       /* 1: GET /slots answers 501 (--no-slots)      */
+    int         embedding;      /* 1: /v1/embeddings answers (else 501)        */
+    int         pooling;        /* its SPARQ_POOLING_*                         */
+    int         embd_normalize; /* its default norm (sparq_embed; 2 = L2)      */
     const srv_doc *docs;        /* --load-kv: documents continued by name      */
     int         n_docs;
 } srv_config;

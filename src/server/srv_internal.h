@@ -88,6 +88,36 @@ typedef struct srv_metrics {
     int64_t attn_bytes[SRV_MAX_POLICIES]; /* by policy, in registry order */
 } srv_metrics;
 
+/* GET /slots: what each slot shows; sched.c publishes it, slots.c writes
+ * it. [lock] */
+typedef struct srv_slot_pub {
+    const srv_request *r;       /* the request running there, or NULL       */
+    int      used;              /* a request ran there: the fields below are
+                                 * its (the last one's when idle)          */
+    uint64_t id_task;           /* its admission number                     */
+    float    temp, top_p, min_p, rep_pen, pres_pen, freq_pen;
+    int      top_k, max_tokens, ignore_eos, stream, n_probs, n_decoded;
+    uint64_t seed;
+    int      n_cache;           /* positions the slot's cache holds (kept
+                                 * after a request with --slot-save-path)  */
+} srv_slot_pub;
+
+/* POST /slots/ID?action=save|restore|erase: made by the HTTP thread (which
+ * owns it and waits), queued for the scheduler, which owns the caches and
+ * runs it once the slot is idle (a busy slot's action waits, as
+ * llama-server defers it). */
+enum { SLOT_SAVE, SLOT_RESTORE, SLOT_ERASE };
+typedef struct srv_slot_action {
+    int      kind, slot;
+    char     path[4352];        /* --slot-save-path/filename               */
+    /* [lock] */
+    int      started, done, status; /* status: the HTTP status once done   */
+    char     error[320];
+    int64_t  n_tokens, bytes;   /* positions saved/restored/erased; file size */
+    double   ms;
+    struct srv_slot_action *next;
+} srv_slot_action;
+
 struct srv_server {
     sparq_model    *model;
     srv_config      cfg;
@@ -111,6 +141,8 @@ struct srv_server {
     int             port;
     double          t_start;
     int             n_vocab;
+    srv_slot_pub   *slot_pub;    /* [lock] [cfg.parallel]                   */
+    srv_slot_action *actions;    /* [lock] slot actions waiting or running  */
 };
 
 
@@ -124,5 +156,23 @@ void *srv_sched_main(void *arg);
 /* GET /props (props.c): the body, malloc'ed, *len bytes; NULL when out of
  * memory. Reads only what srv_start fixed, so no lock is needed. */
 char *srv_props_json(const srv_server *s, size_t *len);
+/* GET /slots (slots.c): the body, malloc'ed; NULL when out of memory. */
+char *srv_slots_json(srv_server *s, size_t *len);
+/* POST /slots/ID?action=A (slots.c): id and action as the URL gave them,
+ * the body {"filename": NAME}; the HTTP status, 200 with the response in
+ * *out, else the reason in err (and in *code an OpenAI error type). */
+int  srv_slot_request(srv_server *s, const char *id, const char *action, const char *body, size_t len, char **out,
+                      size_t *out_len, const char **code, char *err, size_t err_size);
+/* The scheduler's side (sched.c calls it, lock not held): loads the KV file
+ * of a restore, with its token ids (malloc'ed, *n of them), as a context
+ * of its own in memory; NULL with the reason (and *status 400 or 404). */
+sparq_context *srv_slot_load(srv_server *s, const char *path, int32_t **ids, int *n, int *status, char *err,
+                             size_t err_size);
+
+/* POST /v1/embeddings (embeddings.c): the HTTP status; 200 with the
+ * malloc'ed response in *out (*out_len bytes), else the one-line reason in
+ * err (501: the server was started without --embedding). */
+int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size_t *out_len, char *err,
+                   size_t err_size);
 
 #endif

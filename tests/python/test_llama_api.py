@@ -36,13 +36,6 @@ def test_unknown_keywords_raise(model_path):
             llm(PROMPT, max_tokenz=3)
 
 
-def test_embeddings_say_not_implemented(model_path):
-    with sparq.Llama(model_path, n_ctx=64, n_threads=1) as llm:
-        for f in (llm.embed, llm.create_embedding):
-            with pytest.raises(NotImplementedError, match="no embeddings"):
-                f("text")
-
-
 TEXTS = [b"Once upon a time", b"Once upon a time, there was a cat.", b" leading space", b"  two",
          b"a\nb", b"", b"x", b"Hello, world!", b"end with space "]
 
