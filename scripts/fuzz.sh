@@ -71,13 +71,14 @@ fi
 LIBS="-lz -lm -fopenmp -lpthread"
 # The library (every layer but the command and the server; no Faiss shim),
 # instrumented for coverage; rebuilt only where a source is newer. Of the
-# server, the request parser and what it links without the HTTP daemon: the
-# command's helpers (cli.c: cli_attn_params) and the scheduler's file
-# (sched.c: srv_request_release, the free the server uses).
+# server, everything but the HTTP daemon (server.c) and the embedded page:
+# the request parser and the files it reaches (the scheduler's
+# srv_request_release, documents, slots), and the command's helpers
+# (cli.c: cli_attn_params).
 echo "fuzz: building the instrumented library with $CC_FUZZ"
 objs=""
-for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/') \
-           src/cli/cli.c src/server/request.c src/server/sched.c src/server/kvdir.c; do
+for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/server.c$' -e '^src/server/webui.c$') \
+           src/cli/cli.c; do
   o="$OUT/obj/$(echo "${src#src/}" | tr / _).o"
   # SIMD kernel files are not parsers, and clang takes minutes and GBs to
   # instrument their intrinsics: they are built plain (the sanitizer suite,
