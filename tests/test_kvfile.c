@@ -6,10 +6,13 @@
 #include "test.h"
 #include "io/kvfile.h"
 #include "util/paths.h"
+#include "util/sysmem.h"
 #include "tensor/quant.h"
 #include "sparq.h"
 
+#include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -302,6 +305,8 @@ static void test_model_roundtrip(const int32_t *story, int n_story)
 
         sparq_context_params lp = cp;
         lp.n_ctx = 0;
+        /* read into the page cache first on odd cases: nothing it decodes may change */
+        if (ci % 2) CHECK(sparq_kv_preload(tmp_path, NULL, NULL, err, sizeof err) == 0, "preload: %s", err);
         CHECK(sparq_context_load_kv(model, &lp, tmp_path, SPARQ_VERIFY_ALWAYS, &cb, err, sizeof err) == 0,
               "%s", err);
         if (cb) {
@@ -368,6 +373,52 @@ static void test_model_roundtrip(const int32_t *story, int n_story)
     unlink(tmp_path);
 }
 
+/* sparq_kv_preload reads a file it can hold, refuses one larger than the
+ * memory available without reading it, and says why for a bad path. */
+typedef struct { int64_t calls, last_done, total, backwards; } preload_seen;
+static void preload_cb(void *user, int64_t done, int64_t total)
+{
+    preload_seen *s = user;
+    if (done < s->last_done) s->backwards++;
+    s->calls++;
+    s->last_done = done;
+    s->total = total;
+}
+
+static void test_preload(void)
+{
+    char err[512], path[sizeof tmp_path + 16];
+    snprintf(path, sizeof path, "%s.preload", tmp_path);
+    const size_t n = ((size_t)40 << 20) + 12345; /* more than one read chunk, not a multiple of one */
+    uint8_t *buf = malloc(n);
+    CHECK(buf != NULL, "alloc");
+    if (!buf) return;
+    for (size_t i = 0; i < n; i++) buf[i] = (uint8_t)(i * 31 + 7);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(buf, 1, n, f) == n && fclose(f) == 0, "write %s", path);
+    free(buf);
+    preload_seen s = { 0 };
+    CHECK(sparq_kv_preload(path, preload_cb, &s, err, sizeof err) == 0, "preload: %s", err);
+    CHECK(s.total == (int64_t)n && s.last_done == (int64_t)n && s.backwards == 0 && s.calls >= 3,
+          "progress reaches the file's size in order (%lld calls, last %lld of %lld)", (long long)s.calls,
+          (long long)s.last_done, (long long)s.total);
+    CHECK(sparq_kv_preload(path, NULL, NULL, err, sizeof err) == 0, "preload without progress: %s", err);
+
+    /* a sparse file 2 GiB larger than the available memory: refused, unread */
+    const int64_t avail = sysmem_available();
+    CHECK(avail > 0, "MemAvailable readable");
+    CHECK(truncate(path, (off_t)(avail + ((int64_t)2 << 30))) == 0, "make a sparse file: %s", strerror(errno));
+    preload_seen big = { 0 };
+    err[0] = 0;
+    CHECK(sparq_kv_preload(path, preload_cb, &big, err, sizeof err) == 1 && strstr(err, "memory available") &&
+              big.calls == 0,
+          "a file larger than memory is not read (rc, %lld progress calls): %s", (long long)big.calls, err);
+    unlink(path);
+
+    CHECK(sparq_kv_preload(path, NULL, NULL, err, sizeof err) == -1 && strstr(err, path), "missing file: %s", err);
+    CHECK(sparq_kv_preload("/tmp", NULL, NULL, err, sizeof err) == -1 && err[0], "a directory: %s", err);
+}
+
 /* `sparq prefill` checks what would only fail after the long prefill
  * (duplicate index kinds, an output path it cannot write) before it. */
 static void test_prefill_checks(const char *model_path)
@@ -419,6 +470,7 @@ int main(void)
     test_crc();
     test_synthetic(KV_F16);
     test_synthetic(KV_F32);
+    test_preload();
 
     char path[1024], err[512];
     if (path_find("stories260K.gguf", path, sizeof path)) {

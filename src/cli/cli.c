@@ -527,6 +527,22 @@ void cli_prefill_progress(void *user, int64_t done, int64_t total)
     fflush(stderr);
 }
 
+void cli_read_progress(void *user, int64_t done, int64_t total)
+{
+    cli_progress *p = user;
+    const double now = cli_now(), dt = now - p->t0;
+    const int end = done >= total;
+    if (!p->tty && !end && p->lines > 0 && now - p->t_last < p->interval) return;
+    p->t_last = now;
+    p->lines++;
+    const double rate = dt > 0 ? (double)done / dt : 0.0;
+    const double eta = rate > 0 ? (double)(total - done) / rate : 0.0;
+    fprintf(stderr, "%sreading: %.2f / %.2f GiB, %.0f MB/s, ETA %.0f s%s", p->tty ? "\r" : "",
+            (double)done / 1073741824.0, (double)total / 1073741824.0, rate / 1e6, eta,
+            p->tty && !end ? "   " : "\n");
+    fflush(stderr);
+}
+
 int64_t cli_rss_anon(void)
 {
     FILE *f = fopen("/proc/self/status", "r");

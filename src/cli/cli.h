@@ -176,6 +176,8 @@ typedef struct cli_progress {
  * The interval is $SPARQ_PROGRESS_SECONDS if set (>= 0), else 5 s. */
 void cli_progress_start(cli_progress *p);
 void cli_prefill_progress(void *user, int64_t done, int64_t total);
+/* The same for reading a file (bytes done / total, MB/s, ETA). */
+void cli_read_progress(void *user, int64_t done, int64_t total);
 
 /* Private (anonymous) resident memory of this process now, in bytes (-1
  * if unknown): what a cache mapped from a file does not count in. */

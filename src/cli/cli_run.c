@@ -42,6 +42,7 @@ typedef struct run_opts {
     const char *load_kv;       /* --load-kv FILE */
     const char *kv_file;       /* --kv-file FILE */
     int         verify_kv;     /* --verify-kv */
+    int         kv_preload;    /* --kv-preload */
     cli_strs    reverse;       /* -r TEXT ... */
     cli_strs    logit_bias;    /* -l ID+BIAS ... */
     const char *grammar;       /* --grammar GBNF */
@@ -103,6 +104,9 @@ static const cli_opt run_table[] = {
     { "--kv-file", NULL, OPT_STR, OFF(kv_file), "PATH",
       "keep the KV cache in the file PATH.tmp (removed at the end) instead of memory: a context larger than "
       "RAM; chosen by itself, in $TMPDIR, when the cache would take over half of the available memory" },
+    { "--kv-preload", NULL, OPT_FLAG, OFF(kv_preload), NULL,
+      "read the whole --load-kv file into memory first, in one pass, when it fits (with progress; counted "
+      "in load_ms): questions then read memory, not the disk at random" },
     { "--verify-kv", NULL, OPT_FLAG, OFF(verify_kv), NULL,
       "check the data checksums of --load-kv even when the file is over 1 GiB" },
     { "--context-shift", NULL, OPT_FLAG, OFF(context_shift), NULL,
@@ -774,6 +778,17 @@ int cli_run(int argc, char **argv)
     armed = 1;
     if (ro.load_kv) {
         double tl = cli_now();
+        if (ro.kv_preload) {
+            cli_progress rp;
+            cli_progress_start(&rp);
+            const int pr = sparq_kv_preload(ro.load_kv, cli_read_progress, &rp, err, sizeof err);
+            if (pr < 0) {
+                fprintf(stderr, "error: --kv-preload: %s\n", err);
+                goto done;
+            }
+            if (pr > 0) fprintf(stderr, "warning: --kv-preload: %s\n", err);
+            else fprintf(stderr, "preloaded %s (%.2f s)\n", ro.load_kv, cli_now() - tl);
+        }
         if (sparq_context_load_kv(m, &cp, ro.load_kv, ro.verify_kv ? SPARQ_VERIFY_ALWAYS : SPARQ_VERIFY_AUTO,
                                   &c, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);

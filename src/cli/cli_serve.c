@@ -43,6 +43,7 @@ typedef struct serve_opts {
     const char *pooling;
     const char *slot_save_path;
     int         no_slots;
+    int         kv_preload;
 } serve_opts;
 
 static const cli_opt serve_table[] = {
@@ -75,6 +76,9 @@ static const cli_opt serve_table[] = {
       "serve the document prefilled into the KV file PATH (sparq prefill --save-kv, sparq import) under the name ID: "
       "a request with \"sparq\": {\"prefix_id\": ID} continues it (its prompt is what follows the document); "
       "the file is mapped, not copied, however large (repeatable)" },
+    { "--kv-preload", NULL, OPT_FLAG, OFF(kv_preload), NULL,
+      "read each --load-kv file into memory at start, in one pass, when it fits (with progress): requests then "
+      "read memory, not the disk at random" },
     { "--slot-save-path", NULL, OPT_STR, OFF(slot_save_path), "DIR",
       "POST /slots/ID?action=save|restore {\"filename\": NAME}: a slot's cache to and from the KV file DIR/NAME "
       "(as llama-server's; default: those answer 501)" },
@@ -148,7 +152,9 @@ int cli_serve(int argc, char **argv)
     cli_compat_opts co = { 0 };
     cli_attn_opts ao;
     cli_attn_opts_init(&ao);
-    serve_opts so = { "127.0.0.1", 8080, 4, 64, 0, 256, 4 << 20, 600, NULL, NULL, NULL, NULL, NULL, NULL, 4096, 0, 0, 30, { { 0 }, 0 }, 0, 2, NULL, NULL, 0 };
+    serve_opts so = { .host = "127.0.0.1", .port = 8080, .parallel = 4, .queue = 64, .prefix_mb = 256,
+                      .max_body = 4 << 20, .timeout = 600, .kv_dir_mb = 4096, .read_timeout = 30,
+                      .embd_normalize = 2 };
     cli_group groups[] = {
         { "model", cli_model_table, &mo },
         { "server", serve_table, &so },
@@ -258,6 +264,21 @@ int cli_serve(int argc, char **argv)
         }
         fprintf(stderr, "serve: document '%s': %lld positions, capacity %lld (%s)\n", docs[i].id,
                 (long long)docs[i].n_pos, (long long)docs[i].n_ctx, docs[i].path);
+        if (so.kv_preload) {
+            cli_progress rp;
+            cli_progress_start(&rp);
+            const double t0 = cli_now();
+            const int pr = sparq_kv_preload(docs[i].path, cli_read_progress, &rp, err, sizeof err);
+            if (pr < 0) {
+                fprintf(stderr, "error: serve: --kv-preload %s: %s\n", docs[i].id, err);
+                srv_docs_free(docs, so.docs.n);
+                sparq_model_free(m);
+                free(key);
+                return 1;
+            }
+            if (pr > 0) fprintf(stderr, "warning: serve: --kv-preload %s: %s\n", docs[i].id, err);
+            else fprintf(stderr, "serve: document '%s' read into memory (%.2f s)\n", docs[i].id, cli_now() - t0);
+        }
     }
     cfg.docs = docs;
     cfg.n_docs = so.docs.n;

@@ -352,6 +352,13 @@ int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const c
     return rc;
 }
 
+int sparq_kv_preload(const char *path, void (*progress)(void *user, int64_t done, int64_t total), void *user,
+                     char *err, size_t err_size)
+{
+    if (path_check_regular(path, err, err_size)) return -1;
+    return kvf_preload(path, progress, user, err, err_size);
+}
+
 void sparq_context_free(sparq_context *c)
 {
     if (!c) return;

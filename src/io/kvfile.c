@@ -863,6 +863,54 @@ int kvf_writer_finish(kvf_writer *w, char *err, size_t err_size)
 
 /* ---- reader ------------------------------------------------------------------------- */
 
+int kvf_preload(const char *path, void (*progress)(void *user, int64_t done, int64_t total), void *user,
+                char *err, size_t err_size)
+{
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(err, err_size, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(err, err_size, "'%s' is not a regular file", path);
+    }
+    /* MemAvailable counts the page cache, this file's cached pages too: a
+     * file larger than it would evict its own first pages while reading
+     * its last, and every ask would go back to the disk anyway. */
+    const int64_t avail = sysmem_available();
+    if (avail > 0 && (int64_t)st.st_size > avail - ((int64_t)1 << 30)) {
+        close(fd);
+        snprintf(err, err_size, "'%s' is %.1f GiB, more than the %.1f GiB of memory available less 1 GiB: "
+                 "not preloaded, its pages are read as they are used", path, (double)st.st_size / 1073741824.0,
+                 (double)avail / 1073741824.0);
+        return 1;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* advice only */
+    const size_t chunk = (size_t)16 << 20;
+    uint8_t *buf = malloc(chunk);
+    if (!buf) {
+        close(fd);
+        return err_set(err, err_size, "out of memory (%zu bytes)", chunk);
+    }
+    int64_t done = 0;
+    if (progress) progress(user, 0, (int64_t)st.st_size);
+    while (done < (int64_t)st.st_size) {
+        const ssize_t r = read(fd, buf, chunk);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            const int e = r < 0 ? errno : 0;
+            free(buf);
+            close(fd);
+            return err_set(err, err_size, "reading '%s' at byte %lld: %s", path, (long long)done,
+                           e ? strerror(e) : "unexpected end of file");
+        }
+        done += r;
+        if (progress) progress(user, done, (int64_t)st.st_size);
+    }
+    free(buf);
+    close(fd);
+    return 0;
+}
+
 void kvf_close(kvf_file *f)
 {
     if (!f) return;

@@ -137,6 +137,13 @@ typedef struct kvf_file {
 int  kvf_open(const char *path, const kvf_fingerprint *expect, int verify, kvf_file **out,
               char *err, size_t err_size);
 void kvf_close(kvf_file *f);
+/* Reads the file at path once, in order, into the page cache, so that the
+ * mappings of it made later (by kvf_open, by every request of a server)
+ * fault in from memory rather than from the disk at random. progress (may
+ * be NULL) gets bytes done and total. Returns 0; 1 when the file is larger
+ * than the memory available (err says so; nothing read); -1 on error. */
+int  kvf_preload(const char *path, void (*progress)(void *user, int64_t done, int64_t total), void *user,
+                 char *err, size_t err_size);
 /* Tells the kernel K, V and K^T will be read at random rows (top-k
  * gathers): no read-around on a page fault, so a gathered row costs one
  * page of I/O, not the device's readahead window. */
