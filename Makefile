@@ -359,7 +359,7 @@ test-arm64:
 	    $(addprefix build-arm64/tests/,$(ARM64_TESTS))
 	@scripts/test_arm64.sh build-arm64
 
-# Reproduces models/tiny-d64.gguf (issue 15; models/README.md): trains it with
+# Reproduces models/tiny-d64.gguf (models/README.md): trains it with
 # Debian's python3-torch on the CPU (about an hour on two cores), exports it
 # with `sparq gen-model --weights`, checks sparq's logits against the training
 # forward pass, and copies the model and its training record into models/.

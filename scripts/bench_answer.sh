@@ -2,7 +2,7 @@
 # bench_answer.sh - "time to answer": one long document in, one answer out.
 # A prompt of N tokens (default 16384) then G generated tokens (default 128),
 # wall time of prefill + decode, for sparq dense and SparQ 1/8 beside
-# llama.cpp on the same GGUF file (issue 18's end-to-end target):
+# llama.cpp on the same GGUF file:
 #
 #   sparq:     sparq run -f PROMPT -n G --temp 0 --ignore-eos --json
 #              (its prefill_ms + decode_ms; the prompt is text whose token

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_kvdir.sh - time to first token for a question about a document that
-# another replica prefilled, against a cold prefill (issue 14, docs bullet).
+# another replica prefilled, against a cold prefill.
 # Two `sparq serve` replicas, A and B, share one fresh --kv-dir on loopback.
 #
 # usage: scripts/bench_kvdir.sh [--quick] [--out | --results DIR] [--llama-1b] [-r R]

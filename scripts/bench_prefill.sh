@@ -3,7 +3,7 @@
 # llama.cpp's llama-bench: the same GGUF files (random weights of real shapes,
 # written by `sparq gen-model`), the same threads, each point run by sparq and
 # then by llama-bench (best of -fa 0 and -fa 1) before the next point, so slow
-# drift of the machine hits both alike. Issue 18's targets.
+# drift of the machine hits both alike.
 #
 #   LLAMA_BENCH=/path/to/llama-bench scripts/bench_prefill.sh --out docs/bench-results/prefill-DATE
 #

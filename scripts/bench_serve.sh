@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_serve.sh - serving benchmark (issue 12, "Benchmarks"): N concurrent
+# bench_serve.sh - serving benchmark: N concurrent
 # streaming clients against `sparq serve` and, when LLAMA_SERVER is set,
 # llama.cpp's llama-server on the same GGUF and the same token ids.
 #

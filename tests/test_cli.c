@@ -54,9 +54,9 @@ static void expect_error(const char *args, const char *needle, int code)
     free(err);
 }
 
-/* Issue 16 item 8/10: what used to block, decode garbage or fall back
+/* What used to block, decode garbage or fall back
  * silently now fails with one line. */
-static void test_issue16(const char *model)
+static void test_bad_inputs(const char *model)
 {
     char p1[512], args[2048];
     /* a FIFO as -m, -f or --load-kv: refused at once instead of blocking */
@@ -267,7 +267,7 @@ static void test_json_fields(void)
     free(e);
 }
 
-/* Issue 12 item 6: sampling options, stop strings, seeds, --version */
+/* Sampling options, stop strings, seeds, --version */
 static void test_sampling_options(void)
 {
     char *out, *e;
@@ -438,7 +438,7 @@ int main(void)
     expect_error(args, "gguf", 0);
     unlink(p1);
 
-    test_issue16(model);
+    test_bad_inputs(model);
     test_models_beside_binary();
     test_chat_fallback();
     test_bench_plot(model);
@@ -449,7 +449,7 @@ int main(void)
     CHECK(rc == 0 && strstr(out, "--sparq-r") && strstr(out, "--temp"), "help lists options");
     free(out); free(err);
 
-    /* issue 17: `prefill --help` gives --index once, with the default
+    /* `prefill --help` gives --index once, with the default
      * prefill really uses (ivf), which the JSON of a run without it shows */
     rc = run("prefill --help", &out, &err);
     {

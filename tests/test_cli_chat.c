@@ -385,7 +385,7 @@ static int reap(child *ch, int ms)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* Issue 17: Ctrl-C in a prefill, during a reply and at the prompt; and a
+/* Ctrl-C in a prefill, during a reply and at the prompt; and a
  * chat longer than the context (context shift). */
 static void test_interactive(const char *model, const sparq_model *m)
 {

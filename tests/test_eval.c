@@ -568,7 +568,7 @@ static void test_help(const char *bin)
 }
 
 /* Options that are zero, negative or for another task are refused before
- * anything runs (issue 16): `-n 0` never means "all 10,570 examples". */
+ * anything runs: `-n 0` never means "all 10,570 examples". */
 static void test_refused(const char *bin)
 {
     char cmd0_stats[2048];

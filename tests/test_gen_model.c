@@ -1,5 +1,5 @@
 /* test_gen_model.c - `sparq gen-model --weights --vocab-from`, the export
- * path of the trained test model (scripts/train_testmodel.py, issue 15).
+ * path of the trained test model (scripts/train_testmodel.py).
  *
  * A weights file with a known value at every position goes in; the GGUF
  * that comes out must hold each tensor at the place this test expects. The

@@ -400,7 +400,7 @@ static void test_load_errors(void)
     expect_load_error(path, "MXFP4");
     expect_load_error("/nonexistent/model.gguf", "/nonexistent/model.gguf");
 
-    /* issue 16 item 8: each of these loaded (or failed without a message) */
+    /* each of these loaded (or failed without a message) */
     /* a zero dimension in token_embd: a message, not an empty one */
     CHECK(write_tiny_ex(path, "llama", NULL, QT_F32, 0, NULL) == 0, "write");
     expect_load_error(path, "token_embd.weight' has shape [32, 0]");

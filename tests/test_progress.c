@@ -1,4 +1,4 @@
-/* test_progress.c - `--progress` for long prompts (issue 18 item 4), as a
+/* test_progress.c - `--progress` for long prompts, as a
  * user running `sparq run` / `sparq prefill` with stderr in a log file sees
  * it: whole lines with tokens done / total, tok/s and ETA, checked against
  * the command's own counts; and Ctrl-C during a long prefill stopping it

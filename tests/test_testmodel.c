@@ -1,5 +1,5 @@
 /* test_testmodel.c - the committed trained model, models/tiny-d64.gguf
- * (issue 15; models/README.md).
+ * (models/README.md).
  *
  *  1. It has the geometry it was made for: head size 64, 4 query heads
  *     sharing 2 KV heads, 4 layers, context 2048, the tok512 vocabulary.
