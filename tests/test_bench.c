@@ -733,6 +733,55 @@ static void test_bench_decode_kv(const char *model)
     free(err);
 }
 
+/* bench decode -np: nb sequences in one batched step each move what one
+ * sequence moves, nb times over, and the row's tok/s is the aggregate. */
+static void test_bench_decode_parallel(const char *model)
+{
+    const int n_layer = 2, n = 3, warm = 1, nb = 3;
+    const int64_t depth = 96;
+    char args[2048], *out, *err, e[256];
+    snprintf(args, sizeof args, "bench decode -m %s --depth %lld --attn dense -np 1,%d --fill random -n %d "
+             "--warmup %d -t 1 --json", model, (long long)depth, nb, n, warm);
+    int rc = run_sparq(args, &out, &err);
+    CHECK(rc == 0, "bench decode -np 1,%d: exit %d: %s", nb, rc, err);
+    json_doc *doc = rc == 0 ? json_parse(out, strlen(out), 0, e, sizeof e) : NULL;
+    CHECK(doc != NULL, "bench decode -np --json is JSON: %s", e);
+    if (doc) {
+        const json_value *root = json_root(doc), *one = NULL, *many = NULL;
+        CHECK(json_len(root) == 4, "2 np x depths 0 and %lld: %zu rows", (long long)depth, json_len(root));
+        for (size_t i = 0; i < json_len(root); i++) {
+            const json_value *r = json_at(root, i);
+            if (num_of(r, "S") != (double)depth) continue;
+            if (num_of(r, "B") == 1) one = r;
+            if (num_of(r, "B") == nb) many = r;
+        }
+        CHECK(one && many, "rows np 1 and np %d at depth %lld", nb, (long long)depth);
+        if (one && many) {
+            const double el = dense_decode_elements(n_layer, (int)num_of(one, "kv_heads"), (int)num_of(one, "d"),
+                                                    depth, warm, n) * 2;
+            CHECK(num_of(one, "bytes_counted") == el && num_of(many, "bytes_counted") == nb * el,
+                  "a step of %d sequences moves %d x one's bytes: %.0f, %.0f (one: %.0f)", nb, nb,
+                  num_of(many, "bytes_counted"), nb * el, num_of(one, "bytes_counted"));
+            const json_value *us = json_get(many, "median_us");
+            if (us && us->type == JSON_NUMBER)
+                CHECK_NEAR(num_of(many, "tok_s"), nb * 1e6 / us->u.number, 1e-6 * num_of(many, "tok_s"));
+            else
+                CHECK(0, "np %d row has median_us", nb);
+        }
+        json_free(doc);
+    }
+    free(out);
+    free(err);
+    const char *bad[] = { "0", "257", "1,x" };
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "bench decode -m %s --depth 0 -np %s -n 1", model, bad[i]);
+        rc = run_sparq(args, &out, &err);
+        CHECK(rc != 0 && strstr(err, "-np"), "-np %s refused naming the option: exit %d: %s", bad[i], rc, err);
+        free(out);
+        free(err);
+    }
+}
+
 static void test_bench_attn_kv(void)
 {
     const int64_t S = 256;
@@ -789,6 +838,7 @@ static void test_bench_runs(void)
     CHECK(run_sparq(args, &out, NULL) == 0, "gen-model tiny");
     free(out);
     test_bench_decode_kv(model);
+    test_bench_decode_parallel(model);
     test_bench_attn_kv();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -512,15 +512,17 @@ static void table_membw(FILE *f, const bench_row *rows, int n)
 
 static void table_decode(FILE *f, const bench_row *rows, int n)
 {
-    fprintf(f, "%-22s %-8s %3s %5s %7s %2s %4s %-7s %8s %8s %8s %8s %9s %8s %7s %8s %8s\n", "model", "policy", "r",
-            "k", "depth", "t", "kv", "fill", "tok/s", "ms/tok", "ms_wts", "ms_attn", "attnMB/t", "speedup",
+    /* np: sequences per step (tok/s is their sum; the ms columns are a step's) */
+    fprintf(f, "%-22s %-8s %3s %5s %7s %3s %2s %4s %-7s %8s %8s %8s %8s %9s %8s %7s %8s %8s\n", "model", "policy",
+            "r", "k", "depth", "np", "t", "kv", "fill", "tok/s", "ms/step", "ms_wts", "ms_attn", "attnMB/st", "speedup",
             "ratio", "RSS_MiB", "peak_MiB");
     for (int i = 0; i < n; i++) {
         const bench_row *r = &rows[i];
         if (r->kind != BENCH_DECODE) continue;
         char a[32], b[32], c[32], e[32], g[32], h[32];
-        fprintf(f, "%-22.22s %-8s %3d %5d %7lld %2d %4s %-7s %8s %8s %8s %8s %9.3f %8s %7s %8.0f %8.0f\n",
-                r->model, r->policy, r->r, r->k, (long long)r->depth, r->threads, bench_kv_name(r->kv_elem), r->fill,
+        fprintf(f, "%-22.22s %-8s %3d %5d %7lld %3d %2d %4s %-7s %8s %8s %8s %8s %9.3f %8s %7s %8.0f %8.0f\n",
+                r->model, r->policy, r->r, r->k, (long long)r->depth, r->B, r->threads, bench_kv_name(r->kv_elem),
+                r->fill,
                 num(a, sizeof a, r->tok_s, 2), num(b, sizeof b, r->us.median / 1e3, 3),
                 num(c, sizeof c, r->ms_weights, 3), num(e, sizeof e, r->ms_attn, 3), r->bytes_counted / 1e6,
                 num(g, sizeof g, r->speedup_vs_dense, 2), num(h, sizeof h, r->theoretical_ratio, 4),
@@ -701,6 +703,11 @@ int bench_write_gnuplot_decode(FILE *f, const bench_row *rows, int n, const char
         for (int j = 0; j < n; j++)
             if (rows[j].kind == BENCH_DECODE && rows[j].threads != r->threads) {
                 snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " t=%d", r->threads);
+                break;
+            }
+        for (int j = 0; j < n; j++)
+            if (rows[j].kind == BENCH_DECODE && rows[j].B != r->B) {
+                snprintf(lab + strlen(lab), sizeof lab - strlen(lab), " np=%d", r->B);
                 break;
             }
         for (int j = 0; j < n; j++)

@@ -41,7 +41,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { MAX_LIST = 64, MAX_CFG = 64 };
+enum { MAX_LIST = 64, MAX_CFG = 64, MAX_PARALLEL = 256 };
 
 typedef struct bench_opts {
     /* attn shapes (comma lists) */
@@ -57,7 +57,7 @@ typedef struct bench_opts {
     int64_t size_mib;
     const char *streams;
     /* decode */
-    const char *model, *depth, *fill;
+    const char *model, *depth, *fill, *parallel;
     int n_tokens, n_batch;
     int use_mmap;            /* --mmap */
     int no_repack;           /* --no-repack */
@@ -123,6 +123,9 @@ static const cli_opt decode_table[] = {
     { "--fill", NULL, OPT_STR, OFF(fill), "prefill|random",
       "how the cache reaches the depth (default prefill; random = sparq_context_fill_random, timing only)" },
     { "-n", "--n-gen", OPT_INT, OFF(n_tokens), "N", "decode tokens timed per depth (default 32)" },
+    { "-np", "--parallel", OPT_STR, OFF(parallel), "LIST",
+      "sequences decoded together, one batched step for all (as the server's), each its own cache filled to "
+      "the depth, e.g. 1,4,16 (default 1); tok/s is the aggregate" },
     { "-b", "--batch-size", OPT_INT, OFF(n_batch), "N", "prefill batch size (default 512)" },
     { "--mmap", NULL, OPT_FLAG, OFF(use_mmap), NULL, "map the model file instead of reading it into huge pages" },
     { "-nr", "--no-repack", OPT_FLAG, OFF(no_repack), NULL, "keep Q8_0 weights as stored (not repacked for the GEMM tiles)" },
@@ -778,30 +781,40 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-/* Decodes warm-up then n timed tokens from the context's current position
- * (the depth); fills the row's timing, per-token transfer in bytes of the
- * cache's element type kv_elem (counted: the context's own byte counter;
- * formula and dense: their element counts in the same bytes) and memory. */
-static int decode_point(sparq_context *ctx, const sparq_model *m, const bench_opts *o, int64_t depth,
+/* Decodes warm-up then n timed steps from the contexts' current position
+ * (the depth): one token each (sparq_eval), or, with nb > 1 sequences, one
+ * sparq_decode_batch step for all of them, as the server decodes. Fills the
+ * row's timing (a step), per-step transfer in bytes of the cache's element
+ * type kv_elem summed over the sequences (counted: the contexts' own byte
+ * counters; formula and dense: their element counts in the same bytes),
+ * the aggregate tokens/s and memory. logits: nb x n_vocab. */
+static int decode_point(sparq_context **ctxs, int nb, const sparq_model *m, const bench_opts *o, int64_t depth,
                         int kv_elem, double *t, float *logits, bench_row *row, char *err, size_t err_size)
 {
     const int n_vocab = sparq_model_n_vocab(m), n = o->n_tokens;
-    int32_t tok = (int32_t)((depth * 31 + 7) % n_vocab);
+    int32_t tok[MAX_PARALLEL];
+    for (int b = 0; b < nb; b++) tok[b] = (int32_t)((depth * 31 + 7 + 101 * b) % n_vocab);
     for (int w = 0; w < o->warmup; w++)
-        if (sparq_eval(ctx, &tok, 1, logits)) goto fail;
-    sparq_attn_stats s0, s1;
-    sparq_context_attn_stats(ctx, &s0);
+        if (nb == 1 ? sparq_eval(ctxs[0], tok, 1, logits) : sparq_decode_batch(ctxs, tok, nb, logits)) goto fail;
+    sparq_attn_stats s0 = { 0 }, s1 = { 0 }, x;
+    for (int b = 0; b < nb; b++) {
+        sparq_context_attn_stats(ctxs[b], &x);
+        s0.bytes += x.bytes, s0.formula_elements += x.formula_elements, s0.dense_elements += x.dense_elements;
+    }
     double total = 0;
     for (int i = 0; i < n; i++) {
-        tok = (int32_t)((tok * 1103515245u + 12345u) % (uint32_t)n_vocab);
+        for (int b = 0; b < nb; b++) tok[b] = (int32_t)((tok[b] * 1103515245u + 12345u) % (uint32_t)n_vocab);
         double t1 = cli_now();
-        if (sparq_eval(ctx, &tok, 1, logits)) goto fail;
+        if (nb == 1 ? sparq_eval(ctxs[0], tok, 1, logits) : sparq_decode_batch(ctxs, tok, nb, logits)) goto fail;
         t[i] = (cli_now() - t1) * 1e6;
         total += t[i];
     }
-    sparq_context_attn_stats(ctx, &s1);
+    for (int b = 0; b < nb; b++) {
+        sparq_context_attn_stats(ctxs[b], &x);
+        s1.bytes += x.bytes, s1.formula_elements += x.formula_elements, s1.dense_elements += x.dense_elements;
+    }
     bench_row_init(row, BENCH_DECODE);
-    row->B = 1;
+    row->B = nb;
     row->H = sparq_model_n_head(m);
     row->kv_heads = sparq_model_n_kv_head(m);
     row->d = sparq_model_head_dim(m);
@@ -813,25 +826,42 @@ static int decode_point(sparq_context *ctx, const sparq_model *m, const bench_op
     row->bytes_formula = bench_kv_bytes(kv_elem, s1.formula_elements - s0.formula_elements) / n;
     row->bytes_dense = bench_kv_bytes(kv_elem, s1.dense_elements - s0.dense_elements) / n;
     row->theoretical_ratio = bench_ratio((double)row->bytes_formula, (double)row->bytes_dense);
-    row->tok_s = 1e6 / row->us.median;
-    row->tok_s_mean = total > 0 ? n * 1e6 / total : NAN;
+    row->tok_s = nb * 1e6 / row->us.median;
+    row->tok_s_mean = total > 0 ? (double)nb * n * 1e6 / total : NAN;
     row->rss = rss_now();
     row->peak_rss = cli_peak_rss();
     return 0;
 fail:
-    snprintf(err, err_size, "decode at depth %lld: %s", (long long)depth, sparq_context_error(ctx));
+    for (int b = 0; b < nb; b++)
+        if (sparq_context_error(ctxs[b])[0]) {
+            snprintf(err, err_size, "decode at depth %lld: %s", (long long)depth, sparq_context_error(ctxs[b]));
+            return -1;
+        }
+    snprintf(err, err_size, "decode at depth %lld: the step failed", (long long)depth);
     return -1;
+}
+
+static void free_contexts(sparq_context **ctxs, int n)
+{
+    for (int b = 0; b < n; b++) {
+        sparq_context_free(ctxs[b]);
+        ctxs[b] = NULL;
+    }
 }
 
 static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err_size)
 {
-    int64_t depths[MAX_LIST + 1], ts[MAX_LIST];
+    int64_t depths[MAX_LIST + 1], ts[MAX_LIST], nps[MAX_LIST];
     const char *kv_names[4];
     char kv_buf[64], names_buf[512], ratio_buf[256], def_t[16], path[4096];
     snprintf(def_t, sizeof def_t, "%d", omp_get_num_procs());
     int n_depth = int_list("--depth", o->depth, "0,4k", 0, (int64_t)1 << 31, depths, err, err_size);
     int nt = n_depth < 0 ? -1 : int_list("-t", o->threads, def_t, 1, 1024, ts, err, err_size);
     if (nt < 0) return -1;
+    const int n_np = int_list("-np", o->parallel, "1", 1, MAX_PARALLEL, nps, err, err_size);
+    if (n_np < 0) return -1;
+    int64_t max_np = 1;
+    for (int i = 0; i < n_np; i++) max_np = nps[i] > max_np ? nps[i] : max_np;
     depths[n_depth++] = 0; /* the weights-only baseline */
     n_depth = sort_unique(depths, n_depth);
     const int64_t max_depth = depths[n_depth - 1];
@@ -865,7 +895,7 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
     const int n_vocab = sparq_model_n_vocab(m), d = sparq_model_head_dim(m);
     const int warm = o->warmup > 0 ? o->warmup : 0;
     const int64_t n_ctx = max_depth + warm + o->n_tokens + 8;
-    float *logits = malloc((size_t)n_vocab * sizeof(float));
+    float *logits = malloc((size_t)max_np * n_vocab * sizeof(float));
     double *t = malloc((size_t)o->n_tokens * 2 * sizeof(double));
     double dense_tok_s[MAX_LIST + 1];
     int rc = -1;
@@ -875,8 +905,10 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
     }
     for (int ie = 0; ie < nkv; ie++)
     for (int it = 0; it < nt; it++)
+    for (int inp = 0; inp < n_np; inp++)
     for (int c = 0; c < ncfg; c++) {
-        sparq_context *ctx = NULL;
+        const int nb = (int)nps[inp];
+        sparq_context *ctxs[MAX_PARALLEL] = { 0 };
         sparq_attn_params cur;
         double ms_weights = NAN;
         for (int id = 0; id < n_depth; id++) {
@@ -888,35 +920,38 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
             if (cfg_params(&cfg[c], depth + warm + o->n_tokens, d, &p, e, sizeof e) &&
                 cfg_params(&cfg[c], max_depth + warm + o->n_tokens, d, &p, e, sizeof e)) {
                 snprintf(err, err_size, "%s: %s", cfg[c].pol->name, e);
-                sparq_context_free(ctx);
+                free_contexts(ctxs, nb);
                 goto done;
             }
-            if (ctx && (!same_params(&p, &cur) || sparq_context_pos(ctx) > depth)) {
-                sparq_context_free(ctx);
-                ctx = NULL;
-            }
-            if (!ctx) {
+            if (ctxs[0] && (!same_params(&p, &cur) || sparq_context_pos(ctxs[0]) > depth)) free_contexts(ctxs, nb);
+            if (!ctxs[0]) {
                 sparq_context_params cp = sparq_context_default_params();
                 cp.n_ctx = n_ctx;
                 cp.n_threads = (int)ts[it];
                 cp.n_batch = o->n_batch;
                 cp.kv_type = cli_kv_type(kv_names[ie]);
                 cp.attn = p;
-                if (sparq_context_create(m, &cp, &ctx, err, err_size)) goto done;
+                for (int b = 0; b < nb; b++)
+                    if (sparq_context_create(m, &cp, &ctxs[b], err, err_size)) {
+                        free_contexts(ctxs, nb);
+                        goto done;
+                    }
                 cur = p;
             }
             double t0 = cli_now();
-            if (decode_fill(ctx, depth, random_fill, n_vocab, o->seed, err, err_size)) {
-                sparq_context_free(ctx);
-                goto done;
-            }
+            /* each sequence its own tokens: caches that differ, as clients' do */
+            for (int b = 0; b < nb; b++)
+                if (decode_fill(ctxs[b], depth, random_fill, n_vocab, o->seed + 7919 * (uint64_t)b, err, err_size)) {
+                    free_contexts(ctxs, nb);
+                    goto done;
+                }
             if (depth > 0)
-                fprintf(stderr, "decode: %s fill to depth %lld: %.1f s\n", random_fill ? "random" : "prefill",
-                        (long long)depth, cli_now() - t0);
+                fprintf(stderr, "decode: %s fill of %d sequence(s) to depth %lld: %.1f s\n",
+                        random_fill ? "random" : "prefill", nb, (long long)depth, cli_now() - t0);
             bench_row *row = row_push(rl);
             if (!row) snprintf(err, err_size, "out of memory");
-            if (!row || decode_point(ctx, m, o, depth, kv_elems[ie], t, logits, row, err, err_size)) {
-                sparq_context_free(ctx);
+            if (!row || decode_point(ctxs, nb, m, o, depth, kv_elems[ie], t, logits, row, err, err_size)) {
+                free_contexts(ctxs, nb);
                 goto done;
             }
             snprintf(row->policy, sizeof row->policy, "%s", cfg[c].pol->name);
@@ -930,11 +965,11 @@ static int bench_decode(const bench_opts *o, row_list *rl, char *err, size_t err
             if (row->ms_attn > 0) row->gbps = bench_gbps((double)row->bytes_counted, row->ms_attn * 1e3);
             if (c == 0) dense_tok_s[id] = row->tok_s;
             row->speedup_vs_dense = dense_tok_s[id] > 0 ? row->tok_s / dense_tok_s[id] : NAN;
-            fprintf(stderr, "decode: %-9s r=%-3d k=%-5d depth=%-7lld t=%d %s: %8.2f tok/s  %7.3f ms/tok (attn %.3f)  x%.2f\n",
-                    row->policy, row->r, row->k, (long long)depth, row->threads, kv_names[ie], row->tok_s,
-                    row->us.median / 1e3, row->ms_attn, row->speedup_vs_dense);
+            fprintf(stderr, "decode: %-9s r=%-3d k=%-5d np=%-3d depth=%-7lld t=%d %s: %8.2f tok/s  %7.3f ms/step "
+                    "(attn %.3f)  x%.2f\n", row->policy, row->r, row->k, nb, (long long)depth, row->threads,
+                    kv_names[ie], row->tok_s, row->us.median / 1e3, row->ms_attn, row->speedup_vs_dense);
         }
-        sparq_context_free(ctx);
+        free_contexts(ctxs, nb);
     }
     rc = 0;
 done:
