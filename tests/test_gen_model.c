@@ -12,7 +12,12 @@
 #include "tensor/gguf.h"
 #include "tensor/quant.h"
 #include "util/paths.h"
+#include "sparq.h"
+#include <math.h>
 #include <sys/wait.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <unistd.h>
 
 static char bin[1024], tmp[256];
@@ -68,6 +73,86 @@ static int write_weights(const char *path, int64_t n)
         if (fwrite(&x, sizeof x, 1, f) != 1) { fclose(f); return -1; }
     }
     return fclose(f);
+}
+
+/* gen-model --init scaled on smollm2-135m's shapes (Q8_0): each matrix's
+ * values have the std max(1 / sqrt(fan-in), 0.02) (token_embd and output
+ * 3 / sqrt(n_embd)), every Q8_0 block scale is 0 or a normal f16, and on
+ * x86 sparq decoding it takes no subnormal operand (MXCSR's sticky DE
+ * flag), with a control showing a subnormal operand does set the flag. */
+static void test_init_scaled(void)
+{
+    char out[512], args[1024], *err, m[256];
+    snprintf(out, sizeof out, "%s/scaled.gguf", tmp);
+    snprintf(args, sizeof args, "gen-model --shape smollm2-135m --init scaled --type Q8_0 -o %s", out);
+    int rc = run(args, &err);
+    CHECK(rc == 0, "gen-model --init scaled: exit %d: %s", rc, err);
+    free(err);
+    snprintf(args, sizeof args, "gen-model --shape tiny --init fanin -o %s.x", out);
+    rc = run(args, &err);
+    CHECK(rc == 2 && strstr(err, "--init must be plain or scaled"), "--init fanin: exit %d: %s", rc, err);
+    free(err);
+    gguf_file *g = NULL;
+    if (rc == 0 || gguf_open(out, &g, m, sizeof m) != 0) {
+        CHECK(0, "cannot open %s: %s", out, m);
+        return;
+    }
+    const int64_t n_embd = 576;
+    int n_mat = 0, n_subnormal = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const gguf_tensor *x = &g->tensors[i];
+        if (x->n_dims != 2 || x->type != QT_Q8_0) continue;
+        const char *name = x->name.data;
+        const int64_t fan_in = x->ne[0], n = x->ne[0] * x->ne[1], nblk = n / 32;
+        double want = strncmp(name, "token_embd", 10) == 0 || strncmp(name, "output.", 7) == 0
+                          ? 3.0 / sqrt((double)n_embd)
+                          : fmax(1.0 / sqrt((double)fan_in), 0.02);
+        double sum = 0, sum2 = 0;
+        for (int64_t b = 0; b < nblk; b++) {
+            const uint8_t *blk = (const uint8_t *)x->data + 34 * b;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            const int exp = (h >> 10) & 31;
+            n_subnormal += exp == 0 && (h & 0x3ff) != 0;
+            const float d = fp16_to_fp32(h);
+            for (int j = 0; j < 32; j++) {
+                const double v = d * (int8_t)blk[2 + j];
+                sum += v, sum2 += v * v;
+            }
+        }
+        const double mean = sum / (double)n, sd = sqrt(sum2 / (double)n - mean * mean);
+        CHECK(fabs(sd / want - 1) < 0.05, "%s: std %.5f, want %.5f", name, sd, want);
+        n_mat++;
+    }
+    CHECK(n_mat == 2 + 7 * 30 - 1, "smollm2-135m has %d Q8_0 matrices (tied output)", n_mat);
+    CHECK(n_subnormal == 0, "%d Q8_0 block scales are subnormal f16", n_subnormal);
+    gguf_close(g);
+
+#if defined(__x86_64__)
+    sparq_model *model = NULL;
+    sparq_context *c = NULL;
+    CHECK(sparq_model_load(out, &model, m, sizeof m) == 0, "%s", m);
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_threads = 1; /* MXCSR is per thread: all of the work on this one */
+    if (model && sparq_context_create(model, &cp, &c, m, sizeof m) == 0) {
+        const int nv = sparq_model_n_vocab(model);
+        int32_t ids[160];
+        for (int i = 0; i < 160; i++) ids[i] = (i * 7919 + 13) % nv;
+        _mm_setcsr(_mm_getcsr() & ~0x3fu);
+        CHECK(sparq_eval(c, ids, 128, NULL) == 0, "prefill");
+        for (int i = 128; i < 160; i++) CHECK(sparq_eval(c, &ids[i], 1, NULL) == 0, "decode");
+        CHECK(!(_mm_getcsr() & 2), "a prefill and 32 decode steps took a subnormal operand");
+        volatile float tiny = 1e-40f, two = 2.0f;
+        volatile float y = tiny * two;
+        (void)y;
+        CHECK(_mm_getcsr() & 2, "control: a subnormal operand sets MXCSR.DE");
+    } else {
+        CHECK(0, "model or context: %s", m);
+    }
+    sparq_context_free(c);
+    sparq_model_free(model);
+#endif
 }
 
 int main(void)
@@ -176,6 +261,8 @@ int main(void)
     rc = run(args, &err);
     CHECK(rc != 0 && strstr(err, "error"), "weights of another shape: exit %d, '%s'", rc, err);
     free(err);
+
+    test_init_scaled();
 
     snprintf(args, sizeof args, "rm -rf %s", tmp);
     if (system(args) != 0) fprintf(stderr, "note: could not remove %s\n", tmp);

@@ -103,6 +103,7 @@ typedef struct gen_opts {
     const char *shape, *type, *out;
     const char *weights;    /* raw f32 weights instead of random ones      */
     const char *vocab_from; /* a GGUF whose SentencePiece vocabulary to use */
+    const char *init;       /* plain | scaled                              */
     uint64_t seed;
     int64_t n_ctx;
 } gen_opts;
@@ -117,6 +118,10 @@ static const cli_opt gen_table[] = {
       "fall back to Q4_0 / Q8_0" },
     { "-o", "--output", OPT_STR, OFF(out), "FILE", "output GGUF" },
     { "--seed", NULL, OPT_U64, OFF(seed), "N", "weights seed (default 1)" },
+    { "--init", NULL, OPT_STR, OFF(init), "plain|scaled",
+      "random weights: plain (default; fixed scales, as every earlier benchmark file) or scaled (each matrix "
+      "std max(1/sqrt(fan-in), 0.02), logits of std ~3, no weight nearer 0 than 2^-13: activations stay O(1) "
+      "and no f16 block scale is subnormal, so softmax, SiLU and weights stay clear of subnormals)" },
     { "-c", "--ctx-size", OPT_I64, OFF(n_ctx), "N", "context_length to record (default: the model's)" },
     { "--weights", NULL, OPT_STR, OFF(weights), "FILE",
       "trained weights instead of random ones: raw little-endian f32, every tensor [rows][cols] in the order "
@@ -134,6 +139,7 @@ typedef struct tensor_gen {
     uint64_t seed;
     float    scale;         /* std of the values                          */
     float    offset;        /* mean: 0 matrices, 1 norms, > 3.47 * scale positive */
+    float    floor;         /* > 0: values nearer 0 than this move out to it */
     uint32_t type;
     int64_t  n_in, n_rows;
 } tensor_gen;
@@ -176,8 +182,11 @@ static int fill_tensor(void *user, void *dst, size_t nbytes)
             if (tg->src)
                 memcpy(row, tg->src + r * tg->n_in, (size_t)tg->n_in * sizeof(float));
             else
-                for (int64_t i = 0; i < tg->n_in; i++)
-                    row[i] = tg->offset + tg->scale * approx_normal(&st);
+                for (int64_t i = 0; i < tg->n_in; i++) {
+                    float v = tg->offset + tg->scale * approx_normal(&st);
+                    if (fabsf(v) < tg->floor) v = copysignf(tg->floor, v);
+                    row[i] = v;
+                }
             if (quant_from_float(tg->type, row, (uint8_t *)dst + (size_t)r * row_bytes, tg->n_in)) {
 #pragma omp atomic write
                 failed = 1;
@@ -542,6 +551,7 @@ typedef struct weight_plan {
     tensor_gen  *gens;      /* [max] generators, alive until the write    */
     int          n, max;
     uint64_t     seed;
+    int          scaled;    /* --init scaled: scales from fan-in (add_weights) */
     int          n_fallback;/* K-quant tensors written as Q4_0 / Q8_0      */
     int          bad;
 } weight_plan;
@@ -568,6 +578,8 @@ static void add(weight_plan *p, const char *name, uint32_t type, int n_dims, int
     tg->seed = p->seed ^ name_hash(name);
     tg->scale = scale;
     tg->offset = offset;
+    /* far from f16's subnormals (< 2^-14) whatever the file's type */
+    tg->floor = p->scaled && offset == 0 ? 1.0f / 8192 : 0;
     tg->type = n_dims == 1 ? QT_F32 : fit_type(p, type, n_in);
     tg->n_in = n_in;
     tg->n_rows = n_rows;
@@ -581,14 +593,38 @@ static void add(weight_plan *p, const char *name, uint32_t type, int n_dims, int
     p->bad |= gguf_writer_add_tensor(p->w, name, tg->type, (uint32_t)n_dims, ne, fill_tensor, tg) != 0;
 }
 
+/* --init scaled: the scales a trained model's weights have at the orders of
+ * magnitude that matter. A matrix of std 1 / sqrt(fan-in) maps unit
+ * activations to unit activations, so after every RMSNorm the queries and
+ * keys are O(1) and attention scores q.k / sqrt(d) have std ~1, and the
+ * residual stream grows additively (each block's input is normalised); the
+ * logits have std ~3 (trained models' are a few units). Then the exponent
+ * of every softmax term and every SiLU stays within a few tens of 0, far
+ * from the ~-87 where f32 results turn subnormal. No matrix is narrower
+ * than std 0.02 (trained models' smallest are about that): a narrower one's
+ * Q8_0 / K-quant block scales, stored as f16, would fall below f16's
+ * smallest normal (2^-14 ~ 6.1e-5) and be subnormals themselves.
+ * plain: the fixed scales of the earlier benchmark files. */
+static float mat_scale(const weight_plan *p, float plain, double gain, int64_t fan_in)
+{
+    if (!p->scaled) return plain;
+    const double sd = gain / sqrt((double)fan_in);
+    return (float)(sd > 0.02 ? sd : 0.02);
+}
+
 static void add_weights(weight_plan *p, const model_shape *sh, uint32_t mat_type, uint32_t big_type)
 {
     const int64_t hd = shape_head_dim(sh);
     const int64_t q_dim = sh->n_head * hd, kv_dim = sh->n_kv_head * hd;
     char name[96];
-    add(p, "token_embd.weight", sh->tied ? big_type : mat_type, 2, sh->n_embd, sh->n_vocab, 0.1f, 0);
-    add(p, "output_norm.weight", QT_F32, 1, sh->n_embd, 1, 0.1f, 1);
-    if (!sh->tied) add(p, "output.weight", big_type, 2, sh->n_embd, sh->n_vocab, 0.1f, 0);
+    const float norm_sd = p->scaled ? 0.02f : 0.1f, bias_sd = p->scaled ? 0.02f : 0.1f;
+#define in_sd(plain) mat_scale(p, plain, 1.0, sh->n_embd)
+#define out_sd(fan_in) mat_scale(p, 0.05f, 1.0, fan_in)
+    add(p, "token_embd.weight", sh->tied ? big_type : mat_type, 2, sh->n_embd, sh->n_vocab,
+        mat_scale(p, 0.1f, 3.0, sh->n_embd), 0);
+    add(p, "output_norm.weight", QT_F32, 1, sh->n_embd, 1, norm_sd, 1);
+    if (!sh->tied)
+        add(p, "output.weight", big_type, 2, sh->n_embd, sh->n_vocab, mat_scale(p, 0.1f, 3.0, sh->n_embd), 0);
     if (sh->longrope_orig) {
         /* positive divisors: short ones near 1, long ones stretching */
         add(p, "rope_factors_short.weight", QT_F32, 1, hd / 2, 1, 0.2f, 1);
@@ -597,41 +633,43 @@ static void add_weights(weight_plan *p, const model_shape *sh, uint32_t mat_type
     for (int il = 0; il < sh->n_layer; il++) {
         uint32_t vt = more_bits(il, sh->n_layer) ? big_type : mat_type;
 #define L(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
-        add(p, L("attn_norm.weight"), QT_F32, 1, sh->n_embd, 1, 0.1f, 1);
+        add(p, L("attn_norm.weight"), QT_F32, 1, sh->n_embd, 1, norm_sd, 1);
         if (shape_is_fused(sh)) {
-            add(p, L("attn_qkv.weight"), mat_type, 2, sh->n_embd, q_dim + 2 * kv_dim, 0.1f, 0);
-            add(p, L("attn_output.weight"), mat_type, 2, q_dim, sh->n_embd, 0.05f, 0);
-            add(p, L("ffn_norm.weight"), QT_F32, 1, sh->n_embd, 1, 0.1f, 1);
-            add(p, L("ffn_up.weight"), mat_type, 2, sh->n_embd, 2 * (int64_t)sh->n_ff, 0.05f, 0);
-            add(p, L("ffn_down.weight"), vt, 2, sh->n_ff, sh->n_embd, 0.05f, 0);
+            add(p, L("attn_qkv.weight"), mat_type, 2, sh->n_embd, q_dim + 2 * kv_dim, in_sd(0.1f), 0);
+            add(p, L("attn_output.weight"), mat_type, 2, q_dim, sh->n_embd, out_sd(q_dim), 0);
+            add(p, L("ffn_norm.weight"), QT_F32, 1, sh->n_embd, 1, norm_sd, 1);
+            add(p, L("ffn_up.weight"), mat_type, 2, sh->n_embd, 2 * (int64_t)sh->n_ff, in_sd(0.05f), 0);
+            add(p, L("ffn_down.weight"), vt, 2, sh->n_ff, sh->n_embd, out_sd(sh->n_ff), 0);
             continue;
         }
-        add(p, L("attn_q.weight"), mat_type, 2, sh->n_embd, q_dim, 0.1f, 0);
-        add(p, L("attn_k.weight"), mat_type, 2, sh->n_embd, kv_dim, 0.1f, 0);
-        add(p, L("attn_v.weight"), vt, 2, sh->n_embd, kv_dim, 0.05f, 0);
+        add(p, L("attn_q.weight"), mat_type, 2, sh->n_embd, q_dim, in_sd(0.1f), 0);
+        add(p, L("attn_k.weight"), mat_type, 2, sh->n_embd, kv_dim, in_sd(0.1f), 0);
+        add(p, L("attn_v.weight"), vt, 2, sh->n_embd, kv_dim, in_sd(0.05f), 0);
         if (shape_has_bias(sh)) {
-            add(p, L("attn_q.bias"), QT_F32, 1, q_dim, 1, 0.1f, 0);
-            add(p, L("attn_k.bias"), QT_F32, 1, kv_dim, 1, 0.1f, 0);
-            add(p, L("attn_v.bias"), QT_F32, 1, kv_dim, 1, 0.1f, 0);
+            add(p, L("attn_q.bias"), QT_F32, 1, q_dim, 1, bias_sd, 0);
+            add(p, L("attn_k.bias"), QT_F32, 1, kv_dim, 1, bias_sd, 0);
+            add(p, L("attn_v.bias"), QT_F32, 1, kv_dim, 1, bias_sd, 0);
         }
         if (shape_has_qk_norm(sh)) {
-            add(p, L("attn_q_norm.weight"), QT_F32, 1, hd, 1, 0.1f, 1);
-            add(p, L("attn_k_norm.weight"), QT_F32, 1, hd, 1, 0.1f, 1);
+            add(p, L("attn_q_norm.weight"), QT_F32, 1, hd, 1, norm_sd, 1);
+            add(p, L("attn_k_norm.weight"), QT_F32, 1, hd, 1, norm_sd, 1);
         }
-        add(p, L("attn_output.weight"), mat_type, 2, q_dim, sh->n_embd, 0.05f, 0);
-        add(p, L("ffn_norm.weight"), QT_F32, 1, sh->n_embd, 1, 0.1f, 1);
-        add(p, L("ffn_gate.weight"), mat_type, 2, sh->n_embd, sh->n_ff, 0.05f, 0);
-        add(p, L("ffn_up.weight"), mat_type, 2, sh->n_embd, sh->n_ff, 0.05f, 0);
-        add(p, L("ffn_down.weight"), vt, 2, sh->n_ff, sh->n_embd, 0.05f, 0);
+        add(p, L("attn_output.weight"), mat_type, 2, q_dim, sh->n_embd, out_sd(q_dim), 0);
+        add(p, L("ffn_norm.weight"), QT_F32, 1, sh->n_embd, 1, norm_sd, 1);
+        add(p, L("ffn_gate.weight"), mat_type, 2, sh->n_embd, sh->n_ff, in_sd(0.05f), 0);
+        add(p, L("ffn_up.weight"), mat_type, 2, sh->n_embd, sh->n_ff, in_sd(0.05f), 0);
+        add(p, L("ffn_down.weight"), vt, 2, sh->n_ff, sh->n_embd, out_sd(sh->n_ff), 0);
 #undef L
     }
+#undef in_sd
+#undef out_sd
 }
 
 /* ---- the command ------------------------------------------------------- */
 
 int cli_gen_model(int argc, char **argv)
 {
-    gen_opts o = { NULL, "Q8_0", NULL, NULL, NULL, 1, 0 };
+    gen_opts o = { .type = "Q8_0", .init = "plain", .seed = 1 };
     cli_group groups[] = { { "gen-model", gen_table, &o } };
     char err[512];
     const int parsed = cli_parse_command(groups, 1, argc, argv,
@@ -666,6 +704,10 @@ int cli_gen_model(int argc, char **argv)
         fprintf(stderr, "error: --type must be F32, F16, Q8_0, Q4_0 or Q4_K_M, not '%s'\n", o.type);
         return 2;
     }
+    if (strcmp(o.init, "plain") != 0 && strcmp(o.init, "scaled") != 0) {
+        fprintf(stderr, "error: --init must be plain or scaled, not '%s'\n", o.init);
+        return 2;
+    }
 
     int rc = 1;
     float *weights = NULL;
@@ -674,6 +716,7 @@ int cli_gen_model(int argc, char **argv)
     p.w = gguf_writer_create();
     p.max = 5 + 14 * sh->n_layer;
     p.seed = o.seed;
+    p.scaled = strcmp(o.init, "scaled") == 0;
     p.gens = calloc((size_t)p.max, sizeof *p.gens);
     if (o.vocab_from && (shape_is_bpe(sh) || shape_is_fused(sh))) {
         fprintf(stderr, "error: --vocab-from takes a SentencePiece vocabulary; shape %s has its own\n", sh->name);
@@ -696,7 +739,8 @@ int cli_gen_model(int argc, char **argv)
         goto done;
     }
     char name[96];
-    snprintf(name, sizeof name, "sparq %s %s %s", weights ? "trained" : "random", sh->name, o.type);
+    snprintf(name, sizeof name, "sparq %s %s %s", weights ? "trained" : p.scaled ? "random-scaled" : "random",
+             sh->name, o.type);
     int64_t n_ctx = o.n_ctx > 0 ? o.n_ctx : sh->n_ctx;
     if (n_ctx > UINT32_MAX) {
         fprintf(stderr, "error: -c %lld does not fit the u32 context_length key\n", (long long)n_ctx);
