@@ -5,7 +5,11 @@
  * shared copy and its other users alone; contexts attached to a prefix
  * give the logits of a fresh prefill bit for bit (stories260K); and 16 of
  * them over a long prefix cost about one copy of it in the process's
- * memory (/proc/self/smaps_rollup), where copying costs one each. */
+ * memory (/proc/self/smaps_rollup), where copying costs one each.
+ * kv_shift, on plain caches and over a shared prefix, for every element
+ * type, both RoPE pairings and partial rotary dims, against a naive
+ * rotation of what the cache held (shift_mismatches), with controls that
+ * a wrong pairing or a rotation of the other sign is caught. */
 #include "test.h"
 #include "core/kvcache.h"
 #include "sparq.h"
@@ -135,6 +139,134 @@ static int cache_diff(const kv_cache *a, const kv_cache *b, int64_t n)
     return bad;
 }
 
+/* ---- context shift against a naive rotation ---------------------------------- */
+
+/* Every K and V value of positions [0, n), dequantized: [L][H][n][d]. */
+static float *snapshot(const kv_cache *c, int64_t n, int is_v)
+{
+    float *out = malloc((size_t)c->n_layer * c->n_kv_head * n * c->d * sizeof *out);
+    if (!out) return NULL;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_kv_head; h++) {
+            attn_kv_view w;
+            kv_view(c, l, h, n, &w);
+            for (int64_t s = 0; s < n; s++)
+                attn_kv_row_f32(is_v ? w.V : w.K, c->elem, c->d, s, c->d,
+                                out + (((size_t)l * c->n_kv_head + h) * n + s) * c->d);
+        }
+    return out;
+}
+
+/* The RoPE table kv_shift takes for a move of `delta` positions. */
+static void rope_table(float *cs, int rope_dim, int delta)
+{
+    for (int i = 0; i < rope_dim / 2; i++) {
+        const double th = delta * pow(10000.0, -2.0 * i / rope_dim);
+        cs[2 * i] = (float)cos(th);
+        cs[2 * i + 1] = (float)sin(th);
+    }
+}
+
+/* Values of c (after kv_shift(keep, discard)) that differ from the naive
+ * shift of the snapshots kb, vb taken over n0 positions before it: kept
+ * rows and all V rows verbatim; a moved key row is the old row rotated
+ * here, in double, by the angle of position -discard (pairs (2i, 2i+1),
+ * or with neox (i, i + rope_dim/2), over the first rope_dim components),
+ * within the rounding of the element type; K^T follows K; V sums are the
+ * moved values' sums. */
+static int shift_mismatches(const kv_cache *c, const float *kb, const float *vb, int64_t n0, int64_t keep,
+                            int64_t discard, int rope_dim, int neox)
+{
+    const int d = c->d, half = rope_dim / 2;
+    int bad = 0;
+    double want[64];
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_kv_head; h++) {
+            attn_kv_view w;
+            kv_view(c, l, h, c->n, &w);
+            const size_t head = ((size_t)l * c->n_kv_head + h) * n0;
+            double vs[64] = { 0 };
+            for (int64_t s = 0; s < c->n; s++) {
+                const int64_t from = s < keep ? s : s + discard;
+                const float *old = kb + (head + from) * d;
+                for (int j = 0; j < d; j++) want[j] = old[j];
+                for (int i = 0; s >= keep && i < half; i++) {
+                    const double th = -(double)discard * pow(10000.0, -2.0 * i / rope_dim);
+                    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                    want[a] = old[a] * cos(th) - old[b] * sin(th);
+                    want[b] = old[a] * sin(th) + old[b] * cos(th);
+                }
+                for (int j = 0; j < d; j++) {
+                    const float got = attn_kv_at(w.K, c->elem, d, s, j);
+                    double tol = 1e-5, row_step = 0; /* f32: float against double */
+                    if (c->elem == KV_F16) tol += fabs(want[j]) / 2048; /* half an f16 ulp */
+                    if (c->elem == KV_Q8_0) {
+                        uint16_t hs;
+                        memcpy(&hs, (const uint8_t *)w.K + (size_t)s * c->row_bytes + j / 32 * 34, 2);
+                        row_step = fp16_to_fp32(hs);
+                        tol += 0.501 * row_step; /* half a quantization step */
+                    }
+                    bad += s < keep ? got != old[j] : fabs(got - want[j]) > tol;
+                    const float v = attn_kv_at(w.V, c->elem, d, s, j);
+                    bad += v != vb[(head + from) * d + j];
+                    vs[j] += v;
+                    /* K^T: the same value (f32, f16) or, Q8_0 (quantized
+                     * along positions), within half its own block's step of
+                     * K: a moved column is rebuilt from K's rows; a kept one
+                     * came from the written values, half a K step away */
+                    int64_t col;
+                    const uint8_t *kt = attn_kt_row(&w, j, s, &col);
+                    const float ktv = attn_kv_at(kt, c->elem, 0, 0, col);
+                    if (c->elem == KV_Q8_0) {
+                        uint16_t hs;
+                        memcpy(&hs, kt + col / 32 * 34, 2);
+                        bad += fabsf(ktv - got) > 0.501 * fp16_to_fp32(hs) + (s < keep ? 0.501 * row_step : 0);
+                    } else {
+                        bad += ktv != got;
+                    }
+                }
+            }
+            for (int j = 0; j < d && w.v_sum; j++) bad += fabs(w.v_sum[j] - vs[j]) > 1e-3 * (1 + fabs(vs[j]));
+        }
+    return bad;
+}
+
+/* A cache of L layers written, shifted by kv_shift, checked against the
+ * naive shift; and the check is shown to fail for a wrong reference (the
+ * other pairing, a rotation of the other sign). */
+static void check_shift_naive(int elem, int neox, int rope_dim)
+{
+    const int L = 2, H = 3, d = 8;
+    const int64_t n0 = 90, keep = 7, discard = 29;
+    kv_cache c;
+    char err[256];
+    CHECK(kv_create(&c, L, H, d, 128, elem, 1, 1, err, sizeof err) == 0, "%s", err);
+    if (!c.k) return;
+    write_positions(&c, 0, n0, 3);
+    float *kb = snapshot(&c, n0, 0), *vb = snapshot(&c, n0, 1), cs[8];
+    rope_table(cs, rope_dim, -(int)discard);
+    CHECK(kb && vb && kv_shift(&c, keep, discard, cs, rope_dim, neox) == 0 && c.n == n0 - discard, "shift");
+    if (kb && vb) {
+        const int bad = shift_mismatches(&c, kb, vb, n0, keep, discard, rope_dim, neox);
+        CHECK(bad == 0, "elem %d neox %d rope %d: %d values differ from the naive shift", elem, neox, rope_dim, bad);
+        /* controls: the other pairing, and keys rotated the other way */
+        CHECK(shift_mismatches(&c, kb, vb, n0, keep, discard, rope_dim, !neox) > 0,
+              "elem %d: a reference with the other pairing is told apart (the check can fail)", elem);
+        kv_cache wrong;
+        float cs_wrong[8];
+        rope_table(cs_wrong, rope_dim, (int)discard);
+        CHECK(kv_create(&wrong, L, H, d, 128, elem, 1, 1, err, sizeof err) == 0, "%s", err);
+        write_positions(&wrong, 0, n0, 3);
+        kv_shift(&wrong, keep, discard, cs_wrong, rope_dim, neox);
+        CHECK(shift_mismatches(&wrong, kb, vb, n0, keep, discard, rope_dim, neox) > 0,
+              "elem %d: a shift rotating by +discard is detected (the check can fail)", elem);
+        kv_free(&wrong);
+    }
+    free(kb);
+    free(vb);
+    kv_free(&c);
+}
+
 /* A source of n positions shared; caches over it at n and at a shorter m,
  * each then writing its own suffix, equal fresh caches that wrote it all;
  * the shared copy and the other user are untouched. */
@@ -203,11 +335,21 @@ static void check_shared(int elem)
     CHECK(cache_diff(&e, &fresh2, 700) == 0, "elem %d: a cache over the prefix, reset and rewritten, differs", elem);
     kv_free(&e);
     kv_free(&fresh2);
-    const float cs[8] = { 0.6f, 0.8f, 1.0f, 0.0f, -0.28f, 0.96f, 0.0f, -1.0f };
-    CHECK(kv_shift(&c, n + 76, 100, cs, d, 0) == 0 && kv_shift(&fresh, n + 76, 100, cs, d, 0) == 0 && !c.kt_pre &&
-              c.n == n + more - 100,
+    /* a shift: against the naive rotation of what the cache held (which
+     * kv_shift does not compute), then the same bytes as a plain cache's */
+    float cs[8];
+    rope_table(cs, d, -100);
+    const int64_t n0 = c.n;
+    float *kb = snapshot(&c, n0, 0), *vb = snapshot(&c, n0, 1);
+    CHECK(kb && vb && kv_shift(&c, n + 76, 100, cs, d, 0) == 0 && kv_shift(&fresh, n + 76, 100, cs, d, 0) == 0 &&
+              !c.kt_pre && c.n == n + more - 100,
           "elem %d: shift of a cache over a shared prefix", elem);
-    CHECK(cache_diff(&c, &fresh, c.n) == 0, "elem %d: shifted, the cache over the prefix differs", elem);
+    if (kb && vb)
+        CHECK(shift_mismatches(&c, kb, vb, n0, n + 76, 100, d, 0) == 0,
+              "elem %d: the shifted cache over the prefix differs from the naive shift", elem);
+    free(kb);
+    free(vb);
+    CHECK(cache_diff(&c, &fresh, c.n) == 0, "elem %d: shifted, the cache over the prefix differs from a plain one", elem);
     write_positions(&c, c.n, c.n + 40, 11);
     write_positions(&fresh, fresh.n, fresh.n + 40, 11);
     CHECK(cache_diff(&c, &fresh, c.n) == 0, "elem %d: writes after the shift differ", elem);
@@ -380,6 +522,11 @@ int main(void)
     check_shared(KV_F32);
     check_shared(KV_F16);
     check_shared(KV_Q8_0);
+    for (int e = 0; e < 3; e++) {
+        const int elem = e == 0 ? KV_F32 : e == 1 ? KV_F16 : KV_Q8_0;
+        check_shift_naive(elem, 0, 8);
+        check_shift_naive(elem, 1, 6); /* NEOX pairs over part of the head */
+    }
     kv_cache c;
     char err[256];
     CHECK(kv_create(&c, 1, 1, 8, 0, KV_F16, 0, 0, err, sizeof err) != 0, "zero capacity rejected");

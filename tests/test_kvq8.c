@@ -3,7 +3,9 @@
  * - the row format against a quantizer written here from the definition
  *   (scale = f16(max|x| / 127), q = round(x / scale));
  * - kv_write: K, V rows, K^T blocks along positions (also the partial
- *   block of the newest positions at every step), V sums, kv_shift;
+ *   block of the newest positions at every step), V sums, kv_shift (by
+ *   angle 0: exact; by the RoPE angles of a real offset: within the Q8_0
+ *   rounding bound of a naive rotation, with a wrong-sign control);
  * - every attention kernel on a Q8_0 view against the same kernel on the
  *   dequantized f32 copy (dequantized values are exact in f32, so only the
  *   order of float sums differs), prefill tiles included;
@@ -193,6 +195,131 @@ static void test_cache(void)
     for (int j = 0; j < d; j++)
         bad_after += fabsf(attn_kv_at(v1.KT, KV_Q8_0, cap, j, c.n) - attn_kv_at(v1.K, KV_Q8_0, d, c.n, j)) > 0.2f;
     CHECK(bad_after == 0, "%d K^T values of the write after a shift are off", bad_after);
+    kv_free(&c);
+}
+
+/* Rotates row x[d] (in double) by the RoPE angle of position `delta`:
+ * pairs (2i, 2i+1) or, neox, (i, i + half) over the first rope_dim
+ * components, angle delta * 10000^(-2i/rope_dim). */
+static void naive_rotate(const float *x, double *y, int d, int rope_dim, int neox, int delta)
+{
+    const int half = rope_dim / 2;
+    for (int j = 0; j < d; j++) y[j] = x[j];
+    for (int i = 0; i < half; i++) {
+        const double th = delta * pow(10000.0, -2.0 * i / rope_dim);
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        y[a] = x[a] * cos(th) - x[b] * sin(th);
+        y[b] = x[a] * sin(th) + x[b] * cos(th);
+    }
+}
+
+/* A shift by a real offset: every moved key row, dequantized, must be the
+ * naive rotation of the row it came from (dequantized before the shift)
+ * within the Q8_0 rounding bound (half a step of its block's scale, plus
+ * the f16 rounding of that scale), and agree with that rotation quantized
+ * here from the definition to within one step; kept rows, V and V sums as
+ * they were; K^T follows K. A rotation by +delta instead of -delta (a sign
+ * slip) or a missed layer fails the same comparison: run as a control. */
+static void test_shift_rotation(int neox, int rope_dim)
+{
+    const int L = 2, H = 2, d = 40, keep = 5, discard = 37;
+    const int64_t cap = 100, N = 90;
+    kv_cache c;
+    char err[256];
+    CHECK(kv_create(&c, L, H, d, cap, KV_Q8_0, 1, 1, err, sizeof err) == 0, "%s", err);
+    if (!c.k) return;
+    float k[2 * 40], v[2 * 40];
+    for (int64_t p = 0; p < N; p++) {
+        for (int l = 0; l < L; l++) {
+            for (int h = 0; h < H; h++)
+                for (int j = 0; j < d; j++) {
+                    k[h * d + j] = key_val(l, h, p, j);
+                    v[h * d + j] = val_val(l, h, p, j);
+                }
+            kv_write(&c, l, p, k, v);
+        }
+        c.n++;
+    }
+    static float kb[2][2][90][40], vb[2][2][90][40];
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++) {
+            attn_kv_view w;
+            kv_view(&c, l, h, N, &w);
+            for (int64_t s = 0; s < N; s++) {
+                attn_kv_row_f32(w.K, KV_Q8_0, d, s, d, kb[l][h][s]);
+                attn_kv_row_f32(w.V, KV_Q8_0, d, s, d, vb[l][h][s]);
+            }
+        }
+    float cs[40];
+    for (int i = 0; i < rope_dim / 2; i++) {
+        const double th = -(double)discard * pow(10000.0, -2.0 * i / rope_dim);
+        cs[2 * i] = (float)cos(th);
+        cs[2 * i + 1] = (float)sin(th);
+    }
+    CHECK(kv_shift(&c, keep, discard, cs, rope_dim, neox) == 0 && c.n == N - discard, "shift");
+    int bad_bound = 0, bad_naive = 0, off_step = 0, bad_kept = 0, bad_v = 0, bad_sum = 0, bad_kt = 0, ctl = 0;
+    int64_t moved = 0;
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++) {
+            attn_kv_view w;
+            kv_view(&c, l, h, c.n, &w);
+            for (int64_t s = 0; s < c.n; s++) {
+                const int64_t from = s < keep ? s : s + discard;
+                double want[40], sign_slip[40];
+                naive_rotate(kb[l][h][from], want, d, rope_dim, neox, -discard);
+                naive_rotate(kb[l][h][from], sign_slip, d, rope_dim, neox, discard);
+                float wantf[40];
+                for (int j = 0; j < d; j++) wantf[j] = (float)want[j];
+                uint8_t q[44];
+                int8_t qq[32];
+                uint16_t qh[2];
+                for (int b = 0; b * 32 < d; b++) { /* the definition's quantization of the rotated row */
+                    const int n = d - b * 32 < 32 ? d - b * 32 : 32;
+                    naive_block(wantf + b * 32, n, &qh[b], qq);
+                    memcpy(q + b * 34, &qh[b], 2);
+                    memcpy(q + b * 34 + 2, qq, (size_t)n);
+                }
+                for (int j = 0; j < d; j++) {
+                    const float got = attn_kv_at(w.K, KV_Q8_0, d, s, j);
+                    bad_v += attn_kv_at(w.V, KV_Q8_0, d, s, j) != vb[l][h][from][j];
+                    if (s < keep) {
+                        bad_kept += got != kb[l][h][s][j];
+                        continue;
+                    }
+                    moved++;
+                    uint16_t hs;
+                    memcpy(&hs, (const uint8_t *)w.K + s * c.row_bytes + j / 32 * 34, 2);
+                    const double step = fp16_to_fp32(hs), bound = 0.5 * step * 1.002 + 1e-6;
+                    bad_bound += fabs(got - want[j]) > bound;
+                    ctl += fabs(got - sign_slip[j]) > bound;
+                    const double ref = attn_q8_at(q, j);
+                    bad_naive += fabs(got - ref) > step * 1.002 + 1e-6;
+                    off_step += got != ref;
+                    const float kt = attn_kv_at(w.KT, KV_Q8_0, cap, j, s);
+                    memcpy(&hs, (const uint8_t *)w.KT + j * c.kt_row_bytes + s / 32 * 34, 2);
+                    bad_kt += fabsf(kt - got) > 0.5f * fp16_to_fp32(hs) * 1.001f;
+                }
+            }
+            for (int j = 0; j < d; j++) {
+                double sum = 0;
+                for (int64_t s = 0; s < c.n; s++) sum += vb[l][h][s < keep ? s : s + discard][j];
+                bad_sum += fabs(w.v_sum[j] - sum) > 1e-3;
+            }
+        }
+    const char *pair = neox ? "neox" : "normal";
+    CHECK(moved == (int64_t)L * H * (N - discard - keep) * d, "moved elements counted");
+    CHECK(bad_bound == 0, "%s rope %d: %d of %lld moved key values outside the Q8_0 rounding bound of the naive rotation",
+          pair, rope_dim, bad_bound, (long long)moved);
+    /* float vs double rotation may round a value at a half step the
+     * other way: one step at most, and rarely */
+    CHECK(bad_naive == 0 && off_step * 50 <= moved, "%s rope %d: vs the naive re-quantized rotation: %d beyond one step, %d differ",
+          pair, rope_dim, bad_naive, off_step);
+    CHECK(bad_kept == 0, "%d kept key values changed", bad_kept);
+    CHECK(bad_v == 0, "%d value entries not moved verbatim", bad_v);
+    CHECK(bad_sum == 0, "%d V sums differ from the moved values' sums", bad_sum);
+    CHECK(bad_kt == 0, "%d K^T values after a rotating shift do not follow K", bad_kt);
+    CHECK(ctl * 4 > moved, "control: a rotation of the wrong sign is detected (%d of %lld values off)", ctl,
+          (long long)moved);
     kv_free(&c);
 }
 
@@ -722,6 +849,8 @@ int main(void)
 {
     test_format();
     test_cache();
+    test_shift_rotation(0, 40);
+    test_shift_rotation(1, 24); /* partial rotary dims: the rest stay as they are */
     test_kernels();
     test_prefill_tiles();
     test_model();

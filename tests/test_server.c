@@ -18,6 +18,10 @@
  *    on every answer and OPTIONS preflights without the API key;
  *  - n choices: equal at temperature 0, choice i == seed + i alone when
  *    sampled, usage over all, streamed per index; n past the slots is a 400;
+ *  - prefill order and a waiting request's hang-up, on servers whose
+ *    scheduler the test steps through a FIFO (SPARQ_TEST_PREFILL_GATE):
+ *    no sleeps, the state each check is about is held, and a control
+ *    run shows each check can fail;
  *  - SIGTERM: both servers exit with status 0.
  */
 #include "sparq.h"
@@ -1453,9 +1457,6 @@ done:
     CHECK(system(cmd) == 0, "rm -rf %s", dir);
 }
 
-/* A request waiting for another sequence's prefill leaves the queue as
- * soon as its client hangs up (counted as cancelled while the prefill it
- * waited for still runs); the prefilling request is unaffected. */
 /* Sends a POST /v1/completions without waiting for the answer: the
  * connection, or -1. */
 static int post_async(int port, const char *body)
@@ -1495,85 +1496,281 @@ static char *hello_body(int repeats, const char *suffix, int max_tokens)
     return t.data;
 }
 
-/* Prefill goes in admission order: a short prompt that arrives while a
- * long one is prefilling answers after it (round robin would answer it
- * first and hold every long prompt's first token back). */
+/* ---- the prefill gate: order and state without the clock ---------------------
+ * A server started with SPARQ_TEST_PREFILL_GATE (server.h) takes one byte
+ * from a FIFO before each prefill chunk while the test holds the FIFO open:
+ * a long prompt stays mid-prefill for as long as the test needs, on a fast
+ * machine or a slow one, and the test lets chunks through one at a time,
+ * reading each one's size from /metrics. Waits below are for evidence
+ * (a metric, a log line) with a generous bound that only a failure hits. */
+
+typedef struct gated {
+    server s;
+    char   fifo[96];
+    int    w;      /* the FIFO's write end: the gate is shut while open */
+} gated;
+
+static int start_gated(gated *g, const char *tiny, int parallel, const char *what)
+{
+    g->w = -1;
+    snprintf(g->fifo, sizeof g->fifo, "/tmp/sparq_test_gate_%d_%s", (int)getpid(), what);
+    unlink(g->fifo);
+    if (mkfifo(g->fifo, 0600)) {
+        CHECK(0, "mkfifo %s: %s", g->fifo, strerror(errno));
+        return -1;
+    }
+    setenv("SPARQ_TEST_PREFILL_GATE", g->fifo, 1);
+    const int rc = start_tiny(&g->s, tiny, parallel, what);
+    unsetenv("SPARQ_TEST_PREFILL_GATE");
+    /* the scheduler opens the read end as it starts: until then ENXIO */
+    for (double t0 = now(); !rc && g->w < 0 && now() - t0 < 30; usleep(10000))
+        g->w = open(g->fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    CHECK(rc || g->w >= 0, "%s: the server did not open its prefill gate", what);
+    if (!rc && g->w < 0) stop_server(&g->s);
+    if (rc || g->w < 0) {
+        unlink(g->fifo);
+        return -1;
+    }
+    return 0;
+}
+
+/* Opens the gate for good (the server reads end of file). */
+static void gate_open_all(gated *g)
+{
+    if (g->w >= 0) close(g->w);
+    g->w = -1;
+}
+
+static int stop_gated(gated *g)
+{
+    gate_open_all(g); /* a scheduler held at the gate could not stop */
+    unlink(g->fifo);
+    return stop_server(&g->s);
+}
+
+/* Lets one prefill chunk through and returns its size in tokens (the rise
+ * of prefill_tokens_total from *total, which is updated); 0 if nothing was
+ * prefilling (no request active or queued: the byte stays for later), -1
+ * if no evidence came in 60 s. */
+static long long gate_step(gated *g, long long *total)
+{
+    if (write(g->w, "x", 1) != 1) return -1;
+    for (double t0 = now(); now() - t0 < 60; usleep(2000)) {
+        /* idle first, then the count: a chunk that ran before the server
+         * went idle is in the count read after */
+        const int idle = metric(g->s.port, "active_sequences") == 0 && metric(g->s.port, "queue_depth") == 0;
+        const long long t = metric(g->s.port, "prefill_tokens_total");
+        if (t > *total) {
+            const long long d = t - *total;
+            *total = t;
+            return d;
+        }
+        if (idle) return 0;
+    }
+    return -1;
+}
+
+/* Polls until metric `name` reaches at least want: its value, or the last
+ * seen after 60 s (only a failure waits that long). */
+static long long await_metric(int port, const char *name, long long want)
+{
+    long long v = -1;
+    for (double t0 = now(); now() - t0 < 60; usleep(2000))
+        if ((v = metric(port, name)) >= want) break;
+    return v;
+}
+
+/* Slots /slots reports processing, or -1. */
+static int slots_processing(int port)
+{
+    resp r;
+    if (http(port, "GET", "/slots", NULL, 0, 1, &r)) return -1;
+    int n = 0;
+    for (const char *p = r.body; (p = strstr(p, "\"is_processing\":true")) != NULL; p++) n++;
+    resp_free(&r);
+    return n;
+}
+
+/* usage.prompt_tokens of a completion response, or -1. */
+static int prompt_tokens(const resp *r)
+{
+    const char *p = r->body ? strstr(r->body, "\"prompt_tokens\":") : NULL;
+    return p ? atoi(p + 16) : -1;
+}
+
+/* One run: the long prompt L (about 2700 tokens, 40+ chunks) and the short
+ * S, the second sent while the gate holds the first after one chunk; the
+ * sizes of the chunks as they ran go to seq (at most max), their number is
+ * returned (-1: a failure, reported). *n_long, *n_short: their prompt
+ * tokens as the answers count them. */
+static int gated_order(const char *tiny, int long_first, long long *seq, int max, int *n_long, int *n_short)
+{
+    gated g;
+    if (start_gated(&g, tiny, 2, long_first ? "order" : "order-control")) return -1;
+    char *body_l = hello_body(300, "", 1);
+    const char *body_s = "{\"prompt\": \"The cat sat\", \"max_tokens\": 1, \"temperature\": 0}";
+    int n = 0, fl = -1, fs = -1, ok = body_l != NULL;
+    long long total = 0;
+    CHECK(ok, "out of memory");
+    if (ok) {
+        int *first = long_first ? &fl : &fs, *second = long_first ? &fs : &fl;
+        *first = post_async(g.s.port, long_first ? body_l : body_s);
+        ok = *first >= 0 && await_metric(g.s.port, "active_sequences", 1) == 1 && /* admitted, held */
+             (seq[n++] = gate_step(&g, &total)) > 0;                             /* its first chunk */
+        CHECK(ok, "order: the first request's first chunk (%lld)", seq[0]);
+        /* the second arrives and queues while the first is held at the gate */
+        if (ok) *second = post_async(g.s.port, long_first ? body_s : body_l);
+        /* long first: it queues behind the held scheduler; short first:
+         * the short one is done and the long one admitted and held */
+        ok = ok && *second >= 0 &&
+             await_metric(g.s.port, long_first ? "queue_depth" : "active_sequences", 1) == 1;
+        CHECK(ok, "order: the second request is queued while the first is held");
+        /* both admitted, the long one still prefilling: the state the
+         * order is about (in the control the short one is done by then) */
+        if (ok && long_first) {
+            seq[n++] = gate_step(&g, &total); /* the next round admits the short one */
+            seq[n++] = gate_step(&g, &total);
+            CHECK(seq[1] > 0 && seq[2] > 0 && slots_processing(g.s.port) == 2,
+                  "order: the short prompt was admitted while the long one was prefilling");
+        }
+        while (ok && n < max) {
+            const long long d = gate_step(&g, &total);
+            CHECK(d >= 0, "order: a chunk let through did not run");
+            if (d <= 0) break;
+            seq[n++] = d;
+        }
+    }
+    gate_open_all(&g);
+    resp r;
+    *n_long = *n_short = -1;
+    for (int i = 0; i < 2; i++) {
+        const int fd = i ? fs : fl;
+        CHECK(fd >= 0 && read_resp(fd, &r) == 0 && r.status == 200, "order: the %s request answered",
+              i ? "short" : "long");
+        if (fd >= 0 && r.head) {
+            *(i ? n_short : n_long) = prompt_tokens(&r);
+            resp_free(&r);
+        }
+        if (fd >= 0) close(fd);
+    }
+    free(body_l);
+    CHECK(stop_gated(&g) == 0, "order server: SIGTERM did not end it cleanly");
+    return ok ? n : -1;
+}
+
+/* Whether the chunk sizes seq[0..n) are the long prompt's n_long tokens
+ * in full chunks first, then the short one's n_short in one chunk. */
+static int long_then_short(const long long *seq, int n, int n_long, int n_short)
+{
+    long long sum = 0;
+    for (int i = 0; i + 1 < n; i++) sum += seq[i];
+    return n >= 2 && sum == n_long && seq[n - 1] == n_short;
+}
+
+/* Prefill goes in admission order: a short prompt admitted while a long
+ * one is prefilling is prefilled (so answered) after all of it - round
+ * robin would run its chunk second and hold every long prompt's first
+ * token back. The control admits the short one first, and the same check
+ * must then say no. */
 static void prefill_order(const char *tiny)
 {
-    server s;
-    if (start_tiny(&s, tiny, 2, "prefill-order")) return;
-    char *body_a = hello_body(300, "", 1); /* ~2700 tokens: 40+ chunks */
-    CHECK(body_a != NULL, "out of memory");
-    if (!body_a) {
-        stop_server(&s);
-        return;
+    long long seq[128], ctl[128];
+    int nl = -1, ns = -1, cl = -1, cs = -1;
+    const int n = gated_order(tiny, 1, seq, 128, &nl, &ns);
+    if (n < 0) return;
+    CHECK(nl > 64 * 30 && ns > 0 && ns < 64, "prompt sizes: long %d, short %d tokens", nl, ns);
+    CHECK(long_then_short(seq, n, nl, ns), "the short prompt admitted second was prefilled before the long one "
+          "ended (%d chunks: %lld %lld %lld ... %lld; long %d, short %d)", n, seq[0], seq[1], seq[2], seq[n - 1], nl, ns);
+    const int m = gated_order(tiny, 0, ctl, 128, &cl, &cs);
+    if (m < 0) return;
+    CHECK(m >= 2 && ctl[0] == cs && !long_then_short(ctl, m, cl, cs),
+          "control: admitted first, the short prompt is prefilled first and the check says so (%d chunks, first %lld)",
+          m, m ? ctl[0] : -1);
+}
+
+/* Lines of the server's log holding `what`. */
+static int log_count(const server *s, const char *what)
+{
+    size_t size;
+    char *t = (char *)test_read_file(s->log, &size);
+    int n = 0;
+    for (const char *p = t; p && (p = strstr(p, what)) != NULL; p++) n++;
+    free(t);
+    return n;
+}
+
+/* A request waiting for another sequence's prefill leaves the queue as
+ * soon as its client hangs up (counted as cancelled while the prefill it
+ * waited for still runs: the gate holds it); the prefilling request is
+ * unaffected; and a waiting request whose client stays (the control) is
+ * not cancelled and is answered from the prefix it waited for. */
+static void waiting_disconnect(const char *tiny)
+{
+    gated g;
+    if (start_gated(&g, tiny, 4, "waiting")) return;
+    /* ~1800 tokens (28 chunks); B and C share A's document */
+    char *body_a = hello_body(200, "", 2), *body_b = hello_body(200, "again", 2), *body_c = hello_body(200, "more", 2);
+    int fa = -1, fb = -1, fc = -1, ok = body_a && body_b && body_c;
+    long long total = 0;
+    CHECK(ok, "out of memory");
+    if (ok) {
+        fa = post_async(g.s.port, body_a);
+        /* A admitted and held; then prefilling, held after one chunk */
+        ok = fa >= 0 && await_metric(g.s.port, "active_sequences", 1) == 1 && gate_step(&g, &total) > 0;
+        CHECK(ok, "waiting: A's first chunk");
     }
-    int fa = post_async(s.port, body_a), fb = -1;
-    CHECK(fa >= 0, "send A");
-    for (double t0 = now(); now() - t0 < 20 && metric(s.port, "prefill_tokens_total") < 64;) usleep(5000);
-    fb = post_async(s.port, "{\"prompt\": \"The cat sat\", \"max_tokens\": 1, \"temperature\": 0}");
-    CHECK(fb >= 0, "send B");
-    /* which answers first */
-    int first = -1;
-    for (double t0 = now(); fa >= 0 && fb >= 0 && first < 0 && now() - t0 < 60;) {
-        struct pollfd p[2] = { { fa, POLLIN, 0 }, { fb, POLLIN, 0 } };
-        if (poll(p, 2, 100) > 0) first = (p[0].revents & POLLIN) ? 0 : 1;
+    if (ok) {
+        fb = post_async(g.s.port, body_b);
+        fc = post_async(g.s.port, body_c);
+        ok = fb >= 0 && fc >= 0 && await_metric(g.s.port, "queue_depth", 2) == 2;
+        CHECK(ok, "waiting: B and C queued");
     }
-    CHECK(first == 0, "the long prompt admitted first answered %s", first == 1 ? "second" : "never");
+    if (ok) {
+        /* the next round considers them: both wait for A's prefill */
+        ok = gate_step(&g, &total) > 0 && await_metric(g.s.port, "prefix_cache_waits_total", 2) == 2;
+        CHECK(ok && metric(g.s.port, "queue_depth") == 2 && metric(g.s.port, "active_sequences") == 1,
+              "waiting: B and C wait for A's prefill");
+    }
+    if (ok) {
+        close(fb);
+        fb = -1;
+        /* the server has seen B's client go (its log line), then a round
+         * runs: B leaves the queue; A is still held at the gate */
+        int seen = 0;
+        for (double t0 = now(); now() - t0 < 60 && !seen; usleep(5000)) seen = log_count(&g.s, "cancel=client_closed") == 1;
+        CHECK(seen, "waiting: the server did not log B's hang-up");
+        const long long d = gate_step(&g, &total);
+        const long long cancelled = await_metric(g.s.port, "requests_cancelled_total", 1);
+        struct pollfd p = { fa, POLLIN, 0 };
+        const int a_pending = poll(&p, 1, 0) == 0;
+        CHECK(d > 0 && cancelled == 1 && metric(g.s.port, "active_sequences") == 1 && a_pending,
+              "the waiting request left the queue while A prefilled: cancelled %lld, A pending %d", cancelled, a_pending);
+        /* the control: C, whose client stays, still waits */
+        CHECK(metric(g.s.port, "queue_depth") == 1 && metric(g.s.port, "requests_cancelled_total") == 1,
+              "control: the waiting request whose client stayed is still queued");
+    }
+    gate_open_all(&g);
     resp r;
-    for (int i = 0; i < 2; i++) {
-        const int fd = i ? fb : fa;
-        CHECK(fd >= 0 && read_resp(fd, &r) == 0 && r.status == 200, "request %c answered", 'A' + i);
-        if (fd >= 0 && r.head) resp_free(&r);
+    int na = -1;
+    CHECK(fa >= 0 && read_resp(fa, &r) == 0 && r.status == 200, "A after B left: %d", fa >= 0 ? r.status : -1);
+    if (fa >= 0 && r.head) {
+        na = prompt_tokens(&r);
+        resp_free(&r);
+    }
+    CHECK(fc >= 0 && read_resp(fc, &r) == 0 && r.status == 200, "C answered: %d", fc >= 0 ? r.status : -1);
+    if (fc >= 0 && r.head) resp_free(&r);
+    /* C continued A's prefix; nothing of B was prefilled */
+    const long long pre = metric(g.s.port, "prefill_tokens_total");
+    CHECK(na > 1000 && metric(g.s.port, "prefix_cache_hits_total") == 1 && pre >= na && pre < na + 200,
+          "only A's document was prefilled, once: %lld tokens, A %d", pre, na);
+    for (int i = 0; i < 3; i++) {
+        const int fd = i == 0 ? fa : i == 1 ? fb : fc;
         if (fd >= 0) close(fd);
     }
     free(body_a);
-    CHECK(stop_server(&s) == 0, "prefill-order server: SIGTERM did not end it cleanly");
-}
-
-static void waiting_disconnect(const char *tiny)
-{
-    server s;
-    if (start_tiny(&s, tiny, 4, "waiting")) return;
-    /* ~8000 tokens: seconds of prefill; B shares A's document */
-    char *body_a = hello_body(880, "", 2), *body_b = hello_body(880, "again", 2);
-    CHECK(body_a && body_b, "out of memory");
-    if (!body_a || !body_b) {
-        free(body_a);
-        free(body_b);
-        stop_server(&s);
-        return;
-    }
-    int fa = post_async(s.port, body_a), fb = -1;
-    CHECK(fa >= 0, "send A");
-    /* B once A is prefilling */
-    for (double t0 = now(); now() - t0 < 20 && metric(s.port, "active_sequences") < 1;) usleep(20000);
-    fb = post_async(s.port, body_b);
-    CHECK(fb >= 0, "send B");
-    long long waits = 0;
-    for (double t0 = now(); now() - t0 < 20 && waits < 1; usleep(20000)) waits = metric(s.port, "prefix_cache_waits_total");
-    CHECK(waits == 1 && metric(s.port, "queue_depth") == 1, "B waits for A's prefill (%lld)", waits);
-    if (fb >= 0) close(fb);
-    long long cancelled = 0, active = 0;
-    int a_pending = 0;
-    for (double t0 = now(); now() - t0 < 20 && cancelled < 1; usleep(20000)) {
-        active = metric(s.port, "active_sequences");
-        cancelled = metric(s.port, "requests_cancelled_total");
-        struct pollfd p = { fa, POLLIN, 0 };
-        a_pending = fa >= 0 && poll(&p, 1, 0) == 0; /* A has not answered yet */
-    }
-    CHECK(cancelled == 1 && active == 1 && a_pending && metric(s.port, "queue_depth") == 0,
-          "the waiting request left the queue while A prefilled: cancelled %lld, active %lld, A pending %d", cancelled,
-          active, a_pending);
-    resp r;
-    CHECK(fa >= 0 && read_resp(fa, &r) == 0 && r.status == 200, "A after B left: %d", fa >= 0 ? r.status : -1);
-    if (fa >= 0 && r.head) resp_free(&r);
-    if (fa >= 0) close(fa);
-    CHECK(metric(s.port, "prefill_tokens_total") > 7000 && metric(s.port, "prefix_cache_hits_total") == 0,
-          "only A was prefilled");
-    free(body_a);
     free(body_b);
-    CHECK(stop_server(&s) == 0, "waiting server: SIGTERM did not end it cleanly");
+    free(body_c);
+    CHECK(stop_gated(&g) == 0, "waiting server: SIGTERM did not end it cleanly");
 }
 
 int main(void)

@@ -240,6 +240,7 @@ int cli_serve(int argc, char **argv)
     cfg.embedding = so.embedding;
     cfg.pooling = pooling;
     cfg.embd_normalize = so.embd_normalize;
+    cfg.prefill_gate = getenv("SPARQ_TEST_PREFILL_GATE"); /* tests only (server.h) */
     if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         sparq_model_free(m);

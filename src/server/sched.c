@@ -30,6 +30,8 @@
 #include "server/srv_internal.h"
 #include "server/kvdir.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -1068,6 +1070,37 @@ static int publish_echo(srv_server *s, slot *sl)
 
 /* ---- the loop ---------------------------------------------------------------- */
 
+/* The tests' prefill gate (srv_config.prefill_gate): the FIFO's read end,
+ * opened without waiting for a writer, or -1. */
+static int gate_open(const char *path)
+{
+    if (!path) return -1;
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 || fcntl(fd, F_SETFL, 0) < 0) { /* blocking reads from here on */
+        fprintf(stderr, "serve: prefill gate %s: %s\n", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Before a prefill chunk or a decode step: one byte from the gate while a
+ * writer holds it open (bytes written before are used first); none while
+ * no writer does (end of file), so a test can shut it again by opening it.
+ * A read error drops the gate. */
+static void gate_pass(int *fd)
+{
+    if (*fd < 0) return;
+    char b;
+    ssize_t got;
+    do got = read(*fd, &b, 1);
+    while (got < 0 && errno == EINTR);
+    if (got < 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
 void *srv_sched_main(void *arg)
 {
     srv_server *s = arg;
@@ -1078,6 +1111,7 @@ void *srv_sched_main(void *arg)
     int32_t *btok = malloc((size_t)P * sizeof *btok);
     int *bslot = malloc((size_t)P * sizeof *bslot);
     slot **chunk_slots = malloc((size_t)P * sizeof *chunk_slots);
+    int gate = gate_open(s->cfg.prefill_gate);
     uint64_t n_admitted = 0;
     char err[512], piece[256];
     prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes, s->cfg.n_batch > 0 ? s->cfg.n_batch : 512 };
@@ -1236,6 +1270,7 @@ void *srv_sched_main(void *arg)
                     if (sl != oldest && sl->r && sl->c && !sl->ready && sl->r->state != REQ_DONE && slot_tail_batchable(sl))
                         chunk_slots[nc++] = sl;
                 }
+            gate_pass(&gate);
             const double t0 = srv_now();
             const int fed0 = prefill_fed;
             int rc;
@@ -1316,6 +1351,12 @@ void *srv_sched_main(void *arg)
             pthread_mutex_unlock(&s->lock);
         }
         if (nb > 0) {
+            if (gate >= 0) { /* the tokens just sampled go out before the gate holds the step */
+                pthread_mutex_lock(&s->lock);
+                pthread_cond_broadcast(&s->progress);
+                pthread_mutex_unlock(&s->lock);
+                gate_pass(&gate);
+            }
             const double t0 = srv_now();
             int rc = sparq_decode_batch(bc, btok, nb, blogits);
             const double t1 = srv_now();
@@ -1349,6 +1390,7 @@ void *srv_sched_main(void *arg)
     free(slots);
     free(blogits);
     free(chunk_slots);
+    if (gate >= 0) close(gate);
     free(bc);
     free(btok);
     free(bslot);

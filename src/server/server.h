@@ -55,6 +55,14 @@ typedef struct srv_config {
     int         embd_normalize; /* its default norm (sparq_embed; 2 = L2)      */
     const srv_doc *docs;        /* --load-kv: documents continued by name      */
     int         n_docs;
+    const char *prefill_gate;   /* tests only (SPARQ_TEST_PREFILL_GATE): a FIFO;
+                                 * while a writer holds it open, every prefill
+                                 * chunk and decode step waits for one byte
+                                 * from it, so a test can hold a request
+                                 * mid-prefill or mid-stream without racing
+                                 * the clock; no writer: no wait; NULL: none.
+                                 * A server held at the gate cannot stop:
+                                 * the writer must close first            */
 } srv_config;
 
 typedef struct srv_server srv_server;
