@@ -255,12 +255,6 @@ $(BUILD)/libsparq-server.a: $(SRV_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-# The command's helpers without its main() (src/cli/main.c), for tests: the
-# server's request parser uses cli_attn_params.
-$(BUILD)/libsparq-cli.a: $(filter-out $(BUILD)/obj/cli/main.o,$(CLI_OBJ))
-	@rm -f $@
-	ar rcs $@ $^
-
 $(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a $(LDLIBS) $(SRV_LIBS)
 
@@ -270,9 +264,9 @@ $(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 ifeq ($(IS_ARM64),1)
   TEST_CFLAGS := -fno-tree-vectorize
 endif
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libsparq-server.a $(BUILD)/libsparq-cli.a $(BUILD)/libsparq.a
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ $(TEST_CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq-cli.a $(BUILD)/libsparq.a \
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ $(TEST_CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a \
 	    $(LDLIBS) $(SRV_LIBS)
 
 # DESTDIR stages the tree (packaging, tests/test_install.c); a real install

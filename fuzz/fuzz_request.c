@@ -10,7 +10,7 @@
  * context, the policy name owned by the request). Everything is freed by
  * the server's own srv_request_release, so a leak is a failure.
  */
-#include "cli/cli.h"
+#include "attn/attn_params.h"
 #include "server/request.h"
 #include "util/paths.h"
 
@@ -44,9 +44,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     env.model = model;
     env.n_ctx = 256;
     env.max_prompt = 200; /* 200 * 64 bytes > max_len: long texts reach the tokenizer */
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
-    if (cli_attn_params(&ao, env.n_ctx, sparq_model_head_dim(model), &env.attn, err, sizeof err)) {
+    attn_opts ao;
+    attn_opts_init(&ao);
+    if (attn_opts_params(&ao, env.n_ctx, sparq_model_head_dim(model), &env.attn, err, sizeof err)) {
         fprintf(stderr, "fuzz_request: %s\n", err);
         abort();
     }

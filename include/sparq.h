@@ -80,6 +80,18 @@ enum { SPARQ_TOPK_UNIFORM = 0, SPARQ_TOPK_LINEAR = 1 };
 enum { SPARQ_KEY_DEFAULT = 0, SPARQ_KEY_F16 = 1, SPARQ_KEY_BF16 = 2, SPARQ_KEY_I8 = 3 };
 
 SPARQ_API sparq_attn_params sparq_attn_default_params(void);
+/* SparQ at a transfer ratio: ratio ("1/8", "0.125", "1": a fraction in
+ * (0, 1]) of dense attention's bytes per decode step at context length
+ * n_ctx and head size head_dim, split as the SparQ paper does (SPEC.md's
+ * formula, S*r + 2*k*d + 4*d against dense's 2*S*d + 2*d): r =
+ * max(1, round(head_dim * ratio)), then the largest k <= n_ctx within the
+ * budget. Sets p->r and p->k, and p->l = k/4 when p->l < 0; p->policy must
+ * be "sparq". `what` names the ratio in messages (an option name such as
+ * "--sparq-ratio"; NULL: "ratio"). Returns 0, or -1 with a message (not a
+ * fraction, another policy, or not even k = 1 fits), p unchanged. The
+ * command's --sparq-ratio and the server's "ratio" use it. */
+SPARQ_API int sparq_attn_params_from_ratio(sparq_attn_params *p, const char *ratio, int64_t n_ctx, int head_dim,
+                                           const char *what, char *err, size_t err_size);
 /* The registered policies, in registry order: name i (NULL past the end)
  * and its one-line summary, for help text, validation and metrics. */
 SPARQ_API int         sparq_attn_policy_count(void);

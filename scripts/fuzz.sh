@@ -73,12 +73,10 @@ LIBS="-lz -lm -fopenmp -lpthread"
 # instrumented for coverage; rebuilt only where a source is newer. Of the
 # server, everything but the HTTP daemon (server.c) and the embedded page:
 # the request parser and the files it reaches (the scheduler's
-# srv_request_release, documents, slots), and the command's helpers
-# (cli.c: cli_attn_params).
+# srv_request_release, documents, slots).
 echo "fuzz: building the instrumented library with $CC_FUZZ"
 objs=""
-for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/server.c$' -e '^src/server/webui.c$') \
-           src/cli/cli.c; do
+for src in $(ls src/*/*.c | grep -v -e '^src/cli/' -e '^src/server/server.c$' -e '^src/server/webui.c$'); do
   o="$OUT/obj/$(echo "${src#src/}" | tr / _).o"
   # SIMD kernel files are not parsers, and clang takes minutes and GBs to
   # instrument their intrinsics: they are built plain (the sanitizer suite,

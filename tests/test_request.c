@@ -20,7 +20,7 @@
  *    srv_request_release (make test-asan checks for leaks).
  */
 #include "test.h"
-#include "cli/cli.h"
+#include "attn/attn_params.h"
 #include "server/request.h"
 #include "util/json.h"
 #include "util/paths.h"
@@ -602,9 +602,9 @@ int main(void)
     ENV.n_ctx = 256;
     ENV.max_prompt = 200;
     ENV.chat_template = "chatml";
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
-    CHECK(cli_attn_params(&ao, ENV.n_ctx, sparq_model_head_dim(m), &ENV.attn, err, sizeof err) == 0, "%s", err);
+    attn_opts ao;
+    attn_opts_init(&ao);
+    CHECK(attn_opts_params(&ao, ENV.n_ctx, sparq_model_head_dim(m), &ENV.attn, err, sizeof err) == 0, "%s", err);
 
     test_text_prompts();
     test_fields();

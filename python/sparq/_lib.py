@@ -85,6 +85,8 @@ MIRRORS = [sparq_attn_params, sparq_model_params, sparq_chat_msg, sparq_prefill_
 # name: (restype, argtypes)
 PROTOTYPES = {
     "sparq_attn_default_params": (sparq_attn_params, []),
+    "sparq_attn_params_from_ratio": (c_int, [P(sparq_attn_params), c_char_p, c_int64, c_int, c_char_p, c_char_p,
+                                             c_size_t]),
     "sparq_model_load": (c_int, [c_char_p, P(c_void_p), c_char_p, c_size_t]),
     "sparq_model_default_params": (sparq_model_params, []),
     "sparq_model_load_params": (c_int, [c_char_p, P(sparq_model_params), P(c_void_p), c_char_p, c_size_t]),

@@ -144,31 +144,23 @@ def _floats_in(x, n, what):
 
 def ratio_params(ratio, S, d):
     """SparQ's r and k for a transfer ratio (e.g. "1/8") at context S and head
-    size d, the same arithmetic as `sparq run --sparq-ratio` (src/cli/cli.c)."""
-    if isinstance(ratio, str):
-        parts = ratio.split("/")
-        try:
-            num = float(parts[0])
-            den = float(parts[1]) if len(parts) == 2 else 1.0
-            if len(parts) > 2:
-                raise ValueError
-        except ValueError:
-            raise ValueError("sparq_ratio '%s' must be a fraction in (0, 1], e.g. 1/8" % ratio)
-    elif isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
-        num, den = float(ratio), 1.0
+    size d: sparq_attn_params_from_ratio, the arithmetic of `sparq run
+    --sparq-ratio` and the server's "ratio"."""
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
+        text = str(ratio)  # a float's str() reads back as the same double
+    elif isinstance(ratio, str):
+        text = ratio
     else:
         raise TypeError("sparq_ratio must be a str like '1/8' or a number")
-    r_ = num / den if den > 0 else -1
-    if not (num > 0 and den > 0 and 0 < r_ <= 1):
-        raise ValueError("sparq_ratio '%s' must be a fraction in (0, 1], e.g. 1/8" % ratio)
-    dense = 2.0 * S * d + 2.0 * d
-    r = int(d * r_ + 0.5)
-    r = min(max(r, 1), d)
-    left = r_ * dense - float(S) * r - 4.0 * d
-    k = int(left / (2.0 * d))
-    if k < 1:
-        raise ValueError("sparq_ratio %s is too small for context %d and head size %d" % (ratio, S, d))
-    return r, min(k, S)
+    if "\0" in text:  # C would read only up to the NUL
+        raise ValueError("sparq_ratio %r must be a fraction in (0, 1], e.g. 1/8" % ratio)
+    p = lib().sparq_attn_default_params()
+    p.policy = b"sparq"
+    err = ctypes.create_string_buffer(256)
+    if lib().sparq_attn_params_from_ratio(ctypes.byref(p), text.encode("utf-8", "replace"), _int(S, "S"),
+                                          _int(d, "d"), b"sparq_ratio", err, len(err)):
+        raise ValueError(err.value.decode("utf-8", "replace"))
+    return p.r, p.k
 
 
 class AttnParams:

@@ -1,7 +1,6 @@
 /* cli.c - option parsing and helpers shared by the subcommands (main.c: the entry point). */
 #include "cli/cli.h"
 #include "core/chat.h"
-#include "eval/sweep.h"
 #include "io/kvfile.h"
 #include "util/json.h"
 #include "util/paths.h"
@@ -106,40 +105,33 @@ void cli_compat_apply(const cli_compat_opts *c, cli_model_opts *mo)
 }
 
 const cli_opt cli_attn_table[] = {
-    { "--attn", NULL, OPT_STR, OFF(cli_attn_opts, attn), "NAME",
+    { "--attn", NULL, OPT_STR, OFF(attn_opts, attn), "NAME",
       "decode attention: dense|sparq|oracle|flexgen|h2o|streaming|topk (default dense)" },
-    { "--sparq-r", NULL, OPT_INT1, OFF(cli_attn_opts, r), "R", "SparQ query components (default d/4)" },
-    { "--sparq-k", NULL, OPT_INT1, OFF(cli_attn_opts, k), "K", "SparQ positions kept (default 128)" },
-    { "--sparq-l", NULL, OPT_INT, OFF(cli_attn_opts, l), "L", "SparQ local window (default k/4)" },
-    { "--sparq-select", NULL, OPT_STR, OFF(cli_attn_opts, select), "probs|logits",
+    { "--sparq-r", NULL, OPT_INT1, OFF(attn_opts, r), "R", "SparQ query components (default d/4)" },
+    { "--sparq-k", NULL, OPT_INT1, OFF(attn_opts, k), "K", "SparQ positions kept (default 128)" },
+    { "--sparq-l", NULL, OPT_INT, OFF(attn_opts, l), "L", "SparQ local window (default k/4)" },
+    { "--sparq-select", NULL, OPT_STR, OFF(attn_opts, select), "probs|logits",
       "SparQ selection score (default probs)" },
-    { "--sparq-no-realloc", NULL, OPT_FLAG, OFF(cli_attn_opts, no_realloc), NULL,
+    { "--sparq-no-realloc", NULL, OPT_FLAG, OFF(attn_opts, no_realloc), NULL,
       "SparQ without mean-value reallocation (alpha = 1)" },
-    { "--sparq-ratio", NULL, OPT_STR, OFF(cli_attn_opts, ratio), "1/N",
+    { "--sparq-ratio", NULL, OPT_STR, OFF(attn_opts, ratio), "1/N",
       "pick SparQ r and k for this transfer ratio at the context length" },
-    { "--attn-k", NULL, OPT_INT1, OFF(cli_attn_opts, attn_k), "K", "positions kept by the baselines (default 128)" },
-    { "--n-sink", NULL, OPT_INT0, OFF(cli_attn_opts, n_sink), "N", "streaming: sink positions (0 = 16, the default)" },
-    { "--index", NULL, OPT_STR, OFF(cli_attn_opts, index), "KIND",
+    { "--attn-k", NULL, OPT_INT1, OFF(attn_opts, attn_k), "K", "positions kept by the baselines (default 128)" },
+    { "--n-sink", NULL, OPT_INT0, OFF(attn_opts, n_sink), "N", "streaming: sink positions (0 = 16, the default)" },
+    { "--index", NULL, OPT_STR, OFF(attn_opts, index), "KIND",
       "topk: prefix key index exact|ivf|hnsw|sparq (default exact)" },
-    { "--topk-k", NULL, OPT_INT1, OFF(cli_attn_opts, topk_k), "K", "topk: prefix positions per query head (default 128)" },
-    { "--topk-schedule", NULL, OPT_STR, OFF(cli_attn_opts, schedule), "uniform|linear",
+    { "--topk-k", NULL, OPT_INT1, OFF(attn_opts, topk_k), "K", "topk: prefix positions per query head (default 128)" },
+    { "--topk-schedule", NULL, OPT_STR, OFF(attn_opts, schedule), "uniform|linear",
       "topk: k in every layer, or ramped up from first to last layer, same total" },
-    { "--ivf-nlist", NULL, OPT_INT0, OFF(cli_attn_opts, ivf_nlist), "N", "topk ivf: lists (0 = sqrt(prefix), the default)" },
-    { "--ivf-nprobe", NULL, OPT_INT0, OFF(cli_attn_opts, ivf_nprobe), "N", "topk ivf: lists probed (0 = max(8, nlist/16), the default)" },
-    { "--hnsw-ef", NULL, OPT_INT0, OFF(cli_attn_opts, hnsw_ef), "N", "topk hnsw: efSearch (0 = 64, the default)" },
-    { "--index-key-type", NULL, OPT_STR, OFF(cli_attn_opts, key_type), "f16|bf16|i8",
+    { "--ivf-nlist", NULL, OPT_INT0, OFF(attn_opts, ivf_nlist), "N", "topk ivf: lists (0 = sqrt(prefix), the default)" },
+    { "--ivf-nprobe", NULL, OPT_INT0, OFF(attn_opts, ivf_nprobe), "N", "topk ivf: lists probed (0 = max(8, nlist/16), the default)" },
+    { "--hnsw-ef", NULL, OPT_INT0, OFF(attn_opts, hnsw_ef), "N", "topk hnsw: efSearch (0 = 64, the default)" },
+    { "--index-key-type", NULL, OPT_STR, OFF(attn_opts, key_type), "f16|bf16|i8",
       "topk exact/ivf: key storage (default f16)" },
-    { "--topk-check", NULL, OPT_FLAG, OFF(cli_attn_opts, topk_check), NULL,
+    { "--topk-check", NULL, OPT_FLAG, OFF(attn_opts, topk_check), NULL,
       "topk: also compute exact top-k each step and report recall@k (slow)" },
     { 0 },
 };
-
-void cli_attn_opts_init(cli_attn_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->attn = "dense";
-    o->l = -1;
-}
 
 static int range_error(const cli_opt *o, long long v, const char *val, char *err, size_t err_size)
 {
@@ -359,77 +351,7 @@ int cli_kv_type(const char *name)
     return -1;
 }
 
-int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params *out,
-                    char *err, size_t err_size)
-{
-    *out = sparq_attn_default_params();
-    out->policy = o->attn;
-    out->r = o->r;
-    const int topk = strcmp(o->attn, "topk") == 0;
-    out->k = strcmp(o->attn, "sparq") == 0 ? o->k : topk && o->topk_k ? o->topk_k : o->attn_k;
-    out->index = o->index;
-    out->ivf_nlist = o->ivf_nlist;
-    out->ivf_nprobe = o->ivf_nprobe;
-    out->hnsw_ef_search = o->hnsw_ef;
-    out->topk_check = o->topk_check;
-    if (o->schedule) {
-        if (strcmp(o->schedule, "uniform") == 0) out->topk_schedule = SPARQ_TOPK_UNIFORM;
-        else if (strcmp(o->schedule, "linear") == 0) out->topk_schedule = SPARQ_TOPK_LINEAR;
-        else {
-            snprintf(err, err_size, "--topk-schedule must be uniform or linear, not '%s'", o->schedule);
-            return -1;
-        }
-    }
-    if (o->key_type) {
-        if (strcmp(o->key_type, "f16") == 0) out->index_key_type = SPARQ_KEY_F16;
-        else if (strcmp(o->key_type, "bf16") == 0) out->index_key_type = SPARQ_KEY_BF16;
-        else if (strcmp(o->key_type, "i8") == 0 || strcmp(o->key_type, "int8") == 0)
-            out->index_key_type = SPARQ_KEY_I8;
-        else {
-            snprintf(err, err_size, "--index-key-type must be f16, bf16 or i8, not '%s'", o->key_type);
-            return -1;
-        }
-    }
-    out->l = o->l;
-    out->no_realloc = o->no_realloc;
-    out->n_sink = o->n_sink;
-    if (strcmp(o->attn, "streaming") == 0) { /* sinks are part of the k kept */
-        const int sinks = o->n_sink > 0 ? o->n_sink : 16, k = o->attn_k > 0 ? o->attn_k : 128;
-        if (sinks >= k) { /* the current token must fit beside the sinks */
-            snprintf(err, err_size, "--n-sink %d must be smaller than the positions kept (--attn-k %d)", sinks, k);
-            return -1;
-        }
-    }
-    if (o->select) {
-        if (strcmp(o->select, "probs") == 0) out->select_logits = 0;
-        else if (strcmp(o->select, "logits") == 0) out->select_logits = 1;
-        else {
-            snprintf(err, err_size, "--sparq-select must be probs or logits, not '%s'", o->select);
-            return -1;
-        }
-    }
-    if (o->ratio) {
-        const double ratio = eval_parse_ratio(o->ratio);
-        if (ratio < 0) {
-            snprintf(err, err_size, "--sparq-ratio '%s' must be a fraction in (0, 1], e.g. 1/8", o->ratio);
-            return -1;
-        }
-        if (strcmp(o->attn, "sparq") != 0) {
-            snprintf(err, err_size, "--sparq-ratio needs --attn sparq");
-            return -1;
-        }
-        if (eval_sparq_ratio_params(ratio, S, d, &out->r, &out->k)) {
-            snprintf(err, err_size, "--sparq-ratio %s is too small for context %lld and head size %d",
-                     o->ratio, (long long)S, d);
-            return -1;
-        }
-        if (out->l < 0) out->l = out->k / 4;
-    }
-    return 0;
-}
-
-
-int cli_attn_check_policy(const cli_attn_opts *o, char *err, size_t err_size)
+int cli_attn_check_policy(const attn_opts *o, char *err, size_t err_size)
 {
     const char *p = o->attn;
     struct { int given; const char *opt, *policies; } g[] = {

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "sparq.h"
+#include "attn/attn_params.h"
 
 /* Counts are range-checked at parse: OPT_INT1 refuses 0 and negatives (0
  * would silently mean "the default"), OPT_INT0 / OPT_I64_0 refuse
@@ -102,24 +103,10 @@ extern const cli_opt cli_compat_table[];
 /* Prints the notes and folds -ub into mo->n_batch. */
 void cli_compat_apply(const cli_compat_opts *c, cli_model_opts *mo);
 
-/* Attention policy options (run, bench, eval). */
-typedef struct cli_attn_opts {
-    const char *attn;       /* --attn                                     */
-    int r, k, l;            /* --sparq-r --sparq-k --sparq-l              */
-    int attn_k;             /* --attn-k (baselines' budget)               */
-    const char *select;     /* --sparq-select probs|logits                */
-    int no_realloc;         /* --sparq-no-realloc                         */
-    const char *ratio;      /* --sparq-ratio 1/8                          */
-    int n_sink;             /* --n-sink                                   */
-    const char *index;      /* --index exact|ivf|hnsw|sparq (topk)        */
-    int topk_k;             /* --topk-k                                   */
-    const char *schedule;   /* --topk-schedule uniform|linear             */
-    int ivf_nlist, ivf_nprobe, hnsw_ef; /* --ivf-nlist --ivf-nprobe --hnsw-ef */
-    const char *key_type;   /* --index-key-type f16|bf16|i8               */
-    int topk_check;         /* --topk-check                               */
-} cli_attn_opts;
+/* Attention policy options (run, bench, eval, serve): the table fills an
+ * attn_opts (attn/attn_params.h), which attn_opts_params turns into
+ * library parameters, as the server does for a request's "sparq" object. */
 extern const cli_opt cli_attn_table[];
-void cli_attn_opts_init(cli_attn_opts *o);
 
 /* Prefill attention options (run, prefill, eval): --prefill-attn and its
  * knobs (sparq.h, sparq_prefill_params). */
@@ -136,12 +123,7 @@ int cli_prefill_params(const cli_prefill_opts *o, sparq_prefill_params *out, cha
 /* The options the user gave that the policy --attn does not read, as an
  * error ("--sparq-r is a sparq option; --attn is dense"): for commands that
  * run one policy. Returns 0 or -1 with message. */
-int cli_attn_check_policy(const cli_attn_opts *o, char *err, size_t err_size);
-
-/* Turns the options into library parameters; S is the context length the
- * ratio is aimed at and d the head size. Returns 0 or -1 with message. */
-int cli_attn_params(const cli_attn_opts *o, int64_t S, int d, sparq_attn_params *out,
-                    char *err, size_t err_size);
+int cli_attn_check_policy(const attn_opts *o, char *err, size_t err_size);
 
 /* Resolves -m (or the default model) through the search path and loads
  * it; on failure prints the error (with download advice) and returns NULL. */

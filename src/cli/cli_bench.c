@@ -236,7 +236,7 @@ static int run_quiet(char *const argv[], int quiet)
 /* ---- policy configurations ------------------------------------------------------ */
 
 /* One policy with one parameter choice; ratio != NULL: SparQ r, k picked
- * per context length (cli_attn_params). */
+ * per context length (attn_opts_params). */
 typedef struct pol_cfg {
     const attn_policy *pol;
     sparq_attn_params  p;
@@ -314,14 +314,14 @@ static int cfg_params(const pol_cfg *c, int64_t S, int d, sparq_attn_params *out
 {
     *out = c->p;
     if (c->ratio) {
-        cli_attn_opts ao;
-        cli_attn_opts_init(&ao);
+        attn_opts ao;
+        attn_opts_init(&ao);
         ao.attn = "sparq";
         ao.ratio = c->ratio;
         ao.l = c->p.l;
         ao.no_realloc = c->p.no_realloc;
         ao.select = c->p.select_logits ? "logits" : "probs";
-        if (cli_attn_params(&ao, S, d, out, err, err_size)) return -1;
+        if (attn_opts_params(&ao, S, d, out, err, err_size)) return -1;
     }
     return c->pol->resolve(out, d, err, err_size);
 }

@@ -140,10 +140,10 @@ static int positive_option(const char *name, const char *text, int64_t *out)
 static int base_params(void *user, const char *policy, int64_t S, int d, sparq_attn_params *out, char *err,
                        size_t err_size)
 {
-    cli_attn_opts o = *(const cli_attn_opts *)user;
+    attn_opts o = *(const attn_opts *)user;
     o.attn = policy;
     if (strcmp(policy, "sparq") != 0) o.ratio = NULL;
-    return cli_attn_params(&o, S, d, out, err, err_size);
+    return attn_opts_params(&o, S, d, out, err, err_size);
 }
 
 /* ---- hooks ------------------------------------------------------------------------------ */
@@ -510,8 +510,8 @@ int cli_eval(int argc, char **argv)
     /* the prefill's fidelity compares two caches, not decode policies: its own harness */
     if (argc >= 1 && strcmp(argv[0], "prefill-fidelity") == 0) return cli_eval_prefill(argc - 1, argv + 1);
     cli_model_opts mo = { 0 };
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
+    attn_opts ao;
+    attn_opts_init(&ao);
     eval_opts eo = { 0 };
     task_opts to;
     task_opts_init(&to);

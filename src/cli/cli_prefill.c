@@ -64,8 +64,8 @@ static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 int cli_prefill(int argc, char **argv)
 {
     cli_model_opts mo = { 0 };
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
+    attn_opts ao;
+    attn_opts_init(&ao);
     prefill_opts po = { 0 };
     cli_prefill_opts pfo = { 0 };
     cli_opt attn_table[64]; /* cli_attn_table without its --index (topk's kind) */
@@ -139,7 +139,7 @@ int cli_prefill(int argc, char **argv)
                         "the question and the answer\n", n, (long long)cp.n_ctx);
         goto done;
     }
-    if (cli_attn_params(&ao, cp.n_ctx, sparq_model_head_dim(m), &cp.attn, err, sizeof err)) {
+    if (attn_opts_params(&ao, cp.n_ctx, sparq_model_head_dim(m), &cp.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }

@@ -633,8 +633,8 @@ int cli_run(int argc, char **argv)
 {
     cli_model_opts mo = { 0 };
     cli_compat_opts co = { 0 };
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
+    attn_opts ao;
+    attn_opts_init(&ao);
     run_opts ro = { 0 };
     ro.n_predict = 128;
     ro.sp = sparq_sampler_default_params();
@@ -762,7 +762,7 @@ int cli_run(int argc, char **argv)
                 (long long)cp.n_ctx);
         goto done;
     }
-    if (cli_attn_params(&ao, cp.n_ctx > 0 ? cp.n_ctx : sparq_model_n_ctx_train(m), sparq_model_head_dim(m),
+    if (attn_opts_params(&ao, cp.n_ctx > 0 ? cp.n_ctx : sparq_model_n_ctx_train(m), sparq_model_head_dim(m),
                         &cp.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;

@@ -150,8 +150,8 @@ int cli_serve(int argc, char **argv)
     memset(&mo, 0, sizeof mo);
     char err[512];
     cli_compat_opts co = { 0 };
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
+    attn_opts ao;
+    attn_opts_init(&ao);
     serve_opts so = { .host = "127.0.0.1", .port = 8080, .parallel = 4, .queue = 64, .prefix_mb = 256,
                       .max_body = 4 << 20, .timeout = 600, .kv_dir_mb = 4096, .read_timeout = 30,
                       .embd_normalize = 2 };
@@ -241,7 +241,7 @@ int cli_serve(int argc, char **argv)
     cfg.pooling = pooling;
     cfg.embd_normalize = so.embd_normalize;
     cfg.prefill_gate = getenv("SPARQ_TEST_PREFILL_GATE"); /* tests only (server.h) */
-    if (cli_attn_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
+    if (attn_opts_params(&ao, cfg.n_ctx, sparq_model_head_dim(m), &cfg.attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         sparq_model_free(m);
         free(key);
@@ -256,7 +256,7 @@ int cli_serve(int argc, char **argv)
     }
     for (int i = 0; i < so.docs.n; i++) {
         /* the default policy sized for the document's context (a ratio is a fraction of it) */
-        if (cli_attn_params(&ao, docs[i].n_ctx, sparq_model_head_dim(m), &docs[i].attn, err, sizeof err)) {
+        if (attn_opts_params(&ao, docs[i].n_ctx, sparq_model_head_dim(m), &docs[i].attn, err, sizeof err)) {
             fprintf(stderr, "error: serve: --load-kv %s: %s\n", docs[i].id, err);
             srv_docs_free(docs, so.docs.n);
             sparq_model_free(m);

@@ -154,8 +154,8 @@ static void print_json(FILE *f, const char *model, const char *text, int n_token
 int cli_stats(int argc, char **argv)
 {
     cli_model_opts mo = { 0 };
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
+    attn_opts ao;
+    attn_opts_init(&ao);
     /* INT_MIN: not given (the parser refuses it as a value) */
     stats_opts so = { .n_query = INT_MIN, .k = INT_MIN, .alpha_r = INT_MIN };
     cli_group groups[] = {
@@ -215,7 +215,7 @@ int cli_stats(int argc, char **argv)
     cp.n_threads = mo.n_threads;
     cp.n_batch = mo.n_batch;
     cp.kv_type = kv_type;
-    if (cli_attn_params(&ao, cp.n_ctx, sparq_model_head_dim(m), &cp.attn, err, sizeof err) ||
+    if (attn_opts_params(&ao, cp.n_ctx, sparq_model_head_dim(m), &cp.attn, err, sizeof err) ||
         sparq_context_create(m, &cp, &c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;

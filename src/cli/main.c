@@ -1,7 +1,4 @@
-/* main.c - the `sparq` entry point: dispatch to a subcommand. Kept apart
- * from cli.c's shared helpers so tests can link those (the server's request
- * parser turns its "sparq" extension field into attention parameters with
- * cli_attn_params) without a second main(). */
+/* main.c - the `sparq` entry point: dispatch to a subcommand. */
 #include "cli/cli.h"
 #include "util/paths.h"
 

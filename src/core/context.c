@@ -34,15 +34,6 @@ static void *alloc_aligned(size_t bytes)
     return p;
 }
 
-sparq_attn_params sparq_attn_default_params(void)
-{
-    sparq_attn_params p;
-    memset(&p, 0, sizeof p);
-    p.policy = "dense";
-    p.l = -1;
-    return p;
-}
-
 int sparq_attn_policy_count(void) { return attn_policy_count(); }
 
 const char *sparq_attn_policy_name(int i)

@@ -2,7 +2,6 @@
  * (contract in sweep.h).
  *
  * Map:
- *   eval_parse_ratio, eval_sparq_ratio_params   ratios
  *   eval_settings_make                          --attn list/all x --sweep
  *   eval_setting_params, fit_k                  a setting at cache length S
  *   eval_setting_label, note_params             what a setting used
@@ -13,6 +12,7 @@
 #include "eval/sweep.h"
 
 #include "attn/attn.h"
+#include "attn/attn_params.h"
 #include "eval/metrics.h"
 #include "sparq_attn.h"
 
@@ -22,39 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- ratios ------------------------------------------------------------------------- */
-
-double eval_parse_ratio(const char *s)
-{
-    char *end;
-    double num = strtod(s, &end), den = 1;
-    if (end == s) return -1;
-    if (*end == '/') {
-        const char *d = end + 1;
-        den = strtod(d, &end);
-        if (end == d) return -1;
-    }
-    if (*end || !(num > 0) || !(den > 0) || num / den > 1) return -1;
-    return num / den;
-}
-
-/* The paper's recipe spends the budget evenly: r = d*ratio (the S*r term),
- * then k takes what is left. */
-int eval_sparq_ratio_params(double ratio, int64_t S, int d, int *r_out, int *k_out)
-{
-    double dense = 2.0 * (double)S * d + 2.0 * d;
-    int r = (int)(d * ratio + 0.5);
-    if (r < 1) r = 1;
-    if (r > d) r = d;
-    double left = ratio * dense - (double)S * r - 4.0 * d;
-    int64_t k = (int64_t)(left / (2.0 * d));
-    if (k < 1) return -1;
-    if (k > S) k = S;
-    *r_out = r;
-    *k_out = (int)(k > INT_MAX ? INT_MAX : k);
-    return 0;
-}
 
 /* ---- settings ----------------------------------------------------------------------- */
 
@@ -107,7 +74,7 @@ int eval_settings_make(const char *attn, const char *sweep, eval_setting *set, i
     double ratios[EVAL_MAX_SWEEP];
     int ks[EVAL_MAX_SWEEP];
     for (int v = 0; v < n_vals; v++) {
-        if (kind == EVAL_SWEEP_RATIO && (ratios[v] = eval_parse_ratio(vals[v])) < 0)
+        if (kind == EVAL_SWEEP_RATIO && (ratios[v] = attn_parse_ratio(vals[v])) < 0)
             return err_set(err, err_size, "--sweep ratio '%.23s' must be a fraction in (0, 1], e.g. 1/8", vals[v]);
         if (kind == EVAL_SWEEP_K) {
             char *end;
@@ -180,7 +147,7 @@ int eval_setting_params(const eval_setting *s, const eval_sweep_env *env, int64_
 
     /* SparQ at the ratio, for SparQ itself and for --match k */
     int r = 0, k = 0;
-    const int sparq_ok = eval_sparq_ratio_params(s->ratio, S, env->d, &r, &k) == 0;
+    const int sparq_ok = attn_sparq_ratio(s->ratio, S, env->d, &r, &k) == 0;
     if (!sparq_ok)
         err_set(err, err_size, "--sparq-ratio %s is too small for context %lld and head size %d", s->ratio_str,
                 (long long)S, env->d);

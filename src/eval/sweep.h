@@ -6,7 +6,7 @@
  * `in_all` policies) and an optional sweep: `k=A,B` sets the policies' k,
  * `ratio=1,1/2,..` aims each non-dense policy at a fraction of dense
  * attention's transfer for the example's mean decode cache length S (or a
- * fixed ratio_len): SparQ takes r and k from eval_sparq_ratio_params; a
+ * fixed ratio_len): SparQ takes r and k from attn_sparq_ratio; a
  * baseline the largest k whose SPEC.md transfer formula stays within the
  * budget (match_k = 0), or SparQ's k at that ratio (match_k = 1). A
  * setting that cannot reach its budget for an example is skipped for it,
@@ -43,14 +43,6 @@ typedef struct eval_setting {
     int64_t    *grid_len;       /* grid tasks (niah): cell of each run      */
     double     *grid_depth;
 } eval_setting;
-
-/* "1/8", "0.125" or "1" -> 0.125; -1 if not a fraction in (0, 1]. */
-double eval_parse_ratio(const char *s);
-
-/* SparQ at a transfer ratio (S*r + 2*k*d + 4*d against dense's 2*S*d +
- * 2*d): r = max(1, round(d * ratio)), then the largest k <= S whose total
- * stays within ratio x dense. Returns 0, or -1 if not even k = 1 fits. */
-int eval_sparq_ratio_params(double ratio, int64_t S, int d, int *r, int *k);
 
 /* set[0..*n_set) from attn (a comma list or "all") and sweep (NULL, or
  * "ratio=LIST" / "k=LIST"); set has room for EVAL_MAX_SETTINGS. Unknown

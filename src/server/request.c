@@ -9,7 +9,7 @@
  *   srv_parse_request                          the body, per endpoint, with the limits
  */
 #include "server/request.h"
-#include "cli/cli.h"
+#include "attn/attn_params.h"
 #include "core/grammar.h"
 #include "util/json.h"
 #include "util/names.h"
@@ -359,8 +359,8 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         if (r->doc >= 0) r->attn = e->docs[r->doc].attn;
         if (x->n == 1) goto copy; /* only the name: the server's attention */
     }
-    cli_attn_opts ao;
-    cli_attn_opts_init(&ao);
+    attn_opts ao;
+    attn_opts_init(&ao);
     const char **sdst[] = { &ao.attn, &ao.ratio, &ao.select, &ao.index, &ao.schedule, &ao.key_type };
     for (int j = 0; str_keys[j]; j++) {
         const json_value *v = json_get(x, str_keys[j]);
@@ -379,7 +379,7 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
     }
     if (get_bool(x, "no_realloc", &ao.no_realloc, err, n)) return -1;
     const int64_t S = r->doc >= 0 ? e->docs[r->doc].n_ctx : e->n_ctx;
-    if (cli_attn_params(&ao, S, sparq_model_head_dim(e->model), &r->attn, err, n)) return -1;
+    if (attn_opts_params(&ao, S, sparq_model_head_dim(e->model), &r->attn, err, n)) return -1;
 copy:
     /* the request owns its strings: the document is freed before decoding */
     snprintf(r->policy, sizeof r->policy, "%s", r->attn.policy ? r->attn.policy : "dense");
