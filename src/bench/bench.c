@@ -5,6 +5,7 @@
  * rows -> table / JSON / CSV | gnuplot script.
  */
 #include "bench/bench.h"
+#include "util/rng.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -186,13 +187,7 @@ int bench_split_names(const char *s, char *buf, size_t buf_size, const char **ou
 
 void bench_rng_seed(bench_rng *r, uint64_t seed) { r->s = seed; }
 
-uint64_t bench_rng_next(bench_rng *r)
-{
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+uint64_t bench_rng_next(bench_rng *r) { return rng_splitmix64(&r->s); }
 
 /* Marsaglia's polar method: two exact N(0,1) values per accepted point of
  * the unit disc (acceptance pi/4), one log and one sqrt, no trigonometry. */

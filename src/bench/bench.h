@@ -80,7 +80,7 @@ int bench_parse_list(const char *s, int64_t *out, int max, char *err, size_t err
 int bench_split_names(const char *s, char *buf, size_t buf_size, const char **out, int max,
                       char *err, size_t err_size);
 
-/* Seeded generator for benchmark data (splitmix64 stream). */
+/* Seeded generator for benchmark data (the splitmix64 stream, util/rng.h). */
 typedef struct bench_rng { uint64_t s; } bench_rng;
 void     bench_rng_seed(bench_rng *r, uint64_t seed);
 uint64_t bench_rng_next(bench_rng *r);

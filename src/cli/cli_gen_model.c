@@ -34,6 +34,7 @@
 #include "core/model.h"
 #include "tensor/gguf.h"
 #include "tensor/quant.h"
+#include "util/rng.h"
 
 #include <errno.h>
 #include <math.h>
@@ -144,19 +145,11 @@ typedef struct tensor_gen {
     int64_t  n_in, n_rows;
 } tensor_gen;
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Sum of four uniforms (Irwin-Hall), centred and scaled to unit variance:
  * close enough to normal for benchmark weights and much cheaper. */
 static float approx_normal(uint64_t *state)
 {
-    uint64_t r = splitmix64(state);
+    uint64_t r = rng_splitmix64(state);
     float s = 0;
     for (int i = 0; i < 4; i++, r >>= 16) s += (float)(r & 0xffff) * (1.0f / 65536.0f);
     return (s - 2.0f) * 1.7320508f;

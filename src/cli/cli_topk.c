@@ -41,6 +41,7 @@
 #include "core/kvcache.h"
 #include "io/kvfile.h"
 #include "tensor/quant.h"
+#include "util/rng.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -135,10 +136,7 @@ typedef struct synth {
 
 static uint64_t mix(uint64_t a, uint64_t b)
 {
-    uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return rng_mix64(a ^ (b + RNG_GOLDEN + (a << 6) + (a >> 2)));
 }
 
 static uint64_t head_seed(const synth *s, int l, int h, uint64_t what)

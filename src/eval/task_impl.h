@@ -27,7 +27,7 @@ struct task_set {
     void *priv;                 /* the task's own data */
 };
 
-/* ---- random numbers: xoshiro256** seeded by splitmix64 ------------------- */
+/* ---- random numbers: xoshiro256** seeded by splitmix64 (util/rng.h) ----- */
 
 typedef struct {
     uint64_t s[4];

@@ -17,6 +17,7 @@
 #include "eval/metrics.h"
 #include "util/textbuf.h"
 #include "util/paths.h"
+#include "util/rng.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -103,20 +104,12 @@ task_params task_default_params(void)
 
 /* ---- random numbers ----------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void rng_seed(task_rng *r, uint64_t seed, uint64_t stream)
 {
     uint64_t x = seed;
-    uint64_t h = splitmix64(&x);
+    uint64_t h = rng_splitmix64(&x);
     x = h ^ (stream * 0xD1B54A32D192ED03ull);
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++) r->s[i] = rng_splitmix64(&x);
 }
 
 static uint64_t rotl(uint64_t v, int k)

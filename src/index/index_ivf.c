@@ -22,6 +22,7 @@
  */
 #include "util/err.h"
 #include "index/index.h"
+#include "util/rng.h"
 
 #include <math.h>
 #include <omp.h>
@@ -77,15 +78,7 @@ static void assign_par(const float *x, int64_t n, int d, const float *cb, const 
 
 /* ---- k-means ------------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return (double)(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0); }
+static double uniform01(uint64_t *s) { return (double)(rng_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0); }
 
 /* Knuth's selection sampling: m of N rows, each subset equally likely, in
  * increasing order, one pass, no memory - and spread over the whole prefix
@@ -155,7 +148,7 @@ static void update_dist(kmeans *km, const float *c, int nt_thr)
  * proportional to its squared distance to the nearest centroid so far. */
 static void kmeans_pp(kmeans *km, uint64_t *rng, int nt_thr)
 {
-    int64_t first = (int64_t)(splitmix64(rng) % (uint64_t)km->nt);
+    int64_t first = (int64_t)(rng_splitmix64(rng) % (uint64_t)km->nt);
     memcpy(km->c, km->x + first * km->d, (size_t)km->d * sizeof(float));
     for (int64_t i = 0; i < km->nt; i++) km->dist[i] = INFINITY;
     update_dist(km, km->c, nt_thr);
@@ -173,7 +166,7 @@ static void kmeans_pp(kmeans *km, uint64_t *rng, int nt_thr)
                 }
             }
         } else { /* every row already coincides with a centroid */
-            pick = (int64_t)(splitmix64(rng) % (uint64_t)km->nt);
+            pick = (int64_t)(rng_splitmix64(rng) % (uint64_t)km->nt);
         }
         float *ck = km->c + (size_t)k * km->d;
         memcpy(ck, km->x + pick * km->d, (size_t)km->d * sizeof(float));
