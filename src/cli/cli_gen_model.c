@@ -32,9 +32,11 @@
  */
 #include "cli/cli.h"
 #include "core/model.h"
+#include "core/tokenizer.h"
 #include "tensor/gguf.h"
 #include "tensor/quant.h"
 #include "util/rng.h"
+#include "util/utf8.h"
 
 #include <errno.h>
 #include <math.h>
@@ -290,22 +292,11 @@ static int vocab_spm_phi3(vocab *v, int n)
     return 0;
 }
 
-/* GPT-2's byte-level alphabet: printable bytes stand for themselves, the
- * others (controls, space, 0x7F-0xA0, 0xAD) for U+0100 onwards in order.
- * Writes the UTF-8 of byte b's character; returns its length. */
+/* Writes the UTF-8 of the character standing for byte b in GPT-2's
+ * byte-level alphabet (the tokenizer's); returns its length. */
 static int byte_char(int b, char *out)
 {
-    int cp = b;
-    if (!((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) {
-        int k = 0;
-        for (int x = 0; x < b; x++)
-            k += !((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF));
-        cp = 256 + k;
-    }
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
+    return (int)utf8_encode(tok_byte_to_cp((uint8_t)b), out);
 }
 
 /* The k-th made-up word, in order of length L = 2, 3, ...: first "Ġ" (the

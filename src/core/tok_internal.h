@@ -154,9 +154,4 @@ struct tokenizer {
 int32_t tok_find(const tokenizer *t, const char *s, size_t len);
 int32_t tok_merge_rank(const tokenizer *t, const char *l, size_t ll, const char *r, size_t rl);
 
-/* Byte-level BPE alphabet (GPT-2 bytes_to_unicode): the codepoint standing
- * for byte b, and back (-1 for a codepoint that stands for no byte). */
-uint32_t tok_byte_to_cp(uint8_t b);
-int      tok_cp_to_byte(uint32_t cp);
-
 #endif

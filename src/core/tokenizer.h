@@ -54,4 +54,10 @@ int tok_lookup(const tokenizer *t, const char *text);
  * and debugging. */
 int tok_pretokenize(const char *pre_name, const char *text, size_t len, size_t *offsets, int max);
 
+/* Byte-level BPE alphabet (GPT-2 bytes_to_unicode): the codepoint standing
+ * for byte b, and back (-1 for a codepoint that stands for no byte). The
+ * one copy: the tokenizer and gen-model's made-up GPT-2 vocabularies. */
+uint32_t tok_byte_to_cp(uint8_t b);
+int      tok_cp_to_byte(uint32_t cp);
+
 #endif

@@ -29,6 +29,7 @@
  */
 #include "server/srv_internal.h"
 #include "server/kvdir.h"
+#include "util/utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -356,18 +357,6 @@ static int push_token(srv_request *r, const srv_token *t)
     return 0;
 }
 
-/* Bytes at the end of s[0..n) that are an unfinished UTF-8 sequence. */
-static size_t utf8_tail(const char *s, size_t n)
-{
-    for (size_t k = 1; k <= 3 && k <= n; k++) {
-        unsigned char c = (unsigned char)s[n - k];
-        if ((c & 0xC0) == 0x80) continue;              /* continuation byte */
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > k ? k : 0;
-    }
-    return 0;
-}
-
 /* Appends a token's piece; applies stop strings and decides how much text
  * is final (not a possible start of a stop string, not a cut UTF-8
  * character). Returns 1 if a stop string ended the reply, -1 on OOM. */
@@ -406,7 +395,7 @@ static int publish_token(slot *sl, int32_t id, const srv_token *lp, const char *
         }
     }
     size_t ok = r->text.len - held;
-    ok -= utf8_tail(r->text.data, ok);
+    ok -= utf8_incomplete_tail(r->text.data, ok);
     if (ok > r->text_ok) r->text_ok = ok;
     while (r->n_ok_toks < r->n_toks) {
         const srv_token *n = &r->toks[r->n_ok_toks];

@@ -43,3 +43,14 @@ size_t utf8_valid_len(const unsigned char *s, size_t avail)
         if (s[i] < 0x80 || s[i] > 0xBF) return 0;
     return len;
 }
+
+size_t utf8_incomplete_tail(const char *s, size_t n)
+{
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        const unsigned char c = (unsigned char)s[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* continuation byte */
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > k ? k : 0;
+    }
+    return 0;
+}

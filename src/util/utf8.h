@@ -1,5 +1,5 @@
 /* utf8.h - the one UTF-8 encoder, validator and decoder (json.c, the
- * tokenizer and the CLI share them). */
+ * tokenizer, the CLI and the server share them). */
 #ifndef SPARQ_UTF8_H
 #define SPARQ_UTF8_H
 
@@ -14,5 +14,10 @@ size_t utf8_encode(uint32_t cp, char *out);
  * bytes there are not one (overlong forms, surrogates, > U+10FFFF and
  * truncated sequences are all invalid). avail >= 1. */
 size_t utf8_valid_len(const unsigned char *s, size_t avail);
+
+/* Bytes at the end of s[0..n) that start a UTF-8 sequence not finished
+ * there (0 to 3), judged by the lead byte's length alone: streamed text
+ * is held back before them, so no one sees half a character. */
+size_t utf8_incomplete_tail(const char *s, size_t n);
 
 #endif
