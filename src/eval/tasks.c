@@ -476,11 +476,6 @@ void task_close(task_set *s)
     free(s);
 }
 
-const task_def *task_set_def(const task_set *s)
-{
-    return s ? s->def : NULL;
-}
-
 int64_t task_count(const task_set *s)
 {
     return s ? s->n_examples : 0;

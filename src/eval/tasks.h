@@ -231,8 +231,6 @@ int task_open(task_set **out, const task_def *task, const task_params *params, c
 /* task_close(NULL) is a no-op. */
 void task_close(task_set *s);
 
-const task_def *task_set_def(const task_set *s);
-
 /* Number of examples (niah: lengths x depths). */
 int64_t task_count(const task_set *s);
 

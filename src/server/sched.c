@@ -11,7 +11,6 @@
  * what `sparq run` gives for the same prompt, policy and sampling.
  *
  * Map:
- *   slot_sample        the one place a token is chosen (penalties, min-p)
  *   publish_token      text, stop strings, held-back bytes, log-probs
  *   slot_start/finish  a request's context and its release
  *   pc_*               the prefix cache: prompt prefixes cut at multiples
@@ -285,15 +284,6 @@ static void pc_publish(srv_server *s, const prefix_cache *pc)
 }
 
 /* ---- sampling ------------------------------------------------------------- */
-
-/* Chooses the next token: the library sampler, the one `sparq run` uses
- * (penalties over the generated tokens, as OpenAI defines frequency and
- * presence; repetition as llama.cpp; min-p), set up in slot_start. */
-static int32_t slot_sample(slot *sl, int V)
-{
-    (void)V;
-    return sparq_sample(sl->smp, sl->logits);
-}
 
 /* Log-softmax of logits at id, and the n most likely tokens. */
 static void token_logprobs(const float *lg, int V, int32_t id, int n_top, srv_token *t)
@@ -1312,7 +1302,8 @@ void *srv_sched_main(void *arg)
                 pthread_mutex_unlock(&s->lock);
                 continue;
             }
-            const int32_t id = slot_sample(sl, V);
+            /* the library sampler `sparq run` uses, set up in slot_start */
+            const int32_t id = sparq_sample(sl->smp, sl->logits);
             srv_token lp, *lpp = NULL;
             if (r->logprobs >= 0) {
                 token_logprobs(sl->logits, V, id, r->logprobs, &lp);
