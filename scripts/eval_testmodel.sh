@@ -30,6 +30,8 @@ done
 SPARQ=${SPARQ:-build/sparq}
 T=${THREADS:-2}
 DATA=../shared/data/text
+# the evaluation data (data/qa, data/text) is found on the search path
+export SPARQ_MODEL_PATH="${SPARQ_MODEL_PATH:+$SPARQ_MODEL_PATH:}../shared/models:../shared"
 [ -x "$SPARQ" ] || { echo "error: $SPARQ not built (make)" >&2; exit 1; }
 [ -r "$MODEL" ] || { echo "error: $MODEL not found (make testmodel)" >&2; exit 1; }
 [ -r "$DATA/wikitext-2-raw_wiki.test.raw" ] || { echo "error: $DATA not found (../shared)" >&2; exit 1; }

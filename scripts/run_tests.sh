@@ -16,6 +16,10 @@
 set -u
 build=${1:-build}
 export SPARQ_BUILD="$build"
+# The reference data beside the checkout (../shared), which neither the
+# library nor the command searches by itself; the test programs add it as
+# well (tests/test.h), this covers what they start and the pytest run.
+export SPARQ_MODEL_PATH="${SPARQ_MODEL_PATH:+$SPARQ_MODEL_PATH:}models:../shared/models:../shared"
 ci=0
 case "${CI:-}" in true|1|yes) ci=1 ;; esac
 # Skips that are not missing data: CPU features, SIMD levels without a twin,

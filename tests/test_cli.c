@@ -178,6 +178,37 @@ static void test_models_beside_binary(void)
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, "not found") &&
               strstr(err, "beside the binary"), "not found names the search path: %s", err ? err : "");
     free(err);
+    /* A development layout is not built into the command: a model in
+     * ../shared/models beside the working directory is found only when
+     * SPARQ_MODEL_PATH names that directory. */
+    char shared[512], smodels[600], link_path[700], abs_model[4096];
+    tpath(shared, sizeof shared, "shared");
+    snprintf(smodels, sizeof smodels, "%s/models", shared);
+    snprintf(link_path, sizeof link_path, "%s/beside.gguf", smodels);
+    if (!realpath("models/stories260K.gguf", abs_model)) {
+        CHECK(0, "realpath models/stories260K.gguf");
+    } else if (mkdir(shared, 0700) != 0 || mkdir(smodels, 0700) != 0 || symlink(abs_model, link_path) != 0) {
+        CHECK(0, "cannot make %s", link_path);
+    } else {
+        snprintf(cmd, sizeof cmd, "cd %s && env -u SPARQ_MODEL_PATH timeout 60 %s run -m beside.gguf -p hi -n 1 "
+                 ">%s 2>%s", cwd, abs_bin, o, e);
+        st = system(cmd);
+        err = test_read_file(e, &n);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, "not found"),
+              "../shared/models is not searched without SPARQ_MODEL_PATH: exit %d %s",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1, err ? err : "");
+        free(err);
+        snprintf(cmd, sizeof cmd, "cd %s && SPARQ_MODEL_PATH=../shared/models timeout 60 %s run -m beside.gguf "
+                 "-p hi -n 1 >%s 2>%s", cwd, abs_bin, o, e);
+        st = system(cmd);
+        err = test_read_file(e, &n);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "SPARQ_MODEL_PATH=../shared/models finds it: %s",
+              err ? err : "");
+        free(err);
+    }
+    unlink(link_path);
+    rmdir(smodels);
+    rmdir(shared);
     unlink(o);
     unlink(e);
     rmdir(cwd);

@@ -40,9 +40,9 @@ def find_model(name):
     """Resolves a model or data file: the name itself, then
     $SPARQ_MODEL_PATH (colon-separated), then the checkout's models/ when
     the package runs from one (python/sparq/../../models, as the C library
-    finds models/ beside build/), then ../shared/models and ../shared (the
-    reference data beside a development checkout, as `sparq` adds them).
-    Returns the path, or None."""
+    finds models/ beside build/). A development layout (reference data
+    beside the checkout) is added through $SPARQ_MODEL_PATH, as the tests
+    do. Returns the path, or None."""
     if not isinstance(name, (str, bytes, os.PathLike)):
         raise TypeError("model path must be a str or path, not %s" % type(name).__name__)
     name = os.fsdecode(name)
@@ -52,7 +52,7 @@ def find_model(name):
         return None
     dirs = [d for d in os.environ.get("SPARQ_MODEL_PATH", "").split(":") if d]
     here = os.path.dirname(os.path.abspath(__file__))
-    for d in dirs + [os.path.join(here, "..", "..", "models"), "../shared/models", "../shared"]:
+    for d in dirs + [os.path.join(here, "..", "..", "models")]:
         p = os.path.join(d, name)
         if os.access(p, os.R_OK):
             return p

@@ -159,7 +159,7 @@ class Llama:
         path = find_model(model_path)
         if path is None:
             raise SparqError("model '%s' not found (searched the path, $SPARQ_MODEL_PATH, "
-                             "the checkout's models/, ../shared/models, ../shared)" % model_path)
+                             "the checkout's models/)" % model_path)
         self.model_path = path
         self.verbose = verbose
         self.chat_format = chat_format

@@ -1,6 +1,5 @@
 /* main.c - the `sparq` entry point: dispatch to a subcommand. */
 #include "cli/cli.h"
-#include "util/paths.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -35,10 +34,6 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    /* A development fallback of the command, not of the library: run from
-     * a checkout, the reference models and data beside it are found. */
-    if (path_append_env("../shared/models:../shared") != 0)
-        fprintf(stderr, "warning: cannot extend SPARQ_MODEL_PATH\n");
     if (argc < 2) {
         usage(stderr);
         return 2;

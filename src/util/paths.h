@@ -6,8 +6,10 @@
  * the binary (the shared library, or the executable it is linked into):
  * build/sparq finds the checkout's models/, and an installed
  * PREFIX/bin/sparq finds PREFIX/share/sparq/models. The library knows no
- * directory relative to the working directory: the command and the tests
- * add their development fallbacks (../shared) with path_append_env.
+ * directory relative to the working directory, and neither does the
+ * command: a development layout (reference data in ../shared beside the
+ * checkout) is added by the tests (path_append_env) and the scripts
+ * (SPARQ_MODEL_PATH), never built in.
  */
 #ifndef SPARQ_PATHS_H
 #define SPARQ_PATHS_H
