@@ -48,7 +48,7 @@ typedef struct sparq_context sparq_context;
 /* ---- attention policy parameters ------------------------------------- */
 
 /* Which positions a decode step reads. Fields left at 0 (or -1 for l) take
- * the policy's defaults when the context is created (SPEC.md):
+ * the policy's defaults when the context is created (docs/ALGORITHMS.md):
  * SparQ r = d/4, k = 128, l = k/4. */
 typedef struct sparq_attn_params {
     const char *policy;     /* "dense" (NULL = dense), "sparq", "oracle",
@@ -82,9 +82,9 @@ enum { SPARQ_KEY_DEFAULT = 0, SPARQ_KEY_F16 = 1, SPARQ_KEY_BF16 = 2, SPARQ_KEY_I
 SPARQ_API sparq_attn_params sparq_attn_default_params(void);
 /* SparQ at a transfer ratio: ratio ("1/8", "0.125", "1": a fraction in
  * (0, 1]) of dense attention's bytes per decode step at context length
- * n_ctx and head size head_dim, split as the SparQ paper does (SPEC.md's
- * formula, S*r + 2*k*d + 4*d against dense's 2*S*d + 2*d): r =
- * max(1, round(head_dim * ratio)), then the largest k <= n_ctx within the
+ * n_ctx and head size head_dim, split as the SparQ paper does (the
+ * formulas of docs/ALGORITHMS.md "Transfer formulas", S*r + 2*k*d + 4*d
+ * against dense's 2*S*d + 2*d): r = max(1, round(head_dim * ratio)), then the largest k <= n_ctx within the
  * budget. Sets p->r and p->k, and p->l = k/4 when p->l < 0; p->policy must
  * be "sparq". `what` names the ratio in messages (an option name such as
  * "--sparq-ratio"; NULL: "ratio"). Returns 0, or -1 with a message (not a
@@ -170,7 +170,7 @@ enum { SPARQ_KV_F32 = 0, SPARQ_KV_F16 = 1, SPARQ_KV_Q8_0 = 2 };
 
 /* Attention during a prefill (sparq_eval with n > 1, sparq_eval_prefill).
  * Exact attention over N tokens costs O(N^2); for a cache of a million
- * tokens the sparse modes bound each query's work (SPEC "Sparse prefill"):
+ * tokens the sparse modes bound each query's work (docs/ALGORITHMS.md "Sparse prefill"):
  *   SPARQ_PREFILL_EXACT   every earlier position (the default)
  *   SPARQ_PREFILL_WINDOW  the n_sink first positions and a window of at
  *                         least `window` positions before each query block
@@ -447,7 +447,7 @@ SPARQ_API int sparq_kv_preload(const char *path, void (*progress)(void *user, in
 typedef struct sparq_attn_stats {
     int64_t elements;        /* read + written by the policy                */
     int64_t dense_elements;  /* the same steps under dense attention        */
-    int64_t formula_elements;/* the policy's SPEC.md formula for those steps */
+    int64_t formula_elements;/* the policy's formula for those steps */
     int64_t bytes;           /* elements x KV element size                  */
     int64_t steps;           /* decode steps counted                        */
     /* topk with topk_check: over every query head of every indexed step,

@@ -1,7 +1,7 @@
 /* sparq_attn.h - the decode-attention kernels on caller's arrays.
  *
  * Runs one decode step of an attention policy (dense, sparq, oracle,
- * flexgen, h2o, streaming; SPEC.md) for ONE KV head and its g query heads,
+ * flexgen, h2o, streaming; docs/ALGORITHMS.md) for ONE KV head and its g query heads,
  * on plain row-major f32 arrays, without a model or a KV cache. For tests,
  * benchmarks and Python (ctypes):
  *
@@ -46,7 +46,7 @@ SPARQ_API int sparq_attn_run(const sparq_attn_params *p, int kv_type, const floa
                    float *out, int32_t *sel, int64_t *n_sel, int32_t *i1, float *alpha,
                    int64_t *elements, char *err, size_t err_size);
 
-/* The policy's SPEC.md transfer formula (elements per step and KV head)
+/* The policy's transfer formula (docs/ALGORITHMS.md) (elements per step and KV head)
  * after filling p's defaults for head size d; -1 (and err) if p is invalid. */
 SPARQ_API int64_t sparq_attn_formula(const sparq_attn_params *p, int64_t S, int d, int g, char *err,
                            size_t err_size);

@@ -448,7 +448,7 @@ w("The decode attention op alone, as the SparQ paper's microbenchmarks (section 
   "~ N(0,1) in a KV cache (plus K^T and the running V sum when SparQ runs), a fresh N(0,1) query per timed "
   "sample, all (batch, KV head) pairs of one call spread over the threads with OpenMP as the model's decode "
   "step does. Time per call: median over the samples (short calls are repeated inside one sample). "
-  "Bytes per call: *counted* = elements the kernels measured they read (the rows their loops visited) plus the step's cache append, x element size; *formula* = SPEC.md's "
+  "Bytes per call: *counted* = elements the kernels measured they read (the rows their loops visited) plus the step's cache append, x element size; *formula* = docs/ALGORITHMS.md's "
   "transfer formula; GB/s = counted bytes / median time (for small S the cache is in L2/L3, so it can "
   "exceed DRAM bandwidth). Theoretical speed-up = dense formula / policy formula.\n")
 w("### Target point: S = 32k, d = 128, 32 heads, 8 KV heads, f16\n")

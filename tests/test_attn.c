@@ -21,8 +21,8 @@
  *  7. identities: SparQ k >= S == dense, oracle k >= S == dense, SparQ with
  *     r = d, l = 0, no realloc selects what the oracle selects; SparQ on a
  *     cache without K^T / v_sum computes the same.
- *  8. transfer counts: the elements the kernels measured == SPEC.md's
- *     formulas, written out here, over many (S, d, g, r, k) with odd tails.
+ *  8. transfer counts: the elements the kernels measured == the formulas
+ *     of docs/ALGORITHMS.md "Transfer formulas", written out here, over many (S, d, g, r, k) with odd tails.
  *  9. invalid parameters are rejected with a message.
  */
 #include <dirent.h>
@@ -1677,8 +1677,8 @@ static void test_sparq_fallbacks(void)
 
 /* ---- 8. transfer counts ------------------------------------------------------------------- */
 
-/* SPEC.md's transfer per step, written out here from the text (not the
- * policies' transfer_formula), for the resolved parameters. */
+/* docs/ALGORITHMS.md's transfer per step ("Transfer formulas"), written
+ * out here from the text (not the policies' transfer_formula), for the resolved parameters. */
 static int64_t spec_transfer(const char *pol, const sparq_attn_params *p, int64_t S, int64_t d)
 {
     const int64_t kk = p->k < S ? p->k : S, dense = 2 * S * d + 2 * d;
@@ -1691,7 +1691,7 @@ static int64_t spec_transfer(const char *pol, const sparq_attn_params *p, int64_
     return -1;
 }
 
-/* Measured transfer == SPEC.md over many shapes: S, d and g with odd
+/* Measured transfer == docs/ALGORITHMS.md over many shapes: S, d and g with odd
  * tails, several r and k, both cache types, SparQ's variants. */
 static void test_counts_shapes(void)
 {
@@ -1717,14 +1717,14 @@ static void test_counts_shapes(void)
                     run_out o;
                     run_policy(&c, &p, &o);
                     char err[128];
-                    sparq_attn_params rp = p; /* resolved, for the SPEC expression */
+                    sparq_attn_params rp = p; /* resolved, for the formula */
                     const attn_policy *pol = attn_policy_find(pols[pi]);
                     const int ok_res = pol->resolve(&rp, d, err, sizeof err) == 0;
                     const int64_t want = spec_transfer(pols[pi], &rp, c.S, d);
                     const int64_t f = sparq_attn_formula(&p, c.S, d, g, err, sizeof err);
                     const int ok = ok_res && o.rc == 0 && o.elements == want && f == want;
                     bad += !ok;
-                    CHECK(ok, "%s r=%d k=%d S=%lld d=%d g=%d elem=%d: measured %lld, SPEC %lld, "
+                    CHECK(ok, "%s r=%d k=%d S=%lld d=%d g=%d elem=%d: measured %lld, formula %lld, "
                           "formula %lld (%s)", pols[pi], p.r, p.k, (long long)c.S, d, g, elem,
                           (long long)o.elements, (long long)want, (long long)f, o.err);
                     run_free(&o);
@@ -1732,7 +1732,7 @@ static void test_counts_shapes(void)
                 }
             case_free(&c);
         }
-    fprintf(stderr, "transfer counts: %d policy runs, measured == SPEC.md in %d\n", n, n - bad);
+    fprintf(stderr, "transfer counts: %d policy runs, measured == formula in %d\n", n, n - bad);
 }
 
 static void test_counts(void)
@@ -1759,7 +1759,7 @@ static void test_counts(void)
             }
         case_free(&c);
     }
-    /* the formulas themselves, from SPEC.md, at a long context */
+    /* the formulas themselves, from docs/ALGORITHMS.md, at a long context */
     const int64_t S = 10000;
     const int d = 128;
     char err[128];

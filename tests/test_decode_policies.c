@@ -1,6 +1,6 @@
 /* test_decode_policies.c - attention policies inside the model's decode
  * path: identities against dense decoding, and transfer accounting (the
- * elements the code touched equal SPEC.md's formula, recomputed here). */
+ * elements the code touched equal docs/ALGORITHMS.md's formula, recomputed here). */
 #include "test.h"
 #include "util/paths.h"
 #include "sparq.h"

@@ -71,7 +71,8 @@ void attn_kv_row_f32(const void *base, int elem, int64_t len, int64_t row, int64
  * type (v_sum: f32 values). Each kernel adds, once per loop, the rows its
  * row loop visited times the components its tiles covered, so a kernel
  * that skipped or repeated rows shows in the count (tests/test_attn.c
- * compares it with SPEC.md's formula). Rows are counted for a group's
+ * compares it with the formula of docs/ALGORITHMS.md
+ * "Transfer formulas"). Rows are counted for a group's
  * first query head: the group's other heads read the same rows from cache
  * (one row serves the group, attn.c). */
 typedef struct attn_meter {
@@ -217,7 +218,7 @@ typedef struct attn_policy {
     int  (*attend)(void *state, const sparq_attn_params *p, int layer, int kv_head,
                    const attn_kv_view *kv, const float *q, int g, float *out,
                    attn_scratch *scratch, attn_counts *counts, struct attn_trace *trace);
-    /* SPEC.md's transfer formula (elements) for one step of one KV head. */
+    /* The transfer formula (docs/ALGORITHMS.md "Transfer formulas", elements) for one step of one KV head. */
     int64_t (*transfer_formula)(const sparq_attn_params *p, int64_t S, int d, int g);
     /* Optional (policies that index a prefix: topk): positions [0, n_prefix)
      * are the prefix from now on; src (may be NULL) offers prebuilt indexes

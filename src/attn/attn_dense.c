@@ -3,7 +3,7 @@
  * y_h = softmax(q_h K^T / sqrt(d)) V for the g heads of a group, each K and V
  * row read once for the whole group (attn_dense_group).
  * Transfer per step and KV head: 2*S*d reads (K, V) + 2*d written (this
- * step's k and v appended to the cache) = SPEC.md's 2*S*d + 2*d. The reads
+ * step's k and v appended to the cache) = docs/ALGORITHMS.md's 2*S*d + 2*d. The reads
  * reported are what the kernels measured (attn_meter); the formula is
  * dense_transfer.
  */

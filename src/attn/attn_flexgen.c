@@ -4,7 +4,7 @@
  * weights and zero the rest WITHOUT renormalising, then multiply by V
  * (Graphcore's sparse_softmax_fixed_k; the golden "exact_topk" cases).
  * Transfer: S*d (K) + k*d (V of the kept rows) + 2*d (k, v appended) =
- * SPEC.md's S*d + k*d + 2*d. With k >= S it is dense attention.
+ * docs/ALGORITHMS.md "Transfer formulas": S*d + k*d + 2*d. With k >= S it is dense attention.
  */
 #include "attn/attn.h"
 

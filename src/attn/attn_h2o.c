@@ -17,7 +17,7 @@
  * With k >= S nothing has ever been evicted and the step is dense.
  *
  * Transfer per step: 2*k*d (K, V of kept rows) + 2*d (k, v appended) +
- * S score reads (step 1) + S score writes (step 3) = SPEC.md's
+ * S score reads (step 1) + S score writes (step 3) = docs/ALGORITHMS.md's
  * 2*k*d + 2*d + 2*S. K and V reads are measured by the kernels
  * (attn_meter), the score reads and writes by the two sweeps' trip counts.
  */

@@ -1,4 +1,5 @@
-/* attn_sparq.c - SparQ Attention (Ribar et al., ICML 2024), as SPEC.md fixes it.
+/* attn_sparq.c - SparQ Attention (Ribar et al., ICML 2024), as docs/ALGORITHMS.md
+ * "SparQ Attention" fixes it.
  *
  * One decode step for one KV head and its g query heads:
  *   1. i1 = the r largest components of sum_h |q_h| (shared by the group).
@@ -21,7 +22,7 @@
  *
  * Transfer per step (elements): S*r (K^T rows) + 2*k*d (K, V rows) + d (read
  * v_sum) + 2*d (this step's k, v appended) + d (the cache's v_sum update) =
- * SPEC.md's S*r + 2*k*d + 4*d (3*d with no_realloc: v_sum is not read).
+ * docs/ALGORITHMS.md's S*r + 2*k*d + 4*d (3*d with no_realloc: v_sum is not read).
  * With k >= S: dense's 2*S*d + 2*d.
  * The reads reported are measured where they happen (attn_meter: the K^T
  * pass, the gather, the v_sum loop); the writes are the cache's append.

@@ -3,8 +3,9 @@
  * Reads the first n_sink positions (16 by default: "attention sinks") and
  * the most recent k - n_sink (the current token included); softmax over that
  * set. If k <= n_sink the sinks shrink to k - 1 so the current token is
- * always read. Transfer: 2*k*d (K, V rows) + 2*d (k, v appended) = SPEC.md's
- * 2*k*d + 2*d; with k >= S every position is read (dense).
+ * always read. Transfer: 2*k*d (K, V rows) + 2*d (k, v appended), the
+ * formula of docs/ALGORITHMS.md "Transfer formulas"; with k >= S every
+ * position is read (dense).
  */
 #include "attn/attn.h"
 

@@ -1,5 +1,5 @@
-/* attn_topk.c - top-k attention over a key index (paper 004; SPEC.md "Top-k
- * attention over a key index").
+/* attn_topk.c - top-k attention over a key index (Synk, Hoover et al.;
+ * docs/ALGORITHMS.md "Top-k attention over a key index").
  *
  * The cache splits at the prefix boundary P:
  *   prefix [0, P)  indexed once per (layer, KV head); every decode step asks

@@ -7,7 +7,7 @@
  * the result. The library never prints: sweep.h runs a task under many
  * settings and aggregates; the CLI (`sparq eval`, `sparq stats`) formats.
  *
- * Pieces (SPEC.md "Evaluation tasks"; the SparQ authors' harness fixes the
+ * Pieces (docs/ALGORITHMS.md "Evaluation tasks"; the SparQ authors' harness fixes the
  * lengths the paper leaves open):
  *   eval_truncate_left   keep the last tokens of a prompt that does not fit,
  *                        the leading BOS kept (the authors truncated from

@@ -1,4 +1,4 @@
-/* metrics.h - scores for the evaluation tasks (SPEC.md "Evaluation tasks").
+/* metrics.h - scores for the evaluation tasks (docs/ALGORITHMS.md "Evaluation tasks").
  *
  *   QA (SQuAD, TriviaQA, needle)  metrics_qa_match: SQuAD answer
  *                                 normalisation, then "the normalised output

@@ -7,7 +7,7 @@
  * `ratio=1,1/2,..` aims each non-dense policy at a fraction of dense
  * attention's transfer for the example's mean decode cache length S (or a
  * fixed ratio_len): SparQ takes r and k from attn_sparq_ratio; a
- * baseline the largest k whose SPEC.md transfer formula stays within the
+ * baseline the largest k whose transfer formula (docs/ALGORITHMS.md) stays within the
  * budget (match_k = 0), or SparQ's k at that ratio (match_k = 1). A
  * setting that cannot reach its budget for an example is skipped for it,
  * with the reason kept. Every result carries the transfer actually counted

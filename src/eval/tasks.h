@@ -11,7 +11,7 @@
  * are then a random sample). triviaqa, cnndm and kvret files are already
  * random samples and are used in file order.
  *
- * Tasks (SPEC.md "Evaluation tasks"; the SparQ authors' code fills in the
+ * Tasks (docs/ALGORITHMS.md "Evaluation tasks"; the SparQ authors' code fills in the
  * details the paper leaves open, noted as "authors"):
  *
  *   squad       SQuAD 1.1 dev (data/qa/squad/dev-v1.1.json, or its two parts

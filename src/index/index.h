@@ -1,5 +1,5 @@
 /* index.h - top-k maximum-inner-product search over the keys of ONE
- * (layer, kv_head) prefix (SPEC "Top-k attention over a key index", paper 004).
+ * (layer, kv_head) prefix (docs/ALGORITHMS.md "Top-k attention over a key index").
  *
  * An index holds its own copy of N keys of dimension d (built from f32 keys
  * [N][d]) and answers, for g query vectors at once (one GQA group), the k
