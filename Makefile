@@ -338,8 +338,14 @@ test-asan:
 # The same suite on the same build with the AVX2 kernels forced
 # (SPARQ_CPU=avx2, util/cpu.h): the *_avx2.c twins checked against their
 # plain-C twins and the golden logits on this AVX-512 machine too.
+# Only the programs whose results go through the kernels: the HTTP, CLI
+# and packaging tests run the same code at any level, and make test covers
+# them (test_cpu there already runs the kernel tests at every level).
+AVX2_TESTS := test_attn test_batch test_context_shift test_decode_policies test_embed test_gemm test_generate \
+              test_grammar test_import test_index test_kvcache test_kvfile test_kvq8 test_model test_pf_sparse \
+              test_phi3 test_prefill test_quant test_testmodel test_topk
 test-avx2: setup all $(TEST_BIN)
-	@SPARQ_CPU=avx2 SPARQ_TEST_QUICK=1 scripts/run_tests.sh $(BUILD)
+	@SPARQ_CPU=avx2 SPARQ_TEST_QUICK=1 SPARQ_TESTS="$(AVX2_TESTS)" scripts/run_tests.sh $(BUILD)
 
 # The ARM64 build, cross-compiled into build-arm64/ (without the server and
 # zlib, whose arm64 libraries are not installed) and run under qemu-user:

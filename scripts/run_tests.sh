@@ -10,6 +10,10 @@
 # file, a dataset: everything but the hardware and optional-build reasons
 # listed in SKIP_OK below) counts as a failure: CI must have ../shared.
 #
+# SPARQ_TESTS="test_a test_b ..." runs only those programs (and pytest only
+# if the list names "python"): a run that exists for one part of the code,
+# such as the forced-AVX2 pass over the kernels.
+#
 # Each program (and the pytest run) gets at most SPARQ_TEST_TIMEOUT seconds
 # (default 1800; 0 = none): a deadlock then fails that one test, named, and
 # the rest still run. Each summary line ends with the test's wall time.
@@ -70,6 +74,7 @@ ci_skips() { # name, then the skip reasons on stdin (not a pipe: the totals
 for t in "$build"/tests/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
+  if [ -n "${SPARQ_TESTS:-}" ]; then case " $SPARQ_TESTS " in *" $name "*) ;; *) continue ;; esac; fi
   t0=$(now_ms)
   out=$(run_limited "$t" 2>&1); rc=$?
   took=$(wall "$t0")
@@ -96,12 +101,16 @@ done
 # ---- the Python package (pytest) -------------------------------------------
 # Debian's python3 has python3-pytest (scripts/setup.sh); $PYTHON overrides.
 py=${PYTHON:-}
+run_py=1
+if [ -n "${SPARQ_TESTS:-}" ]; then case " $SPARQ_TESTS " in *" python "*) ;; *) run_py=0 ;; esac; fi
 if [ -z "$py" ]; then
   for cand in /usr/bin/python3 python3; do
     if command -v "$cand" >/dev/null && "$cand" -c 'import pytest' 2>/dev/null; then py=$cand; break; fi
   done
 fi
-if [ -z "$py" ]; then
+if [ $run_py -eq 0 ]; then
+  :
+elif [ -z "$py" ]; then
   echo "python: no python3 with pytest (scripts/setup.sh installs python3-pytest)"
   total_fail=$((total_fail + 1)); crashed="$crashed python"
 elif [ -d tests/python ]; then
