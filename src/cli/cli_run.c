@@ -789,13 +789,14 @@ int cli_run(int argc, char **argv)
             if (pr > 0) fprintf(stderr, "warning: --kv-preload: %s\n", err);
             else fprintf(stderr, "preloaded %s (%.2f s)\n", ro.load_kv, cli_now() - tl);
         }
+        const double tm = cli_now(); /* the mapping alone, apart from the preload */
         if (sparq_context_load_kv(m, &cp, ro.load_kv, ro.verify_kv ? SPARQ_VERIFY_ALWAYS : SPARQ_VERIFY_AUTO,
                                   &c, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             goto done;
         }
         fprintf(stderr, "loaded %s: %lld cached positions, capacity %lld (%.2f s)\n", ro.load_kv,
-                (long long)sparq_context_pos(c), (long long)sparq_context_n_ctx(c), cli_now() - tl);
+                (long long)sparq_context_pos(c), (long long)sparq_context_n_ctx(c), cli_now() - tm);
         t_load += cli_now() - tl;
         if (sparq_context_pos(c) + n_prompt > sparq_context_n_ctx(c)) {
             fprintf(stderr, "error: the prompt has %d tokens but the loaded cache has room for %lld more\n",
