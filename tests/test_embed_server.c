@@ -34,52 +34,16 @@
 
 static char bin[1024];
 
-typedef struct server {
-    pid_t pid;
-    int   port;
-    char  log[64], port_file[80];
-} server;
+typedef proc_server server;
 
 static int start_server(server *s, const char *args)
 {
-    snprintf(s->log, sizeof s->log, "/tmp/sparq_test_embed_log_XXXXXX");
-    int fd = mkstemp(s->log);
-    if (fd < 0) return -1;
-    snprintf(s->port_file, sizeof s->port_file, "%s.port", s->log);
-    unlink(s->port_file);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "exec %s serve --port 0 --port-file %s %s", bin, s->port_file, args);
-    s->pid = fork();
-    if (s->pid < 0) return -1;
-    if (s->pid == 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(fd);
-    const int rc = wait_port_file(&s->pid, s->port_file, &s->port, 50000);
+    const int rc = proc_server_start(s, bin, "embed", args);
     CHECK(rc == 0, "server did not start (log %s): serve %s", s->log, args);
     return rc;
 }
 
-static int stop_server(server *s)
-{
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    int st = 0;
-    for (double t0 = now(); now() - t0 < 20;) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            unlink(s->port_file);
-            unlink(s->log);
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(50000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, &st, 0);
-    return -1;
-}
+static int stop_server(server *s) { return proc_server_stop(s); }
 
 /* POST path with body; the status and the malloc'ed body, or -1. */
 static int post(int port, const char *path, const char *body, char **out)
