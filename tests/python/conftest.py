@@ -36,7 +36,7 @@ def model_path():
     p = sparq.find_model("stories260K.gguf")
     if p is None:
         pytest.skip("stories260K.gguf not found (reference data missing)")
-    return p
+    return os.path.abspath(p)  # tests run subprocesses in other directories
 
 
 @pytest.fixture(scope="session")
