@@ -5,7 +5,7 @@
 #
 # usage: scripts/bench_serve.sh [--quick] [--out | --results DIR] [--llama-1b | --only-llama-1b] [--no-shared]
 #                               [--prime-shared] [--no-docs] [--no-warm] [--fa LIST] [-n N] [-d TOKENS] [-g TOKENS]
-#                               [--shared-tokens TOKENS] [--no-ban-bytes]
+#                               [--shared-tokens TOKENS] [--no-ban-bytes] [--kvu LIST] [--init plain|scaled]
 #   --quick            smoke test: N=2, D=513, 8 generated tokens, 1024-token shared document
 #                      (sparq caches prefixes cut at multiples of its 512-token batch)
 #   --out              results in docs/bench-results/serve-<UTC date>/ (to commit)
@@ -18,6 +18,12 @@
 #   --no-docs          skip the docs scenario (and its warm round)
 #   --no-warm          skip the docs-warm round (see Scenarios)
 #   --fa LIST          llama-server's -fa settings to run, e.g. on (default on,off)
+#   --kvu LIST         llama-server's KV layout: 0 (a stream per slot, its default
+#                      with -np), 1 (-kvu, one unified buffer) or 0,1 (default 0);
+#                      every -fa setting runs with every layout, the best counts
+#   --init I           gen-model's weights: plain (default) or scaled (a trained
+#                      model's scales, no weight or f16 block scale near a
+#                      subnormal; the file is MODEL_DIR/<shape>-q8_0-scaled.gguf)
 #   -n N               concurrent clients (default 16)
 #   -d TOKENS          prompt tokens per client: own document + question (default 4097:
 #                      sparq's prefix cache, cut at multiples of its 512-token batch, then
@@ -27,7 +33,7 @@
 #   --no-ban-bytes     send no logit_bias (see "Byte tokens" below)
 # environment:
 #   LLAMA_SERVER=/path/to/llama-server  also measure llama-server (-fa on and off; the better counts)
-#   LLAMA_SERVER_ARGS="..."             extra llama-server flags (e.g. -kvu)
+#   LLAMA_SERVER_ARGS="..."             extra llama-server flags (e.g. --mlock)
 #   MODEL_DIR=DIR      generated models (default /tmp/sparq-bench-models, shared with bench.sh)
 #   THREADS=N          threads per server (default 2)
 #   PORT=N             llama-server's loopback port (default 18471; sparq picks a free one)
@@ -86,17 +92,19 @@
 # shared's total tok/s over the wall clock (its one prefill is the point).
 #
 # Exact commands for the issue's numbers (on a quiet machine):
-#   LLAMA_SERVER=/tmp/quant-llama/build/bin/llama-server scripts/bench_serve.sh --out --llama-1b --prime-shared
+#   LLAMA_SERVER=/tmp/llama.cpp/build/bin/llama-server scripts/bench_serve.sh --out --llama-1b --no-shared \
+#     --kvu 0,1 --init scaled                 (16 clients x 4097, both shapes, llama-server's four layouts)
 #   scripts/bench_serve.sh --quick                                   (smoke test, sparq only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-N=16 D=4097 G=64 S=16384 DOCS=1 SHARED=1 PRIME=0 WARM=1 FAS="on off" L1B=0 BAN=1 RES=/tmp/sparq-bench-serve
+N=16 D=4097 G=64 S=16384 DOCS=1 SHARED=1 PRIME=0 WARM=1 FAS="on off" KVUS=0 INIT=plain L1B=0 BAN=1
+RES=/tmp/sparq-bench-serve
 die() { echo "bench_serve.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) N=2 D=513 G=8 S=1024 ;;
-    --out) RES="docs/bench-results/serve-$(date -u +%Y-%m-%d)" ;;
+    --out) RES="docs/bench-results/serve-$(date -u +%Y-%m-%dT%H%M)" ;;
     --results) RES="$2"; shift ;;
     --llama-1b) L1B=1 ;;
     --only-llama-1b) L1B=2 ;;
@@ -106,6 +114,10 @@ while [ $# -gt 0 ]; do
     --no-docs) DOCS=0 ;;
     --fa) FAS="${2//,/ }"; shift
           for f in $FAS; do [ "$f" = on ] || [ "$f" = off ] || die "--fa takes on, off or on,off (got '$2')"; done ;;
+    --kvu) KVUS="${2//,/ }"; shift
+           for k in $KVUS; do [ "$k" = 0 ] || [ "$k" = 1 ] || die "--kvu takes 0, 1 or 0,1 (got '$2')"; done ;;
+    --init) INIT="$2"; shift
+            [ "$INIT" = plain ] || [ "$INIT" = scaled ] || die "--init takes plain or scaled (got '$INIT')" ;;
     -n) N="$2"; shift ;;
     -d) D="$2"; shift ;;
     -g) G="$2"; shift ;;
@@ -201,12 +213,15 @@ start_sparq() {
   wait_up "sparq serve" "$logf" "$URL"
 }
 
-# start_llama TAG MODEL CTX FA(on|off)
+# start_llama TAG MODEL CTX FA(on|off) KVU(0|1)
 start_llama() {
-  local tag="$1" model="$2" ctx="$3" fa="$4" logf="$WORK/llama-$1.log"
+  local tag="$1" model="$2" ctx="$3" fa="$4" kvu="$5" logf="$WORK/llama-$1.log"
   curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$PORT/health" && die "port $PORT is already in use (set PORT)"
   local fa_args=(-fa "$fa")
   [ "$FA_STYLE" = value ] || { [ "$fa" = on ] && fa_args=(-fa) || fa_args=(); }
+  # named both ways, so a later change of llama-server's default cannot swap the two runs
+  local kvu_args=(-no-kvu)
+  [ "$kvu" = 0 ] || kvu_args=(-kvu)
   # llama-server caps every slot at the model's training context (smollm2-135m: 8192), where sparq serve takes
   # the -c it is given; so that both run the same prompts, a longer slot raises the model's stated context
   # (both generated shapes are arch "llama"; their RoPE does not depend on it)
@@ -214,7 +229,7 @@ start_llama() {
   [ "$ctx" -le 8192 ] || ctx_args=(--override-kv "llama.context_length=int:$ctx")
   # shellcheck disable=SC2206 # LLAMA_SERVER_ARGS is split on purpose
   local cmd=("$LLAMA_SERVER" -m "$model" -np "$N" -c $((N * ctx)) -t "$THREADS" --host 127.0.0.1 --port "$PORT"
-             --timeout "$REQ_TIMEOUT" "${fa_args[@]}" "${ctx_args[@]}" $LLAMA_SERVER_ARGS)
+             --timeout "$REQ_TIMEOUT" "${fa_args[@]}" "${kvu_args[@]}" "${ctx_args[@]}" $LLAMA_SERVER_ARGS)
   echo "${cmd[*]}" >> "$CMDS"
   "${cmd[@]}" > "$logf" 2>&1 &
   SRV_PID=$!
@@ -258,10 +273,14 @@ scenario() {
   stop_server
   if [ -n "$LLAMA_SERVER" ]; then
     for fa in $FAS; do
-      start_llama "$base-fa$fa" "$model" "$ctx" "$fa"
-      measure "llama-$base-fa$fa" "$prompts" "$m"',"server":"llama-server","attn":"-fa '"$fa"'"}' ${prime:+"$prime"}
-      [ "$warm" = 0 ] || measure "llama-$base-fa$fa-warm" "$prompts" "$mw"',"server":"llama-server","attn":"-fa '"$fa"'"}'
-      stop_server
+      for kvu in $KVUS; do
+        local lt="fa$fa" la="-fa $fa"
+        [ "$kvu" = 0 ] || { lt="$lt-kvu"; la="$la -kvu"; }
+        start_llama "$base-$lt" "$model" "$ctx" "$fa" "$kvu"
+        measure "llama-$base-$lt" "$prompts" "$m"',"server":"llama-server","attn":"'"$la"'"}' ${prime:+"$prime"}
+        [ "$warm" = 0 ] || measure "llama-$base-$lt-warm" "$prompts" "$mw"',"server":"llama-server","attn":"'"$la"'"}'
+        stop_server
+      done
     done
   fi
 }
@@ -270,11 +289,13 @@ MODELS=("smollm2-135m")
 [ "$L1B" = 0 ] || MODELS+=("llama-3.2-1b")
 [ "$L1B" != 2 ] || MODELS=("llama-3.2-1b")
 for mname in "${MODELS[@]}"; do
-  mfile="$MODEL_DIR/$mname-q8_0.gguf"
+  mfile="$MODEL_DIR/$mname-q8_0.gguf" init_args=()
+  [ "$INIT" = plain ] || { mfile="$MODEL_DIR/$mname-q8_0-$INIT.gguf"; init_args=(--init "$INIT"); }
   if [ ! -f "$mfile" ]; then
-    echo "$SPARQ gen-model --shape $mname --type Q8_0 -o $mfile" >> "$CMDS"
-    "$SPARQ" gen-model --shape "$mname" --type Q8_0 -o "$mfile" >&2 || die "cannot generate $mfile"
+    echo "$SPARQ gen-model --shape $mname --type Q8_0 ${init_args[*]} -o $mfile" >> "$CMDS"
+    "$SPARQ" gen-model --shape "$mname" --type Q8_0 "${init_args[@]}" -o "$mfile" >&2 || die "cannot generate $mfile"
   fi
+  echo "# model $mname: $mfile ($INIT weights)" >> "$CMDS"
   [ "$DOCS" = 0 ] || scenario "$mname" "$mfile" docs "$D" "$([ "$WARM" = 1 ] && echo 4096 || echo 0)" "$WARM"
   [ "$SHARED" = 0 ] || scenario "$mname" "$mfile" shared "$S" 4096 0 --shared
   [ "$PRIME" = 0 ] || scenario "$mname" "$mfile" shared-primed "$S" 4096 0 --shared --prime
