@@ -1,7 +1,7 @@
 /* bench.h - the arithmetic and reporting behind `sparq bench`.
  *
- * Timing loops live in the CLI (src/cli_bench.c); this module owns what can
- * be checked without a clock:
+ * The timing runs are bench_run.h's (one file per mode); this module owns
+ * what can be checked without a clock:
  *   - order statistics of repeated timings (median, quartiles, min/max);
  *   - bytes a decode-attention call moves, counted (the policy's own
  *     attn_counts) and by formula (attn_policy.transfer_formula), in the
