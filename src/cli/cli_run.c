@@ -10,7 +10,10 @@
  *   prompt_ids       -p / -f / --prompt-tokens (/ --chat -p) -> token ids
  *   chat_turn_ids    the tokens one more user turn appends to the cache
  *   run_chat         the interactive loop: one user turn per stdin line
- *   cli_run          options, model, context; then one prompt or run_chat
+ *   run_parse, run_check   the options, checked before anything is loaded
+ *   run_load, run_context, run_sampling   model and prompt, context, sampler
+ *   run_prompt       one prompt: prefill, generation, timings (--json)
+ *   cli_run          the steps in order; then one prompt or run_chat
  */
 #include "cli/cli.h"
 #include "util/sysmem.h"
@@ -629,346 +632,456 @@ static const char *run_kv_file(const run_opts *ro, const sparq_model *m, const s
     return buf;
 }
 
-int cli_run(int argc, char **argv)
+/* Everything the options say, parsed and checked. */
+typedef struct run_args {
+    cli_model_opts  mo;
+    cli_compat_opts co;
+    attn_opts       ao;
+    run_opts        ro;
+    cli_prefill_opts pfo;
+    int     kv_type;          /* SPARQ_KV_* of --kv-type / -ctk / -ctv     */
+    int     interactive;      /* turns from stdin                          */
+    int32_t bias_id[CLI_STRS_MAX];
+    float   bias_val[CLI_STRS_MAX];
+} run_args;
+
+/* What one run holds, released by run_free. */
+typedef struct run_state {
+    run_args   *a;
+    char        path[4096];   /* the model file                            */
+    char        kv_auto[4096];/* the cache's file when chosen by size      */
+    sparq_model *m;
+    sparq_context *c;
+    sparq_sampler *smp;
+    sparq_grammar *grammar;
+    int32_t    *ids;          /* the prompt [n_prompt]                     */
+    int         n_prompt, n_vocab;
+    float      *logits;       /* [max(n_prompt, 1)][n_vocab]               */
+    FILE       *lf;           /* --logits-out                              */
+    sparq_context_params cp;
+    cli_progress prog;
+    double      t_load;       /* seconds: the model, and --load-kv         */
+    int         shift;        /* context shift on                          */
+    int64_t     n_keep;
+} run_state;
+
+/* Parses the options into *a. Returns -1 to go on, else the exit status. */
+static int run_parse(int argc, char **argv, run_args *a)
 {
-    cli_model_opts mo = { 0 };
-    cli_compat_opts co = { 0 };
-    attn_opts ao;
-    attn_opts_init(&ao);
-    run_opts ro = { 0 };
-    ro.n_predict = 128;
-    ro.sp = sparq_sampler_default_params();
-    cli_prefill_opts pfo = { 0 };
+    memset(a, 0, sizeof *a);
+    attn_opts_init(&a->ao);
+    a->ro.n_predict = 128;
+    a->ro.sp = sparq_sampler_default_params();
     cli_group groups[] = {
-        { "generation", run_table, &ro },
-        { "model", cli_model_table, &mo },
-        { "attention", cli_attn_table, &ao },
-        { "prefill attention", cli_prefill_table, &pfo },
-        { "llama-cli options accepted (docs/CLI.md)", cli_compat_table, &co },
+        { "generation", run_table, &a->ro },
+        { "model", cli_model_table, &a->mo },
+        { "attention", cli_attn_table, &a->ao },
+        { "prefill attention", cli_prefill_table, &a->pfo },
+        { "llama-cli options accepted (docs/CLI.md)", cli_compat_table, &a->co },
     };
-    const int n_groups = 5;
-    char err[512], path[4096];
-    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
-                                         "usage: sparq run [-m MODEL] (-p TEXT | -f FILE | --prompt-tokens IDS) [options]\n"
-                                         "       sparq run [-m MODEL] --chat [options] < turns.txt   (interactive)\n"
-                                         "       sparq -m MODEL -p TEXT [options]                     (the same: run is the default)",
-                                         NULL, 0, NULL);
-    if (parsed >= 0) return parsed;
-    int kv_type = cli_model_kv_type(&mo, err, sizeof err);
-    if (kv_type < 0) {
+    return cli_parse_command(groups, 5, argc, argv,
+                             "usage: sparq run [-m MODEL] (-p TEXT | -f FILE | --prompt-tokens IDS) [options]\n"
+                             "       sparq run [-m MODEL] --chat [options] < turns.txt   (interactive)\n"
+                             "       sparq -m MODEL -p TEXT [options]                     (the same: run is the default)",
+                             NULL, 0, NULL);
+}
+
+/* The options that exclude each other and the values that cannot be
+ * (before anything is loaded). Returns -1 to go on, else the exit status. */
+static int run_check(run_args *a)
+{
+    run_opts *ro = &a->ro;
+    char err[512];
+    if ((a->kv_type = cli_model_kv_type(&a->mo, err, sizeof err)) < 0) {
         fprintf(stderr, "error: %s\n", err);
         return 2;
     }
-    if (ro.n_predict < -1) {
+    if (ro->n_predict < -1) {
         fprintf(stderr, "error: -n %d: give N >= 0, or -1 for until end of generation or a full context\n",
-                ro.n_predict);
+                ro->n_predict);
         return 2;
     }
-    if (ro.no_chat && (ro.chat || ro.interactive || ro.system)) {
+    if (ro->no_chat && (ro->chat || ro->interactive || ro->system)) {
         fprintf(stderr, "error: -no-cnv cannot be combined with %s\n",
-                ro.chat ? "--chat/-cnv" : ro.interactive ? "-i" : "--system/-sys");
+                ro->chat ? "--chat/-cnv" : ro->interactive ? "-i" : "--system/-sys");
         return 2;
     }
-    if (ro.interactive && (ro.prompt_file || ro.prompt_tokens)) {
+    if (ro->interactive && (ro->prompt_file || ro->prompt_tokens)) {
         fprintf(stderr, "error: -i reads the turns from stdin (-p may give the first); not with %s\n",
-                ro.prompt_file ? "-f" : "--prompt-tokens");
+                ro->prompt_file ? "-f" : "--prompt-tokens");
         return 2;
     }
-    if (ro.system || ro.interactive) ro.chat = 1; /* a system message or turns need the chat format */
-    cli_compat_apply(&co, &mo);
-    if (!!ro.prompt + !!ro.prompt_file + !!ro.prompt_tokens > 1) {
+    if (ro->system || ro->interactive) ro->chat = 1; /* a system message or turns need the chat format */
+    cli_compat_apply(&a->co, &a->mo);
+    if (!!ro->prompt + !!ro->prompt_file + !!ro->prompt_tokens > 1) {
         fprintf(stderr, "error: give only one of -p, -f and --prompt-tokens\n");
         return 2;
     }
-    if (sparq_sampler_check(&ro.sp, err, sizeof err)) { /* NaN or negative: never a silent default */
+    if (sparq_sampler_check(&ro->sp, err, sizeof err) || /* NaN or negative: never a silent default */
+        cli_attn_check_policy(&a->ao, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         return 2;
     }
-    if (cli_attn_check_policy(&ao, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        return 2;
-    }
-    if (ro.context_shift && ro.no_context_shift) {
+    if (ro->context_shift && ro->no_context_shift) {
         fprintf(stderr, "error: give only one of --context-shift and --no-context-shift\n");
         return 2;
     }
-    int32_t bias_id[CLI_STRS_MAX];
-    float bias_val[CLI_STRS_MAX];
-    for (int i = 0; i < ro.logit_bias.n; i++)
-        if (parse_logit_bias(ro.logit_bias.v[i], &bias_id[i], &bias_val[i], err, sizeof err)) {
+    for (int i = 0; i < ro->logit_bias.n; i++)
+        if (parse_logit_bias(ro->logit_bias.v[i], &a->bias_id[i], &a->bias_val[i], err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             return 2;
         }
-    for (int i = 0; i < ro.reverse.n; i++)
-        if (!ro.reverse.v[i][0]) {
+    for (int i = 0; i < ro->reverse.n; i++)
+        if (!ro->reverse.v[i][0]) {
             fprintf(stderr, "error: -r needs a non-empty text\n");
             return 2;
         }
-    if (ro.prompt_file && cli_check_regular(ro.prompt_file)) return 1;
-    if (ro.load_kv && cli_check_regular(ro.load_kv)) return 1;
-    const int interactive = ro.interactive || (ro.chat && !ro.prompt && !ro.prompt_file && !ro.prompt_tokens);
-    if (interactive && (mo.json || ro.logits_out || ro.load_kv)) {
+    if (ro->prompt_file && cli_check_regular(ro->prompt_file)) return 1;
+    if (ro->load_kv && cli_check_regular(ro->load_kv)) return 1;
+    a->interactive = ro->interactive || (ro->chat && !ro->prompt && !ro->prompt_file && !ro->prompt_tokens);
+    if (a->interactive && (a->mo.json || ro->logits_out || ro->load_kv)) {
         fprintf(stderr, "error: interactive chat (-i, or --chat without -p/-f) cannot be combined with %s\n",
-                mo.json ? "--json" : ro.logits_out ? "--logits-out" : "--load-kv");
+                a->mo.json ? "--json" : ro->logits_out ? "--logits-out" : "--load-kv");
         return 2;
     }
+    return -1;
+}
 
-    int rc = 1;
-    sparq_model *m = NULL;
-    sparq_context *c = NULL;
-    const char *kv_path = NULL;
-    char kv_auto[4096];
-    sparq_sampler *smp = NULL;
-    sparq_grammar *grammar = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
-    FILE *lf = NULL;
-    sparq_generation r = { 0 };
-
+/* The model, its chat template and the prompt's token ids (interactive
+ * turns come later). 0, or -1 with the error printed. */
+static int run_load(run_state *st)
+{
+    run_opts *ro = &st->a->ro;
     const double t_load0 = cli_now();
-    m = cli_load_model(&mo, path, sizeof path);
-    if (!m) goto done;
-    double t_load = cli_now() - t_load0;
-    const int n_vocab = sparq_model_n_vocab(m);
-    if (ro.chat) ro.chat_template = cli_chat_template(m, ro.chat_template);
-
-    /* the prompt, as token ids (interactive turns come later) */
-    int n_prompt = 0;
-    if (!interactive) {
-        n_prompt = prompt_ids(m, &ro, &ids);
-        if (n_prompt < 0) goto done;
-        if (n_prompt == 0) {
-            fprintf(stderr, "error: the prompt is empty and the model adds no BOS token\n");
-            goto done;
+    st->m = cli_load_model(&st->a->mo, st->path, sizeof st->path);
+    if (!st->m) return -1;
+    st->t_load = cli_now() - t_load0;
+    st->n_vocab = sparq_model_n_vocab(st->m);
+    if (ro->chat) ro->chat_template = cli_chat_template(st->m, ro->chat_template);
+    if (st->a->interactive) return 0;
+    st->n_prompt = prompt_ids(st->m, ro, &st->ids);
+    if (st->n_prompt < 0) return -1;
+    if (st->n_prompt == 0) {
+        fprintf(stderr, "error: the prompt is empty and the model adds no BOS token\n");
+        return -1;
+    }
+    for (int i = 0; i < st->n_prompt; i++)
+        if (st->ids[i] < 0 || st->ids[i] >= st->n_vocab) {
+            fprintf(stderr, "error: prompt token %d is outside the vocabulary [0, %d)\n", st->ids[i], st->n_vocab);
+            return -1;
         }
-        for (int i = 0; i < n_prompt; i++)
-            if (ids[i] < 0 || ids[i] >= n_vocab) {
-                fprintf(stderr, "error: prompt token %d is outside the vocabulary [0, %d)\n", ids[i], n_vocab);
-                goto done;
-            }
-    }
+    return 0;
+}
 
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : ro.load_kv ? 0 : sparq_model_n_ctx_train(m);
-    cp.n_threads = mo.n_threads;
-    cp.n_batch = mo.n_batch;
-    cp.kv_type = kv_type;
-    if (cli_prefill_params(&pfo, &cp.prefill, err, sizeof err)) {
+/* --load-kv: the saved cache (read in first with --kv-preload), mapped as
+ * the context. 0, or -1 with the error printed. */
+static int run_load_kv(run_state *st)
+{
+    const run_opts *ro = &st->a->ro;
+    char err[512];
+    double tl = cli_now();
+    if (ro->kv_preload) {
+        cli_progress rp;
+        cli_progress_start(&rp);
+        const int pr = sparq_kv_preload(ro->load_kv, cli_read_progress, &rp, err, sizeof err);
+        if (pr < 0) {
+            fprintf(stderr, "error: --kv-preload: %s\n", err);
+            return -1;
+        }
+        if (pr > 0) fprintf(stderr, "warning: --kv-preload: %s\n", err);
+        else fprintf(stderr, "preloaded %s (%.2f s)\n", ro->load_kv, cli_now() - tl);
+    }
+    const double tm = cli_now(); /* the mapping alone, apart from the preload */
+    if (sparq_context_load_kv(st->m, &st->cp, ro->load_kv, ro->verify_kv ? SPARQ_VERIFY_ALWAYS : SPARQ_VERIFY_AUTO,
+                              &st->c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return -1;
     }
-    if (!ro.load_kv && n_prompt > cp.n_ctx) {
-        fprintf(stderr, "error: the prompt has %d tokens but the context holds %lld (-c)\n", n_prompt,
-                (long long)cp.n_ctx);
-        goto done;
+    fprintf(stderr, "loaded %s: %lld cached positions, capacity %lld (%.2f s)\n", ro->load_kv,
+            (long long)sparq_context_pos(st->c), (long long)sparq_context_n_ctx(st->c), cli_now() - tm);
+    st->t_load += cli_now() - tl;
+    if (sparq_context_pos(st->c) + st->n_prompt > sparq_context_n_ctx(st->c)) {
+        fprintf(stderr, "error: the prompt has %d tokens but the loaded cache has room for %lld more\n",
+                st->n_prompt, (long long)(sparq_context_n_ctx(st->c) - sparq_context_pos(st->c)));
+        return -1;
     }
-    if (attn_opts_params(&ao, cp.n_ctx > 0 ? cp.n_ctx : sparq_model_n_ctx_train(m), sparq_model_head_dim(m),
-                        &cp.attn, err, sizeof err)) {
+    return 0;
+}
+
+/* The context: its parameters, the Ctrl-C handler, then a loaded cache,
+ * a cache in a file or one in memory. 0, or -1 with the error printed. */
+static int run_context(run_state *st)
+{
+    const run_args *a = st->a;
+    const run_opts *ro = &a->ro;
+    sparq_context_params *cp = &st->cp;
+    char err[512];
+    *cp = sparq_context_default_params();
+    cp->n_ctx = a->mo.n_ctx > 0 ? a->mo.n_ctx : ro->load_kv ? 0 : sparq_model_n_ctx_train(st->m);
+    cp->n_threads = a->mo.n_threads;
+    cp->n_batch = a->mo.n_batch;
+    cp->kv_type = a->kv_type;
+    if (cli_prefill_params(&a->pfo, &cp->prefill, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return -1;
     }
-    cli_progress prog;
-    cli_progress_start(&prog);
-    if (isatty(2) || ro.progress) {
-        cp.progress = cli_prefill_progress;
-        cp.progress_user = &prog;
+    if (!ro->load_kv && st->n_prompt > cp->n_ctx) {
+        fprintf(stderr, "error: the prompt has %d tokens but the context holds %lld (-c)\n", st->n_prompt,
+                (long long)cp->n_ctx);
+        return -1;
     }
-    cp.abort_flag = &abort_now;
+    if (attn_opts_params(&a->ao, cp->n_ctx > 0 ? cp->n_ctx : sparq_model_n_ctx_train(st->m),
+                         sparq_model_head_dim(st->m), &cp->attn, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return -1;
+    }
+    cli_progress_start(&st->prog);
+    if (isatty(2) || ro->progress) {
+        cp->progress = cli_prefill_progress;
+        cp->progress_user = &st->prog;
+    }
+    cp->abort_flag = &abort_now;
     install_sigint(); /* before the long parts: a Ctrl-C from here on is handled */
     armed = 1;
-    if (ro.load_kv) {
-        double tl = cli_now();
-        if (ro.kv_preload) {
-            cli_progress rp;
-            cli_progress_start(&rp);
-            const int pr = sparq_kv_preload(ro.load_kv, cli_read_progress, &rp, err, sizeof err);
-            if (pr < 0) {
-                fprintf(stderr, "error: --kv-preload: %s\n", err);
-                goto done;
-            }
-            if (pr > 0) fprintf(stderr, "warning: --kv-preload: %s\n", err);
-            else fprintf(stderr, "preloaded %s (%.2f s)\n", ro.load_kv, cli_now() - tl);
-        }
-        const double tm = cli_now(); /* the mapping alone, apart from the preload */
-        if (sparq_context_load_kv(m, &cp, ro.load_kv, ro.verify_kv ? SPARQ_VERIFY_ALWAYS : SPARQ_VERIFY_AUTO,
-                                  &c, err, sizeof err)) {
-            fprintf(stderr, "error: %s\n", err);
-            goto done;
-        }
-        fprintf(stderr, "loaded %s: %lld cached positions, capacity %lld (%.2f s)\n", ro.load_kv,
-                (long long)sparq_context_pos(c), (long long)sparq_context_n_ctx(c), cli_now() - tm);
-        t_load += cli_now() - tl;
-        if (sparq_context_pos(c) + n_prompt > sparq_context_n_ctx(c)) {
-            fprintf(stderr, "error: the prompt has %d tokens but the loaded cache has room for %lld more\n",
-                    n_prompt, (long long)(sparq_context_n_ctx(c) - sparq_context_pos(c)));
-            goto done;
-        }
-    } else if ((kv_path = run_kv_file(&ro, m, &cp, interactive, n_prompt, kv_auto, sizeof kv_auto))) {
+    const char *kv_path = NULL;
+    if (ro->load_kv) {
+        if (run_load_kv(st)) return -1;
+    } else if ((kv_path = run_kv_file(ro, st->m, cp, a->interactive, st->n_prompt, st->kv_auto,
+                                      sizeof st->kv_auto))) {
         /* the cache in a file: its pages, not private memory, hold it; the
          * file is never finished, so freeing the context removes it */
-        if (sparq_context_create_in_file(m, &cp, kv_path, ids, n_prompt, "", 0, &c, err, sizeof err)) {
+        if (sparq_context_create_in_file(st->m, cp, kv_path, st->ids, st->n_prompt, "", 0, &st->c, err,
+                                         sizeof err)) {
             fprintf(stderr, "error: --kv-file: %s\n", err);
-            goto done;
+            return -1;
         }
-    } else if (sparq_context_create(m, &cp, &c, err, sizeof err)) {
+    } else if (sparq_context_create(st->m, cp, &st->c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return -1;
     }
-    if (co.verbose)
-        fprintf(stderr, "verbose: model %s | context %lld | threads %d | batch %d | KV %s | attention %s | %s\n", path,
-                (long long)sparq_context_n_ctx(c), sparq_context_n_threads(c), sparq_context_n_batch(c),
-                kv_type == SPARQ_KV_F32 ? "f32" : kv_type == SPARQ_KV_Q8_0 ? "q8_0" : "f16",
-                cp.attn.policy ? cp.attn.policy : "dense",
-                !ro.chat ? "no chat format" : ro.chat_template ? ro.chat_template : "the model's chat template");
-    smp = sparq_sampler_create(&ro.sp, n_vocab);
-    for (int i = 0; smp && i < n_prompt; i++) sparq_sampler_accept(smp, ids[i]); /* penalties see the prompt */
-    logits = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * n_vocab * sizeof(float));
-    if (!smp || !logits) {
-        fprintf(stderr, "error: out of memory\n");
-        goto done;
-    }
-    if (sparq_sampler_set_logit_bias(smp, bias_id, bias_val, ro.logit_bias.n, err, sizeof err)) {
-        fprintf(stderr, "error: -l: %s\n", err); /* an id outside this model's vocabulary: a usage error */
-        rc = 2;
-        goto done;
-    }
-    if (!!ro.grammar + !!ro.grammar_file + !!ro.json_schema > 1) {
+    if (a->co.verbose)
+        fprintf(stderr, "verbose: model %s | context %lld | threads %d | batch %d | KV %s | attention %s | %s\n",
+                st->path, (long long)sparq_context_n_ctx(st->c), sparq_context_n_threads(st->c),
+                sparq_context_n_batch(st->c),
+                a->kv_type == SPARQ_KV_F32 ? "f32" : a->kv_type == SPARQ_KV_Q8_0 ? "q8_0" : "f16",
+                cp->attn.policy ? cp->attn.policy : "dense",
+                !ro->chat ? "no chat format" : ro->chat_template ? ro->chat_template : "the model's chat template");
+    return 0;
+}
+
+/* --grammar, --grammar-file or --json-schema on the sampler. Returns -1
+ * to go on, else the exit status (the error printed). */
+static int run_grammar(run_state *st)
+{
+    const run_opts *ro = &st->a->ro;
+    char err[512];
+    if (!!ro->grammar + !!ro->grammar_file + !!ro->json_schema > 1) {
         fprintf(stderr, "error: give at most one of --grammar, --grammar-file and --json-schema\n");
-        rc = 2;
-        goto done;
+        return 2;
     }
-    if (ro.grammar || ro.grammar_file || ro.json_schema) {
-        char *text = NULL;
-        size_t text_len = 0;
-        if (ro.grammar_file && !(text = text_read_file(ro.grammar_file, &text_len))) {
-            fprintf(stderr, "error: cannot read the grammar file '%s'\n", ro.grammar_file);
-            rc = 2;
-            goto done;
-        }
-        grammar = ro.json_schema ? sparq_grammar_from_json_schema(ro.json_schema, err, sizeof err)
-                                 : sparq_grammar_parse(text ? text : ro.grammar, err, sizeof err);
-        free(text);
-        if (!grammar || sparq_sampler_set_grammar(smp, m, grammar, err, sizeof err)) {
-            fprintf(stderr, "error: %s\n", err);
-            rc = 2;
-            goto done;
-        }
+    if (!ro->grammar && !ro->grammar_file && !ro->json_schema) return -1;
+    char *text = NULL;
+    size_t text_len = 0;
+    if (ro->grammar_file && !(text = text_read_file(ro->grammar_file, &text_len))) {
+        fprintf(stderr, "error: cannot read the grammar file '%s'\n", ro->grammar_file);
+        return 2;
     }
-    if (ro.logits_out && !(lf = fopen(ro.logits_out, "wb"))) {
-        fprintf(stderr, "error: cannot write '%s'\n", ro.logits_out);
-        goto done;
+    st->grammar = ro->json_schema ? sparq_grammar_from_json_schema(ro->json_schema, err, sizeof err)
+                                  : sparq_grammar_parse(text ? text : ro->grammar, err, sizeof err);
+    free(text);
+    if (!st->grammar || sparq_sampler_set_grammar(st->smp, st->m, st->grammar, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return 2;
+    }
+    return -1;
+}
+
+/* The sampler (penalties see the prompt, -l, the grammar), the logits,
+ * --logits-out and the context shift's --keep. Returns -1 to go on, else
+ * the exit status (the error printed). */
+static int run_sampling(run_state *st)
+{
+    const run_args *a = st->a;
+    const run_opts *ro = &a->ro;
+    char err[512];
+    st->smp = sparq_sampler_create(&ro->sp, st->n_vocab);
+    for (int i = 0; st->smp && i < st->n_prompt; i++) sparq_sampler_accept(st->smp, st->ids[i]);
+    st->logits = malloc((size_t)(st->n_prompt > 0 ? st->n_prompt : 1) * st->n_vocab * sizeof(float));
+    if (!st->smp || !st->logits) {
+        fprintf(stderr, "error: out of memory\n");
+        return 1;
+    }
+    if (sparq_sampler_set_logit_bias(st->smp, a->bias_id, a->bias_val, ro->logit_bias.n, err, sizeof err)) {
+        fprintf(stderr, "error: -l: %s\n", err); /* an id outside this model's vocabulary: a usage error */
+        return 2;
+    }
+    const int g = run_grammar(st);
+    if (g >= 0) return g;
+    if (ro->logits_out && !(st->lf = fopen(ro->logits_out, "wb"))) {
+        fprintf(stderr, "error: cannot write '%s'\n", ro->logits_out);
+        return 1;
     }
     /* context shift: on by default in interactive chat (as llama-cli);
      * --keep counts after the BOS the model adds, which is always kept */
-    const int shift = ro.context_shift || (interactive && !ro.no_context_shift);
-    const int64_t n_keep = (int64_t)ro.n_keep + (sparq_token_bos(m) >= 0 && !ro.load_kv && !ro.prompt_tokens ? 1 : 0);
-    if (shift && n_keep >= sparq_context_n_ctx(c) - 1) {
-        fprintf(stderr, "error: --keep %d leaves no room to shift a context of %lld\n", ro.n_keep,
-                (long long)sparq_context_n_ctx(c));
-        goto done;
+    st->shift = ro->context_shift || (a->interactive && !ro->no_context_shift);
+    st->n_keep = (int64_t)ro->n_keep + (sparq_token_bos(st->m) >= 0 && !ro->load_kv && !ro->prompt_tokens ? 1 : 0);
+    if (st->shift && st->n_keep >= sparq_context_n_ctx(st->c) - 1) {
+        fprintf(stderr, "error: --keep %d leaves no room to shift a context of %lld\n", ro->n_keep,
+                (long long)sparq_context_n_ctx(st->c));
+        return 1;
     }
-    gen_ctx g = { m, c, smp, logits, n_vocab, ro.ignore_eos, !mo.json, lf, ro.logits_out,
-                  ro.reverse.v, ro.reverse.n, shift, n_keep, &prog, grammar };
-    if (interactive) {
-        rc = run_chat(&g, &ro);
-        attn_summary(c, &cp.attn, NULL);
-        goto done;
-    }
+    return -1;
+}
 
-    /* prefill */
-    cli_progress_start(&prog);
+/* The result of one prompt as one JSON object on stdout (--json). */
+static void run_print_json(const run_state *st, const sparq_generation *r, double t_prefill, double t_decode,
+                           int64_t rss, const sparq_attn_stats *at, double ratio)
+{
+    const sparq_context *c = st->c;
+    const sparq_attn_params *ap = &st->cp.attn;
+    const double prefill_tps = t_prefill > 0 ? st->n_prompt / t_prefill : 0;
+    const double decode_tps = t_decode > 0 && r->n_decoded > 0 ? r->n_decoded / t_decode : 0;
+    printf("{\"model\":");
+    cli_json_str(stdout, st->path, strlen(st->path));
+    printf(",\"prompt_tokens\":[");
+    for (int i = 0; i < st->n_prompt; i++) printf("%s%d", i ? "," : "", st->ids[i]);
+    printf("],\"tokens\":[");
+    for (int i = 0; i < r->n_tokens; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
+    printf("],\"text\":");
+    cli_json_str(stdout, r->text ? r->text : "", r->n_text);
+    printf(",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"peak_rss_bytes\":%lld", prefill_tps, decode_tps,
+           (long long)rss);
+    printf(",\"n_ctx\":%lld,\"threads\":%d,\"n_batch\":%d,\"load_ms\":%.3f,\"prefill_ms\":%.3f,"
+           "\"decode_ms\":%.3f,\"seed\":%llu,\"context_shifts\":%d",
+           (long long)sparq_context_n_ctx(c), sparq_context_n_threads(c), sparq_context_n_batch(c), st->t_load * 1e3,
+           t_prefill * 1e3, t_decode * 1e3, (unsigned long long)sparq_sampler_seed(st->smp), r->n_shifts);
+    printf(",\"attn\":{\"policy\":\"%s\",\"elements\":%lld,\"dense_elements\":%lld,"
+           "\"formula_elements\":%lld,\"nominal_elements\":%lld,\"transfer_counted\":%s,"
+           "\"ratio\":%.6f,\"r\":%d,\"k\":%d,\"l\":%d}",
+           ap->policy ? ap->policy : "dense", (long long)at->elements, (long long)at->dense_elements,
+           (long long)at->formula_elements, (long long)at->nominal_elements,
+           at->nominal_elements > 0 ? "false" : "true", ratio, ap->r, ap->k, ap->l);
+    if (at->recall_total > 0)
+        printf(",\"recall_at_k\":%.6f,\"recall_hits\":%lld,\"recall_total\":%lld",
+               (double)at->recall_hits / (double)at->recall_total, (long long)at->recall_hits,
+               (long long)at->recall_total);
+    printf(",\"index_s\":%.4f", at->index_seconds);
+    printf(",\"stop\":");
+    const char *why = r->stop == SPARQ_STOP_MAX_TOKENS ? "n_predict" : stop_text(r->stop);
+    cli_json_str(stdout, why, strlen(why));
+    printf("}\n");
+}
+
+/* The prompt's prefill (every position's logits with --logits-out). 0,
+ * 130 after a Ctrl-C (what was done printed), or 1 with the error. */
+static int run_prefill(run_state *st, double *t_prefill)
+{
+    cli_progress_start(&st->prog);
+    const int n_prompt = st->n_prompt, n_vocab = st->n_vocab;
     double t0 = cli_now();
-    int ok = lf ? sparq_eval_all(c, ids, n_prompt, logits) : sparq_eval(c, ids, n_prompt, logits);
-    double t_prefill = cli_now() - t0;
+    int ok = st->lf ? sparq_eval_all(st->c, st->ids, n_prompt, st->logits)
+                    : sparq_eval(st->c, st->ids, n_prompt, st->logits);
+    *t_prefill = cli_now() - t0;
     if (ok != 0 && abort_now) { /* Ctrl-C: a clean line and what was done */
-        const int64_t done_pos = sparq_context_pos(c);
+        const int64_t done_pos = sparq_context_pos(st->c);
         fprintf(stderr, "%sinterrupted: prefill stopped after %lld of %d prompt tokens (%.1f tok/s, %.0f ms) | "
-                        "load %.0f ms | peak RSS %.1f MiB\n", prog.tty ? "\n" : "", (long long)done_pos, n_prompt,
-                t_prefill > 0 ? done_pos / t_prefill : 0.0, t_prefill * 1e3, t_load * 1e3, cli_peak_rss() / 1048576.0);
-        rc = 130;
-        goto done;
+                        "load %.0f ms | peak RSS %.1f MiB\n", st->prog.tty ? "\n" : "", (long long)done_pos, n_prompt,
+                *t_prefill > 0 ? done_pos / *t_prefill : 0.0, *t_prefill * 1e3, st->t_load * 1e3,
+                cli_peak_rss() / 1048576.0);
+        return 130;
     }
     if (ok != 0) {
-        fprintf(stderr, "error: %s\n", sparq_context_error(c));
-        goto done;
+        fprintf(stderr, "error: %s\n", sparq_context_error(st->c));
+        return 1;
     }
-    const float *last = lf ? logits + (size_t)(n_prompt - 1) * n_vocab : logits;
-    if (lf && write_rows(lf, logits, (size_t)n_prompt, n_vocab)) {
-        fprintf(stderr, "error: writing '%s' failed\n", ro.logits_out);
-        goto done;
+    const float *last = st->lf ? st->logits + (size_t)(n_prompt - 1) * n_vocab : st->logits;
+    if (st->lf && write_rows(st->lf, st->logits, (size_t)n_prompt, n_vocab)) {
+        fprintf(stderr, "error: writing '%s' failed\n", st->a->ro.logits_out);
+        return 1;
     }
-    if (lf) memmove(logits, last, (size_t)n_vocab * sizeof(float));
+    if (st->lf) memmove(st->logits, last, (size_t)n_vocab * sizeof(float));
+    return 0;
+}
 
-    /* decode */
+/* One prompt: prefill, generation, the timings (and --json). Returns the
+ * exit status. */
+static int run_prompt(run_state *st, const gen_ctx *g)
+{
+    const run_args *a = st->a;
+    sparq_context *c = st->c;
+    double t_prefill = 0;
+    int rc = run_prefill(st, &t_prefill);
+    if (rc) return rc;
     double t1 = cli_now();
     /* -n -1: until the end of generation or a full cache; the bound lets
      * the loop see the cache full rather than stop one token before */
-    int n_predict = ro.n_predict;
+    int n_predict = a->ro.n_predict;
     if (n_predict < 0) {
         const int64_t room = sparq_context_n_ctx(c) - sparq_context_pos(c) + 2;
-        n_predict = shift ? (int)sparq_context_n_ctx(c) : room < INT32_MAX ? (int)room : INT32_MAX - 1;
+        n_predict = st->shift ? (int)sparq_context_n_ctx(c) : room < INT32_MAX ? (int)room : INT32_MAX - 1;
     }
-    if (generate(&g, n_predict, &r)) goto done;
+    sparq_generation r = { 0 };
+    if (generate(g, n_predict, &r)) {
+        sparq_generation_free(&r);
+        return 1;
+    }
     double t_decode = cli_now() - t1;
-    if (!mo.json) {
+    if (!a->mo.json) {
         /* flushed now: when stdout and stderr share a pipe, the text's
          * line must end before the timing lines */
         fputc('\n', stdout);
         fflush(stdout);
     }
-
-    double prefill_tps = t_prefill > 0 ? n_prompt / t_prefill : 0;
+    double prefill_tps = t_prefill > 0 ? st->n_prompt / t_prefill : 0;
     double decode_tps = t_decode > 0 && r.n_decoded > 0 ? r.n_decoded / t_decode : 0;
     int64_t rss = cli_peak_rss();
     if (r.stop != SPARQ_STOP_MAX_TOKENS) fprintf(stderr, "stopped: %s\n", stop_text(r.stop));
     fprintf(stderr, "prompt %d tokens, prefill %.1f tok/s | generated %d tokens, decode %.2f tok/s | peak RSS %.1f MiB\n",
-            n_prompt, prefill_tps, r.n_tokens, decode_tps, rss / 1048576.0);
-    sparq_attn_stats st;
-    double ratio = attn_summary(c, &cp.attn, &st);
-    if (mo.json) {
-        printf("{\"model\":");
-        cli_json_str(stdout, path, strlen(path));
-        printf(",\"prompt_tokens\":[");
-        for (int i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : "", ids[i]);
-        printf("],\"tokens\":[");
-        for (int i = 0; i < r.n_tokens; i++) printf("%s%d", i ? "," : "", r.tokens[i]);
-        printf("],\"text\":");
-        cli_json_str(stdout, r.text ? r.text : "", r.n_text);
-        printf(",\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"peak_rss_bytes\":%lld",
-               prefill_tps, decode_tps, (long long)rss);
-        printf(",\"n_ctx\":%lld,\"threads\":%d,\"n_batch\":%d,\"load_ms\":%.3f,\"prefill_ms\":%.3f,"
-               "\"decode_ms\":%.3f,\"seed\":%llu,\"context_shifts\":%d",
-               (long long)sparq_context_n_ctx(c), sparq_context_n_threads(c), sparq_context_n_batch(c), t_load * 1e3,
-               t_prefill * 1e3, t_decode * 1e3, (unsigned long long)sparq_sampler_seed(smp), r.n_shifts);
-        printf(",\"attn\":{\"policy\":\"%s\",\"elements\":%lld,\"dense_elements\":%lld,"
-               "\"formula_elements\":%lld,\"nominal_elements\":%lld,\"transfer_counted\":%s,"
-               "\"ratio\":%.6f,\"r\":%d,\"k\":%d,\"l\":%d}",
-               cp.attn.policy ? cp.attn.policy : "dense", (long long)st.elements,
-               (long long)st.dense_elements, (long long)st.formula_elements,
-               (long long)st.nominal_elements, st.nominal_elements > 0 ? "false" : "true", ratio,
-               cp.attn.r, cp.attn.k, cp.attn.l);
-        if (st.recall_total > 0)
-            printf(",\"recall_at_k\":%.6f,\"recall_hits\":%lld,\"recall_total\":%lld",
-                   (double)st.recall_hits / (double)st.recall_total, (long long)st.recall_hits,
-                   (long long)st.recall_total);
-        printf(",\"index_s\":%.4f", st.index_seconds);
-        printf(",\"stop\":");
-        const char *why = r.stop == SPARQ_STOP_MAX_TOKENS ? "n_predict" : stop_text(r.stop);
-        cli_json_str(stdout, why, strlen(why));
-        printf("}\n");
-    }
+            st->n_prompt, prefill_tps, r.n_tokens, decode_tps, rss / 1048576.0);
+    sparq_attn_stats at;
+    double ratio = attn_summary(c, &st->cp.attn, &at);
+    if (a->mo.json) run_print_json(st, &r, t_prefill, t_decode, rss, &at, ratio);
     rc = r.stop == SPARQ_STOP_ABORTED ? 130 : 0;
-done:
-    if (lf && fclose(lf) != 0 && rc == 0) {
-        fprintf(stderr, "error: writing '%s' failed\n", ro.logits_out);
+    sparq_generation_free(&r);
+    return rc;
+}
+
+/* Releases what st holds; a failed --logits-out close turns rc 0 into 1. */
+static int run_free(run_state *st, int rc)
+{
+    if (st->lf && fclose(st->lf) != 0 && rc == 0) {
+        fprintf(stderr, "error: writing '%s' failed\n", st->a->ro.logits_out);
         rc = 1;
     }
-    sparq_generation_free(&r);
-    free(logits);
-    free(ids);
-    sparq_sampler_free(smp);
-    sparq_grammar_free(grammar);
-    sparq_context_free(c);
-    sparq_model_free(m);
+    free(st->logits);
+    free(st->ids);
+    sparq_sampler_free(st->smp);
+    sparq_grammar_free(st->grammar);
+    sparq_context_free(st->c);
+    sparq_model_free(st->m);
     return rc;
+}
+
+int cli_run(int argc, char **argv)
+{
+    run_args a;
+    int rc = run_parse(argc, argv, &a);
+    if (rc < 0) rc = run_check(&a);
+    if (rc >= 0) return rc;
+    run_state st;
+    memset(&st, 0, sizeof st);
+    st.a = &a;
+    rc = 1;
+    if (run_load(&st) || run_context(&st)) return run_free(&st, rc);
+    const int s = run_sampling(&st);
+    if (s >= 0) return run_free(&st, s);
+    gen_ctx g = { st.m, st.c, st.smp, st.logits, st.n_vocab, a.ro.ignore_eos, !a.mo.json, st.lf, a.ro.logits_out,
+                  a.ro.reverse.v, a.ro.reverse.n, st.shift, st.n_keep, &st.prog, st.grammar };
+    if (a.interactive) {
+        rc = run_chat(&g, &a.ro);
+        attn_summary(st.c, &st.cp.attn, NULL);
+    } else {
+        rc = run_prompt(&st, &g);
+    }
+    return run_free(&st, rc);
 }
