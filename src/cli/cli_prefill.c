@@ -61,175 +61,245 @@ static void prefill_watch_cb(void *user, int64_t done, int64_t total)
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
-int cli_prefill(int argc, char **argv)
+/* Everything the options say, parsed and checked. */
+typedef struct pf_args {
+    cli_model_opts   mo;
+    attn_opts        ao;
+    prefill_opts     po;
+    cli_prefill_opts pfo;
+    int              kv_type;
+    const char      *indexes;  /* the kinds to store ("" for none)          */
+} pf_args;
+
+/* What one prefill holds (pf_free releases it). */
+typedef struct pf_state {
+    const pf_args *a;
+    char           path[4096];
+    sparq_model   *m;
+    sparq_context *c;
+    char          *text;
+    int32_t       *ids;       /* the context's tokens [n]                  */
+    int            n;
+    int64_t        resumed;   /* tokens a --resume found already done      */
+    sparq_context_params cp;
+    prefill_watch  watch;
+} pf_state;
+
+/* Parses the options and checks what would only fail after the long
+ * prefill. Returns -1 to go on, else the exit status. */
+static int pf_parse(int argc, char **argv, pf_args *a)
 {
-    cli_model_opts mo = { 0 };
-    attn_opts ao;
-    attn_opts_init(&ao);
-    prefill_opts po = { 0 };
-    cli_prefill_opts pfo = { 0 };
+    memset(a, 0, sizeof *a);
+    attn_opts_init(&a->ao);
     cli_opt attn_table[64]; /* cli_attn_table without its --index (topk's kind) */
     size_t n_attn = 0;
     for (const cli_opt *o = cli_attn_table; o->name && n_attn + 1 < sizeof attn_table / sizeof *attn_table; o++)
         if (strcmp(o->name, "--index") != 0) attn_table[n_attn++] = *o;
     memset(&attn_table[n_attn], 0, sizeof attn_table[n_attn]);
     cli_group groups[] = {
-        { "prefill", prefill_table, &po },
-        { "model", cli_model_table, &mo },
-        { "attention", attn_table, &ao },
-        { "prefill attention", cli_prefill_table, &pfo },
+        { "prefill", prefill_table, &a->po },
+        { "model", cli_model_table, &a->mo },
+        { "attention", attn_table, &a->ao },
+        { "prefill attention", cli_prefill_table, &a->pfo },
     };
-    const int n_groups = 4;
-    char err[512], path[4096];
-    const int parsed = cli_parse_command(groups, n_groups, argc, argv,
+    char err[512];
+    const int parsed = cli_parse_command(groups, 4, argc, argv,
                                          "usage: sparq prefill [-m MODEL] (-f FILE | -p TEXT) --save-kv OUT [--index LIST]",
                                          NULL, 0, NULL);
     if (parsed >= 0) return parsed;
-    if (!po.save) {
+    if (!a->po.save) {
         fprintf(stderr, "error: --save-kv FILE is required\n");
         return 2;
     }
-    if (!!po.prompt + !!po.prompt_file != 1) {
+    if (!!a->po.prompt + !!a->po.prompt_file != 1) {
         fprintf(stderr, "error: give the context with exactly one of -f FILE and -p TEXT\n");
         return 2;
     }
-    const int kv_type = cli_model_kv_type(&mo, err, sizeof err); /* --kv-type, -ctk, -ctv */
-    if (kv_type < 0) {
+    if ((a->kv_type = cli_model_kv_type(&a->mo, err, sizeof err)) < 0) { /* --kv-type, -ctk, -ctv */
         fprintf(stderr, "error: %s\n", err);
         return 2;
     }
     /* what would only fail after the long prefill is checked before it */
-    const char *indexes;
-    if (cli_kv_output(po.index, po.save, &indexes)) return 2;
+    if (cli_kv_output(a->po.index, a->po.save, &a->indexes)) return 2;
+    return -1;
+}
 
-    int rc = 1;
-    sparq_model *m = NULL;
-    sparq_context *c = NULL;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    m = cli_load_model(&mo, path, sizeof path);
-    if (!m) goto done;
+/* The model and the context's tokens. 0, or -1 with the error printed. */
+static int pf_load(pf_state *st)
+{
+    const prefill_opts *po = &st->a->po;
+    st->m = cli_load_model(&st->a->mo, st->path, sizeof st->path);
+    if (!st->m) return -1;
     size_t len = 0;
-    if (po.prompt_file) {
-        text = text_read_file(po.prompt_file, &len);
-        if (!text) {
-            fprintf(stderr, "error: cannot read context file '%s'\n", po.prompt_file);
-            goto done;
+    if (po->prompt_file) {
+        st->text = text_read_file(po->prompt_file, &len);
+        if (!st->text) {
+            fprintf(stderr, "error: cannot read context file '%s'\n", po->prompt_file);
+            return -1;
         }
     } else {
-        text = strdup(po.prompt);
-        len = strlen(text);
+        st->text = strdup(po->prompt);
+        len = strlen(st->text);
     }
-    int n = sparq_tokenize(m, text, (int)len, 1, NULL, 0);
-    if (n <= 0 || !(ids = malloc((size_t)n * sizeof *ids)) || sparq_tokenize(m, text, (int)len, 1, ids, n) != n) {
+    const int n = sparq_tokenize(st->m, st->text, (int)len, 1, NULL, 0);
+    if (n <= 0 || !(st->ids = malloc((size_t)n * sizeof *st->ids)) ||
+        sparq_tokenize(st->m, st->text, (int)len, 1, st->ids, n) != n) {
         fprintf(stderr, "error: cannot tokenize the context\n");
-        goto done;
+        return -1;
     }
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : sparq_model_n_ctx_train(m);
-    cp.n_threads = mo.n_threads;
-    cp.n_batch = mo.n_batch;
-    cp.kv_type = kv_type;
-    if (cli_prefill_params(&pfo, &cp.prefill, err, sizeof err)) {
+    st->n = n;
+    return 0;
+}
+
+/* The context's parameters (progress and the peak of private memory
+ * watched, Ctrl-C stops between batches) and the context, built in the
+ * output file itself: no copy at the end, and private memory does not
+ * grow with the context. With --resume, a partial file continues. 0, or
+ * -1 with the error printed. */
+static int pf_context(pf_state *st)
+{
+    const pf_args *a = st->a;
+    sparq_context_params *cp = &st->cp;
+    char err[512];
+    *cp = sparq_context_default_params();
+    cp->n_ctx = a->mo.n_ctx > 0 ? a->mo.n_ctx : sparq_model_n_ctx_train(st->m);
+    cp->n_threads = a->mo.n_threads;
+    cp->n_batch = a->mo.n_batch;
+    cp->kv_type = a->kv_type;
+    if (cli_prefill_params(&a->pfo, &cp->prefill, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return -1;
     }
-    if (n >= cp.n_ctx) {
+    if (st->n >= cp->n_ctx) {
         fprintf(stderr, "error: the context has %d tokens but the cache holds %lld (-c); leave room for "
-                        "the question and the answer\n", n, (long long)cp.n_ctx);
-        goto done;
+                        "the question and the answer\n", st->n, (long long)cp->n_ctx);
+        return -1;
     }
-    if (attn_opts_params(&ao, cp.n_ctx, sparq_model_head_dim(m), &cp.attn, err, sizeof err)) {
+    if (attn_opts_params(&a->ao, cp->n_ctx, sparq_model_head_dim(st->m), &cp->attn, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return -1;
     }
-    prefill_watch watch = { .peak_anon = cli_rss_anon() };
-    cli_progress_start(&watch.prog);
-    cli_progress *const prog = &watch.prog;
-    watch.print = prog->tty || po.progress;
-    cp.progress = prefill_watch_cb;
-    cp.progress_user = &watch;
-    cp.abort_flag = &interrupted;
-    /* the cache is built in the output file itself: no copy at the end, and
-     * private memory does not grow with the context */
-    int64_t resumed = 0;
-    if (po.resume) {
-        const int r = sparq_context_create_in_file(m, &cp, po.save, ids, n, indexes,
-                                                   SPARQ_IN_FILE_KEEP | SPARQ_IN_FILE_RESUME, &c, err, sizeof err);
+    st->watch.peak_anon = cli_rss_anon();
+    cli_progress_start(&st->watch.prog);
+    st->watch.print = st->watch.prog.tty || a->po.progress;
+    cp->progress = prefill_watch_cb;
+    cp->progress_user = &st->watch;
+    cp->abort_flag = &interrupted;
+    const char *save = a->po.save;
+    if (a->po.resume) {
+        const int r = sparq_context_create_in_file(st->m, cp, save, st->ids, st->n, a->indexes,
+                                                   SPARQ_IN_FILE_KEEP | SPARQ_IN_FILE_RESUME, &st->c, err, sizeof err);
         if (r < 0) {
             fprintf(stderr, "error: %s\n", err);
-            goto done;
+            return -1;
         }
         if (r > 0) {
             fprintf(stderr, "resume: %s; starting afresh\n", err);
         } else {
-            resumed = sparq_context_pos(c);
-            fprintf(stderr, "resume: %lld of %d tokens already in '%s.tmp'\n", (long long)resumed, n, po.save);
+            st->resumed = sparq_context_pos(st->c);
+            fprintf(stderr, "resume: %lld of %d tokens already in '%s.tmp'\n", (long long)st->resumed, st->n, save);
         }
     }
-    if (!c && sparq_context_create_in_file(m, &cp, po.save, ids, n, indexes, SPARQ_IN_FILE_KEEP, &c, err,
-                                           sizeof err)) {
+    if (!st->c && sparq_context_create_in_file(st->m, cp, save, st->ids, st->n, a->indexes, SPARQ_IN_FILE_KEEP,
+                                               &st->c, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return -1;
     }
+    return 0;
+}
+
+/* The prefill of what is not in the file yet. 0 (*t_prefill its
+ * seconds), 130 after a Ctrl-C (the partial file kept), 1 on an error. */
+static int pf_eval(pf_state *st, double *t_prefill)
+{
+    cli_progress *const prog = &st->watch.prog;
     signal(SIGINT, on_sigint);
     cli_progress_start(prog);
-    double t0 = cli_now();
-    if (resumed < n && sparq_eval(c, ids + resumed, (int)(n - resumed), NULL)) {
+    const double t0 = cli_now();
+    if (st->resumed < st->n && sparq_eval(st->c, st->ids + st->resumed, (int)(st->n - st->resumed), NULL)) {
         if (interrupted) { /* Ctrl-C: the eval stopped between batches; the partial file stays */
             const double t = cli_now() - t0;
-            const int64_t done_pos = sparq_context_pos(c);
+            const int64_t done_pos = sparq_context_pos(st->c);
             fprintf(stderr, "%sinterrupted: prefill stopped after %lld of %d tokens (%.1f tok/s, %.0f ms); "
                             "'%s.tmp' holds them: the same command with --resume continues\n",
-                    prog->tty ? "\n" : "", (long long)done_pos, n, t > 0 ? (done_pos - resumed) / t : 0.0, t * 1e3,
-                    po.save);
-            rc = 130;
-            goto done;
+                    prog->tty ? "\n" : "", (long long)done_pos, st->n,
+                    t > 0 ? (done_pos - st->resumed) / t : 0.0, t * 1e3, st->a->po.save);
+            return 130;
         }
-        fprintf(stderr, "error: %s\n", sparq_context_error(c));
-        goto done;
+        fprintf(stderr, "error: %s\n", sparq_context_error(st->c));
+        return 1;
     }
-    double t_prefill = cli_now() - t0;
+    *t_prefill = cli_now() - t0;
+    return 0;
+}
+
+/* The --json object. */
+static void pf_print_json(const pf_state *st, double t_prefill, double t_save, int64_t bytes, int64_t disk)
+{
+    const pf_args *a = st->a;
+    printf("{\"model\":");
+    cli_json_str(stdout, st->path, strlen(st->path));
+    printf(",\"file\":");
+    cli_json_str(stdout, a->po.save, strlen(a->po.save));
+    printf(",\"tokens\":%d,\"n_ctx\":%lld,\"indexes\":", st->n, (long long)st->cp.n_ctx);
+    cli_json_str(stdout, a->indexes, strlen(a->indexes));
+    printf(",\"prefill_s\":%.4f,\"save_s\":%.4f,\"file_bytes\":%lld,\"disk_bytes\":%lld,"
+           "\"peak_rss_bytes\":%lld,\"peak_private_bytes\":%lld,\"prefill_attn\":",
+           t_prefill, t_save, (long long)bytes, (long long)disk, (long long)cli_peak_rss(),
+           (long long)st->watch.peak_anon);
+    const char *mode = sparq_prefill_mode_name(st->cp.prefill.mode);
+    cli_json_str(stdout, mode, strlen(mode));
+    printf(",\"kv_type\":");
+    const char *kv = a->mo.kv_type ? a->mo.kv_type : "f16";
+    cli_json_str(stdout, kv, strlen(kv));
+    printf("}\n");
+}
+
+/* Saves the file with its indexes and reports (stderr; --json on
+ * stdout). 0, or 1 with the error printed. */
+static int pf_save(pf_state *st, double t_prefill)
+{
+    const pf_args *a = st->a;
+    const char *save = a->po.save;
+    char err[512];
+    const int64_t done_n = st->n - st->resumed;
     fprintf(stderr, "prefill: %lld tokens in %.2f s (%.1f tok/s)%s; saving with indexes [%s]\n",
-            (long long)(n - resumed), t_prefill, (n - resumed) / (t_prefill > 0 ? t_prefill : 1e-9),
-            resumed ? " after the resumed ones" : "", indexes);
-    t0 = cli_now();
-    if (sparq_context_save_kv(c, po.save, indexes, ids, n, err, sizeof err)) {
+            (long long)done_n, t_prefill, done_n / (t_prefill > 0 ? t_prefill : 1e-9),
+            st->resumed ? " after the resumed ones" : "", a->indexes);
+    const double t0 = cli_now();
+    if (sparq_context_save_kv(st->c, save, a->indexes, st->ids, st->n, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return 1;
     }
-    double t_save = cli_now() - t0;
-    struct stat st;
-    int64_t bytes = stat(po.save, &st) == 0 ? (int64_t)st.st_size : -1;
-    int64_t disk = stat(po.save, &st) == 0 ? (int64_t)st.st_blocks * 512 : -1;
+    const double t_save = cli_now() - t0;
+    struct stat sb;
+    const int64_t bytes = stat(save, &sb) == 0 ? (int64_t)sb.st_size : -1;
+    const int64_t disk = stat(save, &sb) == 0 ? (int64_t)sb.st_blocks * 512 : -1;
     const int64_t anon = cli_rss_anon();
-    if (anon > watch.peak_anon) watch.peak_anon = anon;
+    if (anon > st->watch.peak_anon) st->watch.peak_anon = anon;
     fprintf(stderr, "saved %s: %lld positions of %lld, %.1f MiB (%.1f MiB on disk) in %.2f s | peak RSS %.1f MiB, "
                     "peak private %.1f MiB\n",
-            po.save, (long long)n, (long long)cp.n_ctx, bytes / 1048576.0, disk / 1048576.0, t_save,
-            cli_peak_rss() / 1048576.0, watch.peak_anon / 1048576.0);
-    if (mo.json) {
-        printf("{\"model\":");
-        cli_json_str(stdout, path, strlen(path));
-        printf(",\"file\":");
-        cli_json_str(stdout, po.save, strlen(po.save));
-        printf(",\"tokens\":%d,\"n_ctx\":%lld,\"indexes\":", n, (long long)cp.n_ctx);
-        cli_json_str(stdout, indexes, strlen(indexes));
-        printf(",\"prefill_s\":%.4f,\"save_s\":%.4f,\"file_bytes\":%lld,\"disk_bytes\":%lld,"
-               "\"peak_rss_bytes\":%lld,\"peak_private_bytes\":%lld,\"prefill_attn\":",
-               t_prefill, t_save, (long long)bytes, (long long)disk, (long long)cli_peak_rss(),
-               (long long)watch.peak_anon);
-        const char *mode = sparq_prefill_mode_name(cp.prefill.mode);
-        cli_json_str(stdout, mode, strlen(mode));
-        printf(",\"kv_type\":");
-        cli_json_str(stdout, mo.kv_type ? mo.kv_type : "f16", strlen(mo.kv_type ? mo.kv_type : "f16"));
-        printf("}\n");
-    }
-    rc = 0;
-done:
-    free(ids);
-    free(text);
-    sparq_context_free(c);
-    sparq_model_free(m);
+            save, (long long)st->n, (long long)st->cp.n_ctx, bytes / 1048576.0, disk / 1048576.0, t_save,
+            cli_peak_rss() / 1048576.0, st->watch.peak_anon / 1048576.0);
+    if (a->mo.json) pf_print_json(st, t_prefill, t_save, bytes, disk);
+    return 0;
+}
+
+int cli_prefill(int argc, char **argv)
+{
+    pf_args a;
+    const int parsed = pf_parse(argc, argv, &a);
+    if (parsed >= 0) return parsed;
+    pf_state st;
+    memset(&st, 0, sizeof st);
+    st.a = &a;
+    int rc = 1;
+    double t_prefill = 0;
+    if (pf_load(&st) == 0 && pf_context(&st) == 0 && (rc = pf_eval(&st, &t_prefill)) == 0)
+        rc = pf_save(&st, t_prefill);
+    free(st.ids);
+    free(st.text);
+    sparq_context_free(st.c);
+    sparq_model_free(st.m);
     return rc;
 }
