@@ -505,120 +505,133 @@ static void print_help(const task_def *t, cli_group *groups, int n_groups)
 
 /* ---- entry point ----------------------------------------------------------------------------- */
 
-int cli_eval(int argc, char **argv)
+/* Everything the options say, parsed and checked. */
+typedef struct eval_args {
+    cli_model_opts mo;
+    attn_opts      ao;
+    eval_opts      eo;
+    task_opts      to;
+    const task_def *t;
+    int64_t        limit, ratio_len;
+    int            kv_type, match_k;
+    task_params    tp;
+} eval_args;
+
+/* Parses the options and finds the task. Returns -1 to go on, else the
+ * exit status (0 after --help). */
+static int eval_parse(int argc, char **argv, eval_args *a)
 {
-    /* the prefill's fidelity compares two caches, not decode policies: its own harness */
-    if (argc >= 1 && strcmp(argv[0], "prefill-fidelity") == 0) return cli_eval_prefill(argc - 1, argv + 1);
-    cli_model_opts mo = { 0 };
-    attn_opts ao;
-    attn_opts_init(&ao);
-    eval_opts eo = { 0 };
-    task_opts to;
-    task_opts_init(&to);
+    memset(a, 0, sizeof *a);
+    attn_opts_init(&a->ao);
+    task_opts_init(&a->to);
     cli_group groups[] = {
-        { "evaluation", eval_table, &eo },
-        { "model", cli_model_table, &mo },
-        { "attention (--attn takes a comma-separated list, or all)", cli_attn_table, &ao },
-        { "task options", to.opts, to.value },
+        { "evaluation", eval_table, &a->eo },
+        { "model", cli_model_table, &a->mo },
+        { "attention (--attn takes a comma-separated list, or all)", cli_attn_table, &a->ao },
+        { "task options", a->to.opts, a->to.value },
     };
-    char err[512], path[4096];
+    char err[512];
     char *pos[1];
     int n_pos = 0, help = 0;
     if (cli_parse(groups, 4, argc, argv, pos, 1, &n_pos, &help, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         return 2;
     }
-    const task_def *t = n_pos == 1 ? task_find(pos[0]) : NULL;
+    a->t = n_pos == 1 ? task_find(pos[0]) : NULL;
     char names[256];
-    if (n_pos == 1 && !t) {
+    if (n_pos == 1 && !a->t) {
         fprintf(stderr, "error: unknown task '%s' (%s)\n", pos[0], task_names(names, sizeof names, " "));
         return 2;
     }
     if (help) {
-        print_help(t, groups, 3);
+        print_help(a->t, groups, 3);
         return 0;
     }
-    if (!t) {
+    if (!a->t) {
         fprintf(stderr, "error: eval needs a TASK (see sparq eval --help)\n");
         return 2;
     }
-    int64_t limit, ratio_len;
-    if (positive_option("--limit", eo.limit, &limit) || positive_option("--ratio-len", eo.ratio_len, &ratio_len))
+    return -1;
+}
+
+/* The values and the options that exclude each other or would be
+ * ignored. Returns -1 to go on, else the exit status. */
+static int eval_check(eval_args *a)
+{
+    const eval_opts *eo = &a->eo;
+    char err[512];
+    if (positive_option("--limit", eo->limit, &a->limit) || positive_option("--ratio-len", eo->ratio_len, &a->ratio_len))
         return 2;
-    eval_sweep w;
-    memset(&w, 0, sizeof w);
-    w.task = t;
-    w.tp = task_default_params();
-    w.tp.seed = eo.seed;
-    w.tp.path = eo.data;
-    if (apply_task_opts(&to, t, &w.tp)) return 2;
-    int kv_type = cli_model_kv_type(&mo, err, sizeof err); /* --kv-type, -ctk, -ctv */
-    if (kv_type < 0) {
+    a->tp = task_default_params();
+    a->tp.seed = eo->seed;
+    a->tp.path = eo->data;
+    if (apply_task_opts(&a->to, a->t, &a->tp)) return 2;
+    if ((a->kv_type = cli_model_kv_type(&a->mo, err, sizeof err)) < 0) { /* --kv-type, -ctk, -ctv */
         fprintf(stderr, "error: %s\n", err);
         return 2;
     }
-    if (mo.json + eo.csv > 1) {
+    if (a->mo.json + eo->csv > 1) {
         fprintf(stderr, "error: give only one of --json and --csv\n");
         return 2;
     }
-    if (eo.match) {
-        if (strcmp(eo.match, "k") == 0) w.env.match_k = 1;
-        else if (strcmp(eo.match, "transfer") != 0) {
-            fprintf(stderr, "error: --match must be transfer or k, not '%s'\n", eo.match);
+    if (eo->match) {
+        if (strcmp(eo->match, "k") == 0) a->match_k = 1;
+        else if (strcmp(eo->match, "transfer") != 0) {
+            fprintf(stderr, "error: --match must be transfer or k, not '%s'\n", eo->match);
             return 2;
         }
     }
-    if (ao.ratio && eo.sweep) {
+    if (a->ao.ratio && eo->sweep) {
         fprintf(stderr, "error: give either --sparq-ratio or --sweep\n");
         return 2;
     }
     /* options that would otherwise be ignored */
-    const int ratio_sweep = eo.sweep && strncmp(eo.sweep, "ratio=", 6) == 0;
-    if (eo.match && !ratio_sweep) {
+    const int ratio_sweep = eo->sweep && strncmp(eo->sweep, "ratio=", 6) == 0;
+    if (eo->match && !ratio_sweep) {
         fprintf(stderr, "error: --match applies to --sweep ratio=...\n");
         return 2;
     }
-    if (eo.ratio_len && !ratio_sweep && !ao.ratio) {
+    if (eo->ratio_len && !ratio_sweep && !a->ao.ratio) {
         fprintf(stderr, "error: --ratio-len applies to --sweep ratio=... or --sparq-ratio\n");
         return 2;
     }
-    eval_setting *set = calloc(EVAL_MAX_SETTINGS, sizeof *set);
-    int n_set = 0;
-    if (!set) {
-        fprintf(stderr, "error: out of memory\n");
-        return 1;
-    }
-    int rc = 2;
-    eval_row *rows = NULL;
-    sparq_model *m = NULL;
-    if (eval_settings_make(ao.attn, eo.sweep, set, &n_set, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        goto done;
-    }
-    rc = 1;
-    if (!(m = cli_load_model(&mo, path, sizeof path))) goto done;
+    return -1;
+}
+
+/* Runs every setting on the model (Ctrl-C stops after the current run);
+ * the notes on stderr. *n_ctx: the context used. 0, or -1 with the error
+ * printed. */
+static int eval_cli_run(eval_args *a, sparq_model *m, eval_setting *set, int n_set, int64_t *n_ctx)
+{
+    char err[512];
+    eval_sweep w;
+    memset(&w, 0, sizeof w);
+    w.task = a->t;
+    w.tp = a->tp;
+    w.env.match_k = a->match_k;
     w.m = m;
     w.cp = sparq_context_default_params();
-    w.cp.n_ctx = mo.n_ctx > 0 ? mo.n_ctx : sparq_model_n_ctx_train(m);
-    w.cp.n_threads = mo.n_threads;
-    w.cp.n_batch = mo.n_batch;
-    w.cp.kv_type = kv_type;
+    w.cp.n_ctx = a->mo.n_ctx > 0 ? a->mo.n_ctx : sparq_model_n_ctx_train(m);
+    w.cp.n_threads = a->mo.n_threads;
+    w.cp.n_batch = a->mo.n_batch;
+    w.cp.kv_type = a->kv_type;
     w.cp.abort_flag = &interrupted;
     w.env.base = base_params;
-    w.env.base_user = &ao;
+    w.env.base_user = &a->ao;
     w.env.d = sparq_model_head_dim(m);
     w.env.g = sparq_model_n_head(m) / sparq_model_n_kv_head(m);
-    w.limit = limit;
-    w.ratio_len = ratio_len;
+    w.limit = a->limit;
+    w.ratio_len = a->ratio_len;
     w.note = on_note;
     w.progress = on_progress;
-    if (eo.verbose) w.ran = on_ran;
+    if (a->eo.verbose) w.ran = on_ran;
+    *n_ctx = w.cp.n_ctx;
     signal(SIGINT, on_sigint);
     eval_sweep_summary sum;
     double t0 = cli_now();
     if (eval_sweep_run(&w, set, n_set, &sum, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        goto done;
+        return -1;
     }
     if (interrupted) fprintf(stderr, "interrupted: reporting the %lld finished examples\n", (long long)sum.n_done);
     fprintf(stderr, "eval: %.1f s\n", cli_now() - t0);
@@ -628,26 +641,60 @@ int cli_eval(int argc, char **argv)
                 "(%lld tokens dropped; -v shows each)\n",
                 (long long)sum.n_truncated, (long long)sum.n_prepared, (long long)w.cp.n_ctx,
                 (long long)sum.n_dropped);
-    if (!(rows = calloc((size_t)n_set, sizeof *rows))) {
+    return 0;
+}
+
+/* The rows of the settings: skipped runs noted, the table (CSV, JSON) on
+ * stdout, the plot. Returns the exit status. */
+static int eval_report(const eval_args *a, const eval_setting *set, int n_set, const char *path, int64_t n_ctx)
+{
+    eval_row *rows = calloc((size_t)n_set, sizeof *rows);
+    if (!rows) {
         fprintf(stderr, "error: out of memory\n");
-        goto done;
+        return 1;
     }
     eval_rows_make(set, n_set, rows);
     for (int s = 0; s < n_set; s++)
         if (set[s].n_skipped)
             fprintf(stderr, "note: %s skipped %lld runs: %s\n", set[s].policy, (long long)set[s].n_skipped,
                     set[s].skip_reason);
-    if (mo.json) print_json(stdout, t, path, w.cp.n_ctx, rows, n_set);
-    else if (eo.csv) print_csv(stdout, t, rows, n_set);
-    else print_table(stdout, t, rows, n_set);
+    if (a->mo.json) print_json(stdout, a->t, path, n_ctx, rows, n_set);
+    else if (a->eo.csv) print_csv(stdout, a->t, rows, n_set);
+    else print_table(stdout, a->t, rows, n_set);
     fflush(stdout);
-    rc = interrupted ? 130 : 0;
-    if (eo.plot) {
+    int rc = interrupted ? 130 : 0;
+    if (a->eo.plot) {
         const char *base = strrchr(path, '/');
-        if (write_plot(eo.plot, t, base ? base + 1 : path, rows, n_set)) rc = 1;
+        if (write_plot(a->eo.plot, a->t, base ? base + 1 : path, rows, n_set)) rc = 1;
     }
-done:
     free(rows);
+    return rc;
+}
+
+int cli_eval(int argc, char **argv)
+{
+    /* the prefill's fidelity compares two caches, not decode policies: its own harness */
+    if (argc >= 1 && strcmp(argv[0], "prefill-fidelity") == 0) return cli_eval_prefill(argc - 1, argv + 1);
+    eval_args args, *a = &args;
+    int rc = eval_parse(argc, argv, a);
+    if (rc < 0) rc = eval_check(a);
+    if (rc >= 0) return rc;
+    char err[512], path[4096];
+    eval_setting *set = calloc(EVAL_MAX_SETTINGS, sizeof *set);
+    int n_set = 0;
+    sparq_model *m = NULL;
+    int64_t n_ctx = 0;
+    if (!set) {
+        fprintf(stderr, "error: out of memory\n");
+        rc = 1;
+    } else if (eval_settings_make(a->ao.attn, a->eo.sweep, set, &n_set, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        rc = 2;
+    } else if (!(m = cli_load_model(&a->mo, path, sizeof path)) || eval_cli_run(a, m, set, n_set, &n_ctx)) {
+        rc = 1;
+    } else {
+        rc = eval_report(a, set, n_set, path, n_ctx);
+    }
     for (int s = 0; s < n_set; s++) eval_setting_free(&set[s]);
     free(set);
     sparq_model_free(m);
