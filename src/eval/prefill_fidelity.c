@@ -16,6 +16,28 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int eval_pf_tokens(const sparq_model *m, const char *text, size_t len, int64_t need, int32_t **ids, int64_t *n_ids,
+                   int *n_text)
+{
+    *ids = NULL;
+    const int n = *n_text = sparq_tokenize(m, text, (int)len, 1, NULL, 0);
+    int32_t *v = NULL;
+    if (n <= 1 || !(v = malloc((size_t)(need > n ? need : n) * sizeof *v)) ||
+        sparq_tokenize(m, text, (int)len, 1, v, n) != n) {
+        free(v);
+        return -1;
+    }
+    int64_t have = n;
+    while (have < need) { /* the text again, without its BOS */
+        const int64_t take = need - have < n - 1 ? need - have : n - 1;
+        memcpy(v + have, v + 1, (size_t)take * sizeof *v);
+        have += take;
+    }
+    *ids = v;
+    *n_ids = have;
+    return 0;
+}
+
 void eval_mean_se(const double *x, int n, double *mean, double *se)
 {
     double s = 0;

@@ -45,6 +45,14 @@ int eval_prefill_fidelity(sparq_model *m, const sparq_context_params *base, cons
                           eval_pf_result *out, void (*progress)(void *user, int done, int total), void *user,
                           char *err, size_t err_size);
 
+/* The tokens the windows are drawn from: text[len] tokenized (BOS first),
+ * then the text again without its BOS until there are at least `need`.
+ * *ids (malloc'ed) holds *n_ids tokens, *n_text of them one copy of the
+ * text. 0, or -1 when the text has no token but BOS, cannot be tokenized
+ * or memory runs out. */
+int eval_pf_tokens(const sparq_model *m, const char *text, size_t len, int64_t need, int32_t **ids, int64_t *n_ids,
+                   int *n_text);
+
 /* Mean and standard error of x[0..n) (se 0 when n < 2). */
 void eval_mean_se(const double *x, int n, double *mean, double *se);
 
