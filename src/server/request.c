@@ -13,6 +13,7 @@
 #include "core/grammar.h"
 #include "util/json.h"
 #include "util/names.h"
+#include "util/utf8.h"
 
 #include <errno.h>
 #include <math.h>
@@ -27,10 +28,7 @@
  * line whatever the client sent. */
 static const char *quote(char *dst, size_t dst_size, const char *s, size_t len, size_t max)
 {
-    if (len > max) {
-        len = max;
-        while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80) len--; /* s[len] continues a character */
-    }
+    if (len > max) len = utf8_char_start(s, max);
     size_t o = 0;
     for (size_t i = 0; i < len && o + 5 < dst_size; i++) {
         const unsigned char c = (unsigned char)s[i];
