@@ -11,7 +11,8 @@
  * what `sparq run` gives for the same prompt, policy and sampling.
  *
  * Map:
- *   publish_token      text, stop strings, held-back bytes, log-probs
+ *   publish_token      text through core/streamer.h (stop strings, held-back
+ *                      bytes), log-probs
  *   slot_start/finish  a request's context and its release
  *   pc_*               the prefix cache: prompt prefixes cut at multiples
  *                      of n_batch, one shared copy each, mapped copy-on-write
@@ -28,7 +29,7 @@
  */
 #include "server/srv_internal.h"
 #include "server/kvdir.h"
-#include "util/utf8.h"
+#include "core/streamer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -89,7 +90,8 @@ typedef struct slot {
     int            cached;       /* of those, mapped from a cached prefix   */
     int            chunks;       /* prefill chunks run for this request     */
     int            ready;        /* logits are fresh                        */
-    size_t         gen_start;    /* where generated text starts (after echo) */
+    streamer       st;           /* the generated text: stop strings, what is
+                                  * final (starts after an echoed prompt)   */
     int            policy_ix;
     int            id_stale;     /* --kv-dir holds another document under the
                                   * request's prefix_id: replace it        */
@@ -323,7 +325,7 @@ static void finish(srv_server *s, slot *sl, const char *reason, int status, cons
         s->metrics.errors += status != 499; /* a client's cancellation is counted apart, not as a failure */
     }
     r->state = REQ_DONE;
-    r->text_ok = r->text.len;
+    r->text_ok = streamer_flush(&sl->st, &r->text); /* held-back bytes too: nothing follows */
     r->n_ok_toks = r->n_toks;
     r->t_done = srv_now();
     if (sl->c) { /* what the reply reports of its attention (a copy of counters: cheap) */
@@ -334,8 +336,18 @@ static void finish(srv_server *s, slot *sl, const char *reason, int status, cons
     }
 }
 
-static int push_token(srv_request *r, const srv_token *t)
+/* Records token id (log-probs lp, or none) whose piece starts at text
+ * offset off. 0 or -1 (out of memory). */
+static int push_token(srv_request *r, int32_t id, const srv_token *lp, size_t off)
 {
+    srv_token t;
+    if (lp) t = *lp;
+    else {
+        memset(&t, 0, sizeof t);
+        t.logprob = NAN;
+    }
+    t.id = id;
+    t.text_off = off;
     if (r->n_toks == r->cap_toks) {
         int cap = r->cap_toks ? 2 * r->cap_toks : 64;
         srv_token *p = realloc(r->toks, (size_t)cap * sizeof *p);
@@ -343,50 +355,23 @@ static int push_token(srv_request *r, const srv_token *t)
         r->toks = p;
         r->cap_toks = cap;
     }
-    r->toks[r->n_toks++] = *t;
+    r->toks[r->n_toks++] = t;
     return 0;
 }
 
-/* Appends a token's piece; applies stop strings and decides how much text
- * is final (not a possible start of a stop string, not a cut UTF-8
- * character). Returns 1 if a stop string ended the reply, -1 on OOM. */
+/* Appends a generated token's piece through the slot's streamer, which
+ * applies the stop strings and says how much text is final (not a
+ * possible start of a stop string, not a cut UTF-8 character); the tokens
+ * whose text is all final are too. Returns 1 if a stop string ended the
+ * reply, -1 on OOM. */
 static int publish_token(slot *sl, int32_t id, const srv_token *lp, const char *piece, int len)
 {
     srv_request *r = sl->r;
     const size_t old = r->text.len;
-    if (len > 0 && text_append(&r->text, piece, (size_t)len)) return -1;
-    srv_token t;
-    if (lp) t = *lp;
-    else { memset(&t, 0, sizeof t); t.logprob = NAN; }
-    t.id = id;
-    t.text_off = old;
-    if (push_token(r, &t)) return -1;
-    const size_t gs = sl->gen_start;
-    for (int i = 0; i < r->n_stops; i++) {
-        const size_t sl_len = strlen(r->stops[i]);
-        size_t from = old >= gs + sl_len ? old - sl_len + 1 : gs;
-        if (r->text.len < sl_len) continue;
-        for (size_t p = from; p + sl_len <= r->text.len; p++) {
-            if (memcmp(r->text.data + p, r->stops[i], sl_len) == 0) {
-                r->text.len = p;
-                r->text.data[p] = 0;
-                return 1;
-            }
-        }
-    }
-    size_t held = 0;
-    for (int i = 0; i < r->n_stops; i++) {
-        const size_t sl_len = strlen(r->stops[i]);
-        for (size_t k = sl_len - 1; k > held; k--) {
-            if (k <= r->text.len - gs && memcmp(r->text.data + r->text.len - k, r->stops[i], k) == 0) {
-                held = k;
-                break;
-            }
-        }
-    }
-    size_t ok = r->text.len - held;
-    ok -= utf8_incomplete_tail(r->text.data, ok);
-    if (ok > r->text_ok) r->text_ok = ok;
+    const int hit = streamer_feed(&sl->st, &r->text, piece, len > 0 ? (size_t)len : 0);
+    if (hit < 0 || push_token(r, id, lp, old)) return -1;
+    if (hit) return 1;
+    if (sl->st.ok > r->text_ok) r->text_ok = sl->st.ok;
     while (r->n_ok_toks < r->n_toks) {
         const srv_token *n = &r->toks[r->n_ok_toks];
         size_t end = r->n_ok_toks + 1 < r->n_toks ? r->toks[r->n_ok_toks + 1].text_off : r->text.len;
@@ -949,6 +934,7 @@ static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
         snprintf(err, err_size, "out of memory for a new sequence");
         return -1;
     }
+    streamer_init(&sl->st, (const char *const *)r->stops, r->n_stops, 0);
     sl->keepable = s->cfg.slot_save_path && r->doc < 0;
     slot_hist_push(sl, r->prompt, r->n_prompt);
     sl->policy_ix = -1;
@@ -1024,7 +1010,7 @@ static int slots_prefill_tails(srv_server *s, slot *const *sls, int n, sparq_con
 }
 
 /* Echo: the prompt's text (and its tokens' log-probabilities) opens the
- * reply. Lock held. */
+ * reply, final at once. Lock held. */
 static int publish_echo(srv_server *s, slot *sl)
 {
     srv_request *r = sl->r;
@@ -1039,9 +1025,13 @@ static int publish_echo(srv_server *s, slot *sl)
         memset(&t, 0, sizeof t);
         t.logprob = NAN;
         if (sl->prompt_logits && i > 0) token_logprobs(sl->prompt_logits + (size_t)(i - 1) * V, V, r->prompt[i], r->logprobs, &t);
-        if (publish_token(sl, r->prompt[i], sl->prompt_logits ? &t : NULL, piece, len < 0 ? 0 : len) < 0) return -1;
+        const size_t off = r->text.len;
+        if ((len > 0 && text_append(&r->text, piece, (size_t)len)) ||
+            push_token(r, r->prompt[i], sl->prompt_logits ? &t : NULL, off))
+            return -1;
     }
-    sl->gen_start = r->text.len;
+    /* the prompt is no reply: stop strings are looked for after it */
+    streamer_init(&sl->st, (const char *const *)r->stops, r->n_stops, r->text.len);
     r->text_ok = r->text.len;
     r->n_ok_toks = r->n_toks;
     return 0;
