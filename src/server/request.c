@@ -749,6 +749,20 @@ int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *bod
     return rc;
 }
 
+void srv_request_release(srv_request *r)
+{
+    if (!r || --r->refs > 0) return;
+    free(r->prompt);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->bias_ids);
+    free(r->bias);
+    free(r->gbnf);
+    sparq_grammar_free(r->grammar);
+    free(r->text.data);
+    free(r->toks);
+    free(r);
+}
+
 srv_request *srv_request_clone(const srv_request *r, uint64_t seed)
 {
     srv_request *c = malloc(sizeof *c);

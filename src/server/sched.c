@@ -14,13 +14,15 @@
  *   publish_token      text through core/streamer.h (stop strings, held-back
  *                      bytes), log-probs
  *   slot_start/finish  a request's context and its release
- *   pc_*               the prefix cache: prompt prefixes cut at multiples
- *                      of n_batch, one shared copy each, mapped copy-on-write
- *                      into new contexts (LRU, budget); named by prefix_id
+ *   pc_*               the prefix cache (prefix_cache.c): prompt prefixes cut
+ *                      at multiples of n_batch, one shared copy each, mapped
+ *                      copy-on-write into new contexts (LRU, budget); named
+ *                      by prefix_id
  *   wait_target        in-flight sharing: a queued request waits for the
  *                      sequence prefilling its prefix (pc_serve_waiters)
  *   kv_*               --kv-dir: the same prefixes as files shared with
- *                      other replicas (kvdir.h), written by a writer thread
+ *                      other replicas (kvdir.c), written by a writer thread
+ *                      (kv_writer.c)
  *   slot_pick / kept   --slot-save-path: a slot keeps its last cache, which
  *                      /slots/ID?action=save|restore|erase (slots.c) writes,
  *                      replaces or drops; a request goes to the free slot
@@ -28,12 +30,12 @@
  *   srv_sched_main     the loop
  */
 #include "server/srv_internal.h"
-#include "server/kvdir.h"
+#include "server/kv_writer.h"
+#include "server/prefix_cache.h"
 #include "core/streamer.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <unistd.h>
 
 #include <math.h>
@@ -49,20 +51,6 @@ double srv_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-void srv_request_release(srv_request *r)
-{
-    if (!r || --r->refs > 0) return;
-    free(r->prompt);
-    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
-    free(r->bias_ids);
-    free(r->bias);
-    free(r->gbnf);
-    sparq_grammar_free(r->grammar);
-    free(r->text.data);
-    free(r->toks);
-    free(r);
 }
 
 int srv_submit(srv_server *s, srv_request *r)
@@ -106,184 +94,6 @@ typedef struct slot {
     int32_t       *kept_ids;     /* [n_kept] its ids                        */
     int            n_kept;
 } slot;
-
-/* ---- prefix cache ------------------------------------------------------------
- * Owned by the scheduler thread alone. An entry is a shared prefix
- * (sparq_prefix: one read-only copy in a memfd) holding the first n tokens
- * of some prompt, n a multiple of n_batch. A request whose prompt shares
- * u >= n_batch tokens with an entry's (u cut down to a multiple of
- * n_batch, and short of the whole prompt: its last token's logits are
- * needed) maps the entry's first u positions copy-on-write
- * (sparq_context_attach_prefix) and prefills only the rest, in the chunks
- * it would have used: its logits stay bit-identical. So one entry serves a
- * document followed by any question. Keyed by the tokens (one server = one
- * model and KV type, so the fingerprint is implicit); least recently used
- * entries go when the budget is exceeded, never one a live sequence maps
- * (the mapping would keep its pages anyway: the budget would lie). */
-
-typedef struct pc_entry {
-    int32_t      *tokens;
-    int           n;
-    char         *id;       /* the document's name ("sparq.prefix_id") or NULL */
-    sparq_prefix *p;
-    double        used;
-    size_t        bytes;
-} pc_entry;
-
-typedef struct prefix_cache {
-    pc_entry *e;
-    int       n, cap;
-    size_t    bytes, budget;
-    int       nb;          /* the prefill chunk: entries are cut at its multiples */
-} prefix_cache;
-
-static void pc_drop(prefix_cache *pc, int i)
-{
-    sparq_prefix_free(pc->e[i].p);
-    free(pc->e[i].tokens);
-    free(pc->e[i].id);
-    pc->bytes -= pc->e[i].bytes;
-    pc->e[i] = pc->e[--pc->n];
-}
-
-static void pc_free(prefix_cache *pc)
-{
-    while (pc->n) pc_drop(pc, pc->n - 1);
-    free(pc->e);
-}
-
-/* Tokens a and b share, at most lim. */
-static int common_len(const int32_t *a, const int32_t *b, int lim)
-{
-    int l = 0;
-    while (l < lim && a[l] == b[l]) l++;
-    return l;
-}
-
-/* The entry giving ids[n] the longest usable prefix (*use tokens), or -1. */
-static int pc_find(const prefix_cache *pc, const int32_t *ids, int n, int *use)
-{
-    int best = -1;
-    *use = 0;
-    for (int i = 0; i < pc->n; i++) {
-        const pc_entry *e = &pc->e[i];
-        const int u = common_len(e->tokens, ids, e->n < n - 1 ? e->n : n - 1) / pc->nb * pc->nb;
-        if (u > *use) {
-            *use = u;
-            best = i;
-        }
-    }
-    return best;
-}
-
-/* Evicts unused entries, least recently used first, until `extra` more
- * bytes fit; 0 if they do. */
-static int pc_fit(prefix_cache *pc, size_t extra)
-{
-    while (pc->bytes + extra > pc->budget) {
-        int lru = -1;
-        for (int i = 0; i < pc->n; i++)
-            if (!sparq_prefix_users(pc->e[i].p) && (lru < 0 || pc->e[i].used < pc->e[lru].used)) lru = i;
-        if (lru < 0) return -1;
-        pc_drop(pc, lru);
-    }
-    return 0;
-}
-
-/* The entry named id, or -1. */
-static int pc_named(const prefix_cache *pc, const char *id)
-{
-    for (int i = 0; id && id[0] && i < pc->n; i++)
-        if (pc->e[i].id && !strcmp(pc->e[i].id, id)) return i;
-    return -1;
-}
-
-/* Remembers the first n tokens of src's cache for contexts of capacity
- * n_ctx, unless an entry already holds them; id (or NULL) names it, if no
- * entry has that name. Returns the entry or -1. */
-static int pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n, int64_t n_ctx,
-                     const char *id)
-{
-    if (id && (!id[0] || pc_named(pc, id) >= 0)) id = NULL;
-    for (int i = 0; i < pc->n; i++) {
-        pc_entry *e = &pc->e[i];
-        if (e->n < n || memcmp(e->tokens, ids, (size_t)n * sizeof *ids)) continue;
-        if (!id) return i;
-        if (!e->id && e->n == n) { /* the same prefix: it gets the name */
-            e->id = strdup(id);
-            return i;
-        }
-    }
-    const size_t bytes = (size_t)n * sparq_model_n_layer(s->model) * sparq_model_n_kv_head(s->model) *
-                         sparq_model_head_dim(s->model) * 2 * (s->cfg.kv_type == SPARQ_KV_F32 ? 4 : 2);
-    if (bytes > pc->budget || pc_fit(pc, bytes)) return -1;
-    if (pc->n == pc->cap) {
-        int cap = pc->cap ? 2 * pc->cap : 16;
-        pc_entry *e = realloc(pc->e, (size_t)cap * sizeof *e);
-        if (!e) return -1;
-        pc->e = e;
-        pc->cap = cap;
-    }
-    char err[256];
-    pc_entry e = { malloc((size_t)n * sizeof *ids), n, id ? strdup(id) : NULL, NULL, srv_now(), 0 };
-    if (!e.tokens || (id && !e.id) || sparq_prefix_create(src, n, n_ctx, &e.p, err, sizeof err)) {
-        if (e.tokens && (!id || e.id)) fprintf(stderr, "serve: prefix cache: %s\n", err);
-        free(e.tokens);
-        free(e.id);
-        return -1;
-    }
-    memcpy(e.tokens, ids, (size_t)n * sizeof *ids);
-    e.bytes = sparq_prefix_bytes(e.p);
-    pc->e[pc->n++] = e;
-    pc->bytes += e.bytes;
-    return pc->n - 1;
-}
-
-/* A request naming its document: the entry of that name holds what the
- * requests naming it have in common (the document, to a chunk boundary:
- * the first one stored its whole prompt's cut, question included), so it
- * shrinks to what this prompt shares with it; a prompt that does not start
- * with its first chunk has another document under that name now: the entry
- * loses the name (a miss; this prompt's prefix takes the name once
- * prefilled). */
-static void pc_name_check(prefix_cache *pc, const srv_request *r)
-{
-    const int i = pc_named(pc, r->prefix_id);
-    if (i < 0) return;
-    pc_entry *e = &pc->e[i];
-    const int l = common_len(e->tokens, r->prompt, e->n < r->n_prompt ? e->n : r->n_prompt);
-    if (l < pc->nb) {
-        free(e->id);
-        e->id = NULL;
-    } else if (l < e->n) {
-        e->n = l / pc->nb * pc->nb;
-    }
-}
-
-/* Maps the first u positions of entry i into the empty context c; 0 or -1.
- * A K^T built for it grows the entry: the budget follows. */
-static int pc_attach(prefix_cache *pc, int i, sparq_context *c, int u)
-{
-    char err[256];
-    pc_entry *e = &pc->e[i];
-    if (sparq_context_attach_prefix(c, e->p, u, err, sizeof err)) return -1;
-    e->used = srv_now();
-    const size_t b = sparq_prefix_bytes(e->p);
-    pc->bytes += b - e->bytes;
-    e->bytes = b;
-    pc_fit(pc, 0); /* e is in use now: others go, if any can */
-    return 0;
-}
-
-/* The /metrics gauges of the cache. Lock held. */
-static void pc_publish(srv_server *s, const prefix_cache *pc)
-{
-    int64_t users = 0;
-    for (int i = 0; i < pc->n; i++) users += sparq_prefix_users(pc->e[i].p);
-    s->metrics.prefix_entries = pc->n;
-    s->metrics.prefix_bytes = (int64_t)pc->bytes;
-    s->metrics.prefix_users = users;
-}
 
 /* ---- sampling ------------------------------------------------------------- */
 
@@ -452,177 +262,6 @@ static void slot_hist_push(slot *sl, const int32_t *ids, int n)
     sl->n_hist += n;
 }
 
-/* --kv-dir writes happen on one writer thread per server, so that neither
- * the request whose prefill made the prefix (its first token) nor the other
- * running sequences wait for hundreds of MiB to reach the disk. The
- * scheduler hands over a private copy of the prefix (a memory copy, far
- * cheaper than the file; the cache's shared copy is laid out for contexts
- * of the server's capacity, and a file is written for exactly n positions)
- * and continues. The queue is small and bounded: when it is full the write
- * is skipped (counted), never waited for. At shutdown the writer finishes
- * what is queued (at most KVW_QUEUE files) before the scheduler returns,
- * but starts none later than KVW_DRAIN_SECONDS after the stop (those are
- * counted as skipped): the replica's stop stays well within a supervisor's
- * (systemd: 60 s) even on a slow shared filesystem. Each write goes to a
- * temp name renamed into place (kvdir_save) and a write once started is
- * finished or its temp file removed, so no file is ever seen half written
- * and none is left behind. */
-enum { KVW_QUEUE = 4, KVW_DRAIN_SECONDS = 20 };
-
-typedef struct kv_job {
-    sparq_context *c;        /* exactly the n prefix positions, owned      */
-    int32_t       *ids;      /* owned copy of the n token ids              */
-    int            n, replace;
-    char           id[SRV_MAX_PREFIX_ID + 1]; /* "" : named by the tokens  */
-} kv_job;
-
-typedef struct kv_writer {
-    srv_server     *s;
-    srv_kvdir      *kd;
-    pthread_t       th;
-    int             started;
-    pthread_mutex_t mu;      /* guards q, head, n, stop, stop_at (never held with s->lock) */
-    pthread_cond_t  cv;
-    kv_job          q[KVW_QUEUE];
-    int             head, n, stop;
-    double          stop_at; /* srv_now() when stop was set             */
-} kv_writer;
-
-static void kv_job_free(kv_job *j)
-{
-    sparq_context_free(j->c);
-    free(j->ids);
-    memset(j, 0, sizeof *j);
-}
-
-/* Writes one job's file and counts it. Any thread (the writer's, or the
- * scheduler's when the writer could not start). */
-static void kv_job_run(srv_server *s, srv_kvdir *kd, kv_job *j)
-{
-    char err[256];
-    int evicted = 0;
-    const int rc = kvdir_save(kd, j->c, j->ids, j->n, j->id[0] ? j->id : NULL, j->replace, &evicted, err, sizeof err);
-    if (rc < 0) fprintf(stderr, "serve: kv-dir: %s\n", err);
-    pthread_mutex_lock(&s->lock);
-    s->metrics.kv_dir_writes += rc > 0;
-    s->metrics.kv_dir_errors += rc < 0;
-    s->metrics.kv_dir_evictions += evicted;
-    pthread_mutex_unlock(&s->lock);
-}
-
-static void *kv_writer_main(void *arg)
-{
-    kv_writer *w = arg;
-    pthread_mutex_lock(&w->mu);
-    for (;;) {
-        while (!w->n && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
-        if (!w->n) break; /* stopping, and everything queued is written */
-        kv_job j = w->q[w->head];
-        memset(&w->q[w->head], 0, sizeof w->q[0]);
-        w->head = (w->head + 1) % KVW_QUEUE;
-        w->n--;
-        const int late = w->stop && srv_now() - w->stop_at > KVW_DRAIN_SECONDS;
-        pthread_mutex_unlock(&w->mu);
-        if (!late) kv_job_run(w->s, w->kd, &j);
-        kv_job_free(&j);
-        pthread_mutex_lock(&w->s->lock);
-        w->s->metrics.kv_dir_pending--;
-        w->s->metrics.kv_dir_skipped += late;
-        pthread_mutex_unlock(&w->s->lock);
-        pthread_mutex_lock(&w->mu);
-    }
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
-}
-
-/* Starts the writer; without it (thread creation failed) writes happen on
- * the scheduler thread, as they did before. */
-static void kv_writer_start(kv_writer *w, srv_server *s, srv_kvdir *kd)
-{
-    memset(w, 0, sizeof *w);
-    w->s = s;
-    w->kd = kd;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    w->started = pthread_create(&w->th, NULL, kv_writer_main, w) == 0;
-    if (!w->started) fprintf(stderr, "serve: kv-dir: no writer thread; files are written by the scheduler\n");
-}
-
-/* Finishes the queued writes (those it can start within
- * KVW_DRAIN_SECONDS) and stops the writer. */
-static void kv_writer_stop(kv_writer *w)
-{
-    if (w->started) {
-        pthread_mutex_lock(&w->mu);
-        w->stop = 1;
-        w->stop_at = srv_now();
-        pthread_cond_signal(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        pthread_join(w->th, NULL);
-    }
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
-}
-
-/* --kv-dir: queues the first n tokens of src's cache to be saved as a
- * file, unless one is there already (from this replica or another); id:
- * under that name (replace: even if there, when it holds another
- * document). Skipped (counted) if the writer's queue is full. */
-static void kv_save_prefix(srv_server *s, kv_writer *w, const sparq_context *src, const int32_t *ids, int n,
-                           const char *id, int replace)
-{
-    char path[PATH_MAX], err[256];
-    srv_kvdir *kd = w->kd;
-    if (id) kvdir_path_named(kd, id, path, sizeof path);
-    else kvdir_path(kd, ids, n, path, sizeof path);
-    if (!replace && access(path, F_OK) == 0) return;
-    if (w->started) { /* only this thread queues: a free place stays free */
-        pthread_mutex_lock(&w->mu);
-        const int full = w->n == KVW_QUEUE;
-        pthread_mutex_unlock(&w->mu);
-        if (full) {
-            pthread_mutex_lock(&s->lock);
-            s->metrics.kv_dir_skipped++;
-            pthread_mutex_unlock(&s->lock);
-            return;
-        }
-    }
-    kv_job j;
-    memset(&j, 0, sizeof j);
-    j.n = n;
-    j.replace = replace;
-    if (id) snprintf(j.id, sizeof j.id, "%s", id);
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = n;
-    cp.n_threads = 1;
-    cp.kv_type = s->cfg.kv_type;
-    j.ids = malloc((size_t)n * sizeof *ids);
-    if (!j.ids) snprintf(err, sizeof err, "out of memory for a prefix file's token ids");
-    if (!j.ids || sparq_context_create(s->model, &cp, &j.c, err, sizeof err) ||
-        sparq_context_copy_prefix(j.c, src, n, err, sizeof err)) {
-        fprintf(stderr, "serve: kv-dir: %s\n", err);
-        kv_job_free(&j);
-        pthread_mutex_lock(&s->lock);
-        s->metrics.kv_dir_errors++;
-        pthread_mutex_unlock(&s->lock);
-        return;
-    }
-    memcpy(j.ids, ids, (size_t)n * sizeof *ids);
-    if (!w->started) {
-        kv_job_run(s, kd, &j);
-        kv_job_free(&j);
-        return;
-    }
-    pthread_mutex_lock(&s->lock);
-    s->metrics.kv_dir_pending++; /* before the writer can finish it */
-    pthread_mutex_unlock(&s->lock);
-    pthread_mutex_lock(&w->mu);
-    w->q[(w->head + w->n) % KVW_QUEUE] = j;
-    w->n++;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 /* Whether r can start from a cached prefix: not with echo and logprobs
  * (every prompt position's logits are needed), not with a policy that
  * observes the prefill (h2o). */
@@ -702,7 +341,7 @@ static int kept_use(const slot *sl, const srv_request *r, int nb)
 {
     if (!sl->kept || !req_shares(r)) return 0;
     const int lim = sl->n_kept < r->n_prompt - 1 ? sl->n_kept : r->n_prompt - 1;
-    return lim > 0 ? common_len(sl->kept_ids, r->prompt, lim) / nb * nb : 0;
+    return lim > 0 ? pc_common_len(sl->kept_ids, r->prompt, lim) / nb * nb : 0;
 }
 
 /* The free slot for r (one is free): the one whose kept cache gives it the
@@ -858,7 +497,7 @@ static int wait_target(const prefix_cache *pc, const slot *slots, int P, const s
         const slot *sl = &slots[j];
         if (!sl->r || sl->r->state == REQ_DONE || sl->r->cancelled) continue;
         const int lim = r->n_prompt - 1 < sl->r->n_prompt ? r->n_prompt - 1 : sl->r->n_prompt;
-        const int w = common_len(r->prompt, sl->r->prompt, lim) / pc->nb * pc->nb;
+        const int w = pc_common_len(r->prompt, sl->r->prompt, lim) / pc->nb * pc->nb;
         if (w > *want) {
             *want = w;
             best = j;
