@@ -10,41 +10,32 @@
  * batched step is batch-invariant, so each request's tokens are exactly
  * what `sparq run` gives for the same prompt, policy and sampling.
  *
- * Map:
- *   publish_token      text through core/streamer.h (stop strings, held-back
- *                      bytes), log-probs
- *   slot_start/finish  a request's context and its release
- *   pc_*               the prefix cache (prefix_cache.c): prompt prefixes cut
- *                      at multiples of n_batch, one shared copy each, mapped
- *                      copy-on-write into new contexts (LRU, budget); named
- *                      by prefix_id
+ * Map (what a sequence does is seq.c's; the caches are prefix_cache.c's
+ * and, on disk, kvdir.c's, written by kv_writer.c):
+ *   slot_pick / slot_publish  --slot-save-path: a request goes to the free
+ *                      slot whose kept cache it continues; GET /slots
+ *   slot_actions_run   /slots/ID?action=save|restore|erase (slots.c) on an
+ *                      idle slot's kept cache
  *   wait_target        in-flight sharing: a queued request waits for the
  *                      sequence prefilling its prefix (pc_serve_waiters)
- *   kv_*               --kv-dir: the same prefixes as files shared with
- *                      other replicas (kvdir.c), written by a writer thread
- *                      (kv_writer.c)
- *   slot_pick / kept   --slot-save-path: a slot keeps its last cache, which
- *                      /slots/ID?action=save|restore|erase (slots.c) writes,
- *                      replaces or drops; a request goes to the free slot
- *                      whose cache it continues
- *   srv_sched_main     the loop
+ *   gate_*             the tests' prefill gate
+ *   srv_sched_main     the loop: sched_reap, sched_admit (lock held), then
+ *                      sched_start, sched_prefill, sched_decode
  */
 #include "server/srv_internal.h"
 #include "server/kv_writer.h"
 #include "server/prefix_cache.h"
-#include "core/streamer.h"
+#include "server/seq.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-
 
 double srv_now(void)
 {
@@ -68,281 +59,7 @@ int srv_submit(srv_server *s, srv_request *r)
     return 0;
 }
 
-typedef struct slot {
-    srv_request   *r;
-    sparq_context *c;
-    sparq_sampler *smp;
-    float         *logits;       /* [V] the next token's distribution       */
-    float         *prompt_logits;/* echo + logprobs: [n_prompt][V]          */
-    int            fed;          /* prompt tokens in the cache              */
-    int            cached;       /* of those, mapped from a cached prefix   */
-    int            chunks;       /* prefill chunks run for this request     */
-    int            ready;        /* logits are fresh                        */
-    streamer       st;           /* the generated text: stop strings, what is
-                                  * final (starts after an echoed prompt)   */
-    int            policy_ix;
-    int            id_stale;     /* --kv-dir holds another document under the
-                                  * request's prefix_id: replace it        */
-    double         t_prefill;    /* seconds spent prefilling                */
-    uint64_t       admitted;     /* admission order: prefill goes oldest first */
-    /* --slot-save-path: a slot keeps its last cache (llama-server's slots
-     * do), which /slots/ID?action=save writes and restore replaces */
-    int            keepable;     /* this request's cache is kept at its end */
-    int32_t       *hist;         /* [n_hist] the ids c caches, in order     */
-    int            n_hist, cap_hist;
-    sparq_context *kept;         /* the slot's cache between requests       */
-    int32_t       *kept_ids;     /* [n_kept] its ids                        */
-    int            n_kept;
-} slot;
-
-/* ---- sampling ------------------------------------------------------------- */
-
-/* Log-softmax of logits at id, and the n most likely tokens. */
-static void token_logprobs(const float *lg, int V, int32_t id, int n_top, srv_token *t)
-{
-    float mx = -INFINITY;
-    for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-    double sum = 0;
-    for (int v = 0; v < V; v++) sum += exp((double)lg[v] - mx);
-    const float lse = mx + (float)log(sum);
-    t->logprob = lg[id] - lse;
-    t->n_top = 0;
-    if (n_top > SRV_MAX_TOP) n_top = SRV_MAX_TOP;
-    if (n_top > V) n_top = V;
-    for (int v = 0; v < V; v++) { /* insertion into a short sorted list */
-        int k = t->n_top;
-        if (k == n_top && !(lg[v] > lg[t->top_id[k - 1]])) continue;
-        if (k < n_top) t->n_top++;
-        else k--;
-        while (k > 0 && lg[v] > lg[t->top_id[k - 1]]) {
-            t->top_id[k] = t->top_id[k - 1];
-            k--;
-        }
-        t->top_id[k] = v;
-    }
-    for (int k = 0; k < t->n_top; k++) t->top_lp[k] = lg[t->top_id[k]] - lse;
-}
-
-/* ---- publishing (lock held) ----------------------------------------------------- */
-
-static void finish(srv_server *s, slot *sl, const char *reason, int status, const char *msg)
-{
-    srv_request *r = sl->r;
-    r->finish = reason;
-    if (status) {
-        r->err_status = status;
-        snprintf(r->error, sizeof r->error, "%s", msg);
-        s->metrics.errors += status != 499; /* a client's cancellation is counted apart, not as a failure */
-    }
-    r->state = REQ_DONE;
-    r->text_ok = streamer_flush(&sl->st, &r->text); /* held-back bytes too: nothing follows */
-    r->n_ok_toks = r->n_toks;
-    r->t_done = srv_now();
-    if (sl->c) { /* what the reply reports of its attention (a copy of counters: cheap) */
-        sparq_attn_stats st;
-        sparq_context_attn_stats(sl->c, &st);
-        r->kv_read = st.elements;
-        r->kv_dense = st.dense_elements;
-    }
-}
-
-/* Records token id (log-probs lp, or none) whose piece starts at text
- * offset off. 0 or -1 (out of memory). */
-static int push_token(srv_request *r, int32_t id, const srv_token *lp, size_t off)
-{
-    srv_token t;
-    if (lp) t = *lp;
-    else {
-        memset(&t, 0, sizeof t);
-        t.logprob = NAN;
-    }
-    t.id = id;
-    t.text_off = off;
-    if (r->n_toks == r->cap_toks) {
-        int cap = r->cap_toks ? 2 * r->cap_toks : 64;
-        srv_token *p = realloc(r->toks, (size_t)cap * sizeof *p);
-        if (!p) return -1;
-        r->toks = p;
-        r->cap_toks = cap;
-    }
-    r->toks[r->n_toks++] = t;
-    return 0;
-}
-
-/* Appends a generated token's piece through the slot's streamer, which
- * applies the stop strings and says how much text is final (not a
- * possible start of a stop string, not a cut UTF-8 character); the tokens
- * whose text is all final are too. Returns 1 if a stop string ended the
- * reply, -1 on OOM. */
-static int publish_token(slot *sl, int32_t id, const srv_token *lp, const char *piece, int len)
-{
-    srv_request *r = sl->r;
-    const size_t old = r->text.len;
-    const int hit = streamer_feed(&sl->st, &r->text, piece, len > 0 ? (size_t)len : 0);
-    if (hit < 0 || push_token(r, id, lp, old)) return -1;
-    if (hit) return 1;
-    if (sl->st.ok > r->text_ok) r->text_ok = sl->st.ok;
-    while (r->n_ok_toks < r->n_toks) {
-        const srv_token *n = &r->toks[r->n_ok_toks];
-        size_t end = r->n_ok_toks + 1 < r->n_toks ? r->toks[r->n_ok_toks + 1].text_off : r->text.len;
-        if (end > r->text_ok && n->text_off < end) break;
-        r->n_ok_toks++;
-    }
-    return 0;
-}
-
-/* ---- slots ------------------------------------------------------------------ */
-
-/* The slot's kept cache goes (slot_release keeps it otherwise). */
-static void slot_drop_kept(slot *sl)
-{
-    sparq_context_free(sl->kept);
-    free(sl->kept_ids);
-    sl->kept = NULL;
-    sl->kept_ids = NULL;
-    sl->n_kept = 0;
-}
-
-/* The request's context and sampler go; with keepable its cache becomes the
- * slot's kept one (positions whose ids are known), replacing the last. */
-static void slot_release(srv_server *s, slot *sl, int idx)
-{
-    if (sl->c) {
-        sparq_attn_stats st;
-        sparq_context_attn_stats(sl->c, &st);
-        pthread_mutex_lock(&s->lock);
-        if (sl->policy_ix >= 0) s->metrics.attn_bytes[sl->policy_ix] += st.bytes;
-        pthread_mutex_unlock(&s->lock);
-    }
-    if (sl->c && sl->keepable && sl->hist) {
-        const int64_t pos = sparq_context_pos(sl->c);
-        slot_drop_kept(sl);
-        sl->kept = sl->c;
-        sl->kept_ids = sl->hist;
-        sl->n_kept = (int)(pos < sl->n_hist ? pos : sl->n_hist);
-        sl->c = NULL;
-        sl->hist = NULL;
-    }
-    sparq_context *kept = sl->kept;
-    int32_t *kept_ids = sl->kept_ids;
-    const int n_kept = sl->n_kept;
-    sparq_context_free(sl->c);
-    sparq_sampler_free(sl->smp);
-    free(sl->logits);
-    free(sl->prompt_logits);
-    free(sl->hist);
-    memset(sl, 0, sizeof *sl);
-    sl->kept = kept;
-    sl->kept_ids = kept_ids;
-    sl->n_kept = n_kept;
-    if (s->slot_pub) {
-        pthread_mutex_lock(&s->lock);
-        s->slot_pub[idx].n_cache = n_kept;
-        pthread_mutex_unlock(&s->lock);
-    }
-}
-
-/* Appends id to the ids sl's cache holds; on failure the slot keeps no
- * cache (an unknown id must never be saved). */
-static void slot_hist_push(slot *sl, const int32_t *ids, int n)
-{
-    if (!sl->keepable) return;
-    if (sl->n_hist + n > sl->cap_hist) {
-        int cap = sl->cap_hist ? sl->cap_hist : 256;
-        while (cap < sl->n_hist + n) cap *= 2;
-        int32_t *h = realloc(sl->hist, (size_t)cap * sizeof *h);
-        if (!h) {
-            sl->keepable = 0;
-            return;
-        }
-        sl->hist = h;
-        sl->cap_hist = cap;
-    }
-    memcpy(sl->hist + sl->n_hist, ids, (size_t)n * sizeof *ids);
-    sl->n_hist += n;
-}
-
-/* Whether r can start from a cached prefix: not with echo and logprobs
- * (every prompt position's logits are needed), not with a policy that
- * observes the prefill (h2o). */
-static int req_shares(const srv_request *r)
-{
-    if (r->doc >= 0) return 0; /* its prompt is no prefix of anything: it follows the document */
-    if (r->echo && r->logprobs >= 0) return 0;
-    for (int i = 0; sparq_attn_policy_name(i); i++)
-        if (!strcmp(sparq_attn_policy_name(i), r->policy)) return sparq_attn_policy_observes_prefill(i) == 0;
-    return 0;
-}
-
-/* A prefix file's first n positions go into sl's context: through the
- * memory cache (mapped from there), or copied without one. 0 or -1. */
-static int use_file(srv_server *s, prefix_cache *pc, slot *sl, sparq_context *f, int n, const char *id)
-{
-    char err[256];
-    int ok = 0;
-    if (pc->budget) {
-        const int j = pc_insert(s, pc, f, sl->r->prompt, n, sparq_context_n_ctx(sl->c), id);
-        ok = j >= 0 && !pc_attach(pc, j, sl->c, n);
-    }
-    if (!ok) ok = !sparq_context_copy_prefix(sl->c, f, n, err, sizeof err);
-    sparq_context_free(f);
-    if (!ok) return -1;
-    sl->fed = n;
-    pthread_mutex_lock(&s->lock);
-    s->metrics.kv_dir_hits++;
-    s->metrics.kv_dir_tokens += n;
-    pthread_mutex_unlock(&s->lock);
-    return 0;
-}
-
-/* A cached prefix of the prompt goes into the new context: the longest of
- * the in-memory entries and, with --kv-dir, the file of the document's
- * name (prefix_id) or the files of its cuts (longest first, only those
- * longer than the memory's). A file's prefix enters the memory cache and
- * is mapped from there (copied in without a cache). */
-static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, srv_kvdir *kd, slot *sl)
-{
-    const srv_request *r = sl->r;
-    if ((!pc->budget && !kd) || !req_shares(r)) return;
-    const char *id = r->prefix_id[0] ? r->prefix_id : NULL;
-    if (id && pc->budget) pc_name_check(pc, r);
-    int use = 0;
-    if (pc->budget) pc_find(pc, r->prompt, r->n_prompt, &use);
-    const int nb = pc->nb;
-    if (kd && id && pc_named(pc, id) < 0) {
-        int fu = 0;
-        sparq_context *f = kvdir_load_named(kd, s->model, id, r->prompt, r->n_prompt, nb, &fu, &sl->id_stale);
-        if (f && fu > use) {
-            if (!use_file(s, pc, sl, f, fu, id)) return;
-        } else {
-            sparq_context_free(f);
-        }
-    }
-    for (int cut = (r->n_prompt - 1) / nb * nb; kd && cut > use; cut -= nb) {
-        sparq_context *f = kvdir_load(kd, s->model, r->prompt, cut);
-        if (f && !use_file(s, pc, sl, f, cut, NULL)) return;
-    }
-    /* found again: a file's insertion may have evicted entries */
-    const int i = pc->budget ? pc_find(pc, r->prompt, r->n_prompt, &use) : -1;
-    if (i < 0 || pc_attach(pc, i, sl->c, use)) return;
-    sl->fed = use;
-    pthread_mutex_lock(&s->lock);
-    s->metrics.prefix_hits++;
-    s->metrics.prefix_tokens += use;
-    pthread_mutex_unlock(&s->lock);
-}
-
-/* ---- slots' kept caches (--slot-save-path) -------------------------------------- */
-
-/* Positions of sl's kept cache that r can start from: what they share, cut
- * to a multiple of nb and short of r's last token (whose logits are
- * needed), as for the prefix cache; 0 if none. */
-static int kept_use(const slot *sl, const srv_request *r, int nb)
-{
-    if (!sl->kept || !req_shares(r)) return 0;
-    const int lim = sl->n_kept < r->n_prompt - 1 ? sl->n_kept : r->n_prompt - 1;
-    return lim > 0 ? pc_common_len(sl->kept_ids, r->prompt, lim) / nb * nb : 0;
-}
+/* ---- slots (--slot-save-path) -------------------------------------------- */
 
 /* The free slot for r (one is free): the one whose kept cache gives it the
  * longest start (a restored slot), else the first that keeps none, else
@@ -386,26 +103,6 @@ static void slot_publish(srv_server *s, int i, const srv_request *r, uint64_t ta
     p->n_probs = r->logprobs;
     p->seed = r->seed;
     p->n_cache = n_cache;
-}
-
-/* The new context of sl starts from its slot's kept cache when that gives
- * a start (kept_use): copied, so the logits are those of a full prefill.
- * 1 if it did. */
-static int slot_reuse_kept(srv_server *s, slot *sl, int nb)
-{
-    char err[256];
-    const int use = kept_use(sl, sl->r, nb);
-    if (use <= 0) return 0;
-    if (sparq_context_copy_prefix(sl->c, sl->kept, use, err, sizeof err)) {
-        fprintf(stderr, "serve: slot cache: %s\n", err);
-        return 0;
-    }
-    sl->fed = use;
-    pthread_mutex_lock(&s->lock);
-    s->metrics.prefix_hits++;
-    s->metrics.prefix_tokens += use;
-    pthread_mutex_unlock(&s->lock);
-    return 1;
 }
 
 /* Runs one slot action on the idle slot sl (lock not held); the result
@@ -530,152 +227,6 @@ static void pc_serve_waiters(srv_server *s, prefix_cache *pc, slot *slots, int P
     pthread_mutex_lock(&s->lock);
 }
 
-/* Creates the request's context and sampler; 0, or -1 with the message. */
-static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
-{
-    const srv_request *r = sl->r;
-    const int V = s->n_vocab;
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = s->cfg.n_ctx;
-    cp.n_threads = s->cfg.n_threads;
-    cp.n_batch = s->cfg.n_batch;
-    cp.kv_type = s->cfg.kv_type;
-    cp.attn = r->attn;
-    if (r->doc >= 0) { /* the file itself, mapped (server/docs.h) */
-        cp.n_ctx = 0;
-        cp.prefill.mode = SPARQ_PREFILL_POLICY;
-        /* its data was checked once, at start (srv_docs_open) */
-        if (sparq_context_load_kv(s->model, &cp, s->cfg.docs[r->doc].path, SPARQ_VERIFY_META, &sl->c, err, err_size))
-            return -1;
-    } else if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) {
-        return -1;
-    }
-    sparq_sampler_params sp = sparq_sampler_default_params();
-    sp.temp = r->temp;
-    sp.top_k = r->top_k;
-    sp.top_p = r->top_p;
-    sp.seed = r->seed;
-    sp.min_p = r->min_p;
-    sp.repeat_penalty = r->rep_pen;
-    sp.presence_penalty = r->pres_pen;
-    sp.frequency_penalty = r->freq_pen;
-    sp.penalty_last_n = -1; /* every generated token (the prompt is not accepted) */
-    if (sparq_sampler_check(&sp, err, err_size)) return -1;
-    sl->smp = sparq_sampler_create(&sp, V);
-    /* ids were checked against the vocabulary when parsed; this cannot fail otherwise */
-    if (sl->smp && r->n_bias && sparq_sampler_set_logit_bias(sl->smp, r->bias_ids, r->bias, r->n_bias, err, err_size))
-        return -1;
-    if (sl->smp && r->grammar && sparq_sampler_set_grammar(sl->smp, s->model, r->grammar, err, err_size)) return -1;
-    sl->logits = malloc((size_t)V * sizeof(float));
-    if (r->echo && r->logprobs >= 0)
-        sl->prompt_logits = malloc((size_t)r->n_prompt * V * sizeof(float));
-    if (!sl->smp || !sl->logits || (r->echo && r->logprobs >= 0 && !sl->prompt_logits)) {
-        snprintf(err, err_size, "out of memory for a new sequence");
-        return -1;
-    }
-    streamer_init(&sl->st, (const char *const *)r->stops, r->n_stops, 0);
-    sl->keepable = s->cfg.slot_save_path && r->doc < 0;
-    slot_hist_push(sl, r->prompt, r->n_prompt);
-    sl->policy_ix = -1;
-    for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)
-        if (strcmp(sparq_attn_policy_name(i), r->attn.policy ? r->attn.policy : "dense") == 0) sl->policy_ix = i;
-    return 0;
-}
-
-/* sl's prompt advanced by a chunk of nb tokens; after its last, the slot
- * is ready (its logits those of the prompt's last token). */
-static void slot_chunk_done(const srv_server *s, slot *sl, int nb)
-{
-    const srv_request *r = sl->r;
-    sl->fed += nb;
-    sl->chunks++;
-    if (sl->fed < r->n_prompt) return;
-    if (sl->prompt_logits)
-        memcpy(sl->logits, sl->prompt_logits + (size_t)(r->n_prompt - 1) * s->n_vocab, (size_t)s->n_vocab * sizeof(float));
-    sl->ready = 1;
-}
-
-/* One prefill chunk of sl's prompt: n_batch tokens from where it stopped,
- * the same boundaries `sparq run` uses. Returns 0 or -1 (message in ctx). */
-static int slot_prefill_chunk(srv_server *s, slot *sl)
-{
-    const srv_request *r = sl->r;
-    const int V = s->n_vocab;
-    const int nb_max = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
-    int nb = r->n_prompt - sl->fed < nb_max ? r->n_prompt - sl->fed : nb_max;
-    const int last = sl->fed + nb == r->n_prompt;
-    int rc;
-    if (r->n_prompt == 1) { /* a one-token prompt is a decode step, as in sparq_eval */
-        rc = sparq_eval(sl->c, r->prompt, 1, sl->prompt_logits ? sl->prompt_logits : sl->logits);
-    } else if (r->doc >= 0) { /* after a document: token by token through the policy (docs.h) */
-        rc = sl->prompt_logits ? sparq_eval_all(sl->c, r->prompt + sl->fed, nb, sl->prompt_logits + (size_t)sl->fed * V)
-                               : sparq_eval(sl->c, r->prompt + sl->fed, nb, last ? sl->logits : NULL);
-    } else if (sl->prompt_logits) {
-        rc = sparq_eval_prefill_all(sl->c, r->prompt + sl->fed, nb, sl->prompt_logits + (size_t)sl->fed * V);
-    } else {
-        rc = sparq_eval_prefill(sl->c, r->prompt + sl->fed, nb, last ? sl->logits : NULL);
-    }
-    if (rc) return -1;
-    slot_chunk_done(s, sl, nb);
-    return 0;
-}
-
-/* A prompt whose only unfed token is its last, of a policy that does not
- * observe the prefill and with no per-token prompt logits wanted: its last
- * chunk can go with others' through sparq_eval_prefill_batch (what
- * slot_prefill_chunk would compute, bit for bit). */
-static int slot_tail_batchable(const slot *sl)
-{
-    const srv_request *r = sl->r;
-    return r->n_prompt > 1 && r->n_prompt - sl->fed == 1 && !sl->prompt_logits && sl->policy_ix >= 0 && r->doc < 0 &&
-           sparq_attn_policy_observes_prefill(sl->policy_ix) == 0;
-}
-
-/* The one-token last chunks of n slots (slot_tail_batchable) in one pass
- * over the weights. Returns 0, or -1 (every slot's message in its ctx). */
-static int slots_prefill_tails(srv_server *s, slot *const *sls, int n, sparq_context **cs, int32_t *tok,
-                               float *logits)
-{
-    for (int i = 0; i < n; i++) {
-        cs[i] = sls[i]->c;
-        tok[i] = sls[i]->r->prompt[sls[i]->fed];
-    }
-    if (sparq_eval_prefill_batch(cs, tok, n, logits)) return -1;
-    for (int i = 0; i < n; i++) {
-        memcpy(sls[i]->logits, logits + (size_t)i * s->n_vocab, (size_t)s->n_vocab * sizeof(float));
-        slot_chunk_done(s, sls[i], 1);
-    }
-    return 0;
-}
-
-/* Echo: the prompt's text (and its tokens' log-probabilities) opens the
- * reply, final at once. Lock held. */
-static int publish_echo(srv_server *s, slot *sl)
-{
-    srv_request *r = sl->r;
-    const int V = s->n_vocab;
-    const int bos = sparq_token_bos(s->model);
-    char piece[256];
-    for (int i = 0; i < r->n_prompt; i++) {
-        if (i == 0 && r->prompt[0] == bos) continue;
-        int len = sparq_token_to_piece(s->model, r->prompt[i], piece, sizeof piece);
-        if (len > (int)sizeof piece) len = sizeof piece;
-        srv_token t;
-        memset(&t, 0, sizeof t);
-        t.logprob = NAN;
-        if (sl->prompt_logits && i > 0) token_logprobs(sl->prompt_logits + (size_t)(i - 1) * V, V, r->prompt[i], r->logprobs, &t);
-        const size_t off = r->text.len;
-        if ((len > 0 && text_append(&r->text, piece, (size_t)len)) ||
-            push_token(r, r->prompt[i], sl->prompt_logits ? &t : NULL, off))
-            return -1;
-    }
-    /* the prompt is no reply: stop strings are looked for after it */
-    streamer_init(&sl->st, (const char *const *)r->stops, r->n_stops, r->text.len);
-    r->text_ok = r->text.len;
-    r->n_ok_toks = r->n_toks;
-    return 0;
-}
-
 /* ---- the loop ---------------------------------------------------------------- */
 
 /* The tests' prefill gate (srv_config.prefill_gate): the FIFO's read end,
@@ -709,114 +260,406 @@ static void gate_pass(int *fd)
     }
 }
 
+/* What the loop owns: the slots, the batched step's buffers, the caches. */
+typedef struct sched {
+    srv_server     *s;
+    int             P, V;
+    slot           *slots;       /* [P]                                      */
+    float          *blogits;     /* [P][V] a batched step's logits           */
+    sparq_context **bc;          /* [P] a batched step's contexts            */
+    int32_t        *btok;        /* [P] its tokens                           */
+    int            *bslot;       /* [P] their slots                          */
+    slot          **chunk;       /* [P] the slots of one prefill pass        */
+    int             gate;        /* the tests' prefill gate, or -1           */
+    uint64_t        n_admitted;
+    prefix_cache    pc;
+    srv_kvdir       kvd, *kd;    /* kd: &kvd with --kv-dir, else NULL        */
+    kv_writer       kvw;
+} sched;
+
+/* Allocates what the loop needs; 0, or -1 (out of memory: the loop only
+ * answers what is queued). */
+static int sched_init(sched *q, srv_server *s)
+{
+    memset(q, 0, sizeof *q);
+    const int P = s->cfg.parallel, V = s->n_vocab;
+    q->s = s;
+    q->P = P;
+    q->V = V;
+    q->slots = calloc((size_t)P, sizeof *q->slots);
+    q->blogits = malloc((size_t)P * V * sizeof(float));
+    q->bc = malloc((size_t)P * sizeof *q->bc);
+    q->btok = malloc((size_t)P * sizeof *q->btok);
+    q->bslot = malloc((size_t)P * sizeof *q->bslot);
+    q->chunk = malloc((size_t)P * sizeof *q->chunk);
+    q->gate = gate_open(s->cfg.prefill_gate);
+    q->pc.budget = s->cfg.prefix_cache_bytes;
+    q->pc.nb = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
+    if (s->cfg.kv_dir) {
+        kvdir_init(&q->kvd, s->cfg.kv_dir, s->cfg.kv_dir_bytes, s->model, s->cfg.kv_type);
+        q->kd = &q->kvd;
+        kv_writer_start(&q->kvw, s, q->kd);
+    }
+    if (!q->slots || !q->blogits || !q->bc || !q->btok || !q->bslot || !q->chunk) {
+        fprintf(stderr, "serve: out of memory for %d slots\n", P);
+        return -1;
+    }
+    return 0;
+}
+
+static void sched_free(sched *q)
+{
+    if (q->kd) kv_writer_stop(&q->kvw); /* its queued files are written before the server stops */
+    for (int i = 0; q->slots && i < q->P; i++) {
+        slot_release(q->s, &q->slots[i], i);
+        slot_drop_kept(&q->slots[i]);
+    }
+    pc_free(&q->pc);
+    free(q->slots);
+    free(q->blogits);
+    free(q->chunk);
+    if (q->gate >= 0) close(q->gate);
+    free(q->bc);
+    free(q->btok);
+    free(q->bslot);
+}
+
+/* Ends the sequences cancelled, timed out or cut by a shutdown, and frees
+ * the slots of those done. Lock held (dropped while a slot is released).
+ * Returns the sequences still running. */
+static int sched_reap(sched *q, double now)
+{
+    srv_server *s = q->s;
+    int active = 0;
+    for (int i = 0; q->slots && i < q->P; i++) {
+        srv_request *r = q->slots[i].r;
+        if (!r) continue;
+        if (r->state != REQ_DONE) {
+            if (s->stopping == 2) slot_finish(s, &q->slots[i], "stop", 503, "the server is shutting down");
+            else if (r->cancelled) {
+                slot_finish(s, &q->slots[i], "stop", 499, "cancelled");
+                s->metrics.cancelled++;
+            } else if (now > r->deadline) slot_finish(s, &q->slots[i], "length", 504, "request timed out");
+        }
+        if (r->state == REQ_DONE) {
+            if (s->slot_pub) {
+                s->slot_pub[i].r = NULL;
+                s->slot_pub[i].n_decoded = r->n_gen;
+            }
+            srv_request_release(r);
+            q->slots[i].r = NULL;
+            s->n_active--;
+            pthread_mutex_unlock(&s->lock);
+            slot_release(s, &q->slots[i], i);
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
+        active++;
+    }
+    return active;
+}
+
+/* Takes r (at prev->next, or the head) out of the queue. Lock held. */
+static void queue_unlink(srv_server *s, srv_request *r, srv_request *prev)
+{
+    if (prev) prev->next = r->next;
+    else s->queue_head = r->next;
+    if (s->queue_tail == r) s->queue_tail = prev;
+    s->n_queued--;
+}
+
+/* Admissions, in queue order, into the free slots; a request whose prompt
+ * another sequence is prefilling waits for it, the rest go past it; one
+ * that left while queued (or waiting) is answered now. Lock held (dropped
+ * while waiters' prefixes are cached). Returns the requests admitted. */
+static int sched_admit(sched *q, double now)
+{
+    srv_server *s = q->s;
+    if (!q->slots || s->stopping == 2) return 0;
+    int n_free = 0, admitted = 0;
+    for (int i = 0; i < q->P; i++) n_free += !q->slots[i].r;
+    if (n_free && s->queue_head) pc_serve_waiters(s, &q->pc, q->slots, q->P);
+    for (srv_request *r = s->queue_head, *prev = NULL, *next; r; r = next) {
+        next = r->next;
+        const int gone = r->cancelled, late = now > r->deadline;
+        int i = -1, want = 0;
+        if (!gone && !late) {
+            if (!n_free) break;
+            i = slot_pick(q->slots, q->P, r, q->pc.nb);
+            const int j = wait_target(&q->pc, q->slots, q->P, r, &want);
+            if (j >= 0 && q->slots[j].fed < want) {
+                if (!r->waited) s->metrics.prefix_waits++;
+                r->waited = 1;
+                prev = r;
+                continue;
+            }
+        }
+        queue_unlink(s, r, prev);
+        if (gone || late) {
+            r->err_status = gone ? 499 : 504;
+            snprintf(r->error, sizeof r->error, "%s", gone ? "cancelled" : "request timed out");
+            r->finish = gone ? "stop" : "length";
+            r->state = REQ_DONE;
+            s->metrics.errors += !gone;
+            s->metrics.cancelled += gone;
+            srv_request_release(r);
+            continue;
+        }
+        s->n_active++;
+        r->state = REQ_RUNNING;
+        r->t_admit = now;
+        q->slots[i].r = r;
+        q->slots[i].admitted = q->n_admitted++;
+        slot_publish(s, i, r, q->slots[i].admitted);
+        n_free--;
+        admitted++;
+    }
+    return admitted;
+}
+
+/* Shutdown: what is still queued is answered 503. Lock held. */
+static void sched_drop_queue(srv_server *s)
+{
+    while (s->queue_head) {
+        srv_request *r = s->queue_head;
+        queue_unlink(s, r, NULL);
+        r->err_status = 503;
+        snprintf(r->error, sizeof r->error, "the server is shutting down");
+        r->state = REQ_DONE;
+        srv_request_release(r);
+    }
+}
+
+/* New sequences get their context, started from a cached prefix when one
+ * fits. Lock not held. */
+static void sched_start(sched *q)
+{
+    srv_server *s = q->s;
+    char err[512];
+    for (int i = 0; i < q->P; i++) {
+        slot *sl = &q->slots[i];
+        if (!sl->r || sl->c) continue;
+        if (slot_start(s, sl, err, sizeof err)) {
+            pthread_mutex_lock(&s->lock);
+            slot_finish(s, sl, "stop", 400, err);
+            pthread_mutex_unlock(&s->lock);
+            continue;
+        }
+        if (!slot_reuse_kept(s, sl, q->pc.nb)) slot_reuse_prefix(s, &q->pc, q->kd, sl);
+        sl->cached = sl->fed;
+        if (sl->kept) { /* the slot's cache is this request's from now on */
+            slot_drop_kept(sl);
+            pthread_mutex_lock(&s->lock);
+            s->slot_pub[i].n_cache = 0;
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+}
+
+/* A sequence still prefilling (admitted, with a context, logits not yet
+ * ready, not done). */
+static int prefilling(const slot *sl)
+{
+    return sl->r && sl->c && !sl->ready && sl->r->state != REQ_DONE;
+}
+
+/* One prefill pass starting with the oldest's chunk: when that is a
+ * prompt's one uncached last token (a prefix-cache hit), every other such
+ * tail joins it in one pass over the weights instead of one pass each.
+ * Returns the pass's result (0 or -1), *n its slots (in q->chunk), *fed
+ * the prompt tokens it fed. */
+static int prefill_pass(sched *q, slot *oldest, int *n, int *fed)
+{
+    int nc = 0, rc;
+    q->chunk[nc++] = oldest;
+    if (slot_tail_batchable(oldest))
+        for (int i = 0; i < q->P; i++) {
+            slot *sl = &q->slots[i];
+            if (sl != oldest && prefilling(sl) && slot_tail_batchable(sl)) q->chunk[nc++] = sl;
+        }
+    if (nc > 1) {
+        rc = slots_prefill_tails(q->s, q->chunk, nc, q->bc, q->btok, q->blogits);
+        *fed = rc ? 0 : nc;
+    } else {
+        const int f = oldest->fed;
+        rc = slot_prefill_chunk(q->s, oldest);
+        *fed = oldest->fed - f;
+    }
+    *n = nc;
+    return rc;
+}
+
+/* After a pass: the prompts it completed go into the prefix cache and
+ * --kv-dir (cut at a chunk boundary), and their requests learn they are
+ * prefilled (echo publishes the prompt); a failure ends its requests. */
+static void prefill_done(sched *q, int nc, int rc, int fed, double t0, double t1)
+{
+    srv_server *s = q->s;
+    const prefix_cache *pc = &q->pc;
+    for (int k = 0; k < nc && !rc && (pc->budget || q->kd); k++) {
+        slot *sl = q->chunk[k];
+        if (!sl->ready) continue;
+        const int cut = (sl->r->n_prompt - 1) / pc->nb * pc->nb;
+        const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
+        if (cut > 0 && pc->budget) pc_insert(s, &q->pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
+        if (cut > 0 && q->kd) kv_save_prefix(s, &q->kvw, sl->c, sl->r->prompt, cut, id, sl->id_stale);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->metrics.prefill_tokens += fed;
+    s->metrics.prefill_seconds += t1 - t0;
+    if (nc > 1 && !rc) s->metrics.tails_batched += nc;
+    for (int k = 0; k < nc; k++) {
+        slot *sl = q->chunk[k];
+        if (rc) slot_finish(s, sl, "stop", 500, sparq_context_error(sl->c));
+        else if (sl->ready) {
+            sl->r->n_prompt_tokens = sl->r->n_prompt; /* what the request sent, as llama-server counts */
+            sl->r->n_cached = sl->cached;
+            sl->r->t_prefilled = t1;
+            if (sl->r->echo && publish_echo(s, sl)) slot_finish(s, sl, "stop", 500, "out of memory");
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Prefill chunks in admission order, oldest first, until this round has
+ * fed n_batch tokens (at least one chunk): round robin would hold every
+ * first token back until all prompts are nearly done; in admission order
+ * the first request answers after its own prefill (the last no later).
+ * The budget lets many short chunks (the uncached tails of prompts the
+ * prefix cache holds) start together instead of one per decode step,
+ * while a long prompt still takes one chunk per step and never stalls the
+ * running streams for more than that. A prompt that took several chunks
+ * ends the round when it completes, so its first token comes out before
+ * anything admitted after it. A chunk's boundaries are the sequence's own
+ * (slot_prefill_chunk), so the budget never changes what a sequence
+ * computes. Lock not held. */
+static void sched_prefill(sched *q)
+{
+    const int budget = q->s->cfg.n_batch > 0 ? q->s->cfg.n_batch : 512;
+    int fed_round = 0;
+    for (;;) {
+        slot *oldest = NULL;
+        for (int i = 0; i < q->P; i++)
+            if (prefilling(&q->slots[i]) && (!oldest || q->slots[i].admitted < oldest->admitted)) oldest = &q->slots[i];
+        if (!oldest || fed_round >= budget) break;
+        gate_pass(&q->gate);
+        const double t0 = srv_now();
+        int nc, fed;
+        const int rc = prefill_pass(q, oldest, &nc, &fed);
+        const double t1 = srv_now();
+        fed_round += fed;
+        /* failed, or a long prompt's last chunk */
+        const int end_round = rc || (nc == 1 && oldest->chunks > 1 && oldest->ready);
+        prefill_done(q, nc, rc, fed, t0, t1);
+        if (end_round) break;
+    }
+}
+
+/* Samples the next token of ready slot i and publishes it; a sequence that
+ * goes on joins the batched step (q->bc/btok/bslot, *nb of them). Lock
+ * not held. */
+static void sample_one(sched *q, int i, int *nb)
+{
+    srv_server *s = q->s;
+    slot *sl = &q->slots[i];
+    srv_request *r = sl->r;
+    char piece[256];
+    if (r->max_tokens == 0) { /* echo only (loglikelihood scoring) */
+        pthread_mutex_lock(&s->lock);
+        slot_finish(s, sl, "length", 0, NULL);
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    /* the library sampler `sparq run` uses, set up in slot_start */
+    const int32_t id = sparq_sample(sl->smp, sl->logits);
+    srv_token lp, *lpp = NULL;
+    if (r->logprobs >= 0) {
+        token_logprobs(sl->logits, q->V, id, r->logprobs, &lp);
+        lpp = &lp;
+    }
+    const int eog = !r->ignore_eos && sparq_token_is_eog(s->model, id);
+    int len = eog ? 0 : sparq_token_to_piece(s->model, id, piece, sizeof piece);
+    if (len > (int)sizeof piece) len = sizeof piece;
+    pthread_mutex_lock(&s->lock);
+    if (eog) {
+        slot_finish(s, sl, "stop", 0, NULL);
+    } else {
+        r->n_gen++;
+        const int rc = publish_token(sl, id, lpp, piece, len < 0 ? 0 : len);
+        if (rc < 0) slot_finish(s, sl, "stop", 500, "out of memory");
+        else if (rc > 0) slot_finish(s, sl, "stop", 0, NULL);
+        else if (r->n_gen >= r->max_tokens) slot_finish(s, sl, "length", 0, NULL);
+        else if (sparq_context_pos(sl->c) >= sparq_context_n_ctx(sl->c)) slot_finish(s, sl, "length", 0, NULL);
+        else {
+            q->bc[*nb] = sl->c;
+            q->btok[*nb] = id;
+            q->bslot[(*nb)++] = i;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* One token for every ready sequence, then one batched decode step for
+ * those that go on. Lock not held. */
+static void sched_decode(sched *q)
+{
+    srv_server *s = q->s;
+    int nb = 0;
+    for (int i = 0; i < q->P; i++) {
+        const slot *sl = &q->slots[i];
+        if (sl->r && sl->ready && sl->r->state != REQ_DONE) sample_one(q, i, &nb);
+    }
+    if (nb == 0) return;
+    if (q->gate >= 0) { /* the tokens just sampled go out before the gate holds the step */
+        pthread_mutex_lock(&s->lock);
+        pthread_cond_broadcast(&s->progress);
+        pthread_mutex_unlock(&s->lock);
+        gate_pass(&q->gate);
+    }
+    const double t0 = srv_now();
+    const int rc = sparq_decode_batch(q->bc, q->btok, nb, q->blogits);
+    const double t1 = srv_now();
+    for (int j = 0; j < nb && !rc; j++) {
+        memcpy(q->slots[q->bslot[j]].logits, q->blogits + (size_t)j * q->V, (size_t)q->V * sizeof(float));
+        slot_hist_push(&q->slots[q->bslot[j]], &q->btok[j], 1);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->metrics.decode_tokens += nb;
+    s->metrics.decode_seconds += t1 - t0;
+    for (int j = 0; j < nb && rc; j++) slot_finish(s, &q->slots[q->bslot[j]], "stop", 500, sparq_context_error(q->bc[j]));
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Slot actions still queued when the server stops are answered 503. Lock
+ * held. */
+static void sched_drop_actions(srv_server *s)
+{
+    while (s->actions) {
+        srv_slot_action *a = s->actions;
+        s->actions = a->next;
+        a->status = 503;
+        snprintf(a->error, sizeof a->error, "the server is shutting down");
+        a->done = 1;
+    }
+}
+
+/* The loop: under the lock, reap and admit (and run slot actions), then
+ * wait if nothing runs; else, without it, start new sequences, prefill,
+ * and decode. */
 void *srv_sched_main(void *arg)
 {
     srv_server *s = arg;
-    const int P = s->cfg.parallel, V = s->n_vocab;
-    slot *slots = calloc((size_t)P, sizeof *slots);
-    float *blogits = malloc((size_t)P * V * sizeof(float));
-    sparq_context **bc = malloc((size_t)P * sizeof *bc);
-    int32_t *btok = malloc((size_t)P * sizeof *btok);
-    int *bslot = malloc((size_t)P * sizeof *bslot);
-    slot **chunk_slots = malloc((size_t)P * sizeof *chunk_slots);
-    int gate = gate_open(s->cfg.prefill_gate);
-    uint64_t n_admitted = 0;
-    char err[512], piece[256];
-    prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes, s->cfg.n_batch > 0 ? s->cfg.n_batch : 512 };
-    srv_kvdir kvd, *kd = NULL;
-    kv_writer kvw;
-    if (s->cfg.kv_dir) {
-        kvdir_init(&kvd, s->cfg.kv_dir, s->cfg.kv_dir_bytes, s->model, s->cfg.kv_type);
-        kd = &kvd;
-        kv_writer_start(&kvw, s, kd);
-    }
+    sched q;
+    const int ok = sched_init(&q, s) == 0;
     pthread_mutex_lock(&s->lock);
-    if (!slots || !blogits || !bc || !btok || !bslot || !chunk_slots) {
-        fprintf(stderr, "serve: out of memory for %d slots\n", P);
-        s->stopping = 2;
-    }
+    if (!ok) s->stopping = 2;
     for (;;) {
-        /* cancellations and timeouts; admissions */
         const double now = srv_now();
-        int active = 0;
-        for (int i = 0; slots && i < P; i++) {
-            srv_request *r = slots[i].r;
-            if (!r) continue;
-            if (r->state != REQ_DONE) {
-                if (s->stopping == 2) finish(s, &slots[i], "stop", 503, "the server is shutting down");
-                else if (r->cancelled) { finish(s, &slots[i], "stop", 499, "cancelled"); s->metrics.cancelled++; }
-                else if (now > r->deadline) finish(s, &slots[i], "length", 504, "request timed out");
-            }
-            if (r->state == REQ_DONE) {
-                if (s->slot_pub) {
-                    s->slot_pub[i].r = NULL;
-                    s->slot_pub[i].n_decoded = r->n_gen;
-                }
-                srv_request_release(r);
-                slots[i].r = NULL;
-                s->n_active--;
-                pthread_mutex_unlock(&s->lock);
-                slot_release(s, &slots[i], i);
-                pthread_mutex_lock(&s->lock);
-                continue;
-            }
-            active++;
-        }
-        /* admissions, in queue order; a request whose prompt another
-         * sequence is prefilling waits for it, the rest go past it */
-        int n_free = 0;
-        for (int i = 0; slots && i < P; i++) n_free += !slots[i].r;
-        if (slots && n_free && s->queue_head && s->stopping < 2) pc_serve_waiters(s, &pc, slots, P);
-        for (srv_request *r = slots ? s->queue_head : NULL, *prev = NULL, *next; r && s->stopping < 2; r = next) {
-            next = r->next;
-            const int gone = r->cancelled, late = now > r->deadline;
-            int i = -1, want = 0;
-            if (!gone && !late) {
-                if (!n_free) break;
-                i = slot_pick(slots, P, r, pc.nb);
-                const int j = wait_target(&pc, slots, P, r, &want);
-                if (j >= 0 && slots[j].fed < want) {
-                    if (!r->waited) s->metrics.prefix_waits++;
-                    r->waited = 1;
-                    prev = r;
-                    continue;
-                }
-            }
-            if (prev) prev->next = next;
-            else s->queue_head = next;
-            if (s->queue_tail == r) s->queue_tail = prev;
-            s->n_queued--;
-            if (gone || late) { /* left while queued (or waiting): answered now */
-                r->err_status = gone ? 499 : 504;
-                snprintf(r->error, sizeof r->error, "%s", gone ? "cancelled" : "request timed out");
-                r->finish = gone ? "stop" : "length";
-                r->state = REQ_DONE;
-                s->metrics.errors += !gone;
-                s->metrics.cancelled += gone;
-                srv_request_release(r);
-                continue;
-            }
-            s->n_active++;
-            r->state = REQ_RUNNING;
-            r->t_admit = now;
-            slots[i].r = r;
-            slots[i].admitted = n_admitted++;
-            slot_publish(s, i, r, slots[i].admitted);
-            n_free--;
-            active++;
-        }
-        pc_publish(s, &pc);
-        while (s->stopping == 2 && s->queue_head) { /* shutdown: drop the queue */
-            srv_request *r = s->queue_head;
-            s->queue_head = r->next;
-            if (!s->queue_head) s->queue_tail = NULL;
-            s->n_queued--;
-            r->err_status = 503;
-            snprintf(r->error, sizeof r->error, "the server is shutting down");
-            r->state = REQ_DONE;
-            srv_request_release(r);
-        }
-        if (slots && s->actions) slot_actions_run(s, slots);
+        int active = sched_reap(&q, now);
+        active += sched_admit(&q, now);
+        pc_publish(s, &q.pc);
+        if (s->stopping == 2) sched_drop_queue(s);
+        if (q.slots && s->actions) slot_actions_run(s, q.slots);
         pthread_cond_broadcast(&s->progress);
         if (!active) {
             if (s->stopping) break;
@@ -824,184 +667,14 @@ void *srv_sched_main(void *arg)
             continue;
         }
         pthread_mutex_unlock(&s->lock);
-
-        /* new sequences get their context */
-        for (int i = 0; i < P; i++) {
-            slot *sl = &slots[i];
-            if (!sl->r || sl->c) continue;
-            if (slot_start(s, sl, err, sizeof err)) {
-                pthread_mutex_lock(&s->lock);
-                finish(s, sl, "stop", 400, err);
-                pthread_mutex_unlock(&s->lock);
-            } else {
-                if (!slot_reuse_kept(s, sl, pc.nb)) slot_reuse_prefix(s, &pc, kd, sl);
-                sl->cached = sl->fed;
-                if (sl->kept) { /* the slot's cache is this request's from now on */
-                    slot_drop_kept(sl);
-                    pthread_mutex_lock(&s->lock);
-                    s->slot_pub[i].n_cache = 0;
-                    pthread_mutex_unlock(&s->lock);
-                }
-            }
-        }
-        /* Prefill chunks in admission order, oldest first, until this
-         * iteration has fed n_batch tokens (at least one chunk): round robin
-         * would hold every first token back until all prompts are nearly
-         * done; in admission order the first request answers after its own
-         * prefill (the last no later). The budget lets many short chunks
-         * (the uncached tails of prompts the prefix cache holds) start
-         * together instead of one per decode step, while a long prompt
-         * still takes one chunk per step and never stalls the running
-         * streams for more than that. A prompt that took several chunks
-         * ends the round when it completes, so its first token comes out
-         * before anything admitted after it. A chunk's boundaries are the
-         * sequence's own (slot_prefill_chunk), so the budget never changes
-         * what a sequence computes. */
-        const int prefill_budget = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
-        int prefill_fed = 0;
-        for (;;) {
-            slot *oldest = NULL;
-            for (int i = 0; i < P; i++) {
-                slot *sl = &slots[i];
-                if (!sl->r || !sl->c || sl->ready || sl->r->state == REQ_DONE) continue;
-                if (!oldest || sl->admitted < oldest->admitted) oldest = sl;
-            }
-            if (!oldest || prefill_fed >= prefill_budget) break;
-            /* The oldest's chunk; when it is a prompt's one uncached last
-             * token (a prefix-cache hit), every other such tail joins it in
-             * one pass over the weights instead of one pass each. */
-            int nc = 0;
-            chunk_slots[nc++] = oldest;
-            if (slot_tail_batchable(oldest))
-                for (int i = 0; i < P; i++) {
-                    slot *sl = &slots[i];
-                    if (sl != oldest && sl->r && sl->c && !sl->ready && sl->r->state != REQ_DONE && slot_tail_batchable(sl))
-                        chunk_slots[nc++] = sl;
-                }
-            gate_pass(&gate);
-            const double t0 = srv_now();
-            const int fed0 = prefill_fed;
-            int rc;
-            if (nc > 1) {
-                rc = slots_prefill_tails(s, chunk_slots, nc, bc, btok, blogits);
-                if (!rc) prefill_fed += nc;
-            } else {
-                const int f = oldest->fed;
-                rc = slot_prefill_chunk(s, oldest);
-                prefill_fed += oldest->fed - f;
-            }
-            const double t1 = srv_now();
-            /* failed, or a long prompt's last chunk */
-            const int end_round = rc || (nc == 1 && oldest->chunks > 1 && oldest->ready);
-            for (int k = 0; k < nc; k++) {
-                slot *sl = chunk_slots[k];
-                if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
-                    const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
-                    const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
-                    if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
-                    if (cut > 0 && kd) kv_save_prefix(s, &kvw, sl->c, sl->r->prompt, cut, id, sl->id_stale);
-                }
-            }
-            pthread_mutex_lock(&s->lock);
-            s->metrics.prefill_tokens += prefill_fed - fed0;
-            s->metrics.prefill_seconds += t1 - t0;
-            if (nc > 1 && !rc) s->metrics.tails_batched += nc;
-            for (int k = 0; k < nc; k++) {
-                slot *sl = chunk_slots[k];
-                if (rc) finish(s, sl, "stop", 500, sparq_context_error(sl->c));
-                else if (sl->ready) {
-                    sl->r->n_prompt_tokens = sl->r->n_prompt; /* what the request sent, as llama-server counts */
-                    sl->r->n_cached = sl->cached;
-                    sl->r->t_prefilled = t1;
-                    if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
-                }
-            }
-            pthread_mutex_unlock(&s->lock);
-            if (end_round) break;
-        }
-        /* sample one token for every ready sequence; decode them together */
-        int nb = 0;
-        for (int i = 0; i < P; i++) {
-            slot *sl = &slots[i];
-            srv_request *r = sl->r;
-            if (!r || !sl->ready || r->state == REQ_DONE) continue;
-            if (r->max_tokens == 0) { /* echo only (loglikelihood scoring) */
-                pthread_mutex_lock(&s->lock);
-                finish(s, sl, "length", 0, NULL);
-                pthread_mutex_unlock(&s->lock);
-                continue;
-            }
-            /* the library sampler `sparq run` uses, set up in slot_start */
-            const int32_t id = sparq_sample(sl->smp, sl->logits);
-            srv_token lp, *lpp = NULL;
-            if (r->logprobs >= 0) {
-                token_logprobs(sl->logits, V, id, r->logprobs, &lp);
-                lpp = &lp;
-            }
-            const int eog = !r->ignore_eos && sparq_token_is_eog(s->model, id);
-            int len = eog ? 0 : sparq_token_to_piece(s->model, id, piece, sizeof piece);
-            if (len > (int)sizeof piece) len = sizeof piece;
-            pthread_mutex_lock(&s->lock);
-            if (eog) {
-                finish(s, sl, "stop", 0, NULL);
-            } else {
-                r->n_gen++;
-                int st = publish_token(sl, id, lpp, piece, len < 0 ? 0 : len);
-                if (st < 0) finish(s, sl, "stop", 500, "out of memory");
-                else if (st > 0) finish(s, sl, "stop", 0, NULL);
-                else if (r->n_gen >= r->max_tokens) finish(s, sl, "length", 0, NULL);
-                else if (sparq_context_pos(sl->c) >= sparq_context_n_ctx(sl->c)) finish(s, sl, "length", 0, NULL);
-                else {
-                    bc[nb] = sl->c;
-                    btok[nb] = id;
-                    bslot[nb++] = i;
-                }
-            }
-            pthread_mutex_unlock(&s->lock);
-        }
-        if (nb > 0) {
-            if (gate >= 0) { /* the tokens just sampled go out before the gate holds the step */
-                pthread_mutex_lock(&s->lock);
-                pthread_cond_broadcast(&s->progress);
-                pthread_mutex_unlock(&s->lock);
-                gate_pass(&gate);
-            }
-            const double t0 = srv_now();
-            int rc = sparq_decode_batch(bc, btok, nb, blogits);
-            const double t1 = srv_now();
-            for (int j = 0; j < nb && !rc; j++) {
-                memcpy(slots[bslot[j]].logits, blogits + (size_t)j * V, (size_t)V * sizeof(float));
-                slot_hist_push(&slots[bslot[j]], &btok[j], 1);
-            }
-            pthread_mutex_lock(&s->lock);
-            s->metrics.decode_tokens += nb;
-            s->metrics.decode_seconds += t1 - t0;
-            for (int j = 0; j < nb && rc; j++) finish(s, &slots[bslot[j]], "stop", 500, sparq_context_error(bc[j]));
-            pthread_mutex_unlock(&s->lock);
-        }
+        sched_start(&q);
+        sched_prefill(&q);
+        sched_decode(&q);
         pthread_mutex_lock(&s->lock);
     }
-    while (s->actions) { /* never run: the server stops */
-        srv_slot_action *a = s->actions;
-        s->actions = a->next;
-        a->status = 503;
-        snprintf(a->error, sizeof a->error, "the server is shutting down");
-        a->done = 1;
-    }
+    sched_drop_actions(s); /* never run: the server stops */
     pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->lock);
-    if (kd) kv_writer_stop(&kvw); /* its queued files are written before the server stops */
-    for (int i = 0; slots && i < P; i++) {
-        slot_release(s, &slots[i], i);
-        slot_drop_kept(&slots[i]);
-    }
-    pc_free(&pc);
-    free(slots);
-    free(blogits);
-    free(chunk_slots);
-    if (gate >= 0) close(gate);
-    free(bc);
-    free(btok);
-    free(bslot);
+    sched_free(&q);
     return NULL;
 }

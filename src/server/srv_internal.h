@@ -1,7 +1,7 @@
 /* srv_internal.h - what the server's files share: the request record
  * and the server state, between server.c (HTTP) and the scheduler thread
- * (sched.c, prefix_cache.c, kv_writer.c). Every field marked [lock] is
- * read and written only under srv_server.lock. */
+ * (sched.c, seq.c, prefix_cache.c, kv_writer.c). Every field marked
+ * [lock] is read and written only under srv_server.lock. */
 #ifndef SPARQ_SRV_INTERNAL_H
 #define SPARQ_SRV_INTERNAL_H
 
