@@ -560,8 +560,9 @@ typedef struct sparq_generate_params {
     int context_shift;
     int64_t n_keep;
     /* Optional: called with text as it becomes final (the bytes that may
-     * begin a stop string are held back until they cannot); non-zero
-     * stops the generation (SPARQ_STOP_CALLBACK). */
+     * begin a stop string, or that begin a UTF-8 character a later piece
+     * finishes, are held back until they cannot); non-zero stops the
+     * generation (SPARQ_STOP_CALLBACK). */
     int (*on_text)(void *user, const char *text, size_t n);
     /* Optional: called with the logits of every decode step; non-zero is
      * an error (the message is the callback's to report). */

@@ -1,6 +1,7 @@
 /* test_utf8.c - util/utf8: the encoder against the code point ranges'
- * byte patterns, and the unfinished-tail count against where each
- * character of a text starts (known from building the text). */
+ * byte patterns, and the unfinished-tail count and a byte's character
+ * start against where each character of a text starts (known from
+ * building the text). */
 #include "test.h"
 #include "util/utf8.h"
 
@@ -39,5 +40,14 @@ int main(void)
     /* a lone continuation byte run is no character's start: nothing held */
     CHECK(utf8_incomplete_tail("\x80\x80\x80\x80", 4) == 0, "continuations only");
     CHECK(utf8_incomplete_tail("", 0) == 0, "empty");
+    /* every byte: the character holding it starts where the text was built
+     * to start it */
+    for (size_t at = 0; at < n; at++) {
+        size_t want = 0;
+        for (int c = 0; c < n_chars; c++)
+            if (starts[c] <= at) want = starts[c];
+        CHECK(utf8_char_start(text, at) == want, "byte %zu: starts at %zu, want %zu", at, utf8_char_start(text, at),
+              want);
+    }
     return test_summary("test_utf8");
 }

@@ -6,8 +6,11 @@
  * generation token (kept in tokens, its piece not in text), a stop string
  * in the text (text cut before it), max_tokens. Before each decode step:
  * the abort flag, then a full cache (context shift or stop). The last
- * sampled id is never fed (nothing would read its logits): `pending`. */
+ * sampled id is never fed (nothing would read its logits): `pending`.
+ * What on_text sees and where a stop string cuts is core/streamer.h's, as
+ * for the server's replies. */
 #include "core/model.h"
+#include "core/streamer.h"
 #include "util/textbuf.h"
 
 #include <stdarg.h>
@@ -53,36 +56,6 @@ static int fail(sparq_context *c, const char *fmt, ...)
     return -1;
 }
 
-/* Bytes at the end of t[0..n) that begin some stop string: they are held
- * back from on_text until the next piece shows whether the stop follows. */
-static size_t stop_prefix_tail(const char *t, size_t n, const char *const *stop, int n_stop)
-{
-    size_t hold = 0;
-    for (int i = 0; i < n_stop; i++) {
-        size_t ls = strlen(stop[i]);
-        for (size_t k = ls > 0 ? ls - 1 : 0; k > hold; k--)
-            if (k <= n && memcmp(t + n - k, stop[i], k) == 0) {
-                hold = k;
-                break;
-            }
-    }
-    return hold;
-}
-
-/* Earliest occurrence of any stop string that ends at or after `from`. */
-static const char *find_stop(const text_buf *t, size_t before, const char *const *stop, int n_stop)
-{
-    const char *best = NULL;
-    for (int i = 0; i < n_stop; i++) {
-        size_t ls = strlen(stop[i]);
-        if (ls == 0) continue;
-        size_t from = before >= ls - 1 ? before - (ls - 1) : 0; /* only a match ending in the new piece is new */
-        const char *hit = strstr(t->data + from, stop[i]);
-        if (hit && (!best || hit < best)) best = hit;
-    }
-    return best;
-}
-
 int sparq_generate(sparq_context *c, float *logits, const sparq_generate_params *p, sparq_generation *out)
 {
     memset(out, 0, sizeof *out);
@@ -97,6 +70,8 @@ int sparq_generate(sparq_context *c, float *logits, const sparq_generate_params 
     out->tokens = malloc(((size_t)p->max_tokens + 1) * sizeof *out->tokens);
     text_buf t = { 0 };
     size_t sent = 0; /* text bytes handed to on_text */
+    streamer st;
+    streamer_init(&st, p->stop, p->n_stop, 0);
     if (!out->tokens || text_append(&t, "", 0)) {
         fail(c, "generate: out of memory");
         goto fail;
@@ -135,31 +110,26 @@ int sparq_generate(sparq_context *c, float *logits, const sparq_generate_params 
         out->pending = 1;
         int len = sparq_token_to_piece(m, id, piece, sizeof piece);
         if (len > (int)sizeof piece) len = sizeof piece;
-        const size_t before = t.len;
-        if (len > 0 && text_append(&t, piece, (size_t)len)) {
+        const int hit = streamer_feed(&st, &t, piece, len > 0 ? (size_t)len : 0);
+        if (hit < 0) {
             fail(c, "generate: out of memory");
             goto fail;
         }
-        const char *hit = p->n_stop ? find_stop(&t, before, p->stop, p->n_stop) : NULL;
         if (hit) {
-            t.len = (size_t)(hit - t.data);
-            t.data[t.len] = 0;
             out->stop = SPARQ_STOP_STRING;
             break;
         }
-        if (p->on_text) {
-            size_t ready = t.len - stop_prefix_tail(t.data, t.len, p->stop, p->n_stop);
-            if (ready > sent) {
-                int stop = p->on_text(p->user, t.data + sent, ready - sent);
-                sent = ready;
-                if (stop) {
-                    out->stop = SPARQ_STOP_CALLBACK;
-                    break;
-                }
+        if (p->on_text && st.ok > sent) {
+            const int stop = p->on_text(p->user, t.data + sent, st.ok - sent);
+            sent = st.ok;
+            if (stop) {
+                out->stop = SPARQ_STOP_CALLBACK;
+                break;
             }
         }
     }
-    if (p->on_text && t.len > sent && out->stop != SPARQ_STOP_CALLBACK) p->on_text(p->user, t.data + sent, t.len - sent);
+    if (p->on_text && streamer_flush(&st, &t) > sent && out->stop != SPARQ_STOP_CALLBACK)
+        p->on_text(p->user, t.data + sent, t.len - sent);
     out->text = t.data;
     out->n_text = t.len;
     return 0;

@@ -13,6 +13,7 @@
 #include "core/grammar.h"
 #include "util/json.h"
 #include "util/names.h"
+#include "util/utf8.h"
 
 #include <errno.h>
 #include <math.h>
@@ -27,10 +28,7 @@
  * line whatever the client sent. */
 static const char *quote(char *dst, size_t dst_size, const char *s, size_t len, size_t max)
 {
-    if (len > max) {
-        len = max;
-        while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80) len--; /* s[len] continues a character */
-    }
+    if (len > max) len = utf8_char_start(s, max);
     size_t o = 0;
     for (size_t i = 0; i < len && o + 5 < dst_size; i++) {
         const unsigned char c = (unsigned char)s[i];
@@ -749,6 +747,20 @@ int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *bod
     }
     json_free(d); /* the request owns copies of what it keeps */
     return rc;
+}
+
+void srv_request_release(srv_request *r)
+{
+    if (!r || --r->refs > 0) return;
+    free(r->prompt);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->bias_ids);
+    free(r->bias);
+    free(r->gbnf);
+    sparq_grammar_free(r->grammar);
+    free(r->text.data);
+    free(r->toks);
+    free(r);
 }
 
 srv_request *srv_request_clone(const srv_request *r, uint64_t seed)

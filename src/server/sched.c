@@ -10,58 +10,38 @@
  * batched step is batch-invariant, so each request's tokens are exactly
  * what `sparq run` gives for the same prompt, policy and sampling.
  *
- * Map:
- *   publish_token      text, stop strings, held-back bytes, log-probs
- *   slot_start/finish  a request's context and its release
- *   pc_*               the prefix cache: prompt prefixes cut at multiples
- *                      of n_batch, one shared copy each, mapped copy-on-write
- *                      into new contexts (LRU, budget); named by prefix_id
+ * Map (what a sequence does is seq.c's; the caches are prefix_cache.c's
+ * and, on disk, kvdir.c's, written by kv_writer.c):
+ *   slot_pick / slot_publish  --slot-save-path: a request goes to the free
+ *                      slot whose kept cache it continues; GET /slots
+ *   slot_actions_run   /slots/ID?action=save|restore|erase (slots.c) on an
+ *                      idle slot's kept cache
  *   wait_target        in-flight sharing: a queued request waits for the
  *                      sequence prefilling its prefix (pc_serve_waiters)
- *   kv_*               --kv-dir: the same prefixes as files shared with
- *                      other replicas (kvdir.h), written by a writer thread
- *   slot_pick / kept   --slot-save-path: a slot keeps its last cache, which
- *                      /slots/ID?action=save|restore|erase (slots.c) writes,
- *                      replaces or drops; a request goes to the free slot
- *                      whose cache it continues
- *   srv_sched_main     the loop
+ *   gate_*             the tests' prefill gate
+ *   srv_sched_main     the loop: sched_reap, sched_admit (lock held), then
+ *                      sched_start, sched_prefill, sched_decode
  */
 #include "server/srv_internal.h"
-#include "server/kvdir.h"
-#include "util/utf8.h"
+#include "server/kv_writer.h"
+#include "server/prefix_cache.h"
+#include "server/seq.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <unistd.h>
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
-
 double srv_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-void srv_request_release(srv_request *r)
-{
-    if (!r || --r->refs > 0) return;
-    free(r->prompt);
-    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
-    free(r->bias_ids);
-    free(r->bias);
-    free(r->gbnf);
-    sparq_grammar_free(r->grammar);
-    free(r->text.data);
-    free(r->toks);
-    free(r);
 }
 
 int srv_submit(srv_server *s, srv_request *r)
@@ -79,646 +59,7 @@ int srv_submit(srv_server *s, srv_request *r)
     return 0;
 }
 
-typedef struct slot {
-    srv_request   *r;
-    sparq_context *c;
-    sparq_sampler *smp;
-    float         *logits;       /* [V] the next token's distribution       */
-    float         *prompt_logits;/* echo + logprobs: [n_prompt][V]          */
-    int            fed;          /* prompt tokens in the cache              */
-    int            cached;       /* of those, mapped from a cached prefix   */
-    int            chunks;       /* prefill chunks run for this request     */
-    int            ready;        /* logits are fresh                        */
-    size_t         gen_start;    /* where generated text starts (after echo) */
-    int            policy_ix;
-    int            id_stale;     /* --kv-dir holds another document under the
-                                  * request's prefix_id: replace it        */
-    double         t_prefill;    /* seconds spent prefilling                */
-    uint64_t       admitted;     /* admission order: prefill goes oldest first */
-    /* --slot-save-path: a slot keeps its last cache (llama-server's slots
-     * do), which /slots/ID?action=save writes and restore replaces */
-    int            keepable;     /* this request's cache is kept at its end */
-    int32_t       *hist;         /* [n_hist] the ids c caches, in order     */
-    int            n_hist, cap_hist;
-    sparq_context *kept;         /* the slot's cache between requests       */
-    int32_t       *kept_ids;     /* [n_kept] its ids                        */
-    int            n_kept;
-} slot;
-
-/* ---- prefix cache ------------------------------------------------------------
- * Owned by the scheduler thread alone. An entry is a shared prefix
- * (sparq_prefix: one read-only copy in a memfd) holding the first n tokens
- * of some prompt, n a multiple of n_batch. A request whose prompt shares
- * u >= n_batch tokens with an entry's (u cut down to a multiple of
- * n_batch, and short of the whole prompt: its last token's logits are
- * needed) maps the entry's first u positions copy-on-write
- * (sparq_context_attach_prefix) and prefills only the rest, in the chunks
- * it would have used: its logits stay bit-identical. So one entry serves a
- * document followed by any question. Keyed by the tokens (one server = one
- * model and KV type, so the fingerprint is implicit); least recently used
- * entries go when the budget is exceeded, never one a live sequence maps
- * (the mapping would keep its pages anyway: the budget would lie). */
-
-typedef struct pc_entry {
-    int32_t      *tokens;
-    int           n;
-    char         *id;       /* the document's name ("sparq.prefix_id") or NULL */
-    sparq_prefix *p;
-    double        used;
-    size_t        bytes;
-} pc_entry;
-
-typedef struct prefix_cache {
-    pc_entry *e;
-    int       n, cap;
-    size_t    bytes, budget;
-    int       nb;          /* the prefill chunk: entries are cut at its multiples */
-} prefix_cache;
-
-static void pc_drop(prefix_cache *pc, int i)
-{
-    sparq_prefix_free(pc->e[i].p);
-    free(pc->e[i].tokens);
-    free(pc->e[i].id);
-    pc->bytes -= pc->e[i].bytes;
-    pc->e[i] = pc->e[--pc->n];
-}
-
-static void pc_free(prefix_cache *pc)
-{
-    while (pc->n) pc_drop(pc, pc->n - 1);
-    free(pc->e);
-}
-
-/* Tokens a and b share, at most lim. */
-static int common_len(const int32_t *a, const int32_t *b, int lim)
-{
-    int l = 0;
-    while (l < lim && a[l] == b[l]) l++;
-    return l;
-}
-
-/* The entry giving ids[n] the longest usable prefix (*use tokens), or -1. */
-static int pc_find(const prefix_cache *pc, const int32_t *ids, int n, int *use)
-{
-    int best = -1;
-    *use = 0;
-    for (int i = 0; i < pc->n; i++) {
-        const pc_entry *e = &pc->e[i];
-        const int u = common_len(e->tokens, ids, e->n < n - 1 ? e->n : n - 1) / pc->nb * pc->nb;
-        if (u > *use) {
-            *use = u;
-            best = i;
-        }
-    }
-    return best;
-}
-
-/* Evicts unused entries, least recently used first, until `extra` more
- * bytes fit; 0 if they do. */
-static int pc_fit(prefix_cache *pc, size_t extra)
-{
-    while (pc->bytes + extra > pc->budget) {
-        int lru = -1;
-        for (int i = 0; i < pc->n; i++)
-            if (!sparq_prefix_users(pc->e[i].p) && (lru < 0 || pc->e[i].used < pc->e[lru].used)) lru = i;
-        if (lru < 0) return -1;
-        pc_drop(pc, lru);
-    }
-    return 0;
-}
-
-/* The entry named id, or -1. */
-static int pc_named(const prefix_cache *pc, const char *id)
-{
-    for (int i = 0; id && id[0] && i < pc->n; i++)
-        if (pc->e[i].id && !strcmp(pc->e[i].id, id)) return i;
-    return -1;
-}
-
-/* Remembers the first n tokens of src's cache for contexts of capacity
- * n_ctx, unless an entry already holds them; id (or NULL) names it, if no
- * entry has that name. Returns the entry or -1. */
-static int pc_insert(srv_server *s, prefix_cache *pc, const sparq_context *src, const int32_t *ids, int n, int64_t n_ctx,
-                     const char *id)
-{
-    if (id && (!id[0] || pc_named(pc, id) >= 0)) id = NULL;
-    for (int i = 0; i < pc->n; i++) {
-        pc_entry *e = &pc->e[i];
-        if (e->n < n || memcmp(e->tokens, ids, (size_t)n * sizeof *ids)) continue;
-        if (!id) return i;
-        if (!e->id && e->n == n) { /* the same prefix: it gets the name */
-            e->id = strdup(id);
-            return i;
-        }
-    }
-    const size_t bytes = (size_t)n * sparq_model_n_layer(s->model) * sparq_model_n_kv_head(s->model) *
-                         sparq_model_head_dim(s->model) * 2 * (s->cfg.kv_type == SPARQ_KV_F32 ? 4 : 2);
-    if (bytes > pc->budget || pc_fit(pc, bytes)) return -1;
-    if (pc->n == pc->cap) {
-        int cap = pc->cap ? 2 * pc->cap : 16;
-        pc_entry *e = realloc(pc->e, (size_t)cap * sizeof *e);
-        if (!e) return -1;
-        pc->e = e;
-        pc->cap = cap;
-    }
-    char err[256];
-    pc_entry e = { malloc((size_t)n * sizeof *ids), n, id ? strdup(id) : NULL, NULL, srv_now(), 0 };
-    if (!e.tokens || (id && !e.id) || sparq_prefix_create(src, n, n_ctx, &e.p, err, sizeof err)) {
-        if (e.tokens && (!id || e.id)) fprintf(stderr, "serve: prefix cache: %s\n", err);
-        free(e.tokens);
-        free(e.id);
-        return -1;
-    }
-    memcpy(e.tokens, ids, (size_t)n * sizeof *ids);
-    e.bytes = sparq_prefix_bytes(e.p);
-    pc->e[pc->n++] = e;
-    pc->bytes += e.bytes;
-    return pc->n - 1;
-}
-
-/* A request naming its document: the entry of that name holds what the
- * requests naming it have in common (the document, to a chunk boundary:
- * the first one stored its whole prompt's cut, question included), so it
- * shrinks to what this prompt shares with it; a prompt that does not start
- * with its first chunk has another document under that name now: the entry
- * loses the name (a miss; this prompt's prefix takes the name once
- * prefilled). */
-static void pc_name_check(prefix_cache *pc, const srv_request *r)
-{
-    const int i = pc_named(pc, r->prefix_id);
-    if (i < 0) return;
-    pc_entry *e = &pc->e[i];
-    const int l = common_len(e->tokens, r->prompt, e->n < r->n_prompt ? e->n : r->n_prompt);
-    if (l < pc->nb) {
-        free(e->id);
-        e->id = NULL;
-    } else if (l < e->n) {
-        e->n = l / pc->nb * pc->nb;
-    }
-}
-
-/* Maps the first u positions of entry i into the empty context c; 0 or -1.
- * A K^T built for it grows the entry: the budget follows. */
-static int pc_attach(prefix_cache *pc, int i, sparq_context *c, int u)
-{
-    char err[256];
-    pc_entry *e = &pc->e[i];
-    if (sparq_context_attach_prefix(c, e->p, u, err, sizeof err)) return -1;
-    e->used = srv_now();
-    const size_t b = sparq_prefix_bytes(e->p);
-    pc->bytes += b - e->bytes;
-    e->bytes = b;
-    pc_fit(pc, 0); /* e is in use now: others go, if any can */
-    return 0;
-}
-
-/* The /metrics gauges of the cache. Lock held. */
-static void pc_publish(srv_server *s, const prefix_cache *pc)
-{
-    int64_t users = 0;
-    for (int i = 0; i < pc->n; i++) users += sparq_prefix_users(pc->e[i].p);
-    s->metrics.prefix_entries = pc->n;
-    s->metrics.prefix_bytes = (int64_t)pc->bytes;
-    s->metrics.prefix_users = users;
-}
-
-/* ---- sampling ------------------------------------------------------------- */
-
-/* Log-softmax of logits at id, and the n most likely tokens. */
-static void token_logprobs(const float *lg, int V, int32_t id, int n_top, srv_token *t)
-{
-    float mx = -INFINITY;
-    for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-    double sum = 0;
-    for (int v = 0; v < V; v++) sum += exp((double)lg[v] - mx);
-    const float lse = mx + (float)log(sum);
-    t->logprob = lg[id] - lse;
-    t->n_top = 0;
-    if (n_top > SRV_MAX_TOP) n_top = SRV_MAX_TOP;
-    if (n_top > V) n_top = V;
-    for (int v = 0; v < V; v++) { /* insertion into a short sorted list */
-        int k = t->n_top;
-        if (k == n_top && !(lg[v] > lg[t->top_id[k - 1]])) continue;
-        if (k < n_top) t->n_top++;
-        else k--;
-        while (k > 0 && lg[v] > lg[t->top_id[k - 1]]) {
-            t->top_id[k] = t->top_id[k - 1];
-            k--;
-        }
-        t->top_id[k] = v;
-    }
-    for (int k = 0; k < t->n_top; k++) t->top_lp[k] = lg[t->top_id[k]] - lse;
-}
-
-/* ---- publishing (lock held) ----------------------------------------------------- */
-
-static void finish(srv_server *s, slot *sl, const char *reason, int status, const char *msg)
-{
-    srv_request *r = sl->r;
-    r->finish = reason;
-    if (status) {
-        r->err_status = status;
-        snprintf(r->error, sizeof r->error, "%s", msg);
-        s->metrics.errors += status != 499; /* a client's cancellation is counted apart, not as a failure */
-    }
-    r->state = REQ_DONE;
-    r->text_ok = r->text.len;
-    r->n_ok_toks = r->n_toks;
-    r->t_done = srv_now();
-    if (sl->c) { /* what the reply reports of its attention (a copy of counters: cheap) */
-        sparq_attn_stats st;
-        sparq_context_attn_stats(sl->c, &st);
-        r->kv_read = st.elements;
-        r->kv_dense = st.dense_elements;
-    }
-}
-
-static int push_token(srv_request *r, const srv_token *t)
-{
-    if (r->n_toks == r->cap_toks) {
-        int cap = r->cap_toks ? 2 * r->cap_toks : 64;
-        srv_token *p = realloc(r->toks, (size_t)cap * sizeof *p);
-        if (!p) return -1;
-        r->toks = p;
-        r->cap_toks = cap;
-    }
-    r->toks[r->n_toks++] = *t;
-    return 0;
-}
-
-/* Appends a token's piece; applies stop strings and decides how much text
- * is final (not a possible start of a stop string, not a cut UTF-8
- * character). Returns 1 if a stop string ended the reply, -1 on OOM. */
-static int publish_token(slot *sl, int32_t id, const srv_token *lp, const char *piece, int len)
-{
-    srv_request *r = sl->r;
-    const size_t old = r->text.len;
-    if (len > 0 && text_append(&r->text, piece, (size_t)len)) return -1;
-    srv_token t;
-    if (lp) t = *lp;
-    else { memset(&t, 0, sizeof t); t.logprob = NAN; }
-    t.id = id;
-    t.text_off = old;
-    if (push_token(r, &t)) return -1;
-    const size_t gs = sl->gen_start;
-    for (int i = 0; i < r->n_stops; i++) {
-        const size_t sl_len = strlen(r->stops[i]);
-        size_t from = old >= gs + sl_len ? old - sl_len + 1 : gs;
-        if (r->text.len < sl_len) continue;
-        for (size_t p = from; p + sl_len <= r->text.len; p++) {
-            if (memcmp(r->text.data + p, r->stops[i], sl_len) == 0) {
-                r->text.len = p;
-                r->text.data[p] = 0;
-                return 1;
-            }
-        }
-    }
-    size_t held = 0;
-    for (int i = 0; i < r->n_stops; i++) {
-        const size_t sl_len = strlen(r->stops[i]);
-        for (size_t k = sl_len - 1; k > held; k--) {
-            if (k <= r->text.len - gs && memcmp(r->text.data + r->text.len - k, r->stops[i], k) == 0) {
-                held = k;
-                break;
-            }
-        }
-    }
-    size_t ok = r->text.len - held;
-    ok -= utf8_incomplete_tail(r->text.data, ok);
-    if (ok > r->text_ok) r->text_ok = ok;
-    while (r->n_ok_toks < r->n_toks) {
-        const srv_token *n = &r->toks[r->n_ok_toks];
-        size_t end = r->n_ok_toks + 1 < r->n_toks ? r->toks[r->n_ok_toks + 1].text_off : r->text.len;
-        if (end > r->text_ok && n->text_off < end) break;
-        r->n_ok_toks++;
-    }
-    return 0;
-}
-
-/* ---- slots ------------------------------------------------------------------ */
-
-/* The slot's kept cache goes (slot_release keeps it otherwise). */
-static void slot_drop_kept(slot *sl)
-{
-    sparq_context_free(sl->kept);
-    free(sl->kept_ids);
-    sl->kept = NULL;
-    sl->kept_ids = NULL;
-    sl->n_kept = 0;
-}
-
-/* The request's context and sampler go; with keepable its cache becomes the
- * slot's kept one (positions whose ids are known), replacing the last. */
-static void slot_release(srv_server *s, slot *sl, int idx)
-{
-    if (sl->c) {
-        sparq_attn_stats st;
-        sparq_context_attn_stats(sl->c, &st);
-        pthread_mutex_lock(&s->lock);
-        if (sl->policy_ix >= 0) s->metrics.attn_bytes[sl->policy_ix] += st.bytes;
-        pthread_mutex_unlock(&s->lock);
-    }
-    if (sl->c && sl->keepable && sl->hist) {
-        const int64_t pos = sparq_context_pos(sl->c);
-        slot_drop_kept(sl);
-        sl->kept = sl->c;
-        sl->kept_ids = sl->hist;
-        sl->n_kept = (int)(pos < sl->n_hist ? pos : sl->n_hist);
-        sl->c = NULL;
-        sl->hist = NULL;
-    }
-    sparq_context *kept = sl->kept;
-    int32_t *kept_ids = sl->kept_ids;
-    const int n_kept = sl->n_kept;
-    sparq_context_free(sl->c);
-    sparq_sampler_free(sl->smp);
-    free(sl->logits);
-    free(sl->prompt_logits);
-    free(sl->hist);
-    memset(sl, 0, sizeof *sl);
-    sl->kept = kept;
-    sl->kept_ids = kept_ids;
-    sl->n_kept = n_kept;
-    if (s->slot_pub) {
-        pthread_mutex_lock(&s->lock);
-        s->slot_pub[idx].n_cache = n_kept;
-        pthread_mutex_unlock(&s->lock);
-    }
-}
-
-/* Appends id to the ids sl's cache holds; on failure the slot keeps no
- * cache (an unknown id must never be saved). */
-static void slot_hist_push(slot *sl, const int32_t *ids, int n)
-{
-    if (!sl->keepable) return;
-    if (sl->n_hist + n > sl->cap_hist) {
-        int cap = sl->cap_hist ? sl->cap_hist : 256;
-        while (cap < sl->n_hist + n) cap *= 2;
-        int32_t *h = realloc(sl->hist, (size_t)cap * sizeof *h);
-        if (!h) {
-            sl->keepable = 0;
-            return;
-        }
-        sl->hist = h;
-        sl->cap_hist = cap;
-    }
-    memcpy(sl->hist + sl->n_hist, ids, (size_t)n * sizeof *ids);
-    sl->n_hist += n;
-}
-
-/* --kv-dir writes happen on one writer thread per server, so that neither
- * the request whose prefill made the prefix (its first token) nor the other
- * running sequences wait for hundreds of MiB to reach the disk. The
- * scheduler hands over a private copy of the prefix (a memory copy, far
- * cheaper than the file; the cache's shared copy is laid out for contexts
- * of the server's capacity, and a file is written for exactly n positions)
- * and continues. The queue is small and bounded: when it is full the write
- * is skipped (counted), never waited for. At shutdown the writer finishes
- * what is queued (at most KVW_QUEUE files) before the scheduler returns,
- * but starts none later than KVW_DRAIN_SECONDS after the stop (those are
- * counted as skipped): the replica's stop stays well within a supervisor's
- * (systemd: 60 s) even on a slow shared filesystem. Each write goes to a
- * temp name renamed into place (kvdir_save) and a write once started is
- * finished or its temp file removed, so no file is ever seen half written
- * and none is left behind. */
-enum { KVW_QUEUE = 4, KVW_DRAIN_SECONDS = 20 };
-
-typedef struct kv_job {
-    sparq_context *c;        /* exactly the n prefix positions, owned      */
-    int32_t       *ids;      /* owned copy of the n token ids              */
-    int            n, replace;
-    char           id[SRV_MAX_PREFIX_ID + 1]; /* "" : named by the tokens  */
-} kv_job;
-
-typedef struct kv_writer {
-    srv_server     *s;
-    srv_kvdir      *kd;
-    pthread_t       th;
-    int             started;
-    pthread_mutex_t mu;      /* guards q, head, n, stop, stop_at (never held with s->lock) */
-    pthread_cond_t  cv;
-    kv_job          q[KVW_QUEUE];
-    int             head, n, stop;
-    double          stop_at; /* srv_now() when stop was set             */
-} kv_writer;
-
-static void kv_job_free(kv_job *j)
-{
-    sparq_context_free(j->c);
-    free(j->ids);
-    memset(j, 0, sizeof *j);
-}
-
-/* Writes one job's file and counts it. Any thread (the writer's, or the
- * scheduler's when the writer could not start). */
-static void kv_job_run(srv_server *s, srv_kvdir *kd, kv_job *j)
-{
-    char err[256];
-    int evicted = 0;
-    const int rc = kvdir_save(kd, j->c, j->ids, j->n, j->id[0] ? j->id : NULL, j->replace, &evicted, err, sizeof err);
-    if (rc < 0) fprintf(stderr, "serve: kv-dir: %s\n", err);
-    pthread_mutex_lock(&s->lock);
-    s->metrics.kv_dir_writes += rc > 0;
-    s->metrics.kv_dir_errors += rc < 0;
-    s->metrics.kv_dir_evictions += evicted;
-    pthread_mutex_unlock(&s->lock);
-}
-
-static void *kv_writer_main(void *arg)
-{
-    kv_writer *w = arg;
-    pthread_mutex_lock(&w->mu);
-    for (;;) {
-        while (!w->n && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
-        if (!w->n) break; /* stopping, and everything queued is written */
-        kv_job j = w->q[w->head];
-        memset(&w->q[w->head], 0, sizeof w->q[0]);
-        w->head = (w->head + 1) % KVW_QUEUE;
-        w->n--;
-        const int late = w->stop && srv_now() - w->stop_at > KVW_DRAIN_SECONDS;
-        pthread_mutex_unlock(&w->mu);
-        if (!late) kv_job_run(w->s, w->kd, &j);
-        kv_job_free(&j);
-        pthread_mutex_lock(&w->s->lock);
-        w->s->metrics.kv_dir_pending--;
-        w->s->metrics.kv_dir_skipped += late;
-        pthread_mutex_unlock(&w->s->lock);
-        pthread_mutex_lock(&w->mu);
-    }
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
-}
-
-/* Starts the writer; without it (thread creation failed) writes happen on
- * the scheduler thread, as they did before. */
-static void kv_writer_start(kv_writer *w, srv_server *s, srv_kvdir *kd)
-{
-    memset(w, 0, sizeof *w);
-    w->s = s;
-    w->kd = kd;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    w->started = pthread_create(&w->th, NULL, kv_writer_main, w) == 0;
-    if (!w->started) fprintf(stderr, "serve: kv-dir: no writer thread; files are written by the scheduler\n");
-}
-
-/* Finishes the queued writes (those it can start within
- * KVW_DRAIN_SECONDS) and stops the writer. */
-static void kv_writer_stop(kv_writer *w)
-{
-    if (w->started) {
-        pthread_mutex_lock(&w->mu);
-        w->stop = 1;
-        w->stop_at = srv_now();
-        pthread_cond_signal(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        pthread_join(w->th, NULL);
-    }
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
-}
-
-/* --kv-dir: queues the first n tokens of src's cache to be saved as a
- * file, unless one is there already (from this replica or another); id:
- * under that name (replace: even if there, when it holds another
- * document). Skipped (counted) if the writer's queue is full. */
-static void kv_save_prefix(srv_server *s, kv_writer *w, const sparq_context *src, const int32_t *ids, int n,
-                           const char *id, int replace)
-{
-    char path[PATH_MAX], err[256];
-    srv_kvdir *kd = w->kd;
-    if (id) kvdir_path_named(kd, id, path, sizeof path);
-    else kvdir_path(kd, ids, n, path, sizeof path);
-    if (!replace && access(path, F_OK) == 0) return;
-    if (w->started) { /* only this thread queues: a free place stays free */
-        pthread_mutex_lock(&w->mu);
-        const int full = w->n == KVW_QUEUE;
-        pthread_mutex_unlock(&w->mu);
-        if (full) {
-            pthread_mutex_lock(&s->lock);
-            s->metrics.kv_dir_skipped++;
-            pthread_mutex_unlock(&s->lock);
-            return;
-        }
-    }
-    kv_job j;
-    memset(&j, 0, sizeof j);
-    j.n = n;
-    j.replace = replace;
-    if (id) snprintf(j.id, sizeof j.id, "%s", id);
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = n;
-    cp.n_threads = 1;
-    cp.kv_type = s->cfg.kv_type;
-    j.ids = malloc((size_t)n * sizeof *ids);
-    if (!j.ids) snprintf(err, sizeof err, "out of memory for a prefix file's token ids");
-    if (!j.ids || sparq_context_create(s->model, &cp, &j.c, err, sizeof err) ||
-        sparq_context_copy_prefix(j.c, src, n, err, sizeof err)) {
-        fprintf(stderr, "serve: kv-dir: %s\n", err);
-        kv_job_free(&j);
-        pthread_mutex_lock(&s->lock);
-        s->metrics.kv_dir_errors++;
-        pthread_mutex_unlock(&s->lock);
-        return;
-    }
-    memcpy(j.ids, ids, (size_t)n * sizeof *ids);
-    if (!w->started) {
-        kv_job_run(s, kd, &j);
-        kv_job_free(&j);
-        return;
-    }
-    pthread_mutex_lock(&s->lock);
-    s->metrics.kv_dir_pending++; /* before the writer can finish it */
-    pthread_mutex_unlock(&s->lock);
-    pthread_mutex_lock(&w->mu);
-    w->q[(w->head + w->n) % KVW_QUEUE] = j;
-    w->n++;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-/* Whether r can start from a cached prefix: not with echo and logprobs
- * (every prompt position's logits are needed), not with a policy that
- * observes the prefill (h2o). */
-static int req_shares(const srv_request *r)
-{
-    if (r->doc >= 0) return 0; /* its prompt is no prefix of anything: it follows the document */
-    if (r->echo && r->logprobs >= 0) return 0;
-    for (int i = 0; sparq_attn_policy_name(i); i++)
-        if (!strcmp(sparq_attn_policy_name(i), r->policy)) return sparq_attn_policy_observes_prefill(i) == 0;
-    return 0;
-}
-
-/* A prefix file's first n positions go into sl's context: through the
- * memory cache (mapped from there), or copied without one. 0 or -1. */
-static int use_file(srv_server *s, prefix_cache *pc, slot *sl, sparq_context *f, int n, const char *id)
-{
-    char err[256];
-    int ok = 0;
-    if (pc->budget) {
-        const int j = pc_insert(s, pc, f, sl->r->prompt, n, sparq_context_n_ctx(sl->c), id);
-        ok = j >= 0 && !pc_attach(pc, j, sl->c, n);
-    }
-    if (!ok) ok = !sparq_context_copy_prefix(sl->c, f, n, err, sizeof err);
-    sparq_context_free(f);
-    if (!ok) return -1;
-    sl->fed = n;
-    pthread_mutex_lock(&s->lock);
-    s->metrics.kv_dir_hits++;
-    s->metrics.kv_dir_tokens += n;
-    pthread_mutex_unlock(&s->lock);
-    return 0;
-}
-
-/* A cached prefix of the prompt goes into the new context: the longest of
- * the in-memory entries and, with --kv-dir, the file of the document's
- * name (prefix_id) or the files of its cuts (longest first, only those
- * longer than the memory's). A file's prefix enters the memory cache and
- * is mapped from there (copied in without a cache). */
-static void slot_reuse_prefix(srv_server *s, prefix_cache *pc, srv_kvdir *kd, slot *sl)
-{
-    const srv_request *r = sl->r;
-    if ((!pc->budget && !kd) || !req_shares(r)) return;
-    const char *id = r->prefix_id[0] ? r->prefix_id : NULL;
-    if (id && pc->budget) pc_name_check(pc, r);
-    int use = 0;
-    if (pc->budget) pc_find(pc, r->prompt, r->n_prompt, &use);
-    const int nb = pc->nb;
-    if (kd && id && pc_named(pc, id) < 0) {
-        int fu = 0;
-        sparq_context *f = kvdir_load_named(kd, s->model, id, r->prompt, r->n_prompt, nb, &fu, &sl->id_stale);
-        if (f && fu > use) {
-            if (!use_file(s, pc, sl, f, fu, id)) return;
-        } else {
-            sparq_context_free(f);
-        }
-    }
-    for (int cut = (r->n_prompt - 1) / nb * nb; kd && cut > use; cut -= nb) {
-        sparq_context *f = kvdir_load(kd, s->model, r->prompt, cut);
-        if (f && !use_file(s, pc, sl, f, cut, NULL)) return;
-    }
-    /* found again: a file's insertion may have evicted entries */
-    const int i = pc->budget ? pc_find(pc, r->prompt, r->n_prompt, &use) : -1;
-    if (i < 0 || pc_attach(pc, i, sl->c, use)) return;
-    sl->fed = use;
-    pthread_mutex_lock(&s->lock);
-    s->metrics.prefix_hits++;
-    s->metrics.prefix_tokens += use;
-    pthread_mutex_unlock(&s->lock);
-}
-
-/* ---- slots' kept caches (--slot-save-path) -------------------------------------- */
-
-/* Positions of sl's kept cache that r can start from: what they share, cut
- * to a multiple of nb and short of r's last token (whose logits are
- * needed), as for the prefix cache; 0 if none. */
-static int kept_use(const slot *sl, const srv_request *r, int nb)
-{
-    if (!sl->kept || !req_shares(r)) return 0;
-    const int lim = sl->n_kept < r->n_prompt - 1 ? sl->n_kept : r->n_prompt - 1;
-    return lim > 0 ? common_len(sl->kept_ids, r->prompt, lim) / nb * nb : 0;
-}
+/* ---- slots (--slot-save-path) -------------------------------------------- */
 
 /* The free slot for r (one is free): the one whose kept cache gives it the
  * longest start (a restored slot), else the first that keeps none, else
@@ -762,26 +103,6 @@ static void slot_publish(srv_server *s, int i, const srv_request *r, uint64_t ta
     p->n_probs = r->logprobs;
     p->seed = r->seed;
     p->n_cache = n_cache;
-}
-
-/* The new context of sl starts from its slot's kept cache when that gives
- * a start (kept_use): copied, so the logits are those of a full prefill.
- * 1 if it did. */
-static int slot_reuse_kept(srv_server *s, slot *sl, int nb)
-{
-    char err[256];
-    const int use = kept_use(sl, sl->r, nb);
-    if (use <= 0) return 0;
-    if (sparq_context_copy_prefix(sl->c, sl->kept, use, err, sizeof err)) {
-        fprintf(stderr, "serve: slot cache: %s\n", err);
-        return 0;
-    }
-    sl->fed = use;
-    pthread_mutex_lock(&s->lock);
-    s->metrics.prefix_hits++;
-    s->metrics.prefix_tokens += use;
-    pthread_mutex_unlock(&s->lock);
-    return 1;
 }
 
 /* Runs one slot action on the idle slot sl (lock not held); the result
@@ -873,7 +194,7 @@ static int wait_target(const prefix_cache *pc, const slot *slots, int P, const s
         const slot *sl = &slots[j];
         if (!sl->r || sl->r->state == REQ_DONE || sl->r->cancelled) continue;
         const int lim = r->n_prompt - 1 < sl->r->n_prompt ? r->n_prompt - 1 : sl->r->n_prompt;
-        const int w = common_len(r->prompt, sl->r->prompt, lim) / pc->nb * pc->nb;
+        const int w = pc_common_len(r->prompt, sl->r->prompt, lim) / pc->nb * pc->nb;
         if (w > *want) {
             *want = w;
             best = j;
@@ -904,147 +225,6 @@ static void pc_serve_waiters(srv_server *s, prefix_cache *pc, slot *slots, int P
     for (int k = 0; k < np; k++)
         pc_insert(s, pc, slots[pj[k]].c, slots[pj[k]].r->prompt, pw[k], sparq_context_n_ctx(slots[pj[k]].c), NULL);
     pthread_mutex_lock(&s->lock);
-}
-
-/* Creates the request's context and sampler; 0, or -1 with the message. */
-static int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
-{
-    const srv_request *r = sl->r;
-    const int V = s->n_vocab;
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = s->cfg.n_ctx;
-    cp.n_threads = s->cfg.n_threads;
-    cp.n_batch = s->cfg.n_batch;
-    cp.kv_type = s->cfg.kv_type;
-    cp.attn = r->attn;
-    if (r->doc >= 0) { /* the file itself, mapped (server/docs.h) */
-        cp.n_ctx = 0;
-        cp.prefill.mode = SPARQ_PREFILL_POLICY;
-        /* its data was checked once, at start (srv_docs_open) */
-        if (sparq_context_load_kv(s->model, &cp, s->cfg.docs[r->doc].path, SPARQ_VERIFY_META, &sl->c, err, err_size))
-            return -1;
-    } else if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) {
-        return -1;
-    }
-    sparq_sampler_params sp = sparq_sampler_default_params();
-    sp.temp = r->temp;
-    sp.top_k = r->top_k;
-    sp.top_p = r->top_p;
-    sp.seed = r->seed;
-    sp.min_p = r->min_p;
-    sp.repeat_penalty = r->rep_pen;
-    sp.presence_penalty = r->pres_pen;
-    sp.frequency_penalty = r->freq_pen;
-    sp.penalty_last_n = -1; /* every generated token (the prompt is not accepted) */
-    if (sparq_sampler_check(&sp, err, err_size)) return -1;
-    sl->smp = sparq_sampler_create(&sp, V);
-    /* ids were checked against the vocabulary when parsed; this cannot fail otherwise */
-    if (sl->smp && r->n_bias && sparq_sampler_set_logit_bias(sl->smp, r->bias_ids, r->bias, r->n_bias, err, err_size))
-        return -1;
-    if (sl->smp && r->grammar && sparq_sampler_set_grammar(sl->smp, s->model, r->grammar, err, err_size)) return -1;
-    sl->logits = malloc((size_t)V * sizeof(float));
-    if (r->echo && r->logprobs >= 0)
-        sl->prompt_logits = malloc((size_t)r->n_prompt * V * sizeof(float));
-    if (!sl->smp || !sl->logits || (r->echo && r->logprobs >= 0 && !sl->prompt_logits)) {
-        snprintf(err, err_size, "out of memory for a new sequence");
-        return -1;
-    }
-    sl->keepable = s->cfg.slot_save_path && r->doc < 0;
-    slot_hist_push(sl, r->prompt, r->n_prompt);
-    sl->policy_ix = -1;
-    for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)
-        if (strcmp(sparq_attn_policy_name(i), r->attn.policy ? r->attn.policy : "dense") == 0) sl->policy_ix = i;
-    return 0;
-}
-
-/* sl's prompt advanced by a chunk of nb tokens; after its last, the slot
- * is ready (its logits those of the prompt's last token). */
-static void slot_chunk_done(const srv_server *s, slot *sl, int nb)
-{
-    const srv_request *r = sl->r;
-    sl->fed += nb;
-    sl->chunks++;
-    if (sl->fed < r->n_prompt) return;
-    if (sl->prompt_logits)
-        memcpy(sl->logits, sl->prompt_logits + (size_t)(r->n_prompt - 1) * s->n_vocab, (size_t)s->n_vocab * sizeof(float));
-    sl->ready = 1;
-}
-
-/* One prefill chunk of sl's prompt: n_batch tokens from where it stopped,
- * the same boundaries `sparq run` uses. Returns 0 or -1 (message in ctx). */
-static int slot_prefill_chunk(srv_server *s, slot *sl)
-{
-    const srv_request *r = sl->r;
-    const int V = s->n_vocab;
-    const int nb_max = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
-    int nb = r->n_prompt - sl->fed < nb_max ? r->n_prompt - sl->fed : nb_max;
-    const int last = sl->fed + nb == r->n_prompt;
-    int rc;
-    if (r->n_prompt == 1) { /* a one-token prompt is a decode step, as in sparq_eval */
-        rc = sparq_eval(sl->c, r->prompt, 1, sl->prompt_logits ? sl->prompt_logits : sl->logits);
-    } else if (r->doc >= 0) { /* after a document: token by token through the policy (docs.h) */
-        rc = sl->prompt_logits ? sparq_eval_all(sl->c, r->prompt + sl->fed, nb, sl->prompt_logits + (size_t)sl->fed * V)
-                               : sparq_eval(sl->c, r->prompt + sl->fed, nb, last ? sl->logits : NULL);
-    } else if (sl->prompt_logits) {
-        rc = sparq_eval_prefill_all(sl->c, r->prompt + sl->fed, nb, sl->prompt_logits + (size_t)sl->fed * V);
-    } else {
-        rc = sparq_eval_prefill(sl->c, r->prompt + sl->fed, nb, last ? sl->logits : NULL);
-    }
-    if (rc) return -1;
-    slot_chunk_done(s, sl, nb);
-    return 0;
-}
-
-/* A prompt whose only unfed token is its last, of a policy that does not
- * observe the prefill and with no per-token prompt logits wanted: its last
- * chunk can go with others' through sparq_eval_prefill_batch (what
- * slot_prefill_chunk would compute, bit for bit). */
-static int slot_tail_batchable(const slot *sl)
-{
-    const srv_request *r = sl->r;
-    return r->n_prompt > 1 && r->n_prompt - sl->fed == 1 && !sl->prompt_logits && sl->policy_ix >= 0 && r->doc < 0 &&
-           sparq_attn_policy_observes_prefill(sl->policy_ix) == 0;
-}
-
-/* The one-token last chunks of n slots (slot_tail_batchable) in one pass
- * over the weights. Returns 0, or -1 (every slot's message in its ctx). */
-static int slots_prefill_tails(srv_server *s, slot *const *sls, int n, sparq_context **cs, int32_t *tok,
-                               float *logits)
-{
-    for (int i = 0; i < n; i++) {
-        cs[i] = sls[i]->c;
-        tok[i] = sls[i]->r->prompt[sls[i]->fed];
-    }
-    if (sparq_eval_prefill_batch(cs, tok, n, logits)) return -1;
-    for (int i = 0; i < n; i++) {
-        memcpy(sls[i]->logits, logits + (size_t)i * s->n_vocab, (size_t)s->n_vocab * sizeof(float));
-        slot_chunk_done(s, sls[i], 1);
-    }
-    return 0;
-}
-
-/* Echo: the prompt's text (and its tokens' log-probabilities) opens the
- * reply. Lock held. */
-static int publish_echo(srv_server *s, slot *sl)
-{
-    srv_request *r = sl->r;
-    const int V = s->n_vocab;
-    const int bos = sparq_token_bos(s->model);
-    char piece[256];
-    for (int i = 0; i < r->n_prompt; i++) {
-        if (i == 0 && r->prompt[0] == bos) continue;
-        int len = sparq_token_to_piece(s->model, r->prompt[i], piece, sizeof piece);
-        if (len > (int)sizeof piece) len = sizeof piece;
-        srv_token t;
-        memset(&t, 0, sizeof t);
-        t.logprob = NAN;
-        if (sl->prompt_logits && i > 0) token_logprobs(sl->prompt_logits + (size_t)(i - 1) * V, V, r->prompt[i], r->logprobs, &t);
-        if (publish_token(sl, r->prompt[i], sl->prompt_logits ? &t : NULL, piece, len < 0 ? 0 : len) < 0) return -1;
-    }
-    sl->gen_start = r->text.len;
-    r->text_ok = r->text.len;
-    r->n_ok_toks = r->n_toks;
-    return 0;
 }
 
 /* ---- the loop ---------------------------------------------------------------- */
@@ -1080,114 +260,406 @@ static void gate_pass(int *fd)
     }
 }
 
+/* What the loop owns: the slots, the batched step's buffers, the caches. */
+typedef struct sched {
+    srv_server     *s;
+    int             P, V;
+    slot           *slots;       /* [P]                                      */
+    float          *blogits;     /* [P][V] a batched step's logits           */
+    sparq_context **bc;          /* [P] a batched step's contexts            */
+    int32_t        *btok;        /* [P] its tokens                           */
+    int            *bslot;       /* [P] their slots                          */
+    slot          **chunk;       /* [P] the slots of one prefill pass        */
+    int             gate;        /* the tests' prefill gate, or -1           */
+    uint64_t        n_admitted;
+    prefix_cache    pc;
+    srv_kvdir       kvd, *kd;    /* kd: &kvd with --kv-dir, else NULL        */
+    kv_writer       kvw;
+} sched;
+
+/* Allocates what the loop needs; 0, or -1 (out of memory: the loop only
+ * answers what is queued). */
+static int sched_init(sched *q, srv_server *s)
+{
+    memset(q, 0, sizeof *q);
+    const int P = s->cfg.parallel, V = s->n_vocab;
+    q->s = s;
+    q->P = P;
+    q->V = V;
+    q->slots = calloc((size_t)P, sizeof *q->slots);
+    q->blogits = malloc((size_t)P * V * sizeof(float));
+    q->bc = malloc((size_t)P * sizeof *q->bc);
+    q->btok = malloc((size_t)P * sizeof *q->btok);
+    q->bslot = malloc((size_t)P * sizeof *q->bslot);
+    q->chunk = malloc((size_t)P * sizeof *q->chunk);
+    q->gate = gate_open(s->cfg.prefill_gate);
+    q->pc.budget = s->cfg.prefix_cache_bytes;
+    q->pc.nb = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
+    if (s->cfg.kv_dir) {
+        kvdir_init(&q->kvd, s->cfg.kv_dir, s->cfg.kv_dir_bytes, s->model, s->cfg.kv_type);
+        q->kd = &q->kvd;
+        kv_writer_start(&q->kvw, s, q->kd);
+    }
+    if (!q->slots || !q->blogits || !q->bc || !q->btok || !q->bslot || !q->chunk) {
+        fprintf(stderr, "serve: out of memory for %d slots\n", P);
+        return -1;
+    }
+    return 0;
+}
+
+static void sched_free(sched *q)
+{
+    if (q->kd) kv_writer_stop(&q->kvw); /* its queued files are written before the server stops */
+    for (int i = 0; q->slots && i < q->P; i++) {
+        slot_release(q->s, &q->slots[i], i);
+        slot_drop_kept(&q->slots[i]);
+    }
+    pc_free(&q->pc);
+    free(q->slots);
+    free(q->blogits);
+    free(q->chunk);
+    if (q->gate >= 0) close(q->gate);
+    free(q->bc);
+    free(q->btok);
+    free(q->bslot);
+}
+
+/* Ends the sequences cancelled, timed out or cut by a shutdown, and frees
+ * the slots of those done. Lock held (dropped while a slot is released).
+ * Returns the sequences still running. */
+static int sched_reap(sched *q, double now)
+{
+    srv_server *s = q->s;
+    int active = 0;
+    for (int i = 0; q->slots && i < q->P; i++) {
+        srv_request *r = q->slots[i].r;
+        if (!r) continue;
+        if (r->state != REQ_DONE) {
+            if (s->stopping == 2) slot_finish(s, &q->slots[i], "stop", 503, "the server is shutting down");
+            else if (r->cancelled) {
+                slot_finish(s, &q->slots[i], "stop", 499, "cancelled");
+                s->metrics.cancelled++;
+            } else if (now > r->deadline) slot_finish(s, &q->slots[i], "length", 504, "request timed out");
+        }
+        if (r->state == REQ_DONE) {
+            if (s->slot_pub) {
+                s->slot_pub[i].r = NULL;
+                s->slot_pub[i].n_decoded = r->n_gen;
+            }
+            srv_request_release(r);
+            q->slots[i].r = NULL;
+            s->n_active--;
+            pthread_mutex_unlock(&s->lock);
+            slot_release(s, &q->slots[i], i);
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
+        active++;
+    }
+    return active;
+}
+
+/* Takes r (at prev->next, or the head) out of the queue. Lock held. */
+static void queue_unlink(srv_server *s, srv_request *r, srv_request *prev)
+{
+    if (prev) prev->next = r->next;
+    else s->queue_head = r->next;
+    if (s->queue_tail == r) s->queue_tail = prev;
+    s->n_queued--;
+}
+
+/* Admissions, in queue order, into the free slots; a request whose prompt
+ * another sequence is prefilling waits for it, the rest go past it; one
+ * that left while queued (or waiting) is answered now. Lock held (dropped
+ * while waiters' prefixes are cached). Returns the requests admitted. */
+static int sched_admit(sched *q, double now)
+{
+    srv_server *s = q->s;
+    if (!q->slots || s->stopping == 2) return 0;
+    int n_free = 0, admitted = 0;
+    for (int i = 0; i < q->P; i++) n_free += !q->slots[i].r;
+    if (n_free && s->queue_head) pc_serve_waiters(s, &q->pc, q->slots, q->P);
+    for (srv_request *r = s->queue_head, *prev = NULL, *next; r; r = next) {
+        next = r->next;
+        const int gone = r->cancelled, late = now > r->deadline;
+        int i = -1, want = 0;
+        if (!gone && !late) {
+            if (!n_free) break;
+            i = slot_pick(q->slots, q->P, r, q->pc.nb);
+            const int j = wait_target(&q->pc, q->slots, q->P, r, &want);
+            if (j >= 0 && q->slots[j].fed < want) {
+                if (!r->waited) s->metrics.prefix_waits++;
+                r->waited = 1;
+                prev = r;
+                continue;
+            }
+        }
+        queue_unlink(s, r, prev);
+        if (gone || late) {
+            r->err_status = gone ? 499 : 504;
+            snprintf(r->error, sizeof r->error, "%s", gone ? "cancelled" : "request timed out");
+            r->finish = gone ? "stop" : "length";
+            r->state = REQ_DONE;
+            s->metrics.errors += !gone;
+            s->metrics.cancelled += gone;
+            srv_request_release(r);
+            continue;
+        }
+        s->n_active++;
+        r->state = REQ_RUNNING;
+        r->t_admit = now;
+        q->slots[i].r = r;
+        q->slots[i].admitted = q->n_admitted++;
+        slot_publish(s, i, r, q->slots[i].admitted);
+        n_free--;
+        admitted++;
+    }
+    return admitted;
+}
+
+/* Shutdown: what is still queued is answered 503. Lock held. */
+static void sched_drop_queue(srv_server *s)
+{
+    while (s->queue_head) {
+        srv_request *r = s->queue_head;
+        queue_unlink(s, r, NULL);
+        r->err_status = 503;
+        snprintf(r->error, sizeof r->error, "the server is shutting down");
+        r->state = REQ_DONE;
+        srv_request_release(r);
+    }
+}
+
+/* New sequences get their context, started from a cached prefix when one
+ * fits. Lock not held. */
+static void sched_start(sched *q)
+{
+    srv_server *s = q->s;
+    char err[512];
+    for (int i = 0; i < q->P; i++) {
+        slot *sl = &q->slots[i];
+        if (!sl->r || sl->c) continue;
+        if (slot_start(s, sl, err, sizeof err)) {
+            pthread_mutex_lock(&s->lock);
+            slot_finish(s, sl, "stop", 400, err);
+            pthread_mutex_unlock(&s->lock);
+            continue;
+        }
+        if (!slot_reuse_kept(s, sl, q->pc.nb)) slot_reuse_prefix(s, &q->pc, q->kd, sl);
+        sl->cached = sl->fed;
+        if (sl->kept) { /* the slot's cache is this request's from now on */
+            slot_drop_kept(sl);
+            pthread_mutex_lock(&s->lock);
+            s->slot_pub[i].n_cache = 0;
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+}
+
+/* A sequence still prefilling (admitted, with a context, logits not yet
+ * ready, not done). */
+static int prefilling(const slot *sl)
+{
+    return sl->r && sl->c && !sl->ready && sl->r->state != REQ_DONE;
+}
+
+/* One prefill pass starting with the oldest's chunk: when that is a
+ * prompt's one uncached last token (a prefix-cache hit), every other such
+ * tail joins it in one pass over the weights instead of one pass each.
+ * Returns the pass's result (0 or -1), *n its slots (in q->chunk), *fed
+ * the prompt tokens it fed. */
+static int prefill_pass(sched *q, slot *oldest, int *n, int *fed)
+{
+    int nc = 0, rc;
+    q->chunk[nc++] = oldest;
+    if (slot_tail_batchable(oldest))
+        for (int i = 0; i < q->P; i++) {
+            slot *sl = &q->slots[i];
+            if (sl != oldest && prefilling(sl) && slot_tail_batchable(sl)) q->chunk[nc++] = sl;
+        }
+    if (nc > 1) {
+        rc = slots_prefill_tails(q->s, q->chunk, nc, q->bc, q->btok, q->blogits);
+        *fed = rc ? 0 : nc;
+    } else {
+        const int f = oldest->fed;
+        rc = slot_prefill_chunk(q->s, oldest);
+        *fed = oldest->fed - f;
+    }
+    *n = nc;
+    return rc;
+}
+
+/* After a pass: the prompts it completed go into the prefix cache and
+ * --kv-dir (cut at a chunk boundary), and their requests learn they are
+ * prefilled (echo publishes the prompt); a failure ends its requests. */
+static void prefill_done(sched *q, int nc, int rc, int fed, double t0, double t1)
+{
+    srv_server *s = q->s;
+    const prefix_cache *pc = &q->pc;
+    for (int k = 0; k < nc && !rc && (pc->budget || q->kd); k++) {
+        slot *sl = q->chunk[k];
+        if (!sl->ready) continue;
+        const int cut = (sl->r->n_prompt - 1) / pc->nb * pc->nb;
+        const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
+        if (cut > 0 && pc->budget) pc_insert(s, &q->pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
+        if (cut > 0 && q->kd) kv_save_prefix(s, &q->kvw, sl->c, sl->r->prompt, cut, id, sl->id_stale);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->metrics.prefill_tokens += fed;
+    s->metrics.prefill_seconds += t1 - t0;
+    if (nc > 1 && !rc) s->metrics.tails_batched += nc;
+    for (int k = 0; k < nc; k++) {
+        slot *sl = q->chunk[k];
+        if (rc) slot_finish(s, sl, "stop", 500, sparq_context_error(sl->c));
+        else if (sl->ready) {
+            sl->r->n_prompt_tokens = sl->r->n_prompt; /* what the request sent, as llama-server counts */
+            sl->r->n_cached = sl->cached;
+            sl->r->t_prefilled = t1;
+            if (sl->r->echo && publish_echo(s, sl)) slot_finish(s, sl, "stop", 500, "out of memory");
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Prefill chunks in admission order, oldest first, until this round has
+ * fed n_batch tokens (at least one chunk): round robin would hold every
+ * first token back until all prompts are nearly done; in admission order
+ * the first request answers after its own prefill (the last no later).
+ * The budget lets many short chunks (the uncached tails of prompts the
+ * prefix cache holds) start together instead of one per decode step,
+ * while a long prompt still takes one chunk per step and never stalls the
+ * running streams for more than that. A prompt that took several chunks
+ * ends the round when it completes, so its first token comes out before
+ * anything admitted after it. A chunk's boundaries are the sequence's own
+ * (slot_prefill_chunk), so the budget never changes what a sequence
+ * computes. Lock not held. */
+static void sched_prefill(sched *q)
+{
+    const int budget = q->s->cfg.n_batch > 0 ? q->s->cfg.n_batch : 512;
+    int fed_round = 0;
+    for (;;) {
+        slot *oldest = NULL;
+        for (int i = 0; i < q->P; i++)
+            if (prefilling(&q->slots[i]) && (!oldest || q->slots[i].admitted < oldest->admitted)) oldest = &q->slots[i];
+        if (!oldest || fed_round >= budget) break;
+        gate_pass(&q->gate);
+        const double t0 = srv_now();
+        int nc, fed;
+        const int rc = prefill_pass(q, oldest, &nc, &fed);
+        const double t1 = srv_now();
+        fed_round += fed;
+        /* failed, or a long prompt's last chunk */
+        const int end_round = rc || (nc == 1 && oldest->chunks > 1 && oldest->ready);
+        prefill_done(q, nc, rc, fed, t0, t1);
+        if (end_round) break;
+    }
+}
+
+/* Samples the next token of ready slot i and publishes it; a sequence that
+ * goes on joins the batched step (q->bc/btok/bslot, *nb of them). Lock
+ * not held. */
+static void sample_one(sched *q, int i, int *nb)
+{
+    srv_server *s = q->s;
+    slot *sl = &q->slots[i];
+    srv_request *r = sl->r;
+    char piece[256];
+    if (r->max_tokens == 0) { /* echo only (loglikelihood scoring) */
+        pthread_mutex_lock(&s->lock);
+        slot_finish(s, sl, "length", 0, NULL);
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    /* the library sampler `sparq run` uses, set up in slot_start */
+    const int32_t id = sparq_sample(sl->smp, sl->logits);
+    srv_token lp, *lpp = NULL;
+    if (r->logprobs >= 0) {
+        token_logprobs(sl->logits, q->V, id, r->logprobs, &lp);
+        lpp = &lp;
+    }
+    const int eog = !r->ignore_eos && sparq_token_is_eog(s->model, id);
+    int len = eog ? 0 : sparq_token_to_piece(s->model, id, piece, sizeof piece);
+    if (len > (int)sizeof piece) len = sizeof piece;
+    pthread_mutex_lock(&s->lock);
+    if (eog) {
+        slot_finish(s, sl, "stop", 0, NULL);
+    } else {
+        r->n_gen++;
+        const int rc = publish_token(sl, id, lpp, piece, len < 0 ? 0 : len);
+        if (rc < 0) slot_finish(s, sl, "stop", 500, "out of memory");
+        else if (rc > 0) slot_finish(s, sl, "stop", 0, NULL);
+        else if (r->n_gen >= r->max_tokens) slot_finish(s, sl, "length", 0, NULL);
+        else if (sparq_context_pos(sl->c) >= sparq_context_n_ctx(sl->c)) slot_finish(s, sl, "length", 0, NULL);
+        else {
+            q->bc[*nb] = sl->c;
+            q->btok[*nb] = id;
+            q->bslot[(*nb)++] = i;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* One token for every ready sequence, then one batched decode step for
+ * those that go on. Lock not held. */
+static void sched_decode(sched *q)
+{
+    srv_server *s = q->s;
+    int nb = 0;
+    for (int i = 0; i < q->P; i++) {
+        const slot *sl = &q->slots[i];
+        if (sl->r && sl->ready && sl->r->state != REQ_DONE) sample_one(q, i, &nb);
+    }
+    if (nb == 0) return;
+    if (q->gate >= 0) { /* the tokens just sampled go out before the gate holds the step */
+        pthread_mutex_lock(&s->lock);
+        pthread_cond_broadcast(&s->progress);
+        pthread_mutex_unlock(&s->lock);
+        gate_pass(&q->gate);
+    }
+    const double t0 = srv_now();
+    const int rc = sparq_decode_batch(q->bc, q->btok, nb, q->blogits);
+    const double t1 = srv_now();
+    for (int j = 0; j < nb && !rc; j++) {
+        memcpy(q->slots[q->bslot[j]].logits, q->blogits + (size_t)j * q->V, (size_t)q->V * sizeof(float));
+        slot_hist_push(&q->slots[q->bslot[j]], &q->btok[j], 1);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->metrics.decode_tokens += nb;
+    s->metrics.decode_seconds += t1 - t0;
+    for (int j = 0; j < nb && rc; j++) slot_finish(s, &q->slots[q->bslot[j]], "stop", 500, sparq_context_error(q->bc[j]));
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Slot actions still queued when the server stops are answered 503. Lock
+ * held. */
+static void sched_drop_actions(srv_server *s)
+{
+    while (s->actions) {
+        srv_slot_action *a = s->actions;
+        s->actions = a->next;
+        a->status = 503;
+        snprintf(a->error, sizeof a->error, "the server is shutting down");
+        a->done = 1;
+    }
+}
+
+/* The loop: under the lock, reap and admit (and run slot actions), then
+ * wait if nothing runs; else, without it, start new sequences, prefill,
+ * and decode. */
 void *srv_sched_main(void *arg)
 {
     srv_server *s = arg;
-    const int P = s->cfg.parallel, V = s->n_vocab;
-    slot *slots = calloc((size_t)P, sizeof *slots);
-    float *blogits = malloc((size_t)P * V * sizeof(float));
-    sparq_context **bc = malloc((size_t)P * sizeof *bc);
-    int32_t *btok = malloc((size_t)P * sizeof *btok);
-    int *bslot = malloc((size_t)P * sizeof *bslot);
-    slot **chunk_slots = malloc((size_t)P * sizeof *chunk_slots);
-    int gate = gate_open(s->cfg.prefill_gate);
-    uint64_t n_admitted = 0;
-    char err[512], piece[256];
-    prefix_cache pc = { NULL, 0, 0, 0, s->cfg.prefix_cache_bytes, s->cfg.n_batch > 0 ? s->cfg.n_batch : 512 };
-    srv_kvdir kvd, *kd = NULL;
-    kv_writer kvw;
-    if (s->cfg.kv_dir) {
-        kvdir_init(&kvd, s->cfg.kv_dir, s->cfg.kv_dir_bytes, s->model, s->cfg.kv_type);
-        kd = &kvd;
-        kv_writer_start(&kvw, s, kd);
-    }
+    sched q;
+    const int ok = sched_init(&q, s) == 0;
     pthread_mutex_lock(&s->lock);
-    if (!slots || !blogits || !bc || !btok || !bslot || !chunk_slots) {
-        fprintf(stderr, "serve: out of memory for %d slots\n", P);
-        s->stopping = 2;
-    }
+    if (!ok) s->stopping = 2;
     for (;;) {
-        /* cancellations and timeouts; admissions */
         const double now = srv_now();
-        int active = 0;
-        for (int i = 0; slots && i < P; i++) {
-            srv_request *r = slots[i].r;
-            if (!r) continue;
-            if (r->state != REQ_DONE) {
-                if (s->stopping == 2) finish(s, &slots[i], "stop", 503, "the server is shutting down");
-                else if (r->cancelled) { finish(s, &slots[i], "stop", 499, "cancelled"); s->metrics.cancelled++; }
-                else if (now > r->deadline) finish(s, &slots[i], "length", 504, "request timed out");
-            }
-            if (r->state == REQ_DONE) {
-                if (s->slot_pub) {
-                    s->slot_pub[i].r = NULL;
-                    s->slot_pub[i].n_decoded = r->n_gen;
-                }
-                srv_request_release(r);
-                slots[i].r = NULL;
-                s->n_active--;
-                pthread_mutex_unlock(&s->lock);
-                slot_release(s, &slots[i], i);
-                pthread_mutex_lock(&s->lock);
-                continue;
-            }
-            active++;
-        }
-        /* admissions, in queue order; a request whose prompt another
-         * sequence is prefilling waits for it, the rest go past it */
-        int n_free = 0;
-        for (int i = 0; slots && i < P; i++) n_free += !slots[i].r;
-        if (slots && n_free && s->queue_head && s->stopping < 2) pc_serve_waiters(s, &pc, slots, P);
-        for (srv_request *r = slots ? s->queue_head : NULL, *prev = NULL, *next; r && s->stopping < 2; r = next) {
-            next = r->next;
-            const int gone = r->cancelled, late = now > r->deadline;
-            int i = -1, want = 0;
-            if (!gone && !late) {
-                if (!n_free) break;
-                i = slot_pick(slots, P, r, pc.nb);
-                const int j = wait_target(&pc, slots, P, r, &want);
-                if (j >= 0 && slots[j].fed < want) {
-                    if (!r->waited) s->metrics.prefix_waits++;
-                    r->waited = 1;
-                    prev = r;
-                    continue;
-                }
-            }
-            if (prev) prev->next = next;
-            else s->queue_head = next;
-            if (s->queue_tail == r) s->queue_tail = prev;
-            s->n_queued--;
-            if (gone || late) { /* left while queued (or waiting): answered now */
-                r->err_status = gone ? 499 : 504;
-                snprintf(r->error, sizeof r->error, "%s", gone ? "cancelled" : "request timed out");
-                r->finish = gone ? "stop" : "length";
-                r->state = REQ_DONE;
-                s->metrics.errors += !gone;
-                s->metrics.cancelled += gone;
-                srv_request_release(r);
-                continue;
-            }
-            s->n_active++;
-            r->state = REQ_RUNNING;
-            r->t_admit = now;
-            slots[i].r = r;
-            slots[i].admitted = n_admitted++;
-            slot_publish(s, i, r, slots[i].admitted);
-            n_free--;
-            active++;
-        }
-        pc_publish(s, &pc);
-        while (s->stopping == 2 && s->queue_head) { /* shutdown: drop the queue */
-            srv_request *r = s->queue_head;
-            s->queue_head = r->next;
-            if (!s->queue_head) s->queue_tail = NULL;
-            s->n_queued--;
-            r->err_status = 503;
-            snprintf(r->error, sizeof r->error, "the server is shutting down");
-            r->state = REQ_DONE;
-            srv_request_release(r);
-        }
-        if (slots && s->actions) slot_actions_run(s, slots);
+        int active = sched_reap(&q, now);
+        active += sched_admit(&q, now);
+        pc_publish(s, &q.pc);
+        if (s->stopping == 2) sched_drop_queue(s);
+        if (q.slots && s->actions) slot_actions_run(s, q.slots);
         pthread_cond_broadcast(&s->progress);
         if (!active) {
             if (s->stopping) break;
@@ -1195,184 +667,14 @@ void *srv_sched_main(void *arg)
             continue;
         }
         pthread_mutex_unlock(&s->lock);
-
-        /* new sequences get their context */
-        for (int i = 0; i < P; i++) {
-            slot *sl = &slots[i];
-            if (!sl->r || sl->c) continue;
-            if (slot_start(s, sl, err, sizeof err)) {
-                pthread_mutex_lock(&s->lock);
-                finish(s, sl, "stop", 400, err);
-                pthread_mutex_unlock(&s->lock);
-            } else {
-                if (!slot_reuse_kept(s, sl, pc.nb)) slot_reuse_prefix(s, &pc, kd, sl);
-                sl->cached = sl->fed;
-                if (sl->kept) { /* the slot's cache is this request's from now on */
-                    slot_drop_kept(sl);
-                    pthread_mutex_lock(&s->lock);
-                    s->slot_pub[i].n_cache = 0;
-                    pthread_mutex_unlock(&s->lock);
-                }
-            }
-        }
-        /* Prefill chunks in admission order, oldest first, until this
-         * iteration has fed n_batch tokens (at least one chunk): round robin
-         * would hold every first token back until all prompts are nearly
-         * done; in admission order the first request answers after its own
-         * prefill (the last no later). The budget lets many short chunks
-         * (the uncached tails of prompts the prefix cache holds) start
-         * together instead of one per decode step, while a long prompt
-         * still takes one chunk per step and never stalls the running
-         * streams for more than that. A prompt that took several chunks
-         * ends the round when it completes, so its first token comes out
-         * before anything admitted after it. A chunk's boundaries are the
-         * sequence's own (slot_prefill_chunk), so the budget never changes
-         * what a sequence computes. */
-        const int prefill_budget = s->cfg.n_batch > 0 ? s->cfg.n_batch : 512;
-        int prefill_fed = 0;
-        for (;;) {
-            slot *oldest = NULL;
-            for (int i = 0; i < P; i++) {
-                slot *sl = &slots[i];
-                if (!sl->r || !sl->c || sl->ready || sl->r->state == REQ_DONE) continue;
-                if (!oldest || sl->admitted < oldest->admitted) oldest = sl;
-            }
-            if (!oldest || prefill_fed >= prefill_budget) break;
-            /* The oldest's chunk; when it is a prompt's one uncached last
-             * token (a prefix-cache hit), every other such tail joins it in
-             * one pass over the weights instead of one pass each. */
-            int nc = 0;
-            chunk_slots[nc++] = oldest;
-            if (slot_tail_batchable(oldest))
-                for (int i = 0; i < P; i++) {
-                    slot *sl = &slots[i];
-                    if (sl != oldest && sl->r && sl->c && !sl->ready && sl->r->state != REQ_DONE && slot_tail_batchable(sl))
-                        chunk_slots[nc++] = sl;
-                }
-            gate_pass(&gate);
-            const double t0 = srv_now();
-            const int fed0 = prefill_fed;
-            int rc;
-            if (nc > 1) {
-                rc = slots_prefill_tails(s, chunk_slots, nc, bc, btok, blogits);
-                if (!rc) prefill_fed += nc;
-            } else {
-                const int f = oldest->fed;
-                rc = slot_prefill_chunk(s, oldest);
-                prefill_fed += oldest->fed - f;
-            }
-            const double t1 = srv_now();
-            /* failed, or a long prompt's last chunk */
-            const int end_round = rc || (nc == 1 && oldest->chunks > 1 && oldest->ready);
-            for (int k = 0; k < nc; k++) {
-                slot *sl = chunk_slots[k];
-                if (!rc && sl->ready && (pc.budget || kd)) { /* remember the prompt, cut at a chunk boundary */
-                    const int cut = (sl->r->n_prompt - 1) / pc.nb * pc.nb;
-                    const char *id = sl->r->prefix_id[0] && req_shares(sl->r) ? sl->r->prefix_id : NULL;
-                    if (cut > 0 && pc.budget) pc_insert(s, &pc, sl->c, sl->r->prompt, cut, sparq_context_n_ctx(sl->c), id);
-                    if (cut > 0 && kd) kv_save_prefix(s, &kvw, sl->c, sl->r->prompt, cut, id, sl->id_stale);
-                }
-            }
-            pthread_mutex_lock(&s->lock);
-            s->metrics.prefill_tokens += prefill_fed - fed0;
-            s->metrics.prefill_seconds += t1 - t0;
-            if (nc > 1 && !rc) s->metrics.tails_batched += nc;
-            for (int k = 0; k < nc; k++) {
-                slot *sl = chunk_slots[k];
-                if (rc) finish(s, sl, "stop", 500, sparq_context_error(sl->c));
-                else if (sl->ready) {
-                    sl->r->n_prompt_tokens = sl->r->n_prompt; /* what the request sent, as llama-server counts */
-                    sl->r->n_cached = sl->cached;
-                    sl->r->t_prefilled = t1;
-                    if (sl->r->echo && publish_echo(s, sl)) finish(s, sl, "stop", 500, "out of memory");
-                }
-            }
-            pthread_mutex_unlock(&s->lock);
-            if (end_round) break;
-        }
-        /* sample one token for every ready sequence; decode them together */
-        int nb = 0;
-        for (int i = 0; i < P; i++) {
-            slot *sl = &slots[i];
-            srv_request *r = sl->r;
-            if (!r || !sl->ready || r->state == REQ_DONE) continue;
-            if (r->max_tokens == 0) { /* echo only (loglikelihood scoring) */
-                pthread_mutex_lock(&s->lock);
-                finish(s, sl, "length", 0, NULL);
-                pthread_mutex_unlock(&s->lock);
-                continue;
-            }
-            /* the library sampler `sparq run` uses, set up in slot_start */
-            const int32_t id = sparq_sample(sl->smp, sl->logits);
-            srv_token lp, *lpp = NULL;
-            if (r->logprobs >= 0) {
-                token_logprobs(sl->logits, V, id, r->logprobs, &lp);
-                lpp = &lp;
-            }
-            const int eog = !r->ignore_eos && sparq_token_is_eog(s->model, id);
-            int len = eog ? 0 : sparq_token_to_piece(s->model, id, piece, sizeof piece);
-            if (len > (int)sizeof piece) len = sizeof piece;
-            pthread_mutex_lock(&s->lock);
-            if (eog) {
-                finish(s, sl, "stop", 0, NULL);
-            } else {
-                r->n_gen++;
-                int st = publish_token(sl, id, lpp, piece, len < 0 ? 0 : len);
-                if (st < 0) finish(s, sl, "stop", 500, "out of memory");
-                else if (st > 0) finish(s, sl, "stop", 0, NULL);
-                else if (r->n_gen >= r->max_tokens) finish(s, sl, "length", 0, NULL);
-                else if (sparq_context_pos(sl->c) >= sparq_context_n_ctx(sl->c)) finish(s, sl, "length", 0, NULL);
-                else {
-                    bc[nb] = sl->c;
-                    btok[nb] = id;
-                    bslot[nb++] = i;
-                }
-            }
-            pthread_mutex_unlock(&s->lock);
-        }
-        if (nb > 0) {
-            if (gate >= 0) { /* the tokens just sampled go out before the gate holds the step */
-                pthread_mutex_lock(&s->lock);
-                pthread_cond_broadcast(&s->progress);
-                pthread_mutex_unlock(&s->lock);
-                gate_pass(&gate);
-            }
-            const double t0 = srv_now();
-            int rc = sparq_decode_batch(bc, btok, nb, blogits);
-            const double t1 = srv_now();
-            for (int j = 0; j < nb && !rc; j++) {
-                memcpy(slots[bslot[j]].logits, blogits + (size_t)j * V, (size_t)V * sizeof(float));
-                slot_hist_push(&slots[bslot[j]], &btok[j], 1);
-            }
-            pthread_mutex_lock(&s->lock);
-            s->metrics.decode_tokens += nb;
-            s->metrics.decode_seconds += t1 - t0;
-            for (int j = 0; j < nb && rc; j++) finish(s, &slots[bslot[j]], "stop", 500, sparq_context_error(bc[j]));
-            pthread_mutex_unlock(&s->lock);
-        }
+        sched_start(&q);
+        sched_prefill(&q);
+        sched_decode(&q);
         pthread_mutex_lock(&s->lock);
     }
-    while (s->actions) { /* never run: the server stops */
-        srv_slot_action *a = s->actions;
-        s->actions = a->next;
-        a->status = 503;
-        snprintf(a->error, sizeof a->error, "the server is shutting down");
-        a->done = 1;
-    }
+    sched_drop_actions(s); /* never run: the server stops */
     pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->lock);
-    if (kd) kv_writer_stop(&kvw); /* its queued files are written before the server stops */
-    for (int i = 0; slots && i < P; i++) {
-        slot_release(s, &slots[i], i);
-        slot_drop_kept(&slots[i]);
-    }
-    pc_free(&pc);
-    free(slots);
-    free(blogits);
-    free(chunk_slots);
-    if (gate >= 0) close(gate);
-    free(bc);
-    free(btok);
-    free(bslot);
+    sched_free(&q);
     return NULL;
 }

@@ -1,6 +1,7 @@
-/* srv_internal.h - what server.c (HTTP) and sched.c (scheduler) share:
- * the request record and the server state. Every field marked [lock] is
- * read and written only under srv_server.lock. */
+/* srv_internal.h - what the server's files share: the request record
+ * and the server state, between server.c (HTTP) and the scheduler thread
+ * (sched.c, seq.c, prefix_cache.c, kv_writer.c). Every field marked
+ * [lock] is read and written only under srv_server.lock. */
 #ifndef SPARQ_SRV_INTERNAL_H
 #define SPARQ_SRV_INTERNAL_H
 
@@ -147,7 +148,8 @@ struct srv_server {
 
 
 double srv_now(void);
-/* Drops one reference (frees at zero). Call with the lock held. */
+/* Drops one reference (frees at zero; request.c, beside what allocates
+ * it). Call with the lock held. */
 void srv_request_release(srv_request *r);
 /* Queues r (refs taken for the scheduler); returns 0, or -1 if the queue is
  * full or the server is stopping. Lock held. */

@@ -54,3 +54,9 @@ size_t utf8_incomplete_tail(const char *s, size_t n)
     }
     return 0;
 }
+
+size_t utf8_char_start(const char *s, size_t at)
+{
+    while (at > 0 && ((unsigned char)s[at] & 0xC0) == 0x80) at--;
+    return at;
+}

@@ -20,4 +20,9 @@ size_t utf8_valid_len(const unsigned char *s, size_t avail);
  * is held back before them, so no one sees half a character. */
 size_t utf8_incomplete_tail(const char *s, size_t n);
 
+/* Where the character holding byte s[at] starts (at, unless s[at] is a
+ * continuation byte): cutting s there splits no character. s[at] must be
+ * readable. */
+size_t utf8_char_start(const char *s, size_t at);
+
 #endif

@@ -90,7 +90,18 @@ async function main() {
     let t = '';
     for await (const ch of ss) t += ch.choices[0].text;
     check(t === st.choices[0].text, 'stop string, streamed', JSON.stringify(t));
+    // several stop strings: the earliest in the text cuts, whatever the list's order
+    const later = full.slice(cut + 1, cut + 5);
+    const sm = await completion(c0, { stop: [later, stopWord] });
+    const first = full.slice(0, Math.min(full.indexOf(later), full.indexOf(stopWord)));
+    check(sm.choices[0].text === first, 'earliest of several stop strings',
+          `${JSON.stringify(sm.choices[0].text)} stops ${JSON.stringify([later, stopWord])}`);
   } else check(false, 'stop string', 'reference text too short');
+  // echo: the prompt is no reply, so a stop string in it cuts nothing
+  const inPrompt = c0.prompt.slice(0, 4);
+  const es = await completion(c0, { echo: true, stop: [inPrompt] });
+  check(es.choices[0].text.includes(c0.prompt), 'echo keeps a prompt holding a stop string',
+        `${JSON.stringify(es.choices[0].text)} stop ${JSON.stringify(inPrompt)}`);
 
   // seeded sampling is reproducible
   const a = await completion(c0, { temperature: 1, seed: 1234 });
