@@ -9,6 +9,7 @@
  *   sparq_context_fill_random                 synthetic keys/values for benchmarks
  */
 #include "io/kvfile.h"
+#include "core/context.h"
 #include "core/model.h"
 #include "attn/attn_pf_sparse.h"
 #include "util/paths.h"
@@ -359,32 +360,6 @@ void sparq_context_free(sparq_context *c)
     run_state_free(&c->rs);
     attn_pf_sparse_free(c->pf);
     free(c);
-}
-
-int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos)
-{
-    const size_t V = (size_t)c->model->hp.n_vocab;
-    for (int r = 0; r < rows; r++) {
-        const float *x = logits + (size_t)r * V;
-        /* inf * 0 and NaN * 0 are NaN, which stays in its lane's sum; 16
-         * lanes so that the loop vectorises (one running sum was a chain of
-         * dependent adds, ~0.15 ms per row at a 128k vocabulary) */
-        float lane[16] = { 0 };
-        size_t i = 0;
-        for (; i + 16 <= V; i += 16)
-            for (int l = 0; l < 16; l++) lane[l] += x[i + l] * 0.0f;
-        for (; i < V; i++) lane[0] += x[i] * 0.0f;
-        float acc = 0.0f;
-        for (int l = 0; l < 16; l++) acc += lane[l];
-        if (acc == 0.0f) continue;
-        size_t bad = 0;
-        while (bad < V && isfinite(x[bad])) bad++;
-        snprintf(c->error, sizeof c->error, "non-finite logits at token position %lld (logit %zu is %g): "
-                 "the model's weights or activations hold NaN/Inf", (long long)(first_pos + r), bad,
-                 bad < V ? (double)x[bad] : 0.0);
-        return -1;
-    }
-    return 0;
 }
 
 int64_t sparq_context_pos(const sparq_context *c) { return c->kv.n; }
