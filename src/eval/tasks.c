@@ -13,7 +13,7 @@
 #include "util/names.h"
 #include "eval/task_impl.h"
 
-#include "eval/eval.h"
+#include "eval/eval_file.h"
 #include "eval/metrics.h"
 #include "util/textbuf.h"
 #include "util/paths.h"
