@@ -85,6 +85,22 @@ enum {
     ATTN_NEEDS_COLSUM  = 1u << 2,  /* prefill reports attention col sums  */
 };
 
+/* One decode step of one (layer, KV head): what attend and attend_part
+ * get beside the policy's state and parameters. The caller owns every
+ * pointer; the policy writes out, scratch, counts and trace only. */
+typedef struct attn_step {
+    int                 layer;
+    int                 kv_head;
+    const attn_kv_view *kv;
+    const float        *q;       /* [g][d] the group's queries (RoPE applied, unscaled) */
+    int                 g;       /* query heads per KV head                     */
+    float              *out;     /* [g][d] the attention output                 */
+    attn_scratch       *scratch; /* the caller's, never shared between calls    */
+    attn_counts        *counts;  /* elements read and written are added here    */
+    struct attn_trace  *trace;   /* what the step selected, or NULL (attend_part
+                                  * ignores it)                                 */
+} attn_step;
+
 typedef struct attn_policy {
     const char *name;
     const char *summary;   /* one line for --help: what a decode step reads */
@@ -103,13 +119,12 @@ typedef struct attn_policy {
                             int kv_head, const attn_kv_view *kv, const float *colsum);
     /* f32 and int32 scratch values attend() needs for S positions. */
     size_t (*scratch_floats)(const sparq_attn_params *p, int64_t S, int d, int g);
-    /* One decode step: q[g][d] (RoPE applied, unscaled) -> out[g][d]; trace
-     * (may be NULL) reports what the step selected (tests, sparq_attn_run).
-     * Returns 0, or -1 with a one-line message in scratch->err (attn_fail):
-     * a policy never falls back silently. */
-    int  (*attend)(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                   const attn_kv_view *kv, const float *q, int g, float *out,
-                   attn_scratch *scratch, attn_counts *counts, struct attn_trace *trace);
+    /* One decode step: step->q[g][d] (RoPE applied, unscaled) ->
+     * step->out[g][d]; step->trace (may be NULL) reports what the step
+     * selected (tests, sparq_attn_run). Returns 0, or -1 with a one-line
+     * message in step->scratch->err (attn_fail): a policy never falls back
+     * silently. */
+    int  (*attend)(void *state, const sparq_attn_params *p, const attn_step *step);
     /* The transfer formula (docs/ALGORITHMS.md "Transfer formulas", elements) for one step of one KV head. */
     int64_t (*transfer_formula)(const sparq_attn_params *p, int64_t S, int d, int g);
     /* Optional (policies that index a prefix: topk): positions [0, n_prefix)
@@ -128,12 +143,11 @@ typedef struct attn_policy {
     /* Optional, with attend_part: a step over S positions in n_parts(p, S)
      * independent parts (1: attend as a whole), so the model can share one
      * KV head's step between threads. attend_part computes part `part` into
-     * out[g][d] and lse[g] for attn_merge_part (merged in order by the
+     * step->out[g][d] and lse[g] for attn_merge_part (merged in order by the
      * caller); merging every part must give exactly attend's output. */
     int  (*n_parts)(const sparq_attn_params *p, int64_t S);
-    int  (*attend_part)(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                        const attn_kv_view *kv, const float *q, int g, int part, float *out,
-                        float *lse, attn_scratch *scratch, attn_counts *counts);
+    int  (*attend_part)(void *state, const sparq_attn_params *p, const attn_step *step, int part,
+                        float *lse);
 } attn_policy;
 
 /* Registry lookup by name; NULL if unknown. */

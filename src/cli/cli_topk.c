@@ -504,8 +504,10 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
                 attn_kv_view view;
                 kv_view(&kv, l, h, pos + 1, &view);
                 attn_counts cnt = { 0, 0 };
-                if (pol->attend(state, &p, l, h, &view, ql + (size_t)h * g * d, g,
-                                out + (size_t)h * g * d, &scr, &cnt, NULL)) {
+                const attn_step step = { .layer = l, .kv_head = h, .kv = &view, .q = ql + (size_t)h * g * d,
+                                         .g = g, .out = out + (size_t)h * g * d, .scratch = &scr,
+                                         .counts = &cnt };
+                if (pol->attend(state, &p, &step)) {
 #pragma omp critical(topk_step_error)
                     if (!step_failed) {
                         step_failed = 1;

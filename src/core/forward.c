@@ -513,11 +513,14 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
             int rc = 0;
             if (exact) /* a one-token prefill chunk: attend_prefill_rows' computation */
                 attn_dense_group(&kv, c->rs.q + off, g, c->rs.att + off, s.f);
-            else rc = parts[i] > 1
-                ? c->policy->attend_part(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g, p,
-                                         po, po + (size_t)g * d, &s, &cnt)
-                : c->policy->attend(c->policy_state, &c->params.attn, il, h, &kv, c->rs.q + off, g,
-                                    c->rs.att + off, &s, &cnt, NULL);
+            else {
+                const attn_step step = { .layer = il, .kv_head = h, .kv = &kv, .q = c->rs.q + off, .g = g,
+                                         .out = parts[i] > 1 ? po : c->rs.att + off, .scratch = &s,
+                                         .counts = &cnt, .trace = NULL };
+                rc = parts[i] > 1
+                    ? c->policy->attend_part(c->policy_state, &c->params.attn, &step, p, po + (size_t)g * d)
+                    : c->policy->attend(c->policy_state, &c->params.attn, &step);
+            }
             if (rc) {
 #pragma omp critical(attend_decode_error)
                 if (!failed[i]) {

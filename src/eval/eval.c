@@ -556,13 +556,13 @@ static void approx_logits(const float *Kf, int64_t S, int d, const float *q, con
     }
 }
 
-static int stats_tap_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                            const attn_kv_view *kv, const float *q, int g, float *out,
-                            attn_scratch *scratch, attn_counts *counts, attn_trace *trace)
+static int stats_tap_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
     stats_tap *t = state;
-    if (t->inner->attend(t->inner_state, p, layer, kv_head, kv, q, g, out, scratch, counts, trace))
-        return -1;
+    if (t->inner->attend(t->inner_state, p, step)) return -1;
+    const int layer = step->layer, kv_head = step->kv_head, g = step->g;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
 
     eval_stats *st = t->out;
     const int64_t S = kv->S;
