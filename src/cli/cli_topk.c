@@ -431,8 +431,9 @@ static int decode_child(const synth *s, const topk_opts *o, const char *path, co
     }
     res->verified = f->verified;
     kv_cache kv;
-    if (kv_create_borrowed(&kv, L, H, d, f->cap, f->elem, f->k, f->v, NULL, f->n, NULL, 0, 0, NULL,
-                           NULL, err, sizeof err)) {
+    const kv_borrow b = { .n_layer = L, .n_kv_head = H, .d = d, .cap = f->cap, .elem = f->elem, .k = f->k,
+                          .v = f->v, .n = f->n };
+    if (kv_create_borrowed(&kv, &b, err, sizeof err)) {
         snprintf(res->err, sizeof res->err, "%s", err);
         kvf_close(f);
         return -1;

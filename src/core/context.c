@@ -176,18 +176,28 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     if (c->policy->resolve(&c->params.attn, hp->head_dim, err, err_size)) goto fail;
     unsigned needs = c->policy->needs;
     const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : p->kv_type == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F32;
+    /* the cache's shape; the storage is the KV file's when there is one */
+    kv_borrow b = { .n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head, .d = hp->head_dim, .cap = n_ctx,
+                    .elem = elem, .with_kt = !!(needs & ATTN_NEEDS_KT),
+                    .with_vsum = !!(needs & ATTN_NEEDS_VSUM) };
     if (kvf) {
-        if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf->k,
-                               kvf->v, kvf->kt, kvf->n, kvf->v_sum, !!(needs & ATTN_NEEDS_KT),
-                               !!(needs & ATTN_NEEDS_VSUM), kvf, kvf_release, err,
-                               err_size))
-            goto fail;
+        b.k = kvf->k;
+        b.v = kvf->v;
+        b.kt = kvf->kt;
+        b.n = kvf->n;
+        b.v_sum = kvf->v_sum;
+        b.owner = kvf;
+        b.owner_free = kvf_release;
+        if (kv_create_borrowed(&c->kv, &b, err, err_size)) goto fail;
         *kvf_taken = 1;
     } else if (map) { /* built in place in the file being written (map_n positions there) */
-        if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf_map_k(map),
-                               kvf_map_v(map), kvf_map_kt(map), map_n, NULL, !!(needs & ATTN_NEEDS_KT),
-                               !!(needs & ATTN_NEEDS_VSUM), map, kvf_map_free, err, err_size))
-            goto fail;
+        b.k = kvf_map_k(map);
+        b.v = kvf_map_v(map);
+        b.kt = kvf_map_kt(map);
+        b.n = map_n;
+        b.owner = map;
+        b.owner_free = kvf_map_free;
+        if (kv_create_borrowed(&c->kv, &b, err, err_size)) goto fail;
         *kvf_taken = 1;
     } else if (kv_create(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem,
                          !!(needs & ATTN_NEEDS_KT), !!(needs & ATTN_NEEDS_VSUM), err, err_size)) {
