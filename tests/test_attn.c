@@ -1267,7 +1267,7 @@ static void test_h2o_steps(void)
                 kv.S = S;
                 attn_counts cnt = { 0, 0 };
                 attn_trace tr = { tsel, 0, NULL, 0, NULL };
-                ok_y &= pol->attend(state, &p, 1, 1, &kv, q, g, out, &scr, &cnt, &tr) == 0;
+                ok_y &= pol->attend(state, &p, &(attn_step){ 1, 1, &kv, q, g, out, &scr, &cnt, &tr }) == 0;
                 naive_h2o_step(q, K, V, S, d, g, p.k, p.l, score, alive, y, kept);
                 run_out o = { .sel = tsel, .n_sel = tr.n_sel };
                 ok_sel &= sel_matches(&o, kept, S);
@@ -1662,7 +1662,7 @@ static void test_sparq_fallbacks(void)
     int32_t *sel = malloc((size_t)c.S * sizeof *sel);
     attn_trace tr = { sel, 0, NULL, 0, alpha };
     attn_counts cnt = { 0, 0 };
-    CHECK(pol->attend(NULL, &p, 0, 0, &kv, c.q, 4, out, &scr, &cnt, &tr) == 0, "attend failed");
+    CHECK(pol->attend(NULL, &p, &(attn_step){ 0, 0, &kv, c.q, 4, out, &scr, &cnt, &tr }) == 0, "attend failed");
     double e = 0;
     for (int i = 0; i < 4 * 64; i++) e = fmax(e, fabs(out[i] - want.y[i]));
     CHECK(e <= 1e-5 && same_set(sel, tr.n_sel, want.sel, want.n_sel),

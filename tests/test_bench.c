@@ -153,7 +153,7 @@ static void counted_matches_formula(int elem)
             attn_scratch s = { .f = sf, .n_f = nf, .i = si };
             bench_randn(&r, q, 2 * 16);
             c[i].read = c[i].written = 0;
-            CHECK(pol->attend(NULL, &p, i / kvh, i % kvh, &v, q, g, out, &s, &c[i], NULL) == 0,
+            CHECK(pol->attend(NULL, &p, &(attn_step){ i / kvh, i % kvh, &v, q, g, out, &s, &c[i], NULL }) == 0,
                   "%s: attend failed", names[ip]);
         }
         int64_t counted = bench_counted_bytes(c, B * kvh, elem);

@@ -14,6 +14,7 @@
 #include "util/paths.h"
 #include "tensor/quant.h"
 #include "sparq.h"
+#include "core/forward.h"
 #include "core/model.h"
 #include "core/forward_kernels.h"
 

@@ -15,6 +15,7 @@
 #include "tensor/gguf.h"
 #include "util/paths.h"
 #include "tensor/quant.h"
+#include "tensor/quant_impl.h" /* the _ref twins */
 #include "util/cpu.h"
 #include "test.h"
 

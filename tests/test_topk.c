@@ -217,7 +217,7 @@ static void polrun_free(polrun *r)
 static int64_t polrun_step(polrun *r, const fixture *f, float *out, attn_trace *tr, int check_formula)
 {
     attn_counts c = { 0, 0 };
-    CHECK(r->pol->attend(r->state, &r->p, 0, 0, &f->kv, f->q, G, out, &r->scr, &c, tr) == 0,
+    CHECK(r->pol->attend(r->state, &r->p, &(attn_step){ 0, 0, &f->kv, f->q, G, out, &r->scr, &c, tr }) == 0,
           "%s: attend failed", r->p.index);
     const int64_t want = r->pol->transfer_formula_state(r->state, &r->p, 0, S, f->d, G);
     if (check_formula)
@@ -468,12 +468,12 @@ static int step_with(const fixture *f, const char *kind, const attn_index_source
     err[0] = 0;
     float out[G * MAXD];
     attn_counts c = { 0, 0 };
-    int rc = r.pol->attend(r.state, &r.p, 0, 0, &f->kv, f->q, G, out, &r.scr, &c, NULL);
+    int rc = r.pol->attend(r.state, &r.p, &(attn_step){ 0, 0, &f->kv, f->q, G, out, &r.scr, &c, NULL });
     /* the next step of the same head fails too, with the same reason */
     char err2[512] = "";
     r.scr.err = err2;
     r.scr.err_size = sizeof err2;
-    int rc2 = r.pol->attend(r.state, &r.p, 0, 0, &f->kv, f->q, G, out, &r.scr, &c, NULL);
+    int rc2 = r.pol->attend(r.state, &r.p, &(attn_step){ 0, 0, &f->kv, f->q, G, out, &r.scr, &c, NULL });
     CHECK(rc2 == rc && strcmp(err, err2) == 0, "%s: second step: %d '%s'", kind, rc2, err2);
     int32_t ids[G * 24];
     CHECK(attn_topk_select(r.state, &r.p, 0, 0, &f->kv, f->q, G, ids, &r.scr) == (rc ? -1 : 24),

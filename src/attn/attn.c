@@ -5,8 +5,8 @@
  *   top-k selection     attn_topk_indices (O(n): sampled threshold, exact
  *                       threshold by bisection on order keys)
  *   dispatch            the un-suffixed kernel names call the twin of the
- *                       level chosen at run time (attn_kernels tables:
- *                       attn_kernels_ref.c, attn_kernels_avx512.c)
+ *                       level chosen at run time (attn_kernels tables,
+ *                       attn_kernels.h: attn_kernels_ref.c, _avx2.c, ...)
  *   group attention     attn_dense_group, attn_gather_group
  *   exact top-k         attn_exact_topk_group (oracle, FlexGen)
  *
@@ -129,12 +129,6 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
 }
 
 /* ---- dispatch ------------------------------------------------------------ */
-
-const attn_kernels attn_kernels_ref = {
-    attn_topk_filter_ref, attn_scores_ref, attn_softmax_ref, attn_weighted_sum_ref,
-    attn_kt_logits_ref, attn_softmax_weighted_sum_ref, attn_kt_exp_ref, attn_scaled_head_sum_ref,
-    attn_topk_kth_key_ref, attn_topk_above_ref, attn_gather_group_ref,
-};
 
 /* ARM64's two NEON tables are attn_kernels_neon.c's two builds. */
 static const attn_kernels *const tables[CPU_LEVELS] = {
@@ -260,17 +254,6 @@ void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out,
         attn_dense_part(kv, q, g, p, part_out, part_lse, scratch);
         attn_merge_part(g, d, out, lse, part_out, part_lse);
     }
-}
-
-void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
-                           const int32_t *sel, int64_t n_sel, float *out, float *scratch)
-{
-    if (n_sel <= 0) {
-        memset(out, 0, (size_t)g * kv->d * sizeof *out);
-        return;
-    }
-    attn_scores_ref(kv, q, g, sel, n_sel, scratch);
-    attn_softmax_weighted_sum_ref(kv, scratch, g, sel, n_sel, out, NULL);
 }
 
 void attn_gather_group(const attn_kv_view *kv, const float *q, int g,

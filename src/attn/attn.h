@@ -10,6 +10,10 @@
  * Threading: the model calls attend() concurrently for different
  * (layer, kv_head) pairs, each call with its own scratch; a policy's
  * per-sequence state must therefore be partitioned by (layer, kv_head).
+ *
+ * Below this header, and including neither it nor each other in a circle:
+ * attn_kv_view.h (the cache view and its layouts) and attn_kernels.h (the
+ * kernel twins and their tables); attn.c dispatches to those tables.
  */
 #ifndef SPARQ_ATTN_H
 #define SPARQ_ATTN_H
@@ -17,121 +21,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include "attn/attn_exp.h"
+#include "attn/attn_kernels.h"
 #include "sparq.h"
-#include "tensor/quant.h"
 #include "util/cpu.h"
-
-enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 };   /* element type of K, V and K^T */
-
-/* KV_Q8_0 rows: a row of len elements is ceil(len / 32) blocks, block b
- * holding elements [32b, min(32b + 32, len)) as an f16 scale followed by
- * one int8 per element (x = scale * q), so a full block is ggml's 34-byte
- * block_q8_0 and a short last block (head size not a multiple of 32) takes
- * 2 + its length bytes. K and V rows run along the head dimension, K^T rows
- * (one per component) along positions. A dequantized value is an f16 times
- * an int8: exactly representable in f32. */
-enum { ATTN_Q8_BLOCK = 32, ATTN_Q8_BLOCK_BYTES = 34 };
-
-static inline size_t attn_q8_row_bytes(int64_t len)
-{
-    return (size_t)(2 * ((len + ATTN_Q8_BLOCK - 1) / ATTN_Q8_BLOCK) + len);
-}
-
-/* Bytes of one row of len elements of type elem. */
-static inline size_t attn_kv_row_bytes(int elem, int64_t len)
-{
-    return elem == KV_Q8_0 ? attn_q8_row_bytes(len) : (size_t)len * (elem == KV_F16 ? 2 : 4);
-}
-
-/* Element i of a Q8_0 row. */
-static inline float attn_q8_at(const uint8_t *row, int64_t i)
-{
-    const uint8_t *b = row + (size_t)(i / ATTN_Q8_BLOCK) * ATTN_Q8_BLOCK_BYTES;
-    uint16_t h;
-    memcpy(&h, b, 2);
-    return fp16_to_fp32(h) * (float)(int8_t)b[2 + i % ATTN_Q8_BLOCK];
-}
-
-/* Element (row, col) of a matrix of elem whose rows are len elements. */
-static inline float attn_kv_at(const void *base, int elem, int64_t len, int64_t row, int64_t col)
-{
-    if (elem == KV_Q8_0) return attn_q8_at((const uint8_t *)base + (size_t)row * attn_q8_row_bytes(len), col);
-    if (elem == KV_F16) return fp16_to_fp32(((const uint16_t *)base)[row * len + col]);
-    return ((const float *)base)[row * len + col];
-}
-
-/* Q8_0 row of n elements (layout above): per block scale = max|x| / 127,
- * q = round(x / scale); an all-zero block stores scale 0. */
-void attn_q8_quantize_row(const float *x, int64_t n, uint8_t *out);
-/* Elements [0, n) of row `row` (rows of len elements) widened to f32. */
-void attn_kv_row_f32(const void *base, int elem, int64_t len, int64_t row, int64_t n, float *out);
-
-/* What the kernels measured they read of the cache, in elements of its
- * type (v_sum: f32 values). Each kernel adds, once per loop, the rows its
- * row loop visited times the components its tiles covered, so a kernel
- * that skipped or repeated rows shows in the count (tests/test_attn.c
- * compares it with the formula of docs/ALGORITHMS.md
- * "Transfer formulas"). Rows are counted for a group's
- * first query head: the group's other heads read the same rows from cache
- * (one row serves the group, attn.c). */
-typedef struct attn_meter {
-    int64_t k;      /* K elements: rows scored x d                      */
-    int64_t v;      /* V elements: rows weighted x d                    */
-    int64_t kt;     /* K^T elements: component rows x positions         */
-    int64_t v_sum;  /* f32 running-sum values read                      */
-} attn_meter;
-
-static inline int64_t attn_meter_total(const attn_meter *m)
-{
-    return m->k + m->v + m->kt + m->v_sum;
-}
-
-/* What the KV cache holds for one (layer, kv_head), positions 0..S-1, the
- * current token (position S-1) already appended. */
-typedef struct attn_kv_view {
-    int64_t     S;         /* positions, current one included             */
-    int         d;         /* head size                                   */
-    int         elem;      /* KV_F32, KV_F16 or KV_Q8_0                   */
-    const void *K;         /* [S][d], rows attn_kv_row_bytes(elem, d)     */
-    const void *V;         /* [S][d]                                      */
-    const void *KT;        /* [d][kt_stride]: K transposed, or NULL        */
-    int64_t     kt_stride; /* elements between rows of KT (Q8_0: each row
-                            * is kt_stride elements, attn_q8_row_bytes)   */
-    const float *v_sum;    /* [d] f32 sum of V over all S, or NULL        */
-    attn_meter  *meter;    /* kernels add what they read here, or NULL:
-                            * policies point it at their own per-call
-                            * meter (a copy of the view), so a view from
-                            * kv_view or a positional initialiser has it
-                            * NULL                                        */
-    /* K^T in two pieces (a cache over a shared prefix: the prefix's
-     * columns are read where the prefix keeps them, the cache's own in
-     * its own memory, so appending a position never writes a shared
-     * page). When KT_tail is set, column i >= kt_split of row c is column
-     * i - kt_split of row c of KT_tail (rows kt_tail_stride elements);
-     * KT holds the columns below. kt_split is a multiple of
-     * ATTN_EXP_BLOCK, so no block or tile of the kernels straddles it.
-     * NULL / 0 (a positional initialiser's default): one piece.       */
-    const void *KT_tail;
-    int64_t     kt_split;
-    int64_t     kt_tail_stride;
-} attn_kv_view;
-
-/* Key rows [a, b) of a view widened to f32, malloc'ed [b - a][d]; NULL
- * when out of memory (index builds and the sparse prefill's k-means). */
-float *attn_kv_keys_f32(const attn_kv_view *kv, int64_t a, int64_t b);
-
-/* K^T row c of a view and the column of position i in it (i and the
- * returned column are relative to that row's start). */
-static inline const void *attn_kt_row(const attn_kv_view *kv, int c, int64_t i, int64_t *col)
-{
-    if (kv->KT_tail && i >= kv->kt_split) {
-        *col = i - kv->kt_split;
-        return (const uint8_t *)kv->KT_tail + (size_t)c * attn_kv_row_bytes(kv->elem, kv->kt_tail_stride);
-    }
-    *col = i;
-    return (const uint8_t *)kv->KT + (size_t)c * attn_kv_row_bytes(kv->elem, kv->kt_stride);
-}
 
 /* Elements a step touched; bytes = elements x element size of the cache.
  * read is measured (attn_meter, and the index scan's own count); written is
@@ -193,6 +85,22 @@ enum {
     ATTN_NEEDS_COLSUM  = 1u << 2,  /* prefill reports attention col sums  */
 };
 
+/* One decode step of one (layer, KV head): what attend and attend_part
+ * get beside the policy's state and parameters. The caller owns every
+ * pointer; the policy writes out, scratch, counts and trace only. */
+typedef struct attn_step {
+    int                 layer;
+    int                 kv_head;
+    const attn_kv_view *kv;
+    const float        *q;       /* [g][d] the group's queries (RoPE applied, unscaled) */
+    int                 g;       /* query heads per KV head                     */
+    float              *out;     /* [g][d] the attention output                 */
+    attn_scratch       *scratch; /* the caller's, never shared between calls    */
+    attn_counts        *counts;  /* elements read and written are added here    */
+    struct attn_trace  *trace;   /* what the step selected, or NULL (attend_part
+                                  * ignores it)                                 */
+} attn_step;
+
 typedef struct attn_policy {
     const char *name;
     const char *summary;   /* one line for --help: what a decode step reads */
@@ -211,13 +119,12 @@ typedef struct attn_policy {
                             int kv_head, const attn_kv_view *kv, const float *colsum);
     /* f32 and int32 scratch values attend() needs for S positions. */
     size_t (*scratch_floats)(const sparq_attn_params *p, int64_t S, int d, int g);
-    /* One decode step: q[g][d] (RoPE applied, unscaled) -> out[g][d]; trace
-     * (may be NULL) reports what the step selected (tests, sparq_attn_run).
-     * Returns 0, or -1 with a one-line message in scratch->err (attn_fail):
-     * a policy never falls back silently. */
-    int  (*attend)(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                   const attn_kv_view *kv, const float *q, int g, float *out,
-                   attn_scratch *scratch, attn_counts *counts, struct attn_trace *trace);
+    /* One decode step: step->q[g][d] (RoPE applied, unscaled) ->
+     * step->out[g][d]; step->trace (may be NULL) reports what the step
+     * selected (tests, sparq_attn_run). Returns 0, or -1 with a one-line
+     * message in step->scratch->err (attn_fail): a policy never falls back
+     * silently. */
+    int  (*attend)(void *state, const sparq_attn_params *p, const attn_step *step);
     /* The transfer formula (docs/ALGORITHMS.md "Transfer formulas", elements) for one step of one KV head. */
     int64_t (*transfer_formula)(const sparq_attn_params *p, int64_t S, int d, int g);
     /* Optional (policies that index a prefix: topk): positions [0, n_prefix)
@@ -236,12 +143,11 @@ typedef struct attn_policy {
     /* Optional, with attend_part: a step over S positions in n_parts(p, S)
      * independent parts (1: attend as a whole), so the model can share one
      * KV head's step between threads. attend_part computes part `part` into
-     * out[g][d] and lse[g] for attn_merge_part (merged in order by the
+     * step->out[g][d] and lse[g] for attn_merge_part (merged in order by the
      * caller); merging every part must give exactly attend's output. */
     int  (*n_parts)(const sparq_attn_params *p, int64_t S);
-    int  (*attend_part)(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                        const attn_kv_view *kv, const float *q, int g, int part, float *out,
-                        float *lse, attn_scratch *scratch, attn_counts *counts);
+    int  (*attend_part)(void *state, const sparq_attn_params *p, const attn_step *step, int part,
+                        float *lse);
 } attn_policy;
 
 /* Registry lookup by name; NULL if unknown. */
@@ -294,59 +200,12 @@ void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
  * index. work: n int32 values. */
 void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work);
 
-/* ---- integer kernels for Q8_0 caches (attn_kernels_q8i_*.c) ------------
- * A Q8_0 cache whose head size is a multiple of 64 is read in integers:
- * attn_scores quantizes each query head to Q8_0 blocks (scale max|q|/127,
- * round to nearest) and sums code products exactly in int32 per 32-element
- * block, s = sum_b (sum_j k_j q_j) * (dk_b * (dq_b / sqrt(d))), the blocks
- * added in order by fused multiply-adds; attn_softmax_weighted_sum
- * quantizes, per 64 positions and V block, the weights c_i = p_i * dv_i
- * (p_i = exp(s_i - max) >= 0, dv_i the block's scale) to u8 against their
- * maximum (sigma = max / 255) and sums u_i * v_ij exactly in int32, then
- * o_j += I_j * sigma per 64 positions and o_j / sum_i p_i at the end. This is
- * what llama.cpp does for q8_0 caches (the query meets the cache in Q8_0),
- * and it is what makes them cheaper to read than f16: one VNNI instruction
- * multiplies 64 codes, where widening each code to f32 cost more than the
- * bytes it saved (tests/test_kvq8.c bounds both quantizations' error
- * against f32). Other head sizes, and the unfused attn_weighted_sum, widen
- * to f32. */
-enum { ATTN_Q8I_CHUNK = 64, ATTN_Q8I_MAX_D = 512 };
-
-static inline int attn_q8i_applies(const attn_kv_view *kv)
-{
-    return kv->elem == KV_Q8_0 && kv->d % 64 == 0 && kv->d <= ATTN_Q8I_MAX_D;
-}
-
-/* One query head q[0..d) -> codes qi[0..d), per 32-element block b the scale
- * dq_b times `scale` in dqs[b] and 128 * sum of the block's codes in
- * corr[b] (the offset of codes made unsigned by adding 128). */
-void attn_q8i_query(const float *q, int d, float scale, int8_t *qi, float *dqs, int32_t *corr);
-void attn_scores_q8i_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
-                         int64_t n, float *s);
-void attn_softmax_weighted_sum_q8i_ref(const attn_kv_view *kv, const float *s, int g,
-                                       const int32_t *rows, int64_t n, float *out, float *lse);
-/* ATTN_HAVE_AVX512 / ATTN_HAVE_Q8I_AVX512: the file being compiled may use
- * those instructions (the *_avx512.c files are compiled for them); the
- * kernels that run are chosen at run time (attn_kernels_at). */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__) && defined(__F16C__) && defined(__FMA__)
-#define ATTN_HAVE_Q8I_AVX512 1
-#endif
-void attn_scores_q8i_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
-                            int64_t n, float *s);
-void attn_softmax_weighted_sum_q8i_avx512(const attn_kv_view *kv, const float *s, int g,
-                                          const int32_t *rows, int64_t n, float *out, float *lse);
-/* attn_kernels_q8i_avx2.c: the same without VNNI (compiled for AVX2). */
-void attn_scores_q8i_avx2(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
-                          int64_t n, float *s);
-void attn_softmax_weighted_sum_q8i_avx2(const attn_kv_view *kv, const float *s, int g,
-                                        const int32_t *rows, int64_t n, float *out, float *lse);
-
 /* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx2.c,
  * attn_kernels_avx512.c, attn_kernels_neon.c) - rows: positions to read,
  * or NULL for 0..n-1. Every kernel has a plain-C `_ref` twin and `_avx2`
  * and `_avx512` twins with the same signature (the NEON table has its own
- * for the f32/f16 kernels), gathered in the attn_kernels tables below; the
+ * for the f32/f16 kernels), gathered in the attn_kernels tables
+ * (attn_kernels.h, which the twins include instead of this header); the
  * un-suffixed name runs the table of the level chosen at run time
  * (util/cpu.h).
  * Elements read: attn_scores and attn_weighted_sum n*d each,
@@ -377,13 +236,6 @@ int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx);
  * read: n*d. */
 void attn_softmax_weighted_sum(const attn_kv_view *kv, const float *s, int g,
                                const int32_t *rows, int64_t n, float *out, float *lse);
-
-/* x, or exactly 0 where x < ATTN_SCORE_MIN (attn_exp.h): the factors of
- * SparQ's approximate scores, never subnormal nor multiplying into one. */
-static inline float attn_score_flush(float x) { return x >= ATTN_SCORE_MIN ? x : 0.0f; }
-
-/* Positions per block of attn_kt_exp's running maximum. */
-enum { ATTN_EXP_BLOCK = 256 };
 
 /* SparQ step 2 in one pass over K^T (needs kv->KT): per head h < g the logits
  *   l_h[i] = sum_{c<r} qs[h*r + c] * KT[comp[c]][i],  i < n,
@@ -416,93 +268,8 @@ uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                         int32_t *idx);
 
-int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx);
-uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k);
-int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
-                            int32_t *idx);
-void attn_softmax_weighted_sum_ref(const attn_kv_view *kv, const float *s, int g,
-                                   const int32_t *rows, int64_t n, float *out, float *lse);
-void attn_kt_exp_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g,
-                     int64_t n, float *e, float *scale, float *lsum);
-void attn_scaled_head_sum_ref(const float *e, const float *scale, int g, int64_t n, int64_t m,
-                              float *out);
-void attn_scores_ref(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
-                     int64_t n, float *s);
-void attn_softmax_ref(float *s, int g, int64_t n);
-void attn_weighted_sum_ref(const attn_kv_view *kv, const float *w, int g, const int32_t *rows,
-                           int64_t n, float *out);
-void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
-                        int g, int64_t n, float *s);
-/* attn_gather_group's twins: _ref runs the scores and softmax_weighted_sum
- * _ref kernels; _avx2 and _avx512 their own level's. */
-void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
-                           const int32_t *sel, int64_t n_sel, float *out, float *scratch);
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define ATTN_HAVE_AVX512 1
-#endif
-int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx);
-uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
-int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
-                               int32_t *idx);
-void attn_softmax_weighted_sum_avx512(const attn_kv_view *kv, const float *s, int g,
-                                      const int32_t *rows, int64_t n, float *out, float *lse);
-void attn_kt_exp_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
-                        int g, int64_t n, float *e, float *scale, float *lsum);
-void attn_scaled_head_sum_avx512(const float *e, const float *scale, int g, int64_t n,
-                                 int64_t m, float *out);
-void attn_scores_avx512(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
-                        int64_t n, float *s);
-void attn_softmax_avx512(float *s, int g, int64_t n);
-void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
-                              const int32_t *rows, int64_t n, float *out);
-void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp,
-                           int r, int g, int64_t n, float *s);
-void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
-                              const int32_t *sel, int64_t n_sel, float *out, float *scratch);
-int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx);
-uint32_t attn_topk_kth_key_avx2(const uint32_t *key, int64_t m, int64_t k);
-int64_t attn_topk_above_avx2(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
-                             int32_t *idx);
-void attn_softmax_weighted_sum_avx2(const attn_kv_view *kv, const float *s, int g,
-                                    const int32_t *rows, int64_t n, float *out, float *lse);
-void attn_kt_exp_avx2(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r,
-                      int g, int64_t n, float *e, float *scale, float *lsum);
-void attn_scaled_head_sum_avx2(const float *e, const float *scale, int g, int64_t n,
-                               int64_t m, float *out);
-void attn_scores_avx2(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
-                      int64_t n, float *s);
-void attn_softmax_avx2(float *s, int g, int64_t n);
-void attn_weighted_sum_avx2(const attn_kv_view *kv, const float *w, int g,
-                            const int32_t *rows, int64_t n, float *out);
-void attn_kt_logits_avx2(const attn_kv_view *kv, const float *qs, const int32_t *comp,
-                         int r, int g, int64_t n, float *s);
-void attn_gather_group_avx2(const attn_kv_view *kv, const float *q, int g,
-                            const int32_t *sel, int64_t n_sel, float *out, float *scratch);
-
-/* One level's kernel building blocks (the un-suffixed functions above call
- * through the table of the level running). */
-typedef struct attn_kernels {
-    int64_t (*topk_filter)(const float *x, int64_t n, float t, int32_t *idx);
-    void (*scores)(const attn_kv_view *kv, const float *q, int g, const int32_t *rows, int64_t n, float *s);
-    void (*softmax)(float *s, int g, int64_t n);
-    void (*weighted_sum)(const attn_kv_view *kv, const float *w, int g, const int32_t *rows, int64_t n,
-                         float *out);
-    void (*kt_logits)(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g, int64_t n,
-                      float *s);
-    void (*softmax_weighted_sum)(const attn_kv_view *kv, const float *s, int g, const int32_t *rows,
-                                 int64_t n, float *out, float *lse);
-    void (*kt_exp)(const attn_kv_view *kv, const float *qs, const int32_t *comp, int r, int g, int64_t n,
-                   float *e, float *scale, float *lsum);
-    void (*scaled_head_sum)(const float *e, const float *scale, int g, int64_t n, int64_t m, float *out);
-    uint32_t (*topk_kth_key)(const uint32_t *key, int64_t m, int64_t k);
-    int64_t (*topk_above)(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx);
-    void (*gather_group)(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t n_sel,
-                         float *out, float *scratch);
-} attn_kernels;
-extern const attn_kernels attn_kernels_ref, attn_kernels_avx2, attn_kernels_avx512;
-/* ARM64: attn_kernels_neon.c's two builds (Makefile) */
-extern const attn_kernels attn_kernels_neon, attn_kernels_neondp;
-/* The table `level` runs (its own twins or, without them, the reference). */
+/* The table `level` runs (its own twins or, without them, the reference):
+ * the dispatch above, here and not in attn_kernels.h, so no twin sees it. */
 const attn_kernels *attn_kernels_at(cpu_level level);
 
 /* Exact scores for all S positions, keep the k (<= S used) positions with

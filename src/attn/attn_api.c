@@ -164,7 +164,9 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
     attn_scratch scr = { fs, n_scr, is, step_err, sizeof step_err };
     attn_counts cnt = { 0, 0 };
     attn_trace tr = { sel_buf, 0, i1_buf, 0, alpha_buf };
-    if (pol->attend(state, &pp, 0, 0, &kv, q, g, out, &scr, &cnt, &tr)) {
+    const attn_step step = { .layer = 0, .kv_head = 0, .kv = &kv, .q = q, .g = g, .out = out,
+                             .scratch = &scr, .counts = &cnt, .trace = &tr };
+    if (pol->attend(state, &pp, &step)) {
         snprintf(err, err_size, "attn_run: %s: %s", pol->name, step_err[0] ? step_err : "failed");
         goto done;
     }

@@ -21,10 +21,17 @@ static size_t dense_scratch_floats(const sparq_attn_params *p, int64_t S, int d,
     return attn_pad16((size_t)g * (size_t)S);
 }
 
-static int dense_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                                const attn_kv_view *kv, const float *q, int g, float *out,
-                                attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+static int dense_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
+    int layer = step->layer;
+    int kv_head = step->kv_head;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
+    int g = step->g;
+    float *out = step->out;
+    attn_scratch *scratch = step->scratch;
+    attn_counts *counts = step->counts;
+    attn_trace *tr = step->trace;
     (void)state; (void)p; (void)layer; (void)kv_head;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
@@ -51,10 +58,17 @@ static int dense_n_parts(const sparq_attn_params *p, int64_t S)
     return attn_dense_parts(S);
 }
 
-static int dense_attend_part(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                             const attn_kv_view *kv, const float *q, int g, int part, float *out,
-                             float *lse, attn_scratch *scratch, attn_counts *counts)
+static int dense_attend_part(void *state, const sparq_attn_params *p, const attn_step *step, int part,
+                             float *lse)
 {
+    int layer = step->layer;
+    int kv_head = step->kv_head;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
+    int g = step->g;
+    float *out = step->out;
+    attn_scratch *scratch = step->scratch;
+    attn_counts *counts = step->counts;
     (void)state; (void)p; (void)layer; (void)kv_head;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;

@@ -156,10 +156,17 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int h2o_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                              const attn_kv_view *kv, const float *q, int g, float *out,
-                              attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+static int h2o_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
+    int layer = step->layer;
+    int kv_head = step->kv_head;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
+    int g = step->g;
+    float *out = step->out;
+    attn_scratch *scratch = step->scratch;
+    attn_counts *counts = step->counts;
+    attn_trace *tr = step->trace;
     const int64_t S = kv->S, d = kv->d;
     h2o_scratch s = h2o_layout(scratch->f, scratch->i, p, S, g);
     float *row = h2o_row(state, layer, kv_head, S);

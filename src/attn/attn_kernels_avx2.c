@@ -18,7 +18,7 @@
  *   group sum, top-k    attn_scaled_head_sum, attn_topk_filter/_above/_kth_key
  *   gather              attn_gather_group
  */
-#include "attn/attn.h"
+#include "attn/attn_kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "attn/attn_avx2.h"

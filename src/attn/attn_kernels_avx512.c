@@ -19,7 +19,7 @@
  * memory bandwidth; the kernels therefore convert each element once for
  * the whole group, keep partial sums in registers, and avoid extra passes.
  */
-#include "attn/attn.h"
+#include "attn/attn_kernels.h"
 
 #ifdef ATTN_HAVE_AVX512
 #include "attn/attn_avx512.h"

@@ -17,8 +17,9 @@
  * group then uses. Element counts go to kv->meter as the reference counts
  * them.
  */
-#include "attn/attn.h"
+#include "attn/attn_kernels.h"
 #include "attn/attn_exp.h"
+#include "util/cpu.h"
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
 

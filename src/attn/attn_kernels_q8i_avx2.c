@@ -21,7 +21,7 @@
  * columns come out permuted within 128-bit lanes and are put back per
  * block (one vperm2i128 pair) before the float FMA with sigma.
  */
-#include "attn/attn.h"
+#include "attn/attn_kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "attn/attn_avx2.h"

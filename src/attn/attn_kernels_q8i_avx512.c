@@ -32,7 +32,7 @@
  * so every line is requested ahead,
  * and the K stream runs on into the first V rows.
  */
-#include "attn/attn.h"
+#include "attn/attn_kernels.h"
 
 #ifdef ATTN_HAVE_Q8I_AVX512
 #include "attn/attn_avx512.h"

@@ -9,7 +9,7 @@
  * twin uses its polynomial (2e-7 apart), which may move a weight across a
  * rounding boundary of its u8 code: the test bounds that difference.
  */
-#include "attn/attn.h"
+#include "attn/attn_kernels.h"
 
 #include <math.h>
 #include <string.h>

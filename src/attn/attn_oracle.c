@@ -27,10 +27,17 @@ static size_t oracle_scratch_floats(const sparq_attn_params *p, int64_t S, int d
     return attn_exact_topk_scratch(S, p->k, g);
 }
 
-static int oracle_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                                 const attn_kv_view *kv, const float *q, int g, float *out,
-                                 attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+static int oracle_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
+    int layer = step->layer;
+    int kv_head = step->kv_head;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
+    int g = step->g;
+    float *out = step->out;
+    attn_scratch *scratch = step->scratch;
+    attn_counts *counts = step->counts;
+    attn_trace *tr = step->trace;
     (void)state; (void)layer; (void)kv_head;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;

@@ -18,8 +18,8 @@
 #define SPARQ_ATTN_PREFILL_H
 
 #include "attn/attn.h"
+#include "attn/attn_prefill_kernels.h"
 
-enum { ATTN_PF_BK = 32 };
 
 /* Query tokens per block for group size g (rows = tokens x g near 32). */
 int attn_prefill_bq(int g);
@@ -68,30 +68,9 @@ void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, int64_t
                              const float *q, size_t q_stride, int g, const float *ml, float *colsum,
                              float *scratch);
 
-/* ---- implementation detail (attn_prefill*.c) ----------------------------
- * The tile loops are written once (attn_prefill.c) over these row
- * primitives; the plain-C set is the reference, attn_prefill_avx512.c and
- * attn_prefill_avx2.c the SIMD twins. kt is a key tile transposed,
- * [d][ATTN_PF_BK]; v a value tile
- * [nk][d]. The primitives take up to ATTN_PF_R query rows at once, so one
- * load of a key or value vector serves them all (one row at a time they
- * were load-bound); each row's arithmetic is the same, in the same order,
- * whatever the rows beside it. */
-enum { ATTN_PF_R = 4 };
-typedef struct attn_pf_ops {
-    /* s[r * ATTN_PF_BK + k] = scale * q[r] . key k, every k < ATTN_PF_BK */
-    void (*scores)(const float *const *q, int nr, const float *kt, int d, float scale, float *s);
-    /* s[k] = exp(s[k] - m), k < nk; returns their sum */
-    float (*expsum)(float *s, int nk, float m);
-    /* o[r] = o[r] * c[r] + sum_k p[r * ATTN_PF_BK + k] v[k], k < nk */
-    void (*pv)(const float *p, int nr, const float *v, int nk, int d, const float *c, float *const *o);
-} attn_pf_ops;
-extern const attn_pf_ops attn_pf_ops_ref;
-extern const attn_pf_ops attn_pf_ops_avx512;
-extern const attn_pf_ops attn_pf_ops_avx2;
-extern const attn_pf_ops attn_pf_ops_neon, attn_pf_ops_neondp; /* attn_prefill_neon.c's two builds */
-/* The set `level` runs (util/cpu.h); the un-suffixed entry points use the
- * level chosen at run time. */
+/* The row primitives' set `level` runs (attn_prefill_kernels.h; util/cpu.h):
+ * the dispatch, here and not beside the twins, so no twin sees it. The
+ * un-suffixed entry points use the level chosen at run time. */
 const attn_pf_ops *attn_pf_ops_at(cpu_level level);
 
 #endif

@@ -4,7 +4,7 @@
  * attn_avx2.h's polynomial exp (decode's, so both round alike),
  * p.V of 2 rows x 32 of d at a time. Per row the reference's order.
  */
-#include "attn/attn_prefill.h"
+#include "attn/attn_prefill_kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include "attn/attn_avx2.h"

@@ -3,7 +3,8 @@
  * key tile (two 16-key accumulators each), a polynomial exp, p.V of up to
  * 4 rows over value rows.
  */
-#include "attn/attn_prefill.h"
+#include "attn/attn_kernels.h" /* ATTN_HAVE_AVX512 */
+#include "attn/attn_prefill_kernels.h"
 
 #ifdef ATTN_HAVE_AVX512
 #include "attn/attn_avx512.h"

@@ -5,7 +5,8 @@
  * unfused in order of e as scores_ref does), attn_exp.h's polynomial exp
  * with 2^n built in the exponent bits, p.V of 2 rows x 32 of d at a time.
  */
-#include "attn/attn_prefill.h"
+#include "attn/attn_prefill_kernels.h"
+#include "util/cpu.h"
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include "attn/attn_exp.h"

@@ -190,10 +190,17 @@ static void mean_value(const attn_kv_view *kv, float *vmean)
     if (kv->meter) kv->meter->v += read;
 }
 
-static int sparq_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                                const attn_kv_view *kv, const float *q, int g, float *out,
-                                attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
+    int layer = step->layer;
+    int kv_head = step->kv_head;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
+    int g = step->g;
+    float *out = step->out;
+    attn_scratch *scratch = step->scratch;
+    attn_counts *counts = step->counts;
+    attn_trace *tr = step->trace;
     (void)state; (void)layer; (void)kv_head;
     const int64_t S = kv->S;
     const int d = kv->d, r = p->r;

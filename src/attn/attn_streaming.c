@@ -34,11 +34,17 @@ static size_t streaming_scratch_floats(const sparq_attn_params *p, int64_t S, in
     return attn_pad16((size_t)g * kk) + attn_pad16(kk);
 }
 
-static int streaming_attend(void *state, const sparq_attn_params *p, int layer,
-                                    int kv_head, const attn_kv_view *kv, const float *q, int g,
-                                    float *out, attn_scratch *scratch, attn_counts *counts,
-                                    attn_trace *tr)
+static int streaming_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
+    int layer = step->layer;
+    int kv_head = step->kv_head;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
+    int g = step->g;
+    float *out = step->out;
+    attn_scratch *scratch = step->scratch;
+    attn_counts *counts = step->counts;
+    attn_trace *tr = step->trace;
     (void)state; (void)layer; (void)kv_head;
     const int64_t S = kv->S, k = p->k < S ? p->k : S;
     int32_t *sel = scratch->i;

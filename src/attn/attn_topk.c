@@ -895,10 +895,17 @@ int attn_topk_select(void *state, const sparq_attn_params *p, int layer, int kv_
     return k;
 }
 
-static int topk_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                               const attn_kv_view *kv, const float *q, int g, float *out,
-                               attn_scratch *scratch, attn_counts *counts, attn_trace *tr)
+static int topk_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
+    int layer = step->layer;
+    int kv_head = step->kv_head;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
+    int g = step->g;
+    float *out = step->out;
+    attn_scratch *scratch = step->scratch;
+    attn_counts *counts = step->counts;
+    attn_trace *tr = step->trace;
     topk_state *st = state;
     topk_head *hd = head_of(st, layer, kv_head);
     const int64_t S = kv->S;

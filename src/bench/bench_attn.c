@@ -47,8 +47,9 @@ static int attn_call(attn_job *j)
             kv_view(j->kv, b, h, j->S, &v);
             const size_t off = (size_t)i * j->g * d;
             j->counts[i].read = j->counts[i].written = 0;
-            if (j->pol->attend(j->state, j->p, b, h, &v, j->q + off, j->g, j->out + off, &s,
-                               &j->counts[i], NULL)) {
+            const attn_step step = { .layer = b, .kv_head = h, .kv = &v, .q = j->q + off, .g = j->g,
+                                     .out = j->out + off, .scratch = &s, .counts = &j->counts[i] };
+            if (j->pol->attend(j->state, j->p, &step)) {
 #pragma omp critical(attn_call_error)
                 if (!failed) {
                     failed = 1;

@@ -389,8 +389,9 @@ static int dec_open(topk_dec *D, const char *path, const char *kind, bench_topk_
         return -1;
     }
     res->verified = f->verified;
-    if (kv_create_borrowed(&D->kv, sh->n_layer, sh->n_kv_head, sh->d, f->cap, f->elem, f->k, f->v, NULL, f->n,
-                           NULL, 0, 0, NULL, NULL, err, sizeof err)) {
+    const kv_borrow b = { .n_layer = sh->n_layer, .n_kv_head = sh->n_kv_head, .d = sh->d, .cap = f->cap,
+                          .elem = f->elem, .k = f->k, .v = f->v, .n = f->n };
+    if (kv_create_borrowed(&D->kv, &b, err, sizeof err)) {
         snprintf(res->err, sizeof res->err, "%s", err);
         return -1;
     }
@@ -469,8 +470,9 @@ static int dec_layer(topk_dec *D, int l, int t, int64_t pos, int64_t *elems, dou
         attn_kv_view view;
         kv_view(&D->kv, l, h, pos + 1, &view);
         attn_counts cnt = { 0, 0 };
-        if (D->pol->attend(D->state, &D->p, l, h, &view, ql + (size_t)h * g * d, g, D->out + (size_t)h * g * d,
-                           &scr, &cnt, NULL)) {
+        const attn_step step = { .layer = l, .kv_head = h, .kv = &view, .q = ql + (size_t)h * g * d, .g = g,
+                                 .out = D->out + (size_t)h * g * d, .scratch = &scr, .counts = &cnt };
+        if (D->pol->attend(D->state, &D->p, &step)) {
 #pragma omp critical(topk_step_error)
             if (!failed) {
                 failed = 1;

@@ -9,6 +9,7 @@
  *   sparq_context_fill_random                 synthetic keys/values for benchmarks
  */
 #include "io/kvfile.h"
+#include "core/context.h"
 #include "core/model.h"
 #include "attn/attn_pf_sparse.h"
 #include "util/paths.h"
@@ -175,18 +176,28 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     if (c->policy->resolve(&c->params.attn, hp->head_dim, err, err_size)) goto fail;
     unsigned needs = c->policy->needs;
     const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : p->kv_type == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F32;
+    /* the cache's shape; the storage is the KV file's when there is one */
+    kv_borrow b = { .n_layer = hp->n_layer, .n_kv_head = hp->n_kv_head, .d = hp->head_dim, .cap = n_ctx,
+                    .elem = elem, .with_kt = !!(needs & ATTN_NEEDS_KT),
+                    .with_vsum = !!(needs & ATTN_NEEDS_VSUM) };
     if (kvf) {
-        if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf->k,
-                               kvf->v, kvf->kt, kvf->n, kvf->v_sum, !!(needs & ATTN_NEEDS_KT),
-                               !!(needs & ATTN_NEEDS_VSUM), kvf, kvf_release, err,
-                               err_size))
-            goto fail;
+        b.k = kvf->k;
+        b.v = kvf->v;
+        b.kt = kvf->kt;
+        b.n = kvf->n;
+        b.v_sum = kvf->v_sum;
+        b.owner = kvf;
+        b.owner_free = kvf_release;
+        if (kv_create_borrowed(&c->kv, &b, err, err_size)) goto fail;
         *kvf_taken = 1;
     } else if (map) { /* built in place in the file being written (map_n positions there) */
-        if (kv_create_borrowed(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem, kvf_map_k(map),
-                               kvf_map_v(map), kvf_map_kt(map), map_n, NULL, !!(needs & ATTN_NEEDS_KT),
-                               !!(needs & ATTN_NEEDS_VSUM), map, kvf_map_free, err, err_size))
-            goto fail;
+        b.k = kvf_map_k(map);
+        b.v = kvf_map_v(map);
+        b.kt = kvf_map_kt(map);
+        b.n = map_n;
+        b.owner = map;
+        b.owner_free = kvf_map_free;
+        if (kv_create_borrowed(&c->kv, &b, err, err_size)) goto fail;
         *kvf_taken = 1;
     } else if (kv_create(&c->kv, hp->n_layer, hp->n_kv_head, hp->head_dim, n_ctx, elem,
                          !!(needs & ATTN_NEEDS_KT), !!(needs & ATTN_NEEDS_VSUM), err, err_size)) {
@@ -359,32 +370,6 @@ void sparq_context_free(sparq_context *c)
     run_state_free(&c->rs);
     attn_pf_sparse_free(c->pf);
     free(c);
-}
-
-int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos)
-{
-    const size_t V = (size_t)c->model->hp.n_vocab;
-    for (int r = 0; r < rows; r++) {
-        const float *x = logits + (size_t)r * V;
-        /* inf * 0 and NaN * 0 are NaN, which stays in its lane's sum; 16
-         * lanes so that the loop vectorises (one running sum was a chain of
-         * dependent adds, ~0.15 ms per row at a 128k vocabulary) */
-        float lane[16] = { 0 };
-        size_t i = 0;
-        for (; i + 16 <= V; i += 16)
-            for (int l = 0; l < 16; l++) lane[l] += x[i + l] * 0.0f;
-        for (; i < V; i++) lane[0] += x[i] * 0.0f;
-        float acc = 0.0f;
-        for (int l = 0; l < 16; l++) acc += lane[l];
-        if (acc == 0.0f) continue;
-        size_t bad = 0;
-        while (bad < V && isfinite(x[bad])) bad++;
-        snprintf(c->error, sizeof c->error, "non-finite logits at token position %lld (logit %zu is %g): "
-                 "the model's weights or activations hold NaN/Inf", (long long)(first_pos + r), bad,
-                 bad < V ? (double)x[bad] : 0.0);
-        return -1;
-    }
-    return 0;
 }
 
 int64_t sparq_context_pos(const sparq_context *c) { return c->kv.n; }

@@ -3,6 +3,7 @@
  * normalised, as llama.cpp computes them for --embedding --pooling
  * mean|cls|last with --embd-normalize N. Attention is the model's own
  * (causal), as llama.cpp keeps it for decoder models. */
+#include "core/forward.h"
 #include "core/model.h"
 
 #include <math.h>

@@ -99,11 +99,13 @@ void kv_free(kv_cache *c)
     memset(c, 0, sizeof *c);
 }
 
-int kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
-                       uint8_t *k, uint8_t *v, uint8_t *kt, int64_t n, const float *v_sum,
-                       int with_kt, int with_vsum, void *owner, void (*owner_free)(void *),
-                       char *err, size_t err_size)
+int kv_create_borrowed(kv_cache *c, const kv_borrow *b, char *err, size_t err_size)
 {
+    const int n_layer = b->n_layer, n_kv_head = b->n_kv_head, d = b->d, elem = b->elem;
+    const int64_t cap = b->cap, n = b->n;
+    uint8_t *k = b->k, *v = b->v, *kt = b->kt;
+    const float *v_sum = b->v_sum;
+    const int with_kt = b->with_kt, with_vsum = b->with_vsum;
     if (kv_shape(c, n_layer, n_kv_head, d, cap, elem, err, err_size)) return -1;
     if (!k || !v || n < 0 || n > cap) {
         snprintf(err, err_size, "kv cache: bad borrowed storage (%lld of %lld positions)",
@@ -152,8 +154,8 @@ int kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t c
         memset(c, 0, sizeof *c);
         return -1;
     }
-    c->owner = owner;
-    c->owner_free = owner_free;
+    c->owner = b->owner;
+    c->owner_free = b->owner_free;
     return 0;
 }
 
@@ -648,8 +650,11 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
         }
         return -1;
     }
-    if (kv_create_borrowed(c, v->n_layer, v->n_kv_head, v->d, v->cap, v->elem, m->k, m->v, NULL, n,
-                           n == v->n ? s->v_sum : NULL, 0, with_vsum, m, cow_unmap, err, err_size)) {
+    const kv_borrow b = { .n_layer = v->n_layer, .n_kv_head = v->n_kv_head, .d = v->d, .cap = v->cap,
+                          .elem = v->elem, .k = m->k, .v = m->v, .n = n,
+                          .v_sum = n == v->n ? s->v_sum : NULL, .with_vsum = with_vsum, .owner = m,
+                          .owner_free = cow_unmap };
+    if (kv_create_borrowed(c, &b, err, err_size)) {
         cow_unmap(m);
         return -1;
     }

@@ -60,18 +60,29 @@ int  kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int 
                int with_kt, int with_vsum, char *err, size_t err_size);
 void kv_free(kv_cache *c);
 
-/* A cache over caller storage k, v [n_layer][n_kv_head][cap][d] of elem
- * already holding n positions (and kt [..][d][cap], or NULL). with_kt
- * without kt reserves a K^T and fills its first n columns from k;
- * (Q8_0: K^T blocks are quantized from K's already rounded rows)
- * with_vsum copies v_sum [n_layer][n_kv_head][d] (the f32 running sum of
- * the n positions) or, if NULL, sums v in position order as kv_write does.
- * On success the cache owns `owner` (kv_free calls owner_free(owner);
- * owner may be NULL); on failure (-1 and a message) the caller keeps it. */
-int  kv_create_borrowed(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
-                        uint8_t *k, uint8_t *v, uint8_t *kt, int64_t n, const float *v_sum,
-                        int with_kt, int with_vsum, void *owner, void (*owner_free)(void *),
-                        char *err, size_t err_size);
+/* Storage someone else owns that a cache may run over (kv_create_borrowed). */
+typedef struct kv_borrow {
+    int          n_layer, n_kv_head, d;
+    int64_t      cap;        /* positions the storage has room for           */
+    int          elem;       /* KV_F32, KV_F16 or KV_Q8_0                    */
+    uint8_t     *k, *v;      /* [n_layer][n_kv_head][cap][d] rows            */
+    uint8_t     *kt;         /* [n_layer][n_kv_head][d][cap] K^T, or NULL    */
+    int64_t      n;          /* positions k and v already hold               */
+    const float *v_sum;      /* [n_layer][n_kv_head][d] f32 sum of V over the
+                              * n positions, or NULL                         */
+    int          with_kt;    /* the cache keeps K^T (ATTN_NEEDS_KT)          */
+    int          with_vsum;  /* the cache keeps the sum of V (ATTN_NEEDS_VSUM) */
+    void        *owner;      /* handed to owner_free by kv_free, or NULL     */
+    void       (*owner_free)(void *owner);
+} kv_borrow;
+
+/* A cache over b's storage. with_kt without kt reserves a K^T and fills its
+ * first n columns from k (Q8_0: K^T blocks are quantized from K's already
+ * rounded rows); with_vsum copies v_sum or, if NULL, sums v in position
+ * order as kv_write does. On success the cache owns b->owner (kv_free
+ * calls owner_free(owner)); on failure (-1 and a message) the caller keeps
+ * it. */
+int  kv_create_borrowed(kv_cache *c, const kv_borrow *b, char *err, size_t err_size);
 
 /* ---- shared read-only prefixes ---------------------------------------------
  * kv_shared holds the first n positions of a cache, laid out exactly as a

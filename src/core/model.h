@@ -130,22 +130,6 @@ struct sparq_context {
     char                error[256];
 };
 
-/* Checks logits[rows][n_vocab] (positions first_pos...) are finite; else
- * -1 with "non-finite logits at token position P" in c->error. O(n_vocab)
- * per row, in 16 lanes (one running sum took 104 us per row at a 128k
- * vocabulary, 1.7 ms of a 16-sequence decode step; 9 us so). context.c. */
-int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t first_pos);
-
-/* A prefill of n tokens (exact attention, in n_batch chunks) that writes
- * each token's final hidden state after the output norm to
- * hidden[n][n_embd] and computes no logits (forward.c; embed.c pools it).
- * 0, or -1 with the message in c->error. */
-int ctx_eval_hidden(sparq_context *c, const int32_t *tokens, int n, float *hidden);
-
-/* After a batch: a cache built in its KV file records how far it got, so
- * a prefill that dies can be resumed (sparq_context_create_in_file). */
-void ctx_file_progress(sparq_context *c);
-
 /* The first index of the largest of x[0..n) (ties to the lowest; a NaN never
  * wins, except at index 0): greedy decoding, in the sampler and in
  * generate.c's loop without one (sampler.c). */
@@ -166,16 +150,9 @@ int model_repack(sparq_model *m, char *err, size_t err_size);
 void model_repack_free(sparq_model *m);
 
 /* Bytes per row of the activation scratch (run_state.xq and the batch's)
- * for any product of the model: a vec_dot row or a packed GEMM token. */
+ * for any product of the model: a vec_dot row or a packed GEMM token
+ * (model_repack.c, beside the packing it sizes for). */
 size_t model_act_row_bytes(const model_hparams *hp);
-
-/* The weight-times-activations product out[n][n_out] = in[n][n_in] W^T,
- * with activations converted to W's vec_dot type (ggml numerics). */
-void model_matmul(sparq_context *c, float *out, const float *in, int n, const weight *w);
-/* Several products of the same input (q/k/v, gate/up) in one parallel
- * loop: outs[i][n][ws[i]->n_out] = in ws[i]^T, 1 <= n_w <= 4. */
-void model_matmul_group(sparq_context *c, const float *in, int n, int n_w, const weight *const *ws,
-                        float *const *outs);
 
 /* The fingerprint a KV file must match (io/kvfile.h): FNV-1a 64 over every
  * tensor's name, type and dims, the first 4 KiB of its data (so two

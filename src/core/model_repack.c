@@ -34,6 +34,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+size_t model_act_row_bytes(const model_hparams *hp)
+{
+    size_t max_in = (size_t)hp->n_embd;
+    if ((size_t)hp->n_ff > max_in) max_in = hp->n_ff;
+    if ((size_t)hp->n_head * hp->head_dim > max_in) max_in = (size_t)hp->n_head * hp->head_dim;
+    size_t bytes = (max_in * 4 + 63) / 64 * 64; /* any vec_dot type: <= 4 bytes per element */
+    const size_t tile = gemm_act_bytes(QT_Q8_0, (int64_t)((max_in + 31) / 32 * 32));
+    return tile > bytes ? tile : bytes;
+}
+
 static int repackable(const weight *w)
 {
     return w->data && w->type == QT_Q8_0 && gemm_supported(w->type) && gemm_row_bytes(w->type, w->n_in) > 0;

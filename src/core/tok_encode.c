@@ -13,6 +13,7 @@
  *   5. tok_encode
  */
 #include "core/tok_internal.h"
+#include "core/tokenizer.h"
 
 #include <stdlib.h>
 #include <string.h>

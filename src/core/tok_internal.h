@@ -14,8 +14,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/tokenizer.h"
 #include "util/utf8.h" /* utf8_encode */
+
+/* tokenizer.h's handle, repeated rather than included: tokenizer.c
+ * includes this header, so including tokenizer.h here would put the two
+ * modules in a circle (tests/test_layers.c). */
+typedef struct tokenizer tokenizer;
 
 /* Codepoint flags: one general-category bit (the Unicode major class) plus
  * the White_Space property. Same meaning as llama.cpp's unicode_cpt_flags,

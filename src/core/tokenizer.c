@@ -17,6 +17,7 @@
  */
 #include "util/err.h"
 #include "core/tok_internal.h"
+#include "core/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdio.h>

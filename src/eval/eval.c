@@ -72,21 +72,6 @@ int64_t eval_tokenize(const sparq_model *m, const char *text, size_t n, int add_
     return count;
 }
 
-int eval_read_file(const char *path, char **text, size_t *n, char *err, size_t err_size)
-{
-    *text = NULL;
-    *n = 0;
-    /* a FIFO or device would block or never end: only regular files */
-    struct stat st;
-    if (stat(path, &st) != 0) return err_set(err, err_size, "cannot open '%s' (%s)", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return err_set(err, err_size, "'%s' is not a regular file", path);
-    if ((uint64_t)st.st_size > EVAL_MAX_FILE_BYTES)
-        return err_set(err, err_size, "'%s' is larger than %llu bytes", path, (unsigned long long)EVAL_MAX_FILE_BYTES);
-    if (!(*text = text_read_file(path, n)))
-        return err_set(err, err_size, "cannot read '%s' (%s)", path, errno ? strerror(errno) : "read error");
-    return 0;
-}
-
 /* Tokens of s without special tokens; -1 on failure. */
 static int64_t count_tokens(const sparq_model *m, const char *s)
 {
@@ -571,13 +556,13 @@ static void approx_logits(const float *Kf, int64_t S, int d, const float *q, con
     }
 }
 
-static int stats_tap_attend(void *state, const sparq_attn_params *p, int layer, int kv_head,
-                            const attn_kv_view *kv, const float *q, int g, float *out,
-                            attn_scratch *scratch, attn_counts *counts, attn_trace *trace)
+static int stats_tap_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
     stats_tap *t = state;
-    if (t->inner->attend(t->inner_state, p, layer, kv_head, kv, q, g, out, scratch, counts, trace))
-        return -1;
+    if (t->inner->attend(t->inner_state, p, step)) return -1;
+    const int layer = step->layer, kv_head = step->kv_head, g = step->g;
+    const attn_kv_view *kv = step->kv;
+    const float *q = step->q;
 
     eval_stats *st = t->out;
     const int64_t S = kv->S;

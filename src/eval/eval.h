@@ -40,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "sparq.h"
+#include "eval/eval_file.h"
 #include "eval/tasks.h"
 
 /* ---- building blocks ------------------------------------------------------ */
@@ -54,12 +55,6 @@ int64_t eval_truncate_left(int32_t *ids, int64_t n, int64_t max_n, int keep_firs
  * Returns the token count, or -1 with a message. */
 int64_t eval_tokenize(const sparq_model *m, const char *text, size_t n, int add_special,
                       int32_t **ids, char *err, size_t err_size);
-
-/* Reads a whole regular file of at most EVAL_MAX_FILE_BYTES into a malloc'd
- * NUL-terminated buffer (*text, caller frees; *n bytes). Returns 0, or -1
- * with a message (a FIFO or device is refused, not waited on). */
-#define EVAL_MAX_FILE_BYTES ((uint64_t)1 << 31)
-int eval_read_file(const char *path, char **text, size_t *n, char *err, size_t err_size);
 
 /* Code points of the text the tokens ids[0..n) print as (their pieces
  * concatenated). */

@@ -1,6 +1,7 @@
 /* task_impl.h - what the task files (task_NAME.c) share: the task set, the
  * seeded random streams, a string builder and the text and file helpers.
- * Defined in tasks.c; only task files include this header.
+ * Defined in task_impl.c; only task files include this header (the
+ * registry, tasks.c, does not: it is above the task files).
  */
 #ifndef SPARQ_TASK_IMPL_H
 #define SPARQ_TASK_IMPL_H

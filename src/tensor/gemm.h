@@ -50,24 +50,17 @@
 #ifndef SPARQ_GEMM_H
 #define SPARQ_GEMM_H
 
+#include "tensor/gemm_kernels.h"
 #include "util/cpu.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-enum { GEMM_MR = 4, GEMM_NT = 4, GEMM_GROUP = 16 };
 
 /* 1 if weights of this type have a packed GEMM path at the level running
  * (util/cpu.h): every kind at avx512 and avx2 (gemm_avx2.c), the integer
  * kinds at neon (gemm_neon.c), none at ref; the packing and gemm_panel_ref
  * work everywhere. */
 int gemm_supported(uint32_t type);
-
-/* Bytes per row of a packed panel (a group of GEMM_GROUP rows takes
- * GEMM_GROUP times this) and of one packed token (a multiple of 64). A panel
- * of nr rows takes gemm_row_bytes * nr rounded up to GEMM_GROUP rows. */
-size_t gemm_row_bytes(uint32_t type, int64_t n);
-size_t gemm_act_bytes(uint32_t type, int64_t n);
 
 /* Packs nr weight rows (stride w_stride bytes) into dst, padding the last
  * group with zero rows. dst: 64-byte aligned, room for nr rounded up to
@@ -82,11 +75,10 @@ void gemm_pack_act(uint32_t type, const float *x, int64_t n, void *dst);
 /* The whole product of a packed panel: out[t * ldo + r] = dot(row r, token
  * t) for r < nr, t < nt; the tokens packed act_bytes apart. Loops tokens in
  * tiles outside rows, so a token tile stays in L1 while the panel streams
- * past it from L2. gemm_panel_ref is the plain-C twin (bit-identical). */
+ * past it from L2. gemm_panel_ref (gemm_kernels.h) is the plain-C twin
+ * (bit-identical). */
 void gemm_panel(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
                 float *out, size_t ldo);
-void gemm_panel_ref(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n,
-                    float *out, size_t ldo);
 
 /* Peak-rate loops for `sparq bench peak`: `iters` rounds of 12 independent
  * vpdpbusd (int8: 128 ops each, 64 multiply-adds) or 16 vfmadd (f32: 32
@@ -96,37 +88,8 @@ void gemm_panel_ref(uint32_t type, const void *rows, int nr, const void *acts, i
 double gemm_peak_int8(int64_t iters, float *sink);
 double gemm_peak_f32(int64_t iters, float *sink);
 
-/* ---- implementation detail shared with gemm_avx512.c ---------------------- */
-
-/* Where things are in the integer kind's packed blocks and tokens. */
-typedef struct {
-    int     bs;          /* elements per scale block (32 or 16)           */
-    int     zp;          /* zero point of the codes                       */
-    int     has_min;     /* a min per block (Q4_K, Q5_K)                  */
-    int     scale_f16;   /* s[16] as f16 (Q8_0, Q4_0, IQ4_NL), else f32   */
-    int64_t nb;          /* blocks per row                                */
-    size_t  block_bytes; /* one block of a 16-row group                   */
-    size_t  act_dx;      /* token: offsets of dx[nb], start[nb], sx[nb]   */
-    size_t  act_start, act_sx, act_bytes;
-} gemm_int_layout;
-
-/* 0 and *l filled for an integer-kind type and a valid n, -1 otherwise. */
-int gemm_int_layout_of(uint32_t type, int64_t n, gemm_int_layout *l);
-
-/* 1 for the float kinds' BF16 row layout, 0 for f32 rows. */
-int gemm_is_bf16(uint32_t type);
-
-/* One level's kernels (gemm.c calls through the table of the level
- * running). The peak loops are NULL where the level has none. */
-typedef struct gemm_kernels {
-    int int_kinds, float_kinds; /* which kinds get packed tiles (gemm_supported) */
-    void (*panel)(uint32_t type, const void *rows, int nr, const void *acts, int nt, int64_t n, float *out,
-                  size_t ldo);
-    double (*peak_int8)(int64_t iters, float *sink);
-    double (*peak_f32)(int64_t iters, float *sink);
-} gemm_kernels;
-extern const gemm_kernels gemm_kernels_ref, gemm_kernels_avx2, gemm_kernels_avx512;
-extern const gemm_kernels gemm_kernels_neon, gemm_kernels_neondp; /* gemm_neon.c's two builds */
+/* The kernel table `level` runs (gemm_kernels.h): the dispatch, here and
+ * not in gemm_kernels.h, so no SIMD twin sees it. */
 const gemm_kernels *gemm_kernels_at(cpu_level level);
 
 #endif

@@ -18,7 +18,7 @@
  *     exactly, so the start is not added.
  * The float steps per block are the reference's, in its order.
  */
-#include "tensor/gemm.h"
+#include "tensor/gemm_kernels.h"
 #include "tensor/quant_impl.h"
 
 #if defined(QUANT_CAN_AVX2)

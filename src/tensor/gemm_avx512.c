@@ -4,7 +4,7 @@
  * lanes per (row, token) reduced in _mm512_reduce_add_ps order
  * (= quant_hsum16).
  */
-#include "tensor/gemm.h"
+#include "tensor/gemm_kernels.h"
 #include "tensor/quant_impl.h"
 
 #if defined(QUANT_CAN_AVX512)

@@ -14,7 +14,7 @@
  * The integer sums are exact either way; the float steps per block are the
  * reference's, in its order.
  */
-#include "tensor/gemm.h"
+#include "tensor/gemm_kernels.h"
 #include "tensor/quant_impl.h"
 
 #if defined(__aarch64__) && defined(__ARM_NEON)

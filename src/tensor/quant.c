@@ -6,6 +6,7 @@
  * back to the reference for types it has no kernel for. quant_types.c holds
  * the type table and the scalar half/bfloat16 conversions.
  */
+#include "tensor/quant.h"
 #include "tensor/quant_impl.h"
 #include "util/cpu.h"
 

@@ -26,8 +26,11 @@
  * llama.cpp's own ggml for every type here, random data, many lengths.
  *
  * Kernel twins: every `quant_*` function below has a plain-C `_ref` twin with
- * the same signature; the un-suffixed one runs the twin of the level chosen
- * at run time (util/cpu.h: the best the CPU has, or SPARQ_CPU). The twins
+ * the same signature (declared with the SIMD twins in quant_impl.h, which
+ * the twins include instead of this header); the un-suffixed one runs the
+ * twin of the level chosen at run time (util/cpu.h: the best the CPU has,
+ * or SPARQ_CPU). Type ids, traits and the half conversions are
+ * quant_types.h, below both. The twins
  * are bit-identical (tests/test_quant.c compares them with zero tolerance).
  *
  * All functions are thread-safe (no state); n must be a whole number of
@@ -38,48 +41,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "tensor/quant_types.h"
+#include "util/cpu.h"
 
-enum {
-    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7,
-    QT_Q8_0 = 8, QT_Q8_1 = 9, QT_Q2_K = 10, QT_Q3_K = 11, QT_Q4_K = 12,
-    QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15, QT_IQ2_XXS = 16, QT_IQ2_XS = 17,
-    QT_IQ3_XXS = 18, QT_IQ1_S = 19, QT_IQ4_NL = 20, QT_IQ3_S = 21, QT_IQ2_S = 22,
-    QT_IQ4_XS = 23, QT_I8 = 24, QT_I16 = 25, QT_I32 = 26, QT_I64 = 27,
-    QT_F64 = 28, QT_IQ1_M = 29, QT_BF16 = 30, QT_TQ1_0 = 34, QT_TQ2_0 = 35,
-    QT_MXFP4 = 39,
-    QT_COUNT = 40
-};
-
-typedef struct quant_traits {
-    const char *name;      /* "Q8_0"; NULL for ids ggml never assigned      */
-    int64_t block_size;    /* elements per block                            */
-    size_t  block_bytes;   /* bytes per block                               */
-    int     vec_dot_type;  /* activation type for dot products; -1: none    */
-    int     has_kernels;   /* 1 if dequantize + dot product are implemented */
-} quant_traits;
-
-/* Traits of `type`, or NULL if the id is unknown (or was never assigned). */
-const quant_traits *quant_traits_of(uint32_t type);
-
-/* Bytes of a row of n elements; returns -1 if n is not a whole number of
- * blocks or the type is unknown, 0 on success. */
-int quant_row_bytes(uint32_t type, int64_t n, size_t *out);
-
-/* IEEE half / bfloat16 <-> float (round to nearest even, like ggml; the
- * half conversions equal F16C's vcvtph2ps / vcvtps2ph bit for bit,
- * including nan payloads). */
-float    fp16_to_fp32(uint16_t h);
-uint16_t fp32_to_fp16(float f);
-float    bf16_to_fp32(uint16_t h);
-uint16_t fp32_to_bf16(float f);
+/* n halves <-> floats: quant_types.h's scalar conversions, row at a time. */
 void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n);
 void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n);
-void fp16_to_fp32_row_ref(const uint16_t *src, float *dst, int64_t n);
-void fp32_to_fp16_row_ref(const float *src, uint16_t *dst, int64_t n);
 
 /* Dequantise n elements (n a multiple of the block size) of a row. */
 void quant_to_float(uint32_t type, const void *src, float *dst, int64_t n);
-void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n);
 
 /* Quantise n floats into `type` (any vec_dot type: F32, F16, BF16, Q8_0,
  * Q8_1, Q8_K; and Q4_0, Q8_0, Q4_K, Q6_K for writing synthetic models).
@@ -91,12 +61,10 @@ void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n);
  *   Q4_K, Q6_K: our least-squares group fits; same error as llama-quantize
  *     on Gaussian weights (not the same bytes). */
 int quant_from_float(uint32_t type, const float *src, void *dst, int64_t n);
-int quant_from_float_ref(uint32_t type, const float *src, void *dst, int64_t n);
 
 /* Dot product of one weight row `w` (type) with one activation row `x`
  * already converted to traits(type)->vec_dot_type, n elements. */
 float quant_dot(uint32_t type, const void *w, const void *x, int64_t n);
-float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n);
 
 /* The same for nr weight rows (row stride w_stride bytes) against one x:
  * out[i] = dot(w + i*w_stride, x), each bit-identical to quant_dot. The
@@ -108,8 +76,6 @@ float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n);
  * Single-threaded: callers split rows across threads. */
 void quant_dot_rows(uint32_t type, const void *w, size_t w_stride, int nr,
                     const void *x, int64_t n, float *out);
-void quant_dot_rows_ref(uint32_t type, const void *w, size_t w_stride, int nr,
-                        const void *x, int64_t n, float *out);
 
 /* Plain f32/f16 helpers the attention kernels share. dot_f32 is
  * quant_dot(QT_F32) (ggml's summation order); dot_f16_f32 uses the same
@@ -117,16 +83,17 @@ void quant_dot_rows_ref(uint32_t type, const void *w, size_t w_stride, int nr,
  * of all of these are bit-identical. */
 float dot_f32(const float *a, const float *b, int64_t n);
 float dot_f16_f32(const uint16_t *a, const float *b, int64_t n);
-float dot_f32_ref(const float *a, const float *b, int64_t n);
-float dot_f16_f32_ref(const uint16_t *a, const float *b, int64_t n);
 /* y += a * x  for x in f32 / f16, one fma per element */
 void axpy_f32(float *y, float a, const float *x, int64_t n);
 void axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
-void axpy_f32_ref(float *y, float a, const float *x, int64_t n);
-void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n);
 
 /* "avx512", "avx2" or "ref": the level the un-suffixed functions run
  * (util/cpu.h, chosen at run time). */
 const char *quant_simd_name(void);
+
+/* The kernel table `level` runs (quant_impl.h; its own twins or, without
+ * them, the reference): the dispatch, here and not beside the twins. */
+struct quant_kernels;
+const struct quant_kernels *quant_kernels_at(cpu_level level);
 
 #endif

@@ -35,15 +35,15 @@
 #ifndef SPARQ_QUANT_IMPL_H
 #define SPARQ_QUANT_IMPL_H
 
-#include "tensor/quant.h"
+#include "tensor/quant_types.h"
 #include "util/cpu.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define QK   32   /* elements per block of the 32-element types  */
-#define QKK  256  /* elements per K-quant super-block            */
+#define QK   QUANT_QK   /* elements per block of the 32-element types  */
+#define QKK  QUANT_QKK  /* elements per K-quant super-block            */
 
 typedef struct { uint16_t d; int8_t  qs[QK]; }                  blk_q8_0;
 typedef struct { uint16_t d, s; int8_t qs[QK]; }                blk_q8_1; /* s = d * sum(qs) */
@@ -144,6 +144,20 @@ static inline float quant_hsum16(const float a[16])
     return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
+/* The plain-C twins of quant.h's kernels (quant_ref.c): the definition of
+ * what every SIMD twin computes, bit for bit. */
+void fp16_to_fp32_row_ref(const uint16_t *src, float *dst, int64_t n);
+void fp32_to_fp16_row_ref(const float *src, uint16_t *dst, int64_t n);
+void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n);
+int quant_from_float_ref(uint32_t type, const float *src, void *dst, int64_t n);
+float quant_dot_ref(uint32_t type, const void *w, const void *x, int64_t n);
+void quant_dot_rows_ref(uint32_t type, const void *w, size_t w_stride, int nr,
+                        const void *x, int64_t n, float *out);
+float dot_f32_ref(const float *a, const float *b, int64_t n);
+float dot_f16_f32_ref(const uint16_t *a, const float *b, int64_t n);
+void axpy_f32_ref(float *y, float a, const float *x, int64_t n);
+void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n);
+
 /* Per-ISA entry points. Each falls back to the _ref kernel for any type it
  * does not implement, so quant.c only chooses the ISA. */
 void  quant_to_float_avx512(uint32_t type, const void *src, float *dst, int64_t n);
@@ -199,7 +213,5 @@ typedef struct quant_kernels {
 extern const quant_kernels quant_kernels_ref, quant_kernels_avx2, quant_kernels_avx512;
 /* ARM64: quant_neon.c built for baseline NEON and with +dotprod (Makefile) */
 extern const quant_kernels quant_kernels_neon, quant_kernels_neondp;
-/* The table `level` runs (its own twins or, without them, the reference). */
-const quant_kernels *quant_kernels_at(cpu_level level);
 
 #endif

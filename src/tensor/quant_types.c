@@ -6,7 +6,13 @@
  * has_kernels marks the weight types quant_to_float/quant_dot handle; Q8_1
  * and Q8_K are activation-only (quantise/dequantise, no dot).
  */
-#include "tensor/quant_impl.h"
+#include "tensor/quant_types.h"
+
+#include <math.h>
+#include <string.h>
+
+#define QK  QUANT_QK
+#define QKK QUANT_QKK
 
 static const quant_traits traits_table[QT_COUNT] = {
     [QT_F32]     = { "F32",     1,   4,                QT_F32,     1 },
