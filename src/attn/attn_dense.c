@@ -23,8 +23,6 @@ static size_t dense_scratch_floats(const sparq_attn_params *p, int64_t S, int d,
 
 static int dense_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
-    int layer = step->layer;
-    int kv_head = step->kv_head;
     const attn_kv_view *kv = step->kv;
     const float *q = step->q;
     int g = step->g;
@@ -32,7 +30,7 @@ static int dense_attend(void *state, const sparq_attn_params *p, const attn_step
     attn_scratch *scratch = step->scratch;
     attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
-    (void)state; (void)p; (void)layer; (void)kv_head;
+    (void)state; (void)p;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;
@@ -61,15 +59,13 @@ static int dense_n_parts(const sparq_attn_params *p, int64_t S)
 static int dense_attend_part(void *state, const sparq_attn_params *p, const attn_step *step, int part,
                              float *lse)
 {
-    int layer = step->layer;
-    int kv_head = step->kv_head;
     const attn_kv_view *kv = step->kv;
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
     attn_scratch *scratch = step->scratch;
     attn_counts *counts = step->counts;
-    (void)state; (void)p; (void)layer; (void)kv_head;
+    (void)state; (void)p;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;

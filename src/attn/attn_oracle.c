@@ -29,8 +29,6 @@ static size_t oracle_scratch_floats(const sparq_attn_params *p, int64_t S, int d
 
 static int oracle_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
-    int layer = step->layer;
-    int kv_head = step->kv_head;
     const attn_kv_view *kv = step->kv;
     const float *q = step->q;
     int g = step->g;
@@ -38,7 +36,7 @@ static int oracle_attend(void *state, const sparq_attn_params *p, const attn_ste
     attn_scratch *scratch = step->scratch;
     attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
-    (void)state; (void)layer; (void)kv_head;
+    (void)state;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;

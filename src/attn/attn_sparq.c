@@ -192,8 +192,6 @@ static void mean_value(const attn_kv_view *kv, float *vmean)
 
 static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
-    int layer = step->layer;
-    int kv_head = step->kv_head;
     const attn_kv_view *kv = step->kv;
     const float *q = step->q;
     int g = step->g;
@@ -201,7 +199,7 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
     attn_scratch *scratch = step->scratch;
     attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
-    (void)state; (void)layer; (void)kv_head;
+    (void)state;
     const int64_t S = kv->S;
     const int d = kv->d, r = p->r;
     sparq_scratch s = sparq_layout(scratch->f, scratch->i, p, S, d, g);

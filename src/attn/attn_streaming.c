@@ -36,8 +36,6 @@ static size_t streaming_scratch_floats(const sparq_attn_params *p, int64_t S, in
 
 static int streaming_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
-    int layer = step->layer;
-    int kv_head = step->kv_head;
     const attn_kv_view *kv = step->kv;
     const float *q = step->q;
     int g = step->g;
@@ -45,7 +43,7 @@ static int streaming_attend(void *state, const sparq_attn_params *p, const attn_
     attn_scratch *scratch = step->scratch;
     attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
-    (void)state; (void)layer; (void)kv_head;
+    (void)state;
     const int64_t S = kv->S, k = p->k < S ? p->k : S;
     int32_t *sel = scratch->i;
     if (k == S) {
