@@ -10,9 +10,12 @@
  *      the largest sum_h s_hat_h (or, with select_logits, summed logits).
  *   4. y'_h = exact softmax attention over sel (2*k*d elements read).
  *   5. alpha_h = sum_{sel} s_hat_h;  y_h = alpha_h y'_h + (1 - alpha_h) v_sum/S
- *      (no_realloc: alpha = 1).
+ *      (no_realloc: alpha = 1); computed as 1 - the mass left out
+ *      (sparq_alpha says why).
  * With k >= S every position is selected and alpha is exactly 1, so the
- * step is plain dense attention (and is run and counted as such).
+ * step is plain dense attention (and is run and counted as such; through
+ * the selecting path, select_always, it gives the same bits for S <
+ * 2 * ATTN_PART, where dense attention is one part read in order).
  *
  * Step 2 is one pass over K^T (attn_kt_exp): each block of positions is
  * scored and exponentiated against a running max while in L1, so s_hat_h =
@@ -246,6 +249,25 @@ static void mean_value(const attn_kv_view *kv, float *vmean)
     if (kv->meter) kv->meter->v += read;
 }
 
+/* alpha_h = sum over the selection of s_hat_h, computed as 1 - (the mass
+ * left out). Both are the same number in exact arithmetic (s_hat_h sums to
+ * 1), but in float the sum over the selection is 1 only up to its rounding
+ * (k additions: |alpha - 1| up to ~1e-6 with every position selected), and
+ * that error mixes (1 - alpha) v_mean into the output and scales y' by
+ * alpha. The complement is exactly 1 when nothing is left out, so a step
+ * that selects every position (k >= S through the selecting path) is dense
+ * attention bit for bit, and for k < S it is the more accurate of the two:
+ * the mass left out is small when SparQ works, and is summed (in double)
+ * with a small relative error. Why bits matter: the next layer's matrix
+ * products round their input to the weights' dot type (f16, q8_0), so an
+ * ulp of difference here can flip a rounding there and, fed back through
+ * the cache for 50 steps, grew to 2e-3..1.5e-2 in tiny-d64's logits.
+ * Clamped at 0: the rounding of a near-total left-out mass may exceed 1. */
+static float sparq_alpha(double left)
+{
+    return left < 1 ? (float)(1.0 - left) : 0.0f;
+}
+
 /* adaptive_k's steps 3-4 and alpha (see the top of the file): s->e and
  * s->scale hold every head's s_hat over S positions; the window is the last
  * l. Writes the union of the heads' selections to s->sel and returns its
@@ -282,24 +304,24 @@ static int64_t adaptive_attend(const attn_kv_view *kv, const sparq_attn_params *
             s->mark[i] = -1;
         }
     }
-    /* which union entries each head selected; alpha_h over them */
+    /* which union entries each head selected */
     memset(s->keep, 0, (size_t)g * (size_t)u * sizeof *s->keep);
     off = 0;
     for (int h = 0; h < g; h++) {
-        const float *eh = s->e + h * S, *sc = s->scale + h * nb;
         int32_t *kp = s->keep + (size_t)h * u;
-        float a = 0;
-        for (int64_t i = S - l; i < S; i++) {
-            kp[s->mark[i]] = 1;
-            a += sc[i / ATTN_EXP_BLOCK] * eh[i];
-        }
-        for (int64_t j = 0; j < s->kh[h] - l; j++) {
-            const int32_t i = s->hsel[off + j];
-            kp[s->mark[i]] = 1;
-            a += sc[i / ATTN_EXP_BLOCK] * eh[i];
-        }
+        for (int64_t i = S - l; i < S; i++) kp[s->mark[i]] = 1;
+        for (int64_t j = 0; j < s->kh[h] - l; j++) kp[s->mark[s->hsel[off + j]]] = 1;
         off += s->kh[h] - l;
-        s->alpha[h] = a;
+    }
+    /* alpha_h: 1 minus the mass of the positions head h left out (why the
+     * complement: see sparq_alpha) */
+    for (int h = 0; h < g; h++) {
+        const float *eh = s->e + h * S, *sc = s->scale + h * nb;
+        const int32_t *kp = s->keep + (size_t)h * u;
+        double left = 0;
+        for (int64_t i = 0; i < S; i++)
+            if (s->mark[i] < 0 || !kp[s->mark[i]]) left += sc[i / ATTN_EXP_BLOCK] * eh[i];
+        s->alpha[h] = sparq_alpha(left);
     }
     /* 4. each row of the union read once for the group; a head's softmax
      * covers its own selection (the others' scores are -inf: weight 0) */
@@ -376,12 +398,19 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
         /* 4. exact attention over the selection */
         attn_gather_group(kv, q, g, s.sel, k, out, s.w);
 
-        /* 5. alpha: the approximate mass selected */
+        /* 5. alpha: the approximate mass selected, as 1 minus the mass
+         * left out (sparq_alpha); work (top-k's, spent) marks the selection */
+        int32_t *in_sel = s.work;
+        if (!p->no_realloc) {
+            memset(in_sel, 0, (size_t)S * sizeof *in_sel);
+            for (int64_t j = 0; j < k; j++) in_sel[s.sel[j]] = 1;
+        }
         for (int h = 0; h < g; h++) {
             const float *eh = s.e + h * S, *sc = s.scale + h * nb;
-            float a = 0;
-            for (int64_t j = 0; j < k; j++) a += sc[s.sel[j] / ATTN_EXP_BLOCK] * eh[s.sel[j]];
-            alpha[h] = p->no_realloc ? 1.0f : a;
+            double left = 0;
+            for (int64_t i = 0; !p->no_realloc && i < S; i++)
+                if (!in_sel[i]) left += sc[i / ATTN_EXP_BLOCK] * eh[i];
+            alpha[h] = p->no_realloc ? 1.0f : sparq_alpha(left);
         }
     }
     /* 5. mean-value reallocation */
