@@ -74,6 +74,13 @@ typedef struct sparq_attn_params {
     int select_always;      /* SparQ/oracle: select even when k >= S, where
                                they otherwise run dense attention; selecting
                                every position must equal dense (tests)     */
+    /* SparQ, per-head adaptive k (off by default, docs/ALGORITHMS.md
+     * "Per-head adaptive k"): each query head of a KV head's group gets its
+     * own k_h, in proportion to the entropy of its approximate scores, the
+     * group's total g*k kept, each k_h in [k_min, S]; each head selects by
+     * its own scores and the group reads the union once.                   */
+    int adaptive_k;         /* 1: on                                        */
+    int k_min;              /* smallest k_h (0 = min(k, l + 1)); l <= k_min <= k */
 } sparq_attn_params;
 
 enum { SPARQ_TOPK_UNIFORM = 0, SPARQ_TOPK_LINEAR = 1 };

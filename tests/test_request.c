@@ -217,6 +217,11 @@ static void test_fields(void)
               r->attn.select_logits == 1 && r->attn.no_realloc == 1,
           "sparq: r %d k %d l %d", r->attn.r, r->attn.k, r->attn.l);
     srv_request_release(r);
+    r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"attn\":\"sparq\",\"k\":32,\"adaptive_k\":true,"
+                                     "\"k_min\":12}}");
+    CHECK(r->attn.adaptive_k == 1 && r->attn.k_min == 12 && r->attn.k == 32, "adaptive k: %d k_min %d",
+          r->attn.adaptive_k, r->attn.k_min);
+    srv_request_release(r);
 
     /* prefix_id: the document's name, alone (server's attention) or with a policy */
     r = accepted(SRV_EP_COMPLETIONS, "{\"prompt\":[1],\"sparq\":{\"prefix_id\":\"doc-42\"}}");
@@ -575,6 +580,10 @@ static void test_hostile(void)
     refused(C, "{\"prompt\":[1],\"sparq\":{\"l\":-2}}", I, "'l' must be an integer in [-1, 16777216]");
     refused(C, "{\"prompt\":[1],\"sparq\":{\"topk_k\":1e12}}", I, "'topk_k' must be an integer in [0, 16777216]");
     refused(C, "{\"prompt\":[1],\"sparq\":{\"no_realloc\":\"yes\"}}", I, "'no_realloc' must be true or false");
+    refused(C, "{\"prompt\":[1],\"sparq\":{\"adaptive_k\":1}}", I, "'adaptive_k' must be true or false");
+    refused(C, "{\"prompt\":[1],\"sparq\":{\"k_min\":-1}}", I, "'k_min' must be an integer in [0, 16777216]");
+    refused(C, "{\"prompt\":[1],\"sparq\":{\"attn\":\"sparq\",\"k_min\":4}}", I,
+            "--sparq-k-min applies only with --sparq-adaptive-k");
     refused(C, "{\"prompt\":[1],\"sparq\":{\"attn\":\"sparq\",\"ratio\":\"abc\"}}", I,
             "--sparq-ratio 'abc' must be a fraction in (0, 1]");
     refused(C, "{\"prompt\":[1],\"sparq\":{\"attn\":\"topk\",\"schedule\":\"fast\"}}", I,

@@ -36,7 +36,7 @@ class sparq_attn_params(ctypes.Structure):
         ("select_logits", c_int), ("no_realloc", c_int), ("n_sink", c_int),
         ("index", c_char_p), ("topk_schedule", c_int), ("index_key_type", c_int),
         ("ivf_nlist", c_int), ("ivf_nprobe", c_int), ("hnsw_ef_search", c_int),
-        ("topk_check", c_int), ("select_always", c_int),
+        ("topk_check", c_int), ("select_always", c_int), ("adaptive_k", c_int), ("k_min", c_int),
     ]
 
 

@@ -169,7 +169,7 @@ class AttnParams:
 
     FIELDS = ("r", "k", "l", "select_logits", "no_realloc", "n_sink", "topk_schedule",
               "index_key_type", "ivf_nlist", "ivf_nprobe", "hnsw_ef_search", "topk_check",
-              "select_always")
+              "select_always", "adaptive_k", "k_min")
 
     def __init__(self, policy="dense", index=None, **kw):
         self.policy = policy

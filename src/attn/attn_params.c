@@ -119,6 +119,12 @@ int attn_opts_params(const attn_opts *o, int64_t S, int d, sparq_attn_params *ou
     }
     out->l = o->l;
     out->no_realloc = o->no_realloc;
+    if (o->k_min && !o->adaptive_k) {
+        snprintf(err, err_size, "--sparq-k-min applies only with --sparq-adaptive-k");
+        return -1;
+    }
+    out->adaptive_k = o->adaptive_k != 0;
+    out->k_min = o->k_min;
     out->n_sink = o->n_sink;
     if (strcmp(o->attn, "streaming") == 0) { /* sinks are part of the k kept */
         const int sinks = o->n_sink > 0 ? o->n_sink : 16, k = o->attn_k > 0 ? o->attn_k : 128;

@@ -23,6 +23,8 @@ typedef struct attn_opts {
     int attn_k;             /* --attn-k (baselines' budget)               */
     const char *select;     /* --sparq-select probs|logits                */
     int no_realloc;         /* --sparq-no-realloc                         */
+    int adaptive_k;         /* --sparq-adaptive-k                         */
+    int k_min;              /* --sparq-k-min (adaptive k's floor)         */
     const char *ratio;      /* --sparq-ratio 1/8                          */
     int n_sink;             /* --n-sink                                   */
     const char *index;      /* --index exact|ivf|hnsw|sparq (topk)        */

@@ -10,9 +10,12 @@
  *      the largest sum_h s_hat_h (or, with select_logits, summed logits).
  *   4. y'_h = exact softmax attention over sel (2*k*d elements read).
  *   5. alpha_h = sum_{sel} s_hat_h;  y_h = alpha_h y'_h + (1 - alpha_h) v_sum/S
- *      (no_realloc: alpha = 1).
+ *      (no_realloc: alpha = 1); computed as 1 - the mass left out
+ *      (sparq_alpha says why).
  * With k >= S every position is selected and alpha is exactly 1, so the
- * step is plain dense attention (and is run and counted as such).
+ * step is plain dense attention (and is run and counted as such; through
+ * the selecting path, select_always, it gives the same bits for S <
+ * 2 * ATTN_PART, where dense attention is one part read in order).
  *
  * Step 2 is one pass over K^T (attn_kt_exp): each block of positions is
  * scored and exponentiated against a running max while in L1, so s_hat_h =
@@ -28,8 +31,19 @@
  * pass, the gather, the v_sum loop); the writes are the cache's append.
  * The cache must hold K^T and v_sum (needs); without them the step still
  * works (K columns read instead of K^T rows, v_sum rebuilt from V, counted).
+ *
+ * adaptive_k (docs/ALGORITHMS.md "Per-head adaptive k") replaces step 3:
+ * each head h gets its own k_h from the entropy of s_hat_h
+ * (attn_adaptive_allot: proportional, in [k_min, S], summing to g*k) and
+ * takes the window plus the k_h - l older positions with the largest
+ * s_hat_h (its own, not the group's sum). The group reads the union U of
+ * the heads' selections once: step 4 scores every head on U and masks the
+ * positions a head did not select (-inf, weight exactly 0), so each head's
+ * softmax runs over its own selection. Transfer: S*r + 2*|U|*d + 4*d, at
+ * most S*r + 2*min(S, g*k)*d + 4*d, which transfer_formula reports.
  */
 #include "attn/attn.h"
+#include "attn/attn_adaptive.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -60,6 +74,28 @@ static int sparq_resolve(sparq_attn_params *p, int d, char *err, size_t err_size
         snprintf(err, err_size, "sparq: l=%d exceeds k=%d", p->l, p->k);
         return -1;
     }
+    if (p->adaptive_k != 0 && p->adaptive_k != 1) {
+        snprintf(err, err_size, "sparq: adaptive_k=%d must be 0 (off) or 1 (on)", p->adaptive_k);
+        return -1;
+    }
+    if (!p->adaptive_k) {
+        if (p->k_min != 0) {
+            snprintf(err, err_size, "sparq: k_min=%d applies only with adaptive_k", p->k_min);
+            return -1;
+        }
+        return 0;
+    }
+    if (p->select_logits) { /* one head's logits and probabilities rank alike */
+        snprintf(err, err_size, "sparq: adaptive_k ranks each head by its own scores; select_logits does not apply");
+        return -1;
+    }
+    /* default: the window and at least one position chosen by score */
+    if (p->k_min == 0) p->k_min = p->l + 1 <= p->k ? p->l + 1 : p->k;
+    const int lo = p->l > 1 ? p->l : 1;
+    if (p->k_min < lo || p->k_min > p->k) {
+        snprintf(err, err_size, "sparq: k_min=%d must be between max(1, l)=%d and k=%d", p->k_min, lo, p->k);
+        return -1;
+    }
     return 0;
 }
 
@@ -75,6 +111,13 @@ typedef struct sparq_scratch {
     int32_t *work;  /* [max(S, d)] top-k work                              */
     int32_t *sel;   /* [k]                                                 */
     int32_t *i1;    /* [d]                                                 */
+    /* adaptive_k only (NULL otherwise); u = min(S, g*k) bounds the union */
+    double  *H;     /* [g] entropies                                       */
+    double  *xw;    /* [g] allotment work                                  */
+    int64_t *kh;    /* [g] each head's k                                   */
+    int32_t *hsel;  /* [g*k] each head's older positions, head after head  */
+    int32_t *mark;  /* [S] position -> its index in the union, or -1       */
+    int32_t *keep;  /* [g][u] 1 where head h selected union entry j        */
     size_t   n_f, n_i;
 } sparq_scratch;
 
@@ -84,19 +127,35 @@ static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params
     sparq_scratch s;
     const size_t kk = (size_t)(p->k < S ? p->k : S), n = (size_t)S;
     const size_t nb = (n + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    const int ad = p->adaptive_k != 0;
+    /* positions read: k, or the union of the heads' selections */
+    const size_t u = ad ? ((size_t)g * kk < n ? (size_t)g * kk : n) : kk;
     size_t o = 0;
     s.e = f ? f + o : NULL;     o += attn_pad16((size_t)g * n);
     s.score = f ? f + o : NULL; o += attn_pad16(n);
     s.scale = f ? f + o : NULL; o += attn_pad16((size_t)g * nb);
-    s.w = f ? f + o : NULL;     o += attn_pad16((size_t)g * kk);
+    s.w = f ? f + o : NULL;     o += attn_pad16((size_t)g * u);
     s.qs = f ? f + o : NULL;    o += attn_pad16((size_t)g * d);
     s.absq = f ? f + o : NULL;  o += attn_pad16((size_t)d);
     s.alpha = f ? f + o : NULL; o += attn_pad16((size_t)g);
+    s.H = s.xw = NULL;
+    if (ad) { /* doubles in 64-byte aligned float slots */
+        s.H = f ? (double *)(void *)(f + o) : NULL;  o += attn_pad16(2 * (size_t)g);
+        s.xw = f ? (double *)(void *)(f + o) : NULL; o += attn_pad16(2 * (size_t)g);
+    }
     s.n_f = o;
     o = 0;
     s.work = iw ? iw + o : NULL; o += attn_pad16(n > (size_t)d ? n : (size_t)d);
-    s.sel = iw ? iw + o : NULL;  o += attn_pad16(kk);
+    s.sel = iw ? iw + o : NULL;  o += attn_pad16(u);
     s.i1 = iw ? iw + o : NULL;   o += attn_pad16((size_t)d);
+    s.kh = NULL;
+    s.hsel = s.mark = s.keep = NULL;
+    if (ad) {
+        s.kh = iw ? (int64_t *)(void *)(iw + o) : NULL; o += attn_pad16(2 * (size_t)g);
+        s.hsel = iw ? iw + o : NULL; o += attn_pad16((size_t)g * kk);
+        s.mark = iw ? iw + o : NULL; o += attn_pad16(n);
+        s.keep = iw ? iw + o : NULL; o += attn_pad16((size_t)g * u);
+    }
     s.n_i = o;
     return s;
 }
@@ -190,6 +249,90 @@ static void mean_value(const attn_kv_view *kv, float *vmean)
     if (kv->meter) kv->meter->v += read;
 }
 
+/* alpha_h = sum over the selection of s_hat_h, computed as 1 - (the mass
+ * left out). Both are the same number in exact arithmetic (s_hat_h sums to
+ * 1), but in float the sum over the selection is 1 only up to its rounding
+ * (k additions: |alpha - 1| up to ~1e-6 with every position selected), and
+ * that error mixes (1 - alpha) v_mean into the output and scales y' by
+ * alpha. The complement is exactly 1 when nothing is left out, so a step
+ * that selects every position (k >= S through the selecting path) is dense
+ * attention bit for bit, and for k < S it is the more accurate of the two:
+ * the mass left out is small when SparQ works, and is summed (in double)
+ * with a small relative error. Why bits matter: the next layer's matrix
+ * products round their input to the weights' dot type (f16, q8_0), so an
+ * ulp of difference here can flip a rounding there and, fed back through
+ * the cache for 50 steps, grew to 2e-3..1.5e-2 in tiny-d64's logits.
+ * Clamped at 0: the rounding of a near-total left-out mass may exceed 1. */
+static float sparq_alpha(double left)
+{
+    return left < 1 ? (float)(1.0 - left) : 0.0f;
+}
+
+/* adaptive_k's steps 3-4 and alpha (see the top of the file): s->e and
+ * s->scale hold every head's s_hat over S positions; the window is the last
+ * l. Writes the union of the heads' selections to s->sel and returns its
+ * size, the output to out[g][d] and alpha_h (selected mass) to s->alpha. */
+static int64_t adaptive_attend(const attn_kv_view *kv, const sparq_attn_params *p, const float *q, int g,
+                               int64_t k, int64_t l, sparq_scratch *s, float *out)
+{
+    const int64_t S = kv->S, nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    const int64_t lo = p->k_min < S ? p->k_min : S;
+    for (int h = 0; h < g; h++) s->H[h] = attn_scores_entropy(s->e + h * S, s->scale + h * nb, S);
+    /* resolve keeps l <= k_min <= k and k < S here (or k = S, select_always) */
+    if (attn_adaptive_allot(s->H, g, (int64_t)g * k, lo > l ? lo : l, S, s->kh, s->xw))
+        for (int h = 0; h < g; h++) s->kh[h] = k; /* unreachable: resolve's bounds */
+
+    /* each head's older positions by its own s_hat, head after head */
+    int64_t off = 0;
+    for (int h = 0; h < g; h++) {
+        attn_scaled_head_sum(s->e + h * S, s->scale + h * nb, 1, S, S - l, s->score);
+        attn_topk_indices(s->score, S - l, s->kh[h] - l, s->hsel + off, s->work);
+        off += s->kh[h] - l;
+    }
+    /* the union in increasing position (the rows are read in cache order,
+     * and with k >= S in dense attention's order): mark[i] = its index in
+     * sel, or -1 */
+    for (int64_t i = 0; i < S - l; i++) s->mark[i] = 0;
+    for (int64_t i = S - l; i < S; i++) s->mark[i] = 1;
+    for (int64_t j = 0; j < off; j++) s->mark[s->hsel[j]] = 1;
+    int64_t u = 0;
+    for (int64_t i = 0; i < S; i++) {
+        if (s->mark[i]) {
+            s->mark[i] = (int32_t)u;
+            s->sel[u++] = (int32_t)i;
+        } else {
+            s->mark[i] = -1;
+        }
+    }
+    /* which union entries each head selected */
+    memset(s->keep, 0, (size_t)g * (size_t)u * sizeof *s->keep);
+    off = 0;
+    for (int h = 0; h < g; h++) {
+        int32_t *kp = s->keep + (size_t)h * u;
+        for (int64_t i = S - l; i < S; i++) kp[s->mark[i]] = 1;
+        for (int64_t j = 0; j < s->kh[h] - l; j++) kp[s->mark[s->hsel[off + j]]] = 1;
+        off += s->kh[h] - l;
+    }
+    /* alpha_h: 1 minus the mass of the positions head h left out (why the
+     * complement: see sparq_alpha) */
+    for (int h = 0; h < g; h++) {
+        const float *eh = s->e + h * S, *sc = s->scale + h * nb;
+        const int32_t *kp = s->keep + (size_t)h * u;
+        double left = 0;
+        for (int64_t i = 0; i < S; i++)
+            if (s->mark[i] < 0 || !kp[s->mark[i]]) left += sc[i / ATTN_EXP_BLOCK] * eh[i];
+        s->alpha[h] = sparq_alpha(left);
+    }
+    /* 4. each row of the union read once for the group; a head's softmax
+     * covers its own selection (the others' scores are -inf: weight 0) */
+    attn_scores(kv, q, g, s->sel, u, s->w);
+    for (int h = 0; h < g; h++)
+        for (int64_t j = 0; j < u; j++)
+            if (!s->keep[(size_t)h * u + j]) s->w[(size_t)h * u + j] = -INFINITY;
+    attn_softmax_weighted_sum(kv, s->w, g, s->sel, u, out, NULL);
+    return u;
+}
+
 static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
     const attn_kv_view *kv = step->kv;
@@ -238,23 +381,39 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
     float *lsum = p->select_logits ? s.score : NULL;
     if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
     else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
-    if (!p->select_logits) attn_scaled_head_sum(s.e, s.scale, g, S, S - l, s.score);
 
-    /* 3. selection: top (k - l) of the older positions, then the window */
-    attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
-    for (int64_t t = 0; t < l; t++) s.sel[k - l + t] = (int32_t)(S - l + t);
-
-    /* 4. exact attention over the selection */
-    attn_gather_group(kv, q, g, s.sel, k, out, s.w);
-
-    /* 5. mean-value reallocation */
     float *alpha = s.alpha;
-    for (int h = 0; h < g; h++) {
-        const float *eh = s.e + h * S, *sc = s.scale + h * nb;
-        float a = 0;
-        for (int64_t j = 0; j < k; j++) a += sc[s.sel[j] / ATTN_EXP_BLOCK] * eh[s.sel[j]];
-        alpha[h] = p->no_realloc ? 1.0f : a;
+    int64_t n_read = k; /* positions read in step 4 */
+    if (p->adaptive_k) {
+        n_read = adaptive_attend(kv, p, q, g, k, l, &s, out);
+        if (p->no_realloc)
+            for (int h = 0; h < g; h++) alpha[h] = 1.0f;
+    } else {
+        if (!p->select_logits) attn_scaled_head_sum(s.e, s.scale, g, S, S - l, s.score);
+
+        /* 3. selection: top (k - l) of the older positions, then the window */
+        attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
+        for (int64_t t = 0; t < l; t++) s.sel[k - l + t] = (int32_t)(S - l + t);
+
+        /* 4. exact attention over the selection */
+        attn_gather_group(kv, q, g, s.sel, k, out, s.w);
+
+        /* 5. alpha: the approximate mass selected, as 1 minus the mass
+         * left out (sparq_alpha); work (top-k's, spent) marks the selection */
+        int32_t *in_sel = s.work;
+        if (!p->no_realloc) {
+            memset(in_sel, 0, (size_t)S * sizeof *in_sel);
+            for (int64_t j = 0; j < k; j++) in_sel[s.sel[j]] = 1;
+        }
+        for (int h = 0; h < g; h++) {
+            const float *eh = s.e + h * S, *sc = s.scale + h * nb;
+            double left = 0;
+            for (int64_t i = 0; !p->no_realloc && i < S; i++)
+                if (!in_sel[i]) left += sc[i / ATTN_EXP_BLOCK] * eh[i];
+            alpha[h] = p->no_realloc ? 1.0f : sparq_alpha(left);
+        }
     }
+    /* 5. mean-value reallocation */
     if (!p->no_realloc) {
         float *vmean = s.qs; /* qs is spent; reuse its >= d floats */
         mean_value(kv, vmean);
@@ -264,8 +423,8 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
     }
     cnt.written += 3 * d; /* k, v appended; v_sum updated (by the cache) */
     if (tr) {
-        if (tr->sel) memcpy(tr->sel, s.sel, (size_t)k * sizeof *s.sel);
-        tr->n_sel = k;
+        if (tr->sel) memcpy(tr->sel, s.sel, (size_t)n_read * sizeof *s.sel);
+        tr->n_sel = n_read;
         if (tr->alpha) memcpy(tr->alpha, alpha, (size_t)g * sizeof *alpha);
     }
 done:
@@ -279,10 +438,11 @@ done:
 
 static int64_t sparq_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
 {
-    (void)g;
     if (p->k >= S) return 2 * S * d + 2 * (int64_t)d;
+    /* adaptive_k reads the union of the heads' selections: at most g*k rows */
+    const int64_t rows = p->adaptive_k ? ((int64_t)g * p->k < S ? (int64_t)g * p->k : S) : p->k;
     /* no_realloc never reads v_sum (the cache still keeps it up to date) */
-    return S * p->r + 2 * (int64_t)p->k * d + (p->no_realloc ? 3 : 4) * (int64_t)d;
+    return S * p->r + 2 * rows * d + (p->no_realloc ? 3 : 4) * (int64_t)d;
 }
 
 const attn_policy attn_policy_sparq = {

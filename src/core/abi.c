@@ -35,6 +35,8 @@ static const abi_entry abi_table[] = {
     ABI_OFF(sparq_attn_params, hnsw_ef_search),
     ABI_OFF(sparq_attn_params, topk_check),
     ABI_OFF(sparq_attn_params, select_always),
+    ABI_OFF(sparq_attn_params, adaptive_k),
+    ABI_OFF(sparq_attn_params, k_min),
 
     ABI_SIZE(sparq_model_params),
     ABI_OFF(sparq_model_params, use_mmap),
@@ -104,7 +106,7 @@ static const abi_entry *abi_find(const char *type, const char *field)
 #define ABI_LAST(T, F) \
     _Static_assert(sizeof(T) - (offsetof(T, F) + sizeof(((T *)0)->F)) < _Alignof(T), \
                    #T " has a field after " #F ": add it to abi_table and to python/sparq/_lib.py")
-ABI_LAST(sparq_attn_params, select_always);
+ABI_LAST(sparq_attn_params, k_min);
 ABI_LAST(sparq_model_params, no_repack);
 ABI_LAST(sparq_chat_msg, content);
 ABI_LAST(sparq_context_params, prefill);

@@ -323,18 +323,20 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
     }
     static const char *const str_keys[] = { "attn", "ratio", "select", "index", "schedule", "key_type", NULL };
     static const char *const int_keys[] = { "r", "k", "l", "attn_k", "n_sink", "topk_k", "ivf_nlist",
-                                            "ivf_nprobe", "hnsw_ef", NULL };
+                                            "ivf_nprobe", "hnsw_ef", "k_min", NULL };
     for (size_t i = 0; i < x->n; i++) {
         const char *key = x->u.members[i].key;
         const size_t key_len = x->u.members[i].key_len;
         /* a NUL would let "attn\u0000x" pass as "attn" here, then be ignored */
-        int known = !memchr(key, 0, key_len) && (!strcmp(key, "no_realloc") || !strcmp(key, "prefix_id"));
+        int known = !memchr(key, 0, key_len) &&
+                    (!strcmp(key, "no_realloc") || !strcmp(key, "adaptive_k") || !strcmp(key, "prefix_id"));
         for (int j = 0; str_keys[j]; j++) known |= !memchr(key, 0, key_len) && !strcmp(key, str_keys[j]);
         for (int j = 0; int_keys[j]; j++) known |= !memchr(key, 0, key_len) && !strcmp(key, int_keys[j]);
         if (!known) {
             char q[300];
             snprintf(err, n, "'sparq' has an unknown field '%s' (known: attn ratio r k l attn_k select "
-                             "no_realloc n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef key_type prefix_id)",
+                             "no_realloc adaptive_k k_min n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef "
+                             "key_type prefix_id)",
                      quote(q, sizeof q, key, key_len, 64));
             return -1;
         }
@@ -369,13 +371,15 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         }
         *sdst[j] = v->u.str;
     }
-    int *idst[] = { &ao.r, &ao.k, &ao.l, &ao.attn_k, &ao.n_sink, &ao.topk_k, &ao.ivf_nlist, &ao.ivf_nprobe, &ao.hnsw_ef };
+    int *idst[] = { &ao.r, &ao.k, &ao.l, &ao.attn_k, &ao.n_sink, &ao.topk_k, &ao.ivf_nlist, &ao.ivf_nprobe, &ao.hnsw_ef,
+                    &ao.k_min };
     for (int j = 0; int_keys[j]; j++) {
         int64_t v = *idst[j];
         if (get_int(x, int_keys[j], j == 2 ? -1 : 0, 1 << 24, &v, err, n)) return -1;
         *idst[j] = (int)v;
     }
-    if (get_bool(x, "no_realloc", &ao.no_realloc, err, n)) return -1;
+    if (get_bool(x, "no_realloc", &ao.no_realloc, err, n) || get_bool(x, "adaptive_k", &ao.adaptive_k, err, n))
+        return -1;
     const int64_t S = r->doc >= 0 ? e->docs[r->doc].n_ctx : e->n_ctx;
     if (attn_opts_params(&ao, S, sparq_model_head_dim(e->model), &r->attn, err, n)) return -1;
 copy:

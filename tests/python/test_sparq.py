@@ -261,6 +261,31 @@ def test_sparq_selecting_fewer_than_S_differs_from_dense(model):
         assert float(np.max(np.abs(np.asarray(la) - np.asarray(lb)))) > 1e-2
 
 
+@uses_numpy
+def test_sparq_adaptive_k_options(model):
+    """The per-head adaptive k through AttnParams: with k >= S and the
+    selecting path it is dense attention; a small k is not (the control);
+    k_min without adaptive_k is the library's one-line error."""
+    ids = model.tokenize(PROMPT)
+    d = model.head_dim
+    with sparq.Context(model, n_ctx=64, kv_type="f32") as dense, \
+            sparq.Context(model, n_ctx=64, kv_type="f32",
+                          attn=sparq.AttnParams("sparq", r=d, k=64, adaptive_k=1,
+                                                select_always=1)) as full, \
+            sparq.Context(model, n_ctx=64, kv_type="f32",
+                          attn=dict(policy="sparq", r=d, k=4, l=0, adaptive_k=1, k_min=1)) as small:
+        a, la = _greedy_ids(dense, model, ids, 30)
+        b, lb = _greedy_ids(full, model, ids, 30)
+        _, lc = _greedy_ids(small, model, ids, 30)
+        assert a == b
+        np.testing.assert_allclose(la, lb, rtol=0, atol=1e-4)
+        assert float(np.max(np.abs(np.asarray(la) - np.asarray(lc)))) > 1e-2
+    with pytest.raises(sparq.SparqError) as e:
+        sparq.Context(model, n_ctx=64, attn=sparq.AttnParams("sparq", k=16, k_min=4))
+    assert "k_min=4 applies only with adaptive_k" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def _naive_attention(q, K, V):
     s = (K @ q.T) / math.sqrt(K.shape[1])  # [S][g]
     p = np.exp(s - s.max(axis=0))
