@@ -343,7 +343,7 @@ test-asan:
 # them (test_cpu there already runs the kernel tests at every level).
 AVX2_TESTS := test_attn test_batch test_context_shift test_decode_policies test_embed test_gemm test_generate \
               test_grammar test_import test_index test_kvcache test_kvfile test_kvq8 test_model test_pf_sparse \
-              test_phi3 test_prefill test_quant test_testmodel test_topk
+              test_phi3 test_prefill test_quant test_sparq_adaptive test_testmodel test_topk
 test-avx2: setup all $(TEST_BIN)
 	@SPARQ_CPU=avx2 SPARQ_TEST_QUICK=1 SPARQ_TESTS="$(AVX2_TESTS)" scripts/run_tests.sh $(BUILD)
 
