@@ -20,10 +20,18 @@
  *     A circle is reported by its modules' names, "attn/a -> attn/b ->
  *     attn/a". Only a call through a header of another stem escapes this
  *     check, so a .c declares what it offers in its own header.
+ *   - the calls agree: from the compiled objects of the build (nm on
+ *     BUILD/obj, SPARQ_BUILD, default build), module A calls B when A's
+ *     object needs a symbol B's defines; no call goes to a layer A may not
+ *     include, and within a layer the calls go round no circle (a registry
+ *     called back by what it lists, a twin calling its dispatcher's file),
+ *     except the tangles listed in known_tangles, each with its reason.
  * The layer order is written here a second time, on purpose: a change to it
  * must be made in src/README.md and here, not slip in with an include.
  * A planted tree of violations (one per rule) must make every rule fire,
- * and the circle finder must name the circle of a small graph in memory.
+ * the circle finder must name the circle of a small graph in memory, and
+ * the call graph built from nm output written in the test must show its
+ * tangle, its upward call and, without the call back, no tangle.
  */
 #include "test.h"
 
@@ -453,6 +461,355 @@ static void circle_control(void)
     CHECK(n == 0, "circle control: a graph without a circle reported %d (\"%s\")", n, first);
 }
 
+/* ---- The call graph of the compiled objects ----------------------------
+ *
+ * Includes show only the calls a header of the callee's stem declares; a
+ * module can still call one that includes it through a declaration in
+ * some other header, a registry be called back by the implementations it
+ * lists, a twin call a helper its dispatcher defines. So the objects are
+ * read too: `nm -P` on BUILD/obj/LAYER/STEM.o gives what each module
+ * defines (global symbols of types T D R B C V W G S) and what it needs
+ * (U); module A calls module B when A needs a symbol B defines. Within a
+ * layer those calls must not go round a circle; across layers they must go
+ * only where includes may (a call up through a private declaration is the
+ * same violation as the include). A circle is named by its modules, the
+ * shortest one through the first of its tangle. */
+
+enum { CG_MAX = 512 };
+typedef struct { char *name; int mod; } cg_sym;
+typedef struct call_graph {
+    char   mod[CG_MAX][128];     /* "dir/stem"                               */
+    int    layer[CG_MAX];        /* index into layers[]                      */
+    int    n;
+    unsigned char edge[CG_MAX][CG_MAX]; /* edge[a][b]: a calls b             */
+    cg_sym *def, *use;           /* every defined / needed global symbol     */
+    size_t n_def, n_use, cap_def, cap_use;
+    int    n_upward;             /* calls across layers no include may make  */
+} call_graph;
+
+/* Tangles of calls (strongly connected modules) that are known, each with
+ * why it is allowed for now: "dir" and its modules' stems, sorted, one space
+ * apart. A tangle not listed fails, and so does an entry that no longer
+ * matches a tangle exactly (one that is gone or changed: edit the list), so
+ * the list only shrinks. */
+static const struct { const char *dir, *stems, *why; } known_tangles[] = {
+    { "attn", "attn attn_dense attn_flexgen attn_h2o attn_oracle attn_sparq attn_streaming attn_topk",
+      "attn.c is the policies' registry and also holds the kernels' wrappers they call back "
+      "(attn_dense_group, attn_scores, attn_topk_indices, ...)" },
+    { "index", "index index_avx2 index_avx512 index_exact index_hnsw index_ivf index_scan",
+      "index.c is the kinds' registry and also holds the image framing and scratch growth the "
+      "kinds call back; index_scan.c's dispatch tables list the twins, which call back its "
+      "reference tails, and the assign reference lives in index_ivf.c" },
+    { "server", "kv_writer prefix_cache sched seq slots",
+      "srv_now (the clock) is defined in sched.c, which drives the modules that read it" },
+};
+enum { N_TANGLES = sizeof known_tangles / sizeof known_tangles[0] };
+
+static int cg_module(call_graph *g, int layer, const char *name)
+{
+    for (int i = 0; i < g->n; i++)
+        if (!strcmp(g->mod[i], name)) return i;
+    if (g->n == CG_MAX) return -1;
+    snprintf(g->mod[g->n], sizeof g->mod[0], "%s", name);
+    g->layer[g->n] = layer;
+    return g->n++;
+}
+
+static int cg_push(cg_sym **v, size_t *n, size_t *cap, const char *name, int mod)
+{
+    if (*n == *cap) {
+        const size_t c = *cap ? 2 * *cap : 1024;
+        cg_sym *p = realloc(*v, c * sizeof *p);
+        if (!p) return -1;
+        *v = p;
+        *cap = c;
+    }
+    char *s = strdup(name);
+    if (!s) return -1;
+    (*v)[*n].name = s;
+    (*v)[(*n)++].mod = mod;
+    return 0;
+}
+
+/* Reads `nm -P` output ("name type [value size]" a line) for module mod.
+ * Returns the number of global symbols read, -1 if out of memory. */
+static int cg_read_nm(call_graph *g, int mod, FILE *f)
+{
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        char name[512], type[8];
+        if (sscanf(line, "%511s %7s", name, type) != 2 || type[1]) continue;
+        int rc = 0;
+        if (type[0] == 'U')
+            rc = cg_push(&g->use, &g->n_use, &g->cap_use, name, mod);
+        else if (strchr("TDRBCVWGS", type[0]))
+            rc = cg_push(&g->def, &g->n_def, &g->cap_def, name, mod);
+        else
+            continue;               /* lower case: local to its object */
+        if (rc) return -1;
+        n++;
+    }
+    return n;
+}
+
+static int cg_sym_cmp(const void *a, const void *b)
+{
+    return strcmp(((const cg_sym *)a)->name, ((const cg_sym *)b)->name);
+}
+
+/* Resolves every needed symbol to the module defining it: edges within a
+ * layer, upward calls counted (and reported unless quiet). */
+static void cg_link(call_graph *g)
+{
+    qsort(g->def, g->n_def, sizeof *g->def, cg_sym_cmp);
+    memset(g->edge, 0, sizeof g->edge);
+    g->n_upward = 0;
+    for (size_t i = 0; i < g->n_use; i++) {
+        const cg_sym *d = bsearch(&g->use[i], g->def, g->n_def, sizeof *g->def, cg_sym_cmp);
+        if (!d || d->mod == g->use[i].mod) continue;
+        const int a = g->use[i].mod, b = d->mod, la = g->layer[a], lb = g->layer[b];
+        if (la == lb) {
+            g->edge[a][b] = 1;
+        } else if (!(layers[la].may & 1u << lb)) {
+            g->n_upward++;
+            VIOLATION("%s calls %s of %s (%s), a layer %s may not include (src/README.md)",
+                      g->mod[a], d->name, g->mod[b], layers[lb].dir, layers[la].dir);
+        }
+    }
+}
+
+static void cg_free(call_graph *g)
+{
+    for (size_t i = 0; i < g->n_def; i++) free(g->def[i].name);
+    for (size_t i = 0; i < g->n_use; i++) free(g->use[i].name);
+    free(g->def);
+    free(g->use);
+    g->def = g->use = NULL;
+    g->n_def = g->n_use = g->cap_def = g->cap_use = 0;
+}
+
+/* Tarjan's strongly connected components: comp[v] numbers v's tangle. */
+typedef struct { int index[CG_MAX], low[CG_MAX], on[CG_MAX], stack[CG_MAX], comp[CG_MAX];
+                 int sp, next, n_comp; } cg_scc;
+
+static void cg_strong(const call_graph *g, cg_scc *s, int v)
+{
+    s->index[v] = s->low[v] = s->next++;
+    s->stack[s->sp++] = v;
+    s->on[v] = 1;
+    for (int w = 0; w < g->n; w++) {
+        if (!g->edge[v][w]) continue;
+        if (s->index[w] < 0) {
+            cg_strong(g, s, w);
+            if (s->low[w] < s->low[v]) s->low[v] = s->low[w];
+        } else if (s->on[w] && s->index[w] < s->low[v]) {
+            s->low[v] = s->index[w];
+        }
+    }
+    if (s->low[v] == s->index[v]) {
+        int w;
+        do {
+            w = s->stack[--s->sp];
+            s->on[w] = 0;
+            s->comp[w] = s->n_comp;
+        } while (w != v);
+        s->n_comp++;
+    }
+}
+
+static int cg_name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+typedef void (*tangle_fn)(const char *dir, const char *stems, const char *circle, void *user);
+
+/* Every tangle of two or more modules, through report: its folder, its
+ * stems sorted ("a b c") and the shortest circle through its first module
+ * ("dir/a -> dir/b -> dir/a"). Returns the number of tangles. */
+static int cg_tangles(const call_graph *g, tangle_fn report, void *user)
+{
+    static cg_scc s;
+    memset(&s, 0, sizeof s);
+    for (int v = 0; v < g->n; v++) s.index[v] = -1;
+    for (int v = 0; v < g->n; v++)
+        if (s.index[v] < 0) cg_strong(g, &s, v);
+    int found = 0;
+    for (int c = 0; c < s.n_comp; c++) {
+        const char *names[CG_MAX];
+        int n = 0;
+        for (int v = 0; v < g->n; v++)
+            if (s.comp[v] == c) names[n++] = g->mod[v];
+        if (n < 2) continue;
+        qsort(names, (size_t)n, sizeof names[0], cg_name_cmp);
+        char stems[4096] = "", dir[64];
+        size_t l = 0;
+        const char *slash = strchr(names[0], '/');
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - names[0]), names[0]);
+        for (int i = 0; i < n && l < sizeof stems; i++)
+            l += (size_t)snprintf(stems + l, sizeof stems - l, "%s%s", i ? " " : "",
+                                  strchr(names[i], '/') + 1);
+        /* breadth-first from the first module back to itself */
+        int first = 0, prev[CG_MAX], queue[CG_MAX];
+        while (strcmp(g->mod[first], names[0])) first++;
+        int head = 0, tail = 0, last = -1;
+        for (int v = 0; v < g->n; v++) prev[v] = -2;
+        queue[tail++] = first;
+        prev[first] = -1;
+        while (head < tail && last < 0) {
+            const int u = queue[head++];
+            for (int w = 0; w < g->n; w++) {
+                if (!g->edge[u][w] || s.comp[w] != c) continue;
+                if (w == first) { last = u; break; }
+                if (prev[w] == -2) { prev[w] = u; queue[tail++] = w; }
+            }
+        }
+        int path[CG_MAX], len = 0;
+        for (int v = last; v >= 0; v = prev[v]) path[len++] = v;
+        char circle[4096];
+        l = 0;
+        for (int i = len - 1; i >= 0 && l < sizeof circle; i--)
+            l += (size_t)snprintf(circle + l, sizeof circle - l, "%s -> ", g->mod[path[i]]);
+        if (l < sizeof circle) snprintf(circle + l, sizeof circle - l, "%s", g->mod[first]);
+        report(dir, stems, circle, user);
+        found++;
+    }
+    return found;
+}
+
+static int tangle_seen[N_TANGLES];
+
+static void tangle_violation(const char *dir, const char *stems, const char *circle, void *user)
+{
+    for (int k = 0; k < N_TANGLES; k++)
+        if (!strcmp(known_tangles[k].dir, dir) && !strcmp(known_tangles[k].stems, stems)) {
+            tangle_seen[k] = 1;
+            return;
+        }
+    VIOLATION("call circle: %s (tangle of %s: %s; move what the others call back into "
+              "a lower module of its own)", circle, dir, stems);
+}
+
+/* The objects of build (BUILD/obj/LAYER/STEM.o, a *_neondp.o being its
+ * *_neon.c's second build) whose source is still in src: a stale object
+ * of a deleted file is not the tree's. Returns the objects read, -1 if the
+ * build cannot be read. */
+static int cg_scan(call_graph *g, const char *build, const char *src)
+{
+    int n_obj = 0;
+    for (int li = 0; li < N_LAYERS; li++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%.200s/obj/%s", build, layers[li].dir);
+        DIR *d = opendir(dir);
+        if (!d) continue;
+        struct dirent *fe;
+        while ((fe = readdir(d))) {
+            const size_t l = strlen(fe->d_name);
+            if (l < 3 || strcmp(fe->d_name + l - 2, ".o")) continue;
+            char stem[256], path[1024];
+            snprintf(stem, sizeof stem, "%.*s", (int)(l - 2) < 200 ? (int)(l - 2) : 200, fe->d_name);
+            const size_t sl = strlen(stem);
+            if (sl > 7 && !strcmp(stem + sl - 7, "_neondp")) stem[sl - 2] = 0;  /* _neon */
+            struct stat st;
+            snprintf(path, sizeof path, "%.200s/%s/%s.c", src, layers[li].dir, stem);
+            if (stat(path, &st)) {
+                snprintf(path, sizeof path, "%.200s/%s/%s.cc", src, layers[li].dir, stem);
+                if (stat(path, &st)) continue;
+            }
+            char name[300], cmd[1200];
+            snprintf(name, sizeof name, "%s/%s", layers[li].dir, stem);
+            const int m = cg_module(g, li, name);
+            if (m < 0) break;
+            snprintf(cmd, sizeof cmd, "nm -P '%s/%s'", dir, fe->d_name);
+            FILE *p = popen(cmd, "r");
+            CHECK(p != NULL, "cannot run %s", cmd);
+            if (!p) continue;
+            const int n = cg_read_nm(g, m, p);
+            const int rc = pclose(p);
+            CHECK(n >= 0 && rc == 0, "%s failed (exit %d) or ran out of memory", cmd, rc);
+            n_obj++;
+        }
+        closedir(d);
+    }
+    return n_obj;
+}
+
+static void collect_tangle(const char *dir, const char *stems, const char *circle, void *user)
+{
+    char *out = user;
+    if (!out[0]) snprintf(out, 512, "%s: %s: %s", dir, stems, circle);
+}
+
+/* The call graph from nm output written here: a -> b -> c -> a (b calls
+ * back into a, c into a) with d hanging off it is one tangle, named with
+ * its shortest circle; a call of a module's own symbol and an undefined
+ * symbol nobody defines are no edges; an upward call is a violation; with
+ * c's call back removed there is no tangle. */
+static void call_control(void)
+{
+    static call_graph g;
+    static const struct { const char *mod, *nm; } objs[] = {
+        { "attn/a", "a_run T 0 10\nb_step U\nmemcpy U\na_table D 40 8\n" },
+        { "attn/b", "b_step T 0 10\nc_help U\nlocal_fn t 20 4\n" },
+        { "attn/c", "c_help T 0 10\na_run U\n" },
+        { "attn/d", "d_main T 0 10\na_run U\nd_main U\n" },
+        { "tensor/t", "t_up T 0 10\nd_main U\n" },
+    };
+    char first[512] = "";
+    for (int pass = 0; pass < 2; pass++) {
+        memset(&g, 0, sizeof g);
+        for (size_t i = 0; i < sizeof objs / sizeof objs[0]; i++) {
+            char dir[16];
+            snprintf(dir, sizeof dir, "%.*s", (int)(strchr(objs[i].mod, '/') - objs[i].mod),
+                     objs[i].mod);
+            const int m = cg_module(&g, layer_index(dir), objs[i].mod);
+            const char *text = pass == 1 && !strcmp(objs[i].mod, "attn/c") ? "c_help T 0 10\n"
+                                                                           : objs[i].nm;
+            FILE *f = fmemopen((void *)text, strlen(text), "r");
+            CHECK(f != NULL, "fmemopen failed");
+            if (!f) return;
+            cg_read_nm(&g, m, f);
+            fclose(f);
+        }
+        quiet = 1;
+        cg_link(&g);
+        quiet = 0;
+        first[0] = 0;
+        const int n = cg_tangles(&g, collect_tangle, first);
+        if (pass == 0)
+            CHECK(n == 1 && !strcmp(first, "attn: a b c: attn/a -> attn/b -> attn/c -> attn/a") &&
+                      g.n_upward == 1 && !g.edge[3][3] && g.edge[3][0],
+                  "call control: %d tangles, first \"%s\", %d upward calls", n, first,
+                  g.n_upward);
+        else
+            CHECK(n == 0, "call control: a graph without a circle gave %d (\"%s\")", n, first);
+        cg_free(&g);
+    }
+}
+
+/* The tree's call graph from the objects of the build the test belongs to. */
+static void check_calls(const char *src)
+{
+    static call_graph g;
+    const char *build = getenv("SPARQ_BUILD") ? getenv("SPARQ_BUILD") : "build";
+    memset(&g, 0, sizeof g);
+    const int n_obj = cg_scan(&g, build, src);
+    cg_link(&g);
+    size_t n_edges = 0;
+    for (int a = 0; a < g.n; a++)
+        for (int b = 0; b < g.n; b++) n_edges += g.edge[a][b];
+    CHECK(n_obj >= 50 && n_edges >= 50,
+          "only %d objects and %zu calls within layers read from %s/obj (build first)", n_obj,
+          n_edges, build);
+    cg_tangles(&g, tangle_violation, NULL);
+    for (int k = 0; k < N_TANGLES; k++)
+        CHECK(tangle_seen[k] || !known_tangles[k].dir[0],
+              "known call tangle %s: %s is gone or changed: edit known_tangles",
+              known_tangles[k].dir, known_tangles[k].stems);
+    cg_free(&g);
+}
+
 int main(void)
 {
     const char *src = getenv("SPARQ_SRC") ? getenv("SPARQ_SRC") : "src";
@@ -467,7 +824,9 @@ int main(void)
               known_edges[k].from, known_edges[k].to);
     CHECK(n_dirs >= 8 && n_files >= 50, "only %d layer folders and %d files found", n_dirs,
           n_files);
+    check_calls(src);
     negative_control();
     circle_control();
+    call_control();
     return test_summary("test_layers");
 }
