@@ -500,8 +500,6 @@ static const struct { const char *dir, *stems, *why; } known_tangles[] = {
       "index.c is the kinds' registry and also holds the image framing and scratch growth the "
       "kinds call back; index_scan.c's dispatch tables list the twins, which call back its "
       "reference tails, and the assign reference lives in index_ivf.c" },
-    { "server", "kv_writer prefix_cache sched seq slots",
-      "srv_now (the clock) is defined in sched.c, which drives the modules that read it" },
 };
 enum { N_TANGLES = sizeof known_tangles / sizeof known_tangles[0] };
 

@@ -37,13 +37,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-double srv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int srv_submit(srv_server *s, srv_request *r)
 {
     /* queued or admitted but not yet counted active: all wait for a slot */

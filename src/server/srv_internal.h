@@ -6,6 +6,7 @@
 #define SPARQ_SRV_INTERNAL_H
 
 #include "server/server.h"
+#include "server/srv_clock.h"
 #include "util/textbuf.h"
 
 #include <pthread.h>
@@ -147,7 +148,6 @@ struct srv_server {
 };
 
 
-double srv_now(void);
 /* Drops one reference (frees at zero; request.c, beside what allocates
  * it). Call with the lock held. */
 void srv_request_release(srv_request *r);
