@@ -496,10 +496,6 @@ static const struct { const char *dir, *stems, *why; } known_tangles[] = {
     { "attn", "attn attn_dense attn_flexgen attn_h2o attn_oracle attn_sparq attn_streaming attn_topk",
       "attn.c is the policies' registry and also holds the kernels' wrappers they call back "
       "(attn_dense_group, attn_scores, attn_topk_indices, ...)" },
-    { "index", "index index_avx2 index_avx512 index_exact index_hnsw index_ivf index_scan",
-      "index.c is the kinds' registry and also holds the image framing and scratch growth the "
-      "kinds call back; index_scan.c's dispatch tables list the twins, which call back its "
-      "reference tails, and the assign reference lives in index_ivf.c" },
 };
 enum { N_TANGLES = sizeof known_tangles / sizeof known_tangles[0] };
 

@@ -2,8 +2,9 @@
  * a kind: finding a kind by name, the name lists for help and errors, the
  * public entry points (idx_build / idx_search / idx_(de)serialize / idx_free)
  * that check their arguments and dispatch through the kind's methods, the
- * serialized image's framing (header, 64-byte sections, aligned copies) and
- * the search scratch.
+ * serialized image's header reader, aligned copies and the search scratch's
+ * life (what the kinds call back, the image's framing and the scratch's
+ * growth, is index_common.c's, below them).
  *
  * Adding a kind = one file index_NAME.c defining `const idx_kind_ops
  * idx_kind_NAME` and one line in `kinds[]` below. No kind file calls
@@ -57,35 +58,15 @@ const char *idx_kind_names(char *buf, size_t size, const char *sep)
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-static const char MAGIC[8] = { 'S', 'P', 'Q', 'I', 'N', 'D', 'X', '1' };
-
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-
-void idx_header_write(const idx_header *h, uint8_t *dst)
-{
-    memset(dst, 0, IDX_HEADER_BYTES);
-    memcpy(dst, MAGIC, 8);
-    put32(dst + 8, 1);
-    put32(dst + 12, h->kind);
-    put32(dst + 16, h->key_type);
-    put32(dst + 20, h->d);
-    put64(dst + 24, (uint64_t)h->n);
-    put64(dst + 32, h->total_bytes);
-    put64(dst + 40, (uint64_t)h->n_blocks);
-    const int32_t f[7] = { h->nlist, h->nprobe, h->hnsw_m, h->ef_search,
-                           h->ef_construction, h->max_level, h->entry_point };
-    for (int i = 0; i < 7; i++) put32(dst + 48 + 4 * i, (uint32_t)f[i]);
-}
 
 static int header_read(idx_header *h, const uint8_t *src, size_t n, char *err, size_t err_size)
 {
     if (n < IDX_HEADER_BYTES)
         return err_set(err, err_size, "idx_deserialize: %zu bytes is shorter than the %d-byte header",
                     n, IDX_HEADER_BYTES);
-    if (memcmp(src, MAGIC, 8) != 0)
+    if (memcmp(src, IDX_MAGIC, 8) != 0)
         return err_set(err, err_size, "idx_deserialize: bad magic (not a sparq index)");
     uint32_t ver = get32(src + 8);
     if (ver != 1) return err_set(err, err_size, "idx_deserialize: version %u, expected 1", ver);
@@ -114,35 +95,6 @@ static int header_read(idx_header *h, const uint8_t *src, size_t n, char *err, s
     return 0;
 }
 
-/* Appends a section of `bytes` at the 64-aligned end; -1 on overflow. */
-int idx_section(size_t *end, int64_t count, size_t elt, size_t *off)
-{
-    size_t bytes;
-    if (count < 0 || __builtin_mul_overflow((size_t)count, elt, &bytes)) return -1;
-    *off = align64(*end);
-    if (*off < *end || __builtin_add_overflow(*off, bytes, end)) return -1;
-    return 0;
-}
-
-uint8_t *idx_image_alloc(idx_header *h, size_t total, char *err, size_t err_size)
-{
-    uint8_t *img = aligned_alloc(64, align64(total));
-    if (!img) {
-        err_set(err, err_size, "idx_build: out of memory for a %zu-byte index", total);
-        return NULL;
-    }
-    memset(img, 0, align64(total));
-    h->total_bytes = total;
-    idx_header_write(h, img);
-    return img;
-}
-
-int idx_image_end(size_t end, size_t *total)
-{
-    *total = align64(end);
-    return *total < end ? -1 : 0;
-}
-
 /* ---- scratch ---------------------------------------------------------------------- */
 
 idx_scratch *idx_scratch_create(void)
@@ -157,67 +109,6 @@ void idx_scratch_free(idx_scratch *s)
     free(s->cs); free(s->ls); free(s->li); free(s->lmark);
     free(s->hd); free(s->hl);
     free(s);
-}
-
-int idx_threads(int n_threads)
-{
-    int nt = n_threads > 0 ? n_threads : omp_get_max_threads();
-    return nt < 1 ? 1 : nt;
-}
-
-static void *alloc_array(int64_t count, size_t elt)
-{
-    size_t bytes;
-    if (count < 0 || __builtin_mul_overflow((size_t)count, elt, &bytes)) return NULL;
-    return malloc(bytes ? bytes : 1);
-}
-
-/* Replaces an array by a fresh one of count elements (contents not kept). */
-#define REGROW(field, count)                                        \
-    do {                                                            \
-        void *q_ = alloc_array((count), sizeof *(field));           \
-        if (!q_) goto oom;                                          \
-        free(field);                                                \
-        (field) = q_;                                               \
-    } while (0)
-
-int idx_scratch_grow(idx_scratch *s, int n_thr, int g, int cap, int64_t nl, int64_t hnsw_gk,
-                     char *err, size_t err_size)
-{
-    if (n_thr > s->n_thr || g > s->g || cap > s->cap) {
-        int T = n_thr > s->n_thr ? n_thr : s->n_thr, G = g > s->g ? g : s->g;
-        int C = cap > s->cap ? cap : s->cap;
-        s->n_thr = s->g = s->cap = 0; /* until every array has the new size */
-        REGROW(s->s, (int64_t)T * G * C);
-        REGROW(s->id, (int64_t)T * G * C);
-        REGROW(s->tk, (int64_t)T * G);
-        REGROW(s->blk, (int64_t)T * G * IDX_BLOCK);
-        s->n_thr = T;
-        s->g = G;
-        s->cap = C;
-    }
-    if (nl > s->nl) {
-        s->nl = 0;
-        REGROW(s->ls, nl);
-        REGROW(s->li, nl);
-        REGROW(s->lmark, nl);
-        s->nl = nl;
-    }
-    if (nl * g > s->ncs) {
-        s->ncs = 0;
-        REGROW(s->cs, nl * g);
-        s->ncs = nl * g;
-    }
-    if (hnsw_gk > s->hk) {
-        s->hk = 0;
-        REGROW(s->hd, hnsw_gk);
-        REGROW(s->hl, hnsw_gk);
-        s->hk = hnsw_gk;
-    }
-    return 0;
-oom:
-    return err_set(err, err_size, "idx_search: out of memory for scratch (threads %d, g %d, cap %d, lists %lld)",
-                n_thr, g, cap, (long long)nl);
 }
 
 int idx_scratch_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n_threads,

@@ -8,8 +8,11 @@
  * not once per query head.
  *
  * Files: index.c (the kinds' registry, the entry points below, the image
- * framing, scratch), index_scan.c (block kernels, top-k buffers and packing
- * shared by the blocked kinds), one file per kind implementing the methods
+ * reader, scratch), index_common.c (what every kind calls: the image
+ * framing, threads, scratch growth), index_scan.c (the block scan and
+ * kernel dispatch shared by the blocked kinds) over index_ref.c (the
+ * kernels' plain-C references) and index_topk.c (the top-k buffers), one
+ * file per kind implementing the methods
  * table idx_kind_ops: index_exact.c, index_ivf.c, index_hnsw.c (+ the Faiss
  * shim index_hnsw_faiss.cc). Kind files never call each other.
  *
@@ -325,9 +328,10 @@ int idx_kind_count(void);
 const idx_kind_ops *idx_kind_at(int i);
 const char *idx_kind_names(char *buf, size_t size, const char *sep);
 
-/* ---- the image framing and scratch (index.c) ------------------------------- */
+/* ---- the image framing and scratch (index.c, index_common.c) --------------- */
 
 #define IDX_HEADER_BYTES 128
+#define IDX_MAGIC        "SPQINDX1" /* the image's first 8 bytes */
 struct idx_header {
     uint32_t kind, key_type, d;
     int64_t  n;
@@ -336,6 +340,8 @@ struct idx_header {
     int32_t  nlist, nprobe, hnsw_m, ef_search, ef_construction, max_level,
              entry_point;
 };
+/* The image's framing, the thread count and the scratch's growth
+ * (index_common.c, what every kind calls). */
 void idx_header_write(const idx_header *h, uint8_t *dst);
 /* Appends a section of count x elt bytes at the next 64-byte boundary after
  * *end: *off its offset, *end moved past it; -1 on overflow. */

@@ -2,7 +2,7 @@
  * prefix, one inverted list per centroid, probe-then-scan search.
  *
  * Map:
- *   assign kernels   idx_assign(_ref): nearest centroid of many rows
+ *   assign kernels   idx_assign (its _ref in index_ref.c): nearest centroid of many rows
  *   k-means          uniform sample (selection sampling), k-means++ seeding,
  *                    Lloyd iterations with empty clusters re-seeded
  *   build            assign every key, lay the lists out block by block
@@ -35,27 +35,6 @@
 #define ASSIGN_CHUNK 256  /* rows per parallel work item in assignment */
 
 /* ---- assign kernels ------------------------------------------------------------ */
-
-void idx_assign_ref(const float *x, int64_t n, int d, const float *c, const float *hn, int nc,
-                    int32_t *label, float *best)
-{
-    for (int64_t i = 0; i < n; i++) {
-        float bv = -INFINITY;
-        int32_t bi = 0;
-        for (int k = 0; k < nc; k++) {
-            const float *ck = c + (size_t)(k / IDX_BLOCK) * d * IDX_BLOCK + k % IDX_BLOCK;
-            float acc = 0.0f;
-            for (int j = 0; j < d; j++) acc += x[i * d + j] * ck[(size_t)j * IDX_BLOCK];
-            float s = acc - hn[k];
-            if (s > bv) {
-                bv = s;
-                bi = k;
-            }
-        }
-        label[i] = bi;
-        best[i] = bv;
-    }
-}
 
 
 void idx_assign(const float *x, int64_t n, int d, const float *c, const float *hn, int nc,

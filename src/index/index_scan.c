@@ -2,10 +2,10 @@
  * nothing kind-specific: the block scoring kernel, the top-k candidate
  * buffers, row packing into blocks of 16 keys, the block scan that counts
  * the bytes it reads, and the key-block sections of an image. Each kernel
- * has a plain-C `_ref` twin (the reference the tests compare with), an
- * AVX2 twin (index_avx2.c) and an AVX-512 one (index_avx512.c); the
- * un-suffixed name runs the twin of the level chosen at run time
- * (util/cpu.h).
+ * has a plain-C `_ref` twin (the reference the tests compare with,
+ * index_ref.c), an AVX2 twin (index_avx2.c) and an AVX-512 one
+ * (index_avx512.c); the un-suffixed name runs the twin of the level chosen
+ * at run time (util/cpu.h). The top-k buffers are index_topk.c's.
  *
  * Map:
  *   block kernels      idx_block_scores(_ref): 16 keys x g queries
@@ -25,45 +25,7 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-size_t idx_elt_bytes(int key_type)
-{
-    switch (key_type) {
-    case IDX_F32: return 4;
-    case IDX_F16: case IDX_BF16: return 2;
-    case IDX_I8: return 1;
-    default: return 0;
-    }
-}
-
-/* ---- block kernels ---------------------------------------------------------- */
-
-ALWAYS_INLINE float key_at_ref(int kt, const void *blk, int64_t i)
-{
-    switch (kt) {
-    case IDX_F16: return fp16_to_fp32(((const uint16_t *)blk)[i]);
-    case IDX_BF16: return bf16_to_fp32(((const uint16_t *)blk)[i]);
-    case IDX_I8: return (float)((const int8_t *)blk)[i];
-    default: return ((const float *)blk)[i];
-    }
-}
-
-void idx_block_scores_ref(int key_type, const void *blk, const float *scale16,
-                          int d, const float *q, int g, float *out)
-{
-    for (int h = 0; h < g; h++)
-        for (int r = 0; r < IDX_BLOCK; r++) {
-            float acc = 0.0f;
-            for (int j = 0; j < d; j++)
-                acc += q[(size_t)h * d + j] * key_at_ref(key_type, blk, (int64_t)j * IDX_BLOCK + r);
-            out[h * IDX_BLOCK + r] = key_type == IDX_I8 ? acc * scale16[r] : acc;
-        }
-}
-
-
 /* ---- dispatch ---------------------------------------------------------------- */
-
-const idx_kernels idx_kernels_ref = { idx_block_scores_ref, idx_topk_push16_ref, idx_pack_rows_ref,
-                                      idx_assign_ref };
 
 static const idx_kernels *const tables[CPU_LEVELS] = {
     [CPU_REF] = &idx_kernels_ref,
@@ -86,144 +48,10 @@ void idx_block_scores(int key_type, const void *blk, const float *scale16,
     tables[cpu_level_get()]->block_scores(key_type, blk, scale16, d, q, g, out);
 }
 
-/* ---- top-k buffers ----------------------------------------------------------- */
-
-/* The total order of candidates: higher score first, then lower id. Ids are
- * unique within a buffer, so this is strict and results are independent of
- * how the keys were split among threads. */
-ALWAYS_INLINE int better(float sa, int32_t ia, float sb, int32_t ib)
-{
-    return sa > sb || (sa == sb && ia < ib);
-}
-
-ALWAYS_INLINE void swap2(float *s, int32_t *id, int64_t a, int64_t b)
-{
-    float ts = s[a];
-    s[a] = s[b];
-    s[b] = ts;
-    int32_t ti = id[a];
-    id[a] = id[b];
-    id[b] = ti;
-}
-
-void idx_select(float *s, int32_t *id, int64_t n, int64_t m)
-{
-    if (m <= 0 || m >= n) return;
-    int64_t lo = 0, hi = n - 1, kth = m - 1;
-    uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    while (lo < hi) {
-        /* random pivot: expected linear time whatever the input order */
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        swap2(s, id, lo + (int64_t)(rng % (uint64_t)(hi - lo + 1)), hi);
-        float ps = s[hi];
-        int32_t pi = id[hi];
-        int64_t st = lo;
-        for (int64_t i = lo; i < hi; i++)
-            if (better(s[i], id[i], ps, pi)) swap2(s, id, i, st++);
-        swap2(s, id, st, hi);
-        if (st == kth) break;
-        if (st < kth) lo = st + 1;
-        else hi = st - 1;
-    }
-}
-
-/* Heap sort, best first: a max-heap on "worse" pops the worst to the end. */
-static void sift_down(float *s, int32_t *id, int64_t i, int64_t n)
-{
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n) return;
-        if (c + 1 < n && better(s[c], id[c], s[c + 1], id[c + 1])) c++;
-        if (!better(s[i], id[i], s[c], id[c])) return;
-        swap2(s, id, i, c);
-        i = c;
-    }
-}
-
-static void sort_best_first(float *s, int32_t *id, int64_t n)
-{
-    for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(s, id, i, n);
-    for (int64_t e = n - 1; e > 0; e--) {
-        swap2(s, id, 0, e);
-        sift_down(s, id, 0, e);
-    }
-}
-
-void idx_topk_init(idx_topk *t, float *s, int32_t *id, int cap, int k)
-{
-    t->s = s;
-    t->id = id;
-    t->n = 0;
-    t->cap = cap;
-    t->k = k;
-    t->thr = -INFINITY;
-}
-
-void idx_topk_shrink(idx_topk *t)
-{
-    if (t->n <= t->k) return;
-    idx_select(t->s, t->id, t->n, t->k);
-    t->n = t->k;
-    float m = t->s[0];
-    for (int i = 1; i < t->n; i++)
-        if (t->s[i] < m) m = t->s[i];
-    t->thr = m;
-}
-
-void idx_topk_push16_ref(idx_topk *t, const float *s16, const int32_t *ids16,
-                         int32_t base, uint32_t valid)
-{
-    for (int r = 0; r < IDX_BLOCK; r++) {
-        if (!(valid >> r & 1) || !(s16[r] >= t->thr)) continue;
-        if (t->n == t->cap) {
-            idx_topk_shrink(t);
-            if (!(s16[r] >= t->thr)) continue;
-        }
-        t->s[t->n] = s16[r];
-        t->id[t->n] = ids16 ? ids16[r] : base + r;
-        t->n++;
-    }
-}
-
-
 void idx_topk_push16(idx_topk *t, const float *s16, const int32_t *ids16,
                      int32_t base, uint32_t valid)
 {
     tables[cpu_level_get()]->topk_push16(t, s16, ids16, base, valid);
-}
-
-void idx_topk_merge(idx_topk *dst, const idx_topk *src)
-{
-    for (int i = 0; i < src->n; i++) {
-        if (!(src->s[i] >= dst->thr)) continue;
-        if (dst->n == dst->cap) {
-            idx_topk_shrink(dst);
-            if (!(src->s[i] >= dst->thr)) continue;
-        }
-        dst->s[dst->n] = src->s[i];
-        dst->id[dst->n] = src->id[i];
-        dst->n++;
-    }
-}
-
-void idx_topk_finish(idx_topk *t, int k_out, int32_t *ids, float *scores)
-{
-    idx_topk_shrink(t);
-    sort_best_first(t->s, t->id, t->n);
-    for (int r = 0; r < k_out; r++) {
-        ids[r] = r < t->n ? t->id[r] : -1;
-        scores[r] = r < t->n ? t->s[r] : -INFINITY;
-    }
-}
-
-int idx_topk_cap(int64_t k, int64_t n)
-{
-    int64_t keff = k < n ? k : n;
-    int64_t cap = 2 * keff + 32;
-    if (cap > n + 32) cap = n + 32;  /* never more than everything */
-    return (int)cap;
 }
 
 /* ---- scanning ----------------------------------------------------------------- */
@@ -303,46 +131,6 @@ int idx_blocked_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n
 }
 
 /* ---- packing ---------------------------------------------------------------------- */
-
-/* Quantises one row to int8 with scale max|x| / 127 (0 for an all-zero row). */
-static float row_to_i8(const float *v, int d, int8_t *out)
-{
-    float amax = 0.0f;
-    for (int j = 0; j < d; j++) amax = fmaxf(amax, fabsf(v[j]));
-    float scale = amax / 127.0f;
-    for (int j = 0; j < d; j++) {
-        /* divide (not multiply by 1/scale): 1/scale overflows for tiny rows */
-        float x = scale > 0.0f ? nearbyintf(v[j] / scale) : 0.0f;
-        out[j] = (int8_t)(x > 127.0f ? 127 : x < -127.0f ? -127 : (int)x);
-    }
-    return scale;
-}
-
-void idx_pack_rows_ref(int key_type, const float *v, int64_t n, int d, void *dst, float *scales)
-{
-    int8_t row8[IDX_MAX_D];
-    for (int64_t i = 0; i < n; i++) {
-        const float *x = v + i * d;
-        int64_t b = i / IDX_BLOCK, r = i % IDX_BLOCK;
-        size_t o = (size_t)b * d * IDX_BLOCK + (size_t)r;
-        switch (key_type) {
-        case IDX_F16:
-            for (int j = 0; j < d; j++) ((uint16_t *)dst)[o + (size_t)j * IDX_BLOCK] = fp32_to_fp16(x[j]);
-            break;
-        case IDX_BF16:
-            for (int j = 0; j < d; j++) ((uint16_t *)dst)[o + (size_t)j * IDX_BLOCK] = fp32_to_bf16(x[j]);
-            break;
-        case IDX_I8:
-            scales[i] = row_to_i8(x, d, row8);
-            for (int j = 0; j < d; j++) ((int8_t *)dst)[o + (size_t)j * IDX_BLOCK] = row8[j];
-            break;
-        default:
-            for (int j = 0; j < d; j++) ((float *)dst)[o + (size_t)j * IDX_BLOCK] = x[j];
-            break;
-        }
-    }
-}
-
 
 void idx_pack_rows(int key_type, const float *v, int64_t n, int d, void *dst, float *scales)
 {
