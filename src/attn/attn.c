@@ -1,7 +1,9 @@
-/* attn.c - the policy registry and the pieces every policy shares.
+/* attn.c - the pieces every policy shares, below the policies and their
+ * registry (attn_registry.c), so no policy calls back into the file that
+ * lists it.
  *
  * Map of this file:
- *   registry            attn_policy_find / _count / _at / _names, attn_fail
+ *   errors              attn_fail
  *   top-k selection     attn_topk_indices (O(n): sampled threshold, exact
  *                       threshold by bisection on order keys)
  *   dispatch            the un-suffixed kernel names call the twin of the
@@ -17,40 +19,11 @@
  */
 #include "attn/attn.h"
 #include "util/err.h"
-#include "util/names.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ---- registry ------------------------------------------------------------ */
-
-static const attn_policy *const registry[] = {
-    &attn_policy_dense,  &attn_policy_sparq, &attn_policy_oracle,
-    &attn_policy_flexgen, &attn_policy_h2o,  &attn_policy_streaming,
-    &attn_policy_topk,
-};
-#define N_REGISTRY ((int)(sizeof registry / sizeof registry[0]))
-
-const attn_policy *attn_policy_find(const char *name)
-{
-    if (!name) name = "dense";
-    for (int i = 0; i < N_REGISTRY; i++)
-        if (strcmp(registry[i]->name, name) == 0) return registry[i];
-    return NULL;
-}
-
-int attn_policy_count(void) { return N_REGISTRY; }
-
-const attn_policy *attn_policy_at(int i) { return i >= 0 && i < N_REGISTRY ? registry[i] : NULL; }
-
-static const char *policy_name(int i) { return registry[i]->name; }
-
-const char *attn_policy_names(char *buf, size_t size, const char *sep)
-{
-    return names_join(buf, size, sep, N_REGISTRY, policy_name);
-}
 
 int attn_fail(attn_scratch *s, const char *fmt, ...)
 {

@@ -5,7 +5,7 @@
  * exact dense causal attention (model.c); only decode steps call `attend`.
  *
  * Adding a policy = one new file attn_NAME.c defining `const attn_policy
- * attn_policy_NAME` plus one line in attn.c's registry.
+ * attn_policy_NAME` plus one line in attn_registry.c's registry.
  *
  * Threading: the model calls attend() concurrently for different
  * (layer, kv_head) pairs, each call with its own scratch; a policy's
