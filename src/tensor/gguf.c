@@ -764,7 +764,7 @@ static int wfail(gguf_writer *w, const char *fmt, ...)
     if (!w->failed) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(w->err, sizeof w->err, fmt, ap);
+        err_setv(w->err, sizeof w->err, fmt, ap);
         va_end(ap);
         w->failed = 1;
     }

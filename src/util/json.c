@@ -15,6 +15,7 @@
  * never invalidates anything the parser still holds.
  */
 #include "util/json.h"
+#include "util/err.h"
 #include "util/utf8.h"
 
 #include <errno.h>
@@ -400,7 +401,7 @@ json_doc *json_parse(const char *text, size_t n, int max_depth, char *err, size_
     if (err && err_size) err[0] = 0;
     json_doc *d = calloc(1, sizeof *d);
     if (!d) {
-        if (err && err_size) snprintf(err, err_size, "json: out of memory");
+        err_set(err, err_size, "json: out of memory");
         return NULL;
     }
     /* The parser recurses once per level: the cap bounds its stack use. */
