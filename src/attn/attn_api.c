@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "attn/attn.h"
+#include "util/err.h"
 
 /* float -> IEEE half, round to nearest even (what the cache stores). */
 static uint16_t f32_to_f16(float f)
@@ -44,9 +45,8 @@ static int resolve_params(const sparq_attn_params *p, int d, sparq_attn_params *
     *pol = attn_policy_find(out->policy);
     if (!*pol) {
         char known[ATTN_NAMES_MAX];
-        snprintf(err, err_size, "attn: unknown policy '%s' (known: %s)", out->policy,
-                 attn_policy_names(known, sizeof known, ", "));
-        return -1;
+        return err_set(err, err_size, "attn: unknown policy '%s' (known: %s)", out->policy,
+                       attn_policy_names(known, sizeof known, ", "));
     }
     return (*pol)->resolve(out, d, err, err_size);
 }
@@ -57,8 +57,7 @@ int64_t sparq_attn_formula(const sparq_attn_params *p, int64_t S, int d, int g, 
     sparq_attn_params pp;
     const attn_policy *pol;
     if (d < 1 || g < 1 || S < 1) {
-        snprintf(err, err_size, "attn: bad shape S=%lld d=%d g=%d", (long long)S, d, g);
-        return -1;
+        return err_set(err, err_size, "attn: bad shape S=%lld d=%d g=%d", (long long)S, d, g);
     }
     if (resolve_params(p, d, &pp, &pol, err, err_size)) return -1;
     return pol->transfer_formula(&pp, S, d, g);
@@ -89,21 +88,17 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
                    int64_t *elements, char *err, size_t err_size)
 {
     if (!q || !K || !V || !out) {
-        snprintf(err, err_size, "attn_run: q, K, V and out are required");
-        return -1;
+        return err_set(err, err_size, "attn_run: q, K, V and out are required");
     }
     if (S < 1 || S > INT32_MAX || d < 1 || d > 65536 || g < 1 || g > 4096) {
-        snprintf(err, err_size, "attn_run: bad shape S=%lld d=%d g=%d (need 1 <= S < 2^31, "
-                 "1 <= d <= 65536, 1 <= g <= 4096)", (long long)S, d, g);
-        return -1;
+        return err_set(err, err_size, "attn_run: bad shape S=%lld d=%d g=%d (need 1 <= S < 2^31, "
+                       "1 <= d <= 65536, 1 <= g <= 4096)", (long long)S, d, g);
     }
     if ((size_t)S > SIZE_MAX / 8 / (size_t)d / (size_t)g) {
-        snprintf(err, err_size, "attn_run: S=%lld x d=%d x g=%d overflows", (long long)S, d, g);
-        return -1;
+        return err_set(err, err_size, "attn_run: S=%lld x d=%d x g=%d overflows", (long long)S, d, g);
     }
     if (kv_type != SPARQ_KV_F32 && kv_type != SPARQ_KV_F16) {
-        snprintf(err, err_size, "attn_run: kv_type=%d is not f32 (0) or f16 (1)", kv_type);
-        return -1;
+        return err_set(err, err_size, "attn_run: kv_type=%d is not f32 (0) or f16 (1)", kv_type);
     }
     sparq_attn_params pp;
     const attn_policy *pol;
@@ -140,7 +135,7 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
     if (posix_memalign(&pf, 64, scr_bytes) == 0) fs = pf;
     if (posix_memalign(&pi, 64, scr_bytes) == 0) is = pi;
     if (!kbuf || !vbuf || !ktbuf || !vsum || !sel_buf || !i1_buf || !alpha_buf || !fs || !is) {
-        snprintf(err, err_size, "attn_run: out of memory for S=%lld d=%d", (long long)S, d);
+        err_set(err, err_size, "attn_run: out of memory for S=%lld d=%d", (long long)S, d);
         goto done;
     }
     for (int j = 0; j < d; j++) { /* the view carries a sum; the kernel divides by S */
@@ -153,8 +148,8 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
     if (pol->state_create) {
         attn_shape shape = { 1, 1, g, d, S };
         if (pol->state_create(&pp, &shape, &state)) {
-            snprintf(err, err_size, "attn_run: cannot create %s state for S=%lld", pol->name,
-                     (long long)S);
+            err_set(err, err_size, "attn_run: cannot create %s state for S=%lld", pol->name,
+                    (long long)S);
             goto done;
         }
     }
@@ -167,7 +162,7 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
     const attn_step step = { .layer = 0, .kv_head = 0, .kv = &kv, .q = q, .g = g, .out = out,
                              .scratch = &scr, .counts = &cnt, .trace = &tr };
     if (pol->attend(state, &pp, &step)) {
-        snprintf(err, err_size, "attn_run: %s: %s", pol->name, step_err[0] ? step_err : "failed");
+        err_set(err, err_size, "attn_run: %s: %s", pol->name, step_err[0] ? step_err : "failed");
         goto done;
     }
     if (sel) memcpy(sel, sel_buf, (size_t)tr.n_sel * sizeof *sel);

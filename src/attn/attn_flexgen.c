@@ -7,6 +7,7 @@
  * docs/ALGORITHMS.md "Transfer formulas": S*d + k*d + 2*d. With k >= S it is dense attention.
  */
 #include "attn/attn.h"
+#include "util/err.h"
 
 #include <stdio.h>
 
@@ -15,8 +16,7 @@ static int flexgen_resolve(sparq_attn_params *p, int d, char *err, size_t err_si
     (void)d;
     if (p->k == 0) p->k = 128;
     if (p->k < 1) {
-        snprintf(err, err_size, "flexgen: k=%d must be >= 1", p->k);
-        return -1;
+        return err_set(err, err_size, "flexgen: k=%d must be >= 1", p->k);
     }
     return 0;
 }

@@ -22,6 +22,7 @@
  * (attn_meter), the score reads and writes by the two sweeps' trip counts.
  */
 #include "attn/attn.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -41,16 +42,13 @@ static int h2o_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
     if (p->k == 0) p->k = 128;
     if (p->l == -1) p->l = p->k / 4;
     if (p->k < 1) {
-        snprintf(err, err_size, "h2o: k=%d must be >= 1", p->k);
-        return -1;
+        return err_set(err, err_size, "h2o: k=%d must be >= 1", p->k);
     }
     if (p->l < 0) {
-        snprintf(err, err_size, "h2o: l=%d must be >= 0 (or -1 for k/4)", p->l);
-        return -1;
+        return err_set(err, err_size, "h2o: l=%d must be >= 0 (or -1 for k/4)", p->l);
     }
     if (p->l > p->k) {
-        snprintf(err, err_size, "h2o: l=%d exceeds k=%d", p->l, p->k);
-        return -1;
+        return err_set(err, err_size, "h2o: l=%d exceeds k=%d", p->l, p->k);
     }
     return 0;
 }

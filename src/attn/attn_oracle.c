@@ -7,6 +7,7 @@
  * S*d (K) + k*d (V of the kept rows) + 2*d (k, v appended). k >= S: dense.
  */
 #include "attn/attn.h"
+#include "util/err.h"
 
 #include <stdio.h>
 
@@ -15,8 +16,7 @@ static int oracle_resolve(sparq_attn_params *p, int d, char *err, size_t err_siz
     (void)d;
     if (p->k == 0) p->k = 128;
     if (p->k < 1) {
-        snprintf(err, err_size, "oracle: k=%d must be >= 1", p->k);
-        return -1;
+        return err_set(err, err_size, "oracle: k=%d must be >= 1", p->k);
     }
     return 0;
 }

@@ -8,6 +8,7 @@
  *   attn_opts_init, attn_opts_params           options to parameters
  */
 #include "attn/attn_params.h"
+#include "util/err.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -62,17 +63,14 @@ int sparq_attn_params_from_ratio(sparq_attn_params *p, const char *ratio, int64_
     if (!what) what = "ratio";
     const double x = ratio ? attn_parse_ratio(ratio) : -1;
     if (x < 0) {
-        snprintf(err, err_size, "%s '%s' must be a fraction in (0, 1], e.g. 1/8", what, ratio ? ratio : "(null)");
-        return -1;
+        return err_set(err, err_size, "%s '%s' must be a fraction in (0, 1], e.g. 1/8", what, ratio ? ratio : "(null)");
     }
     if (!p->policy || strcmp(p->policy, "sparq") != 0) {
-        snprintf(err, err_size, "%s needs --attn sparq", what);
-        return -1;
+        return err_set(err, err_size, "%s needs --attn sparq", what);
     }
     if (n_ctx < 1 || head_dim < 1 || attn_sparq_ratio(x, n_ctx, head_dim, &p->r, &p->k)) {
-        snprintf(err, err_size, "%s %s is too small for context %lld and head size %d", what, ratio,
-                 (long long)n_ctx, head_dim);
-        return -1;
+        return err_set(err, err_size, "%s %s is too small for context %lld and head size %d", what, ratio,
+                       (long long)n_ctx, head_dim);
     }
     if (p->l < 0) p->l = p->k / 4;
     return 0;
@@ -103,8 +101,7 @@ int attn_opts_params(const attn_opts *o, int64_t S, int d, sparq_attn_params *ou
         if (strcmp(o->schedule, "uniform") == 0) out->topk_schedule = SPARQ_TOPK_UNIFORM;
         else if (strcmp(o->schedule, "linear") == 0) out->topk_schedule = SPARQ_TOPK_LINEAR;
         else {
-            snprintf(err, err_size, "--topk-schedule must be uniform or linear, not '%s'", o->schedule);
-            return -1;
+            return err_set(err, err_size, "--topk-schedule must be uniform or linear, not '%s'", o->schedule);
         }
     }
     if (o->key_type) {
@@ -113,15 +110,13 @@ int attn_opts_params(const attn_opts *o, int64_t S, int d, sparq_attn_params *ou
         else if (strcmp(o->key_type, "i8") == 0 || strcmp(o->key_type, "int8") == 0)
             out->index_key_type = SPARQ_KEY_I8;
         else {
-            snprintf(err, err_size, "--index-key-type must be f16, bf16 or i8, not '%s'", o->key_type);
-            return -1;
+            return err_set(err, err_size, "--index-key-type must be f16, bf16 or i8, not '%s'", o->key_type);
         }
     }
     out->l = o->l;
     out->no_realloc = o->no_realloc;
     if (o->k_min && !o->adaptive_k) {
-        snprintf(err, err_size, "--sparq-k-min applies only with --sparq-adaptive-k");
-        return -1;
+        return err_set(err, err_size, "--sparq-k-min applies only with --sparq-adaptive-k");
     }
     out->adaptive_k = o->adaptive_k != 0;
     out->k_min = o->k_min;
@@ -129,16 +124,14 @@ int attn_opts_params(const attn_opts *o, int64_t S, int d, sparq_attn_params *ou
     if (strcmp(o->attn, "streaming") == 0) { /* sinks are part of the k kept */
         const int sinks = o->n_sink > 0 ? o->n_sink : 16, k = o->attn_k > 0 ? o->attn_k : 128;
         if (sinks >= k) { /* the current token must fit beside the sinks */
-            snprintf(err, err_size, "--n-sink %d must be smaller than the positions kept (--attn-k %d)", sinks, k);
-            return -1;
+            return err_set(err, err_size, "--n-sink %d must be smaller than the positions kept (--attn-k %d)", sinks, k);
         }
     }
     if (o->select) {
         if (strcmp(o->select, "probs") == 0) out->select_logits = 0;
         else if (strcmp(o->select, "logits") == 0) out->select_logits = 1;
         else {
-            snprintf(err, err_size, "--sparq-select must be probs or logits, not '%s'", o->select);
-            return -1;
+            return err_set(err, err_size, "--sparq-select must be probs or logits, not '%s'", o->select);
         }
     }
     if (o->ratio) return sparq_attn_params_from_ratio(out, o->ratio, S, d, "--sparq-ratio", err, err_size);

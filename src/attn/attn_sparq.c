@@ -44,6 +44,7 @@
  */
 #include "attn/attn.h"
 #include "attn/attn_adaptive.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -55,46 +56,37 @@ static int sparq_resolve(sparq_attn_params *p, int d, char *err, size_t err_size
     if (p->k == 0) p->k = 128;
     if (p->l == -1) p->l = p->k / 4;
     if (p->r < 1) {
-        snprintf(err, err_size, "sparq: r=%d must be >= 1", p->r);
-        return -1;
+        return err_set(err, err_size, "sparq: r=%d must be >= 1", p->r);
     }
     if (p->r > d) {
-        snprintf(err, err_size, "sparq: r=%d exceeds head size %d", p->r, d);
-        return -1;
+        return err_set(err, err_size, "sparq: r=%d exceeds head size %d", p->r, d);
     }
     if (p->k < 1) {
-        snprintf(err, err_size, "sparq: k=%d must be >= 1", p->k);
-        return -1;
+        return err_set(err, err_size, "sparq: k=%d must be >= 1", p->k);
     }
     if (p->l < 0) {
-        snprintf(err, err_size, "sparq: l=%d must be >= 0 (or -1 for k/4)", p->l);
-        return -1;
+        return err_set(err, err_size, "sparq: l=%d must be >= 0 (or -1 for k/4)", p->l);
     }
     if (p->l > p->k) {
-        snprintf(err, err_size, "sparq: l=%d exceeds k=%d", p->l, p->k);
-        return -1;
+        return err_set(err, err_size, "sparq: l=%d exceeds k=%d", p->l, p->k);
     }
     if (p->adaptive_k != 0 && p->adaptive_k != 1) {
-        snprintf(err, err_size, "sparq: adaptive_k=%d must be 0 (off) or 1 (on)", p->adaptive_k);
-        return -1;
+        return err_set(err, err_size, "sparq: adaptive_k=%d must be 0 (off) or 1 (on)", p->adaptive_k);
     }
     if (!p->adaptive_k) {
         if (p->k_min != 0) {
-            snprintf(err, err_size, "sparq: k_min=%d applies only with adaptive_k", p->k_min);
-            return -1;
+            return err_set(err, err_size, "sparq: k_min=%d applies only with adaptive_k", p->k_min);
         }
         return 0;
     }
     if (p->select_logits) { /* one head's logits and probabilities rank alike */
-        snprintf(err, err_size, "sparq: adaptive_k ranks each head by its own scores; select_logits does not apply");
-        return -1;
+        return err_set(err, err_size, "sparq: adaptive_k ranks each head by its own scores; select_logits does not apply");
     }
     /* default: the window and at least one position chosen by score */
     if (p->k_min == 0) p->k_min = p->l + 1 <= p->k ? p->l + 1 : p->k;
     const int lo = p->l > 1 ? p->l : 1;
     if (p->k_min < lo || p->k_min > p->k) {
-        snprintf(err, err_size, "sparq: k_min=%d must be between max(1, l)=%d and k=%d", p->k_min, lo, p->k);
-        return -1;
+        return err_set(err, err_size, "sparq: k_min=%d must be between max(1, l)=%d and k=%d", p->k_min, lo, p->k);
     }
     return 0;
 }

@@ -8,6 +8,7 @@
  * position is read (dense).
  */
 #include "attn/attn.h"
+#include "util/err.h"
 
 #include <stdio.h>
 
@@ -17,12 +18,10 @@ static int streaming_resolve(sparq_attn_params *p, int d, char *err, size_t err_
     if (p->k == 0) p->k = 128;
     if (p->n_sink == 0) p->n_sink = 16;
     if (p->k < 1) {
-        snprintf(err, err_size, "streaming: k=%d must be >= 1", p->k);
-        return -1;
+        return err_set(err, err_size, "streaming: k=%d must be >= 1", p->k);
     }
     if (p->n_sink < 0) {
-        snprintf(err, err_size, "streaming: n_sink=%d must be >= 0 (0 = 16)", p->n_sink);
-        return -1;
+        return err_set(err, err_size, "streaming: n_sink=%d must be >= 0 (0 = 16)", p->n_sink);
     }
     return 0;
 }

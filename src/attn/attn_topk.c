@@ -395,7 +395,7 @@ static int image_of(idx_index *ix, const char *kind, void **image, size_t *bytes
     const size_t sz = idx_serialized_size(ix);
     void *img = aligned_alloc(64, (sz + 63) & ~(size_t)63);
     if (!img) {
-        snprintf(err, err_size, "topk: out of memory for a %zu-byte %s index", sz, kind);
+        err_set(err, err_size, "topk: out of memory for a %zu-byte %s index", sz, kind);
         idx_free(ix);
         return -1;
     }
@@ -528,9 +528,8 @@ static int prepare(topk_state *st, topk_head *hd, const sparq_attn_params *p, in
     head_clear(hd);
     hd->P = P;
     hd->failed = 1;
-    snprintf(hd->err, sizeof hd->err, "topk: layer %d head %d: cannot %s %s index of %lld keys: %s", layer,
-             kv_head, what, kind_name(st->kind), (long long)P, err);
-    return -1;
+    return err_set(hd->err, sizeof hd->err, "topk: layer %d head %d: cannot %s %s index of %lld keys: %s", layer,
+                   kv_head, what, kind_name(st->kind), (long long)P, err);
 }
 
 /* ---- transfer arithmetic ---------------------------------------------------- */

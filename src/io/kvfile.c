@@ -740,7 +740,7 @@ int kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
         if (rc) {
 #pragma omp critical(kvf_write_heads)
             if (!failed) {
-                snprintf(err, err_size, "%s", e[0] ? e : "kvfile: a head could not be written");
+                err_set(err, err_size, "%s", e[0] ? e : "kvfile: a head could not be written");
 #pragma omp atomic write
                 failed = 1;
             }
@@ -879,9 +879,9 @@ int kvf_preload(const char *path, void (*progress)(void *user, int64_t done, int
     const int64_t avail = sysmem_available();
     if (avail > 0 && (int64_t)st.st_size > avail - ((int64_t)1 << 30)) {
         close(fd);
-        snprintf(err, err_size, "'%s' is %.1f GiB, more than the %.1f GiB of memory available less 1 GiB: "
-                 "not preloaded, its pages are read as they are used", path, (double)st.st_size / 1073741824.0,
-                 (double)avail / 1073741824.0);
+        err_set(err, err_size, "'%s' is %.1f GiB, more than the %.1f GiB of memory available less 1 GiB: "
+                "not preloaded, its pages are read as they are used", path, (double)st.st_size / 1073741824.0,
+                (double)avail / 1073741824.0);
         return 1;
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* advice only */
