@@ -5,6 +5,7 @@
  */
 #include "core/model.h"
 #include "tensor/quant.h"
+#include "util/err.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,25 +14,21 @@
 int sparq_context_copy_prefix(sparq_context *dst, const sparq_context *src, int64_t n, char *err, size_t err_size)
 {
     if (!dst || !src || dst == src || dst->model != src->model) {
-        snprintf(err, err_size, "copy_prefix: the contexts must be two of one model");
-        return -1;
+        return err_set(err, err_size, "copy_prefix: the contexts must be two of one model");
     }
     if (dst->kv.n != 0 || n < 0 || n > src->kv.n || n > dst->kv.cap || dst->kv.elem != src->kv.elem) {
-        snprintf(err, err_size, "copy_prefix: cannot copy %lld of %lld positions into a context holding %lld of %lld "
-                 "(KV types must match)", (long long)n, (long long)src->kv.n, (long long)dst->kv.n,
-                 (long long)dst->kv.cap);
-        return -1;
+        return err_set(err, err_size, "copy_prefix: cannot copy %lld of %lld positions into a context holding %lld of %lld "
+                       "(KV types must match)", (long long)n, (long long)src->kv.n, (long long)dst->kv.n,
+                       (long long)dst->kv.cap);
     }
     if (dst->policy->observe_prefill) { /* e.g. H2O's scores come from the prefill's attention */
-        snprintf(err, err_size, "copy_prefix: the %s policy observes the prefill; prefill instead", dst->policy->name);
-        return -1;
+        return err_set(err, err_size, "copy_prefix: the %s policy observes the prefill; prefill instead", dst->policy->name);
     }
     const kv_cache *s = &src->kv;
     const int d = s->d, nh = s->n_kv_head;
     float *k = malloc((size_t)2 * nh * d * sizeof(float));
     if (!k) {
-        snprintf(err, err_size, "copy_prefix: out of memory");
-        return -1;
+        return err_set(err, err_size, "copy_prefix: out of memory");
     }
     float *v = k + (size_t)nh * d;
     /* rewritten through kv_write, position by position: K^T and the V sums

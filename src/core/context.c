@@ -12,6 +12,7 @@
 #include "core/context.h"
 #include "core/model.h"
 #include "attn/attn_pf_sparse.h"
+#include "util/err.h"
 #include "util/paths.h"
 #include "util/cpu.h"
 
@@ -97,10 +98,9 @@ static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
                            ((c->policy->needs & ATTN_NEEDS_COLSUM) ? (double)hp->n_kv_head * (double)c->kv.cap * 4.0 : 0.0);
     const double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (ram > 0 && scratch > ram) {
-        snprintf(err, err_size, "context: %lld positions need %.1f GiB of attention scratch (%d threads), "
-                 "more than the %.1f GiB of RAM: use a smaller -c", (long long)c->kv.cap,
-                 scratch / 1073741824.0, c->n_threads, ram / 1073741824.0);
-        return -1;
+        return err_set(err, err_size, "context: %lld positions need %.1f GiB of attention scratch (%d threads), "
+                       "more than the %.1f GiB of RAM: use a smaller -c", (long long)c->kv.cap,
+                       scratch / 1073741824.0, c->n_threads, ram / 1073741824.0);
     }
     rs->x = alloc_aligned(nb * hp->n_embd * sizeof(float));
     rs->xn = alloc_aligned(nb * hp->n_embd * sizeof(float));
@@ -125,9 +125,8 @@ static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
     if (!rs->x || !rs->xn || !rs->q || !rs->k || !rs->v || !rs->att || !rs->gate || !rs->up ||
         !rs->rope_cs || !rs->xq || !rs->logits || !rs->attn_scratch || !rs->attn_iscratch ||
         ((c->policy->needs & ATTN_NEEDS_COLSUM) && !rs->colsum) || (max_parts > 1 && !rs->attn_parts)) {
-        snprintf(err, err_size, "context: out of memory for scratch buffers (batch %d, ctx %lld)",
-                 rs->n_batch, (long long)c->kv.cap);
-        return -1;
+        return err_set(err, err_size, "context: out of memory for scratch buffers (batch %d, ctx %lld)",
+                       rs->n_batch, (long long)c->kv.cap);
     }
     return 0;
 }
@@ -143,16 +142,15 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     *kvf_taken = 0;
     sparq_context *c = calloc(1, sizeof *c);
     if (!c) {
-        snprintf(err, err_size, "context: out of memory");
-        return -1;
+        return err_set(err, err_size, "context: out of memory");
     }
     c->model = m;
     c->params = *p;
     const model_hparams *hp = &m->hp;
     if (p->n_ctx < 0 || p->n_threads < 0 || p->n_batch < 0) {
-        snprintf(err, err_size, "context: %s %lld must be >= 0 (0 = the default)",
-                 p->n_ctx < 0 ? "n_ctx" : p->n_threads < 0 ? "n_threads" : "n_batch",
-                 (long long)(p->n_ctx < 0 ? p->n_ctx : p->n_threads < 0 ? p->n_threads : p->n_batch));
+        err_set(err, err_size, "context: %s %lld must be >= 0 (0 = the default)",
+                p->n_ctx < 0 ? "n_ctx" : p->n_threads < 0 ? "n_threads" : "n_batch",
+                (long long)(p->n_ctx < 0 ? p->n_ctx : p->n_threads < 0 ? p->n_threads : p->n_batch));
         goto fail;
     }
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
@@ -161,15 +159,15 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     c->rs.n_batch = p->n_batch > 0 ? p->n_batch : 512;
     if (c->rs.n_batch > n_ctx) c->rs.n_batch = (int)n_ctx;
     if (p->kv_type != SPARQ_KV_F16 && p->kv_type != SPARQ_KV_F32 && p->kv_type != SPARQ_KV_Q8_0) {
-        snprintf(err, err_size, "context: unknown KV cache type %d", p->kv_type);
+        err_set(err, err_size, "context: unknown KV cache type %d", p->kv_type);
         goto fail;
     }
     const char *name = p->attn.policy ? p->attn.policy : "dense";
     c->policy = attn_policy_find(name);
     if (!c->policy) {
         char known[ATTN_NAMES_MAX];
-        snprintf(err, err_size, "context: unknown attention policy '%s' (known: %s)", name,
-                 attn_policy_names(known, sizeof known, ", "));
+        err_set(err, err_size, "context: unknown attention policy '%s' (known: %s)", name,
+                attn_policy_names(known, sizeof known, ", "));
         goto fail;
     }
     c->params.attn.policy = c->policy->name;
@@ -205,8 +203,8 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     }
     attn_shape shape = { hp->n_layer, hp->n_kv_head, hp->n_head / hp->n_kv_head, hp->head_dim, n_ctx };
     if (c->policy->state_create && c->policy->state_create(&c->params.attn, &shape, &c->policy_state)) {
-        snprintf(err, err_size, "context: cannot create %s state for context %lld", c->policy->name,
-                 (long long)n_ctx);
+        err_set(err, err_size, "context: cannot create %s state for context %lld", c->policy->name,
+                (long long)n_ctx);
         goto fail;
     }
     /* a loaded prefix is the prefix; its indexes serve a topk policy */
@@ -220,8 +218,8 @@ static int context_create(sparq_model *m, const sparq_context_params *p, kvf_fil
     }
     if (p->prefill.mode == SPARQ_PREFILL_WINDOW || p->prefill.mode == SPARQ_PREFILL_TOPK) {
         if (c->policy->observe_prefill) { /* its state is the prompt's exact attention */
-            snprintf(err, err_size, "context: the %s policy observes the exact prefill; it cannot follow a "
-                                    "sparse prefill", c->policy->name);
+            err_set(err, err_size, "context: the %s policy observes the exact prefill; it cannot follow a "
+                                   "sparse prefill", c->policy->name);
             goto fail;
         }
         if (attn_pf_sparse_create(&c->params.prefill, hp->n_layer, hp->n_kv_head, hp->head_dim,
@@ -251,16 +249,14 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
     const model_hparams *hp = &m->hp;
     const int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
     if (!tokens || n_prefix < 1 || n_prefix > n_ctx) {
-        snprintf(err, err_size, "context: a file of %lld positions (token ids %s) for a context of %lld",
-                 (long long)n_prefix, tokens ? "given" : "missing", (long long)n_ctx);
-        return -1;
+        return err_set(err, err_size, "context: a file of %lld positions (token ids %s) for a context of %lld",
+                       (long long)n_prefix, tokens ? "given" : "missing", (long long)n_ctx);
     }
     const int vocab = hp->n_vocab;
     for (int64_t i = 0; i < n_prefix; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab) {
-            snprintf(err, err_size, "context: token id %d at index %lld is outside [0, %d)", tokens[i], (long long)i,
-                     vocab);
-            return -1;
+            return err_set(err, err_size, "context: token id %d at index %lld is outside [0, %d)", tokens[i], (long long)i,
+                           vocab);
         }
     const char *name = p->attn.policy ? p->attn.policy : "dense";
     const attn_policy *pol = attn_policy_find(name);
@@ -268,9 +264,8 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
     /* K^T is stored only for f16/f32 caches whose policy reads it */
     const int with_kt = pol && (pol->needs & ATTN_NEEDS_KT) && elem != KV_Q8_0;
     if (pol && (pol->needs & ATTN_NEEDS_KT) && elem == KV_Q8_0) {
-        snprintf(err, err_size, "context: a q8_0 cache in a file is stored without K^T; the %s policy needs it "
-                                "(use --kv-type f16, or another policy while prefilling)", pol->name);
-        return -1;
+        return err_set(err, err_size, "context: a q8_0 cache in a file is stored without K^T; the %s policy needs it "
+                                      "(use --kv-type f16, or another policy while prefilling)", pol->name);
     }
     const char *kinds[KVF_MAX_KINDS];
     const int n_kinds = kvf_parse_kinds(indexes, kinds, err, err_size);
@@ -311,7 +306,7 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
     c->kvw_crc = tokens_crc;
     snprintf(c->kvw_indexes, sizeof c->kvw_indexes, "%s", indexes ? indexes : "");
     if (kvf_writer_progress(w, tokens_crc, done)) {
-        snprintf(err, err_size, "context: cannot write to '%s.tmp': %s", path, strerror(errno));
+        err_set(err, err_size, "context: cannot write to '%s.tmp': %s", path, strerror(errno));
         sparq_context_free(c);
         *out = NULL;
         return -1;
@@ -339,9 +334,9 @@ int sparq_context_load_kv(sparq_model *m, const sparq_context_params *p, const c
                  &f, err, err_size))
         return -1;
     if (p->n_ctx > 0 && p->n_ctx != f->cap) {
-        snprintf(err, err_size, "load_kv: '%s' holds a cache of capacity %lld; the context size must be "
-                 "0 (the file's) or %lld, not %lld", path, (long long)f->cap, (long long)f->cap,
-                 (long long)p->n_ctx);
+        err_set(err, err_size, "load_kv: '%s' holds a cache of capacity %lld; the context size must be "
+                "0 (the file's) or %lld, not %lld", path, (long long)f->cap, (long long)f->cap,
+                (long long)p->n_ctx);
         kvf_close(f);
         return -1;
     }
@@ -416,17 +411,15 @@ int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard)
     const model_hparams *hp = &c->model->hp;
     c->error[0] = 0;
     if (n_keep < 0 || n_discard < 0 || n_keep + n_discard > c->kv.n) {
-        snprintf(c->error, sizeof c->error, "context shift: keep %lld + discard %lld exceed the %lld cached positions",
-                 (long long)n_keep, (long long)n_discard, (long long)c->kv.n);
-        return -1;
+        return err_set(c->error, sizeof c->error, "context shift: keep %lld + discard %lld exceed the %lld cached positions",
+                       (long long)n_keep, (long long)n_discard, (long long)c->kv.n);
     }
     if (n_discard == 0) return 0;
     /* the rotation by -n_discard: RoPE's angles, linear in the position,
      * without rope_attn_factor (the cached keys already carry it) */
     float *cs = malloc((size_t)(hp->rope_dim > 0 ? hp->rope_dim : 1) * sizeof *cs);
     if (!cs) {
-        snprintf(c->error, sizeof c->error, "context shift: out of memory");
-        return -1;
+        return err_set(c->error, sizeof c->error, "context shift: out of memory");
     }
     const double theta_scale = pow(hp->rope_base, -2.0 / (double)hp->rope_dim);
     double theta = -(double)n_discard;
@@ -440,12 +433,10 @@ int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard)
     free(cs);
     if (c->pf) attn_pf_sparse_reset(c->pf); /* its lists name the old positions */
     if (rc) {
-        snprintf(c->error, sizeof c->error, "context shift: out of memory");
-        return -1;
+        return err_set(c->error, sizeof c->error, "context shift: out of memory");
     }
     if (policy_restart(c)) {
-        snprintf(c->error, sizeof c->error, "context shift: cannot create %s state again", c->policy->name);
-        return -1;
+        return err_set(c->error, sizeof c->error, "context shift: cannot create %s state again", c->policy->name);
     }
     return 0;
 }
@@ -454,9 +445,8 @@ int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t seed)
 {
     const model_hparams *hp = &c->model->hp;
     if (n < 0 || c->kv.n + n > c->kv.cap) {
-        snprintf(c->error, sizeof c->error, "fill: %lld + %lld positions exceed the context %lld",
-                 (long long)c->kv.n, (long long)n, (long long)c->kv.cap);
-        return -1;
+        return err_set(c->error, sizeof c->error, "fill: %lld + %lld positions exceed the context %lld",
+                       (long long)c->kv.n, (long long)n, (long long)c->kv.cap);
     }
     const int kv_dim = hp->n_kv_head * hp->head_dim;
     const int64_t start = c->kv.n;
@@ -559,20 +549,18 @@ int context_save_kv_as(sparq_context *c, const char *path, const char *tmp, cons
     const kv_cache *kv = &c->kv;
     if (tokens && n_tokens != kv->n)
         {
-        snprintf(err, err_size, "save_kv: %lld token ids for %lld cached positions",
-                 (long long)n_tokens, (long long)kv->n);
-        return -1;
+        return err_set(err, err_size, "save_kv: %lld token ids for %lld cached positions",
+                       (long long)n_tokens, (long long)kv->n);
     }
     kvf_writer *w;
     if (c->kvw) { /* built in place: this file, finished now */
         if (strcmp(path, kvf_writer_path(c->kvw)) != 0 || tmp || kv->n != c->kvw_n || !tokens ||
             kvf_crc32c(0, tokens, (size_t)n_tokens * sizeof *tokens) != c->kvw_crc ||
             strcmp(indexes ? indexes : "", c->kvw_indexes) != 0) {
-            snprintf(err, err_size, "save_kv: this context's cache is being built in '%s' for %lld positions "
-                     "with indexes [%s]; it saves there, with those and its tokens", kvf_writer_path(c->kvw),
-                     (long long)c->kvw_n,
-                     c->kvw_indexes);
-            return -1;
+            return err_set(err, err_size, "save_kv: this context's cache is being built in '%s' for %lld positions "
+                           "with indexes [%s]; it saves there, with those and its tokens", kvf_writer_path(c->kvw),
+                           (long long)c->kvw_n,
+                           c->kvw_indexes);
         }
         w = c->kvw;
         c->kvw = NULL; /* kvf_write_heads finishes or aborts it */
@@ -599,13 +587,11 @@ int sparq_prefix_create(const sparq_context *src, int64_t n, int64_t n_ctx, spar
 {
     *out = NULL;
     if (!src || n_ctx < 0) {
-        snprintf(err, err_size, "prefix: no source context, or a negative n_ctx");
-        return -1;
+        return err_set(err, err_size, "prefix: no source context, or a negative n_ctx");
     }
     sparq_prefix *p = calloc(1, sizeof *p);
     if (!p) {
-        snprintf(err, err_size, "prefix: out of memory");
-        return -1;
+        return err_set(err, err_size, "prefix: out of memory");
     }
     p->model = src->model;
     if (kv_shared_create(&src->kv, n, n_ctx ? n_ctx : src->kv.cap, &p->kv, err, err_size)) {
@@ -631,20 +617,17 @@ int     sparq_prefix_users(const sparq_prefix *p) { return kv_shared_users(p->kv
 int sparq_context_attach_prefix(sparq_context *dst, const sparq_prefix *p, int64_t n, char *err, size_t err_size)
 {
     if (!dst || !p || dst->model != p->model) {
-        snprintf(err, err_size, "attach_prefix: the prefix and the context must be of one model");
-        return -1;
+        return err_set(err, err_size, "attach_prefix: the prefix and the context must be of one model");
     }
     if (dst->kv.n != 0 || dst->kv.cap != kv_shared_cap(p->kv) || dst->kv.elem != kv_shared_elem(p->kv) || n < 0 ||
         n > kv_shared_n(p->kv)) {
-        snprintf(err, err_size, "attach_prefix: cannot attach %lld of %lld positions (capacity %lld) to a context "
-                 "holding %lld of %lld (it must be empty, of the same capacity and KV type)", (long long)n,
-                 (long long)kv_shared_n(p->kv), (long long)kv_shared_cap(p->kv), (long long)dst->kv.n,
-                 (long long)dst->kv.cap);
-        return -1;
+        return err_set(err, err_size, "attach_prefix: cannot attach %lld of %lld positions (capacity %lld) to a context "
+                       "holding %lld of %lld (it must be empty, of the same capacity and KV type)", (long long)n,
+                       (long long)kv_shared_n(p->kv), (long long)kv_shared_cap(p->kv), (long long)dst->kv.n,
+                       (long long)dst->kv.cap);
     }
     if (dst->policy->observe_prefill) { /* as sparq_context_copy_prefix */
-        snprintf(err, err_size, "attach_prefix: the %s policy observes the prefill; prefill instead", dst->policy->name);
-        return -1;
+        return err_set(err, err_size, "attach_prefix: the %s policy observes the prefill; prefill instead", dst->policy->name);
     }
     kv_cache kv;
     if (kv_create_cow(&kv, p->kv, dst->kv.n_layer, dst->kv.n_kv_head, dst->kv.d, n, dst->kv.kt != NULL,

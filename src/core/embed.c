@@ -5,6 +5,7 @@
  * (causal), as llama.cpp keeps it for decoder models. */
 #include "core/forward.h"
 #include "core/model.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -55,21 +56,17 @@ int sparq_embed(sparq_context *c, const int32_t *tokens, int n, int pooling, int
     const int E = c->model->hp.n_embd;
     c->error[0] = 0;
     if (!sparq_pooling_name(pooling)) {
-        snprintf(c->error, sizeof c->error, "embed: unknown pooling %d (none, mean, cls or last)", pooling);
-        return -1;
+        return err_set(c->error, sizeof c->error, "embed: unknown pooling %d (none, mean, cls or last)", pooling);
     }
     if (n <= 0) {
-        snprintf(c->error, sizeof c->error, "embed: no tokens");
-        return -1;
+        return err_set(c->error, sizeof c->error, "embed: no tokens");
     }
     if (n > c->kv.cap) {
-        snprintf(c->error, sizeof c->error, "embed: %d tokens exceed the context size %lld", n, (long long)c->kv.cap);
-        return -1;
+        return err_set(c->error, sizeof c->error, "embed: %d tokens exceed the context size %lld", n, (long long)c->kv.cap);
     }
     float *hidden = malloc((size_t)n * E * sizeof *hidden);
     if (!hidden) {
-        snprintf(c->error, sizeof c->error, "embed: out of memory for %d hidden states", n);
-        return -1;
+        return err_set(c->error, sizeof c->error, "embed: out of memory for %d hidden states", n);
     }
     sparq_context_reset(c);
     if (ctx_eval_hidden(c, tokens, n, hidden)) {
@@ -92,9 +89,8 @@ int sparq_embed(sparq_context *c, const int32_t *tokens, int n, int pooling, int
     const int rows = pooling == SPARQ_POOLING_NONE ? n : 1;
     for (size_t i = 0; i < (size_t)rows * E; i++) {
         if (!isfinite(out[i])) {
-            snprintf(c->error, sizeof c->error, "embed: non-finite hidden state (row %zu, component %zu)", i / E,
-                     i % E);
-            return -1;
+            return err_set(c->error, sizeof c->error, "embed: non-finite hidden state (row %zu, component %zu)", i / E,
+                           i % E);
         }
     }
     for (int r = 0; r < rows; r++) normalize(out + (size_t)r * E, E, normalize_p);

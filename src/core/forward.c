@@ -23,6 +23,7 @@
 #include "core/forward_kernels.h"
 #include "tensor/gemm.h"
 #include "tensor/quant.h"
+#include "util/err.h"
 
 #include <assert.h>
 #include <math.h>
@@ -398,8 +399,7 @@ static int attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
         free(scratch);
         free(ml);
         if (c->pf) {
-            snprintf(c->error, sizeof c->error, "prefill: out of memory for attention scratch");
-            return -1;
+            return err_set(c->error, sizeof c->error, "prefill: out of memory for attention scratch");
         }
         attend_prefill_rows(c, il, pos0, n);
         return 0;
@@ -418,7 +418,7 @@ static int attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
                 char e[160];
                 if (attn_pf_sparse_grow(c->pf, il, h, &kv, pos0, e, sizeof e)) {
 #pragma omp critical(pf_error)
-                    if (!failed) snprintf(c->error, sizeof c->error, "%s", e);
+                    if (!failed) err_set(c->error, sizeof c->error, "%s", e);
                     failed = 1;
                 }
             }
@@ -525,8 +525,8 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
 #pragma omp critical(attend_decode_error)
                 if (!failed[i]) {
                     failed[i] = 1;
-                    snprintf(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %.200s",
-                             c->policy->name, il, h, err[0] ? err : "failed");
+                    err_set(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %.200s",
+                            c->policy->name, il, h, err[0] ? err : "failed");
                 }
             }
 #pragma omp atomic
@@ -585,10 +585,9 @@ int ctx_check_logits(sparq_context *c, const float *logits, int rows, int64_t fi
         if (acc == 0.0f) continue;
         size_t bad = 0;
         while (bad < V && isfinite(x[bad])) bad++;
-        snprintf(c->error, sizeof c->error, "non-finite logits at token position %lld (logit %zu is %g): "
-                 "the model's weights or activations hold NaN/Inf", (long long)(first_pos + r), bad,
-                 bad < V ? (double)x[bad] : 0.0);
-        return -1;
+        return err_set(c->error, sizeof c->error, "non-finite logits at token position %lld (logit %zu is %g): "
+                       "the model's weights or activations hold NaN/Inf", (long long)(first_pos + r), bad,
+                       bad < V ? (double)x[bad] : 0.0);
     }
     return 0;
 }
@@ -708,26 +707,22 @@ static int eval(sparq_context *c, const int32_t *tokens, int n, float *logits, i
     const int n_vocab = c->model->hp.n_vocab;
     c->error[0] = 0;
     if (n <= 0) {
-        snprintf(c->error, sizeof c->error, "eval: no tokens");
-        return -1;
+        return err_set(c->error, sizeof c->error, "eval: no tokens");
     }
     if (c->kv.n + n > c->kv.cap) {
-        snprintf(c->error, sizeof c->error,
-                 "context full: %lld tokens in cache + %d new exceed the context size %lld (-c)",
-                 (long long)c->kv.n, n, (long long)c->kv.cap);
-        return -1;
+        return err_set(c->error, sizeof c->error,
+                       "context full: %lld tokens in cache + %d new exceed the context size %lld (-c)",
+                       (long long)c->kv.n, n, (long long)c->kv.cap);
     }
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-            snprintf(c->error, sizeof c->error, "eval: token id %d at index %d is outside [0, %d)",
-                     tokens[i], i, n_vocab);
-            return -1;
+            return err_set(c->error, sizeof c->error, "eval: token id %d at index %d is outside [0, %d)",
+                           tokens[i], i, n_vocab);
         }
     }
     for (int done = 0; done < n;) {
         if (c->params.abort_flag && *c->params.abort_flag) {
-            snprintf(c->error, sizeof c->error, "eval: aborted");
-            return -1;
+            return err_set(c->error, sizeof c->error, "eval: aborted");
         }
         /* SPARQ_PREFILL_POLICY: one token at a time, each a decode step */
         const int stepwise = c->params.prefill.mode == SPARQ_PREFILL_POLICY && !prefill;
@@ -864,7 +859,7 @@ static int batch_rows_alloc(batch_rows *b, const model_hparams *hp, int n)
 static int batch_fail(sparq_context **ctxs, int n, const char *msg)
 {
     for (int i = 0; i < n; i++)
-        if (ctxs[i] && ctxs[i]->error != msg) snprintf(ctxs[i]->error, sizeof ctxs[i]->error, "%s", msg);
+        if (ctxs[i] && ctxs[i]->error != msg) err_set(ctxs[i]->error, sizeof ctxs[i]->error, "%s", msg);
     return -1;
 }
 

@@ -11,6 +11,7 @@
  * for the server's replies. */
 #include "core/model.h"
 #include "core/streamer.h"
+#include "util/err.h"
 #include "util/textbuf.h"
 
 #include <stdarg.h>
@@ -51,7 +52,7 @@ static int fail(sparq_context *c, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->error, sizeof c->error, fmt, ap);
+    err_setv(c->error, sizeof c->error, fmt, ap);
     va_end(ap);
     return -1;
 }

@@ -1,6 +1,7 @@
 /* kvcache.c - the per-sequence key/value cache (see kvcache.h). */
 #include "core/kvcache.h"
 #include "tensor/quant.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -38,9 +39,8 @@ static int kv_shape(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap,
     memset(c, 0, sizeof *c);
     if (n_layer <= 0 || n_kv_head <= 0 || d <= 0 || cap <= 0 ||
         (elem != KV_F32 && elem != KV_F16 && elem != KV_Q8_0)) {
-        snprintf(err, err_size, "kv cache: bad shape (layers %d, heads %d, d %d, ctx %lld)",
-                 n_layer, n_kv_head, d, (long long)cap);
-        return -1;
+        return err_set(err, err_size, "kv cache: bad shape (layers %d, heads %d, d %d, ctx %lld)",
+                       n_layer, n_kv_head, d, (long long)cap);
     }
     c->n_layer = n_layer;
     c->n_kv_head = n_kv_head;
@@ -52,9 +52,8 @@ static int kv_shape(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap,
     /* Overflow-safe: layers*heads*d is small, cap is bounded below. */
     uint64_t per_pos = (uint64_t)n_layer * (uint64_t)n_kv_head * (uint64_t)c->row_bytes;
     if ((uint64_t)cap > (UINT64_C(1) << 46) / per_pos) {
-        snprintf(err, err_size, "kv cache: context %lld is too large (%llu bytes per position)",
-                 (long long)cap, (unsigned long long)per_pos);
-        return -1;
+        return err_set(err, err_size, "kv cache: context %lld is too large (%llu bytes per position)",
+                       (long long)cap, (unsigned long long)per_pos);
     }
     c->kv_bytes = (size_t)(per_pos * (uint64_t)cap);
     c->kt_row_bytes = attn_kv_row_bytes(elem, cap);
@@ -76,8 +75,8 @@ int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int e
     const int part_failed = kt_part_alloc(c);
     if (part_failed) errno = ENOMEM;
     if (!c->k || !c->v || (with_kt && !c->kt) || (with_vsum && !c->v_sum) || part_failed) {
-        snprintf(err, err_size, "kv cache: cannot reserve %.1f GiB for context %lld: %s",
-                 (double)c->kv_bytes * (with_kt ? 3 : 2) / (1 << 30), (long long)cap, strerror(errno));
+        err_set(err, err_size, "kv cache: cannot reserve %.1f GiB for context %lld: %s",
+                (double)c->kv_bytes * (with_kt ? 3 : 2) / (1 << 30), (long long)cap, strerror(errno));
         kv_free(c);
         return -1;
     }
@@ -108,8 +107,8 @@ int kv_create_borrowed(kv_cache *c, const kv_borrow *b, char *err, size_t err_si
     const int with_kt = b->with_kt, with_vsum = b->with_vsum;
     if (kv_shape(c, n_layer, n_kv_head, d, cap, elem, err, err_size)) return -1;
     if (!k || !v || n < 0 || n > cap) {
-        snprintf(err, err_size, "kv cache: bad borrowed storage (%lld of %lld positions)",
-                 (long long)n, (long long)cap);
+        err_set(err, err_size, "kv cache: bad borrowed storage (%lld of %lld positions)",
+                (long long)n, (long long)cap);
         memset(c, 0, sizeof *c);
         return -1;
     }
@@ -145,8 +144,8 @@ int kv_create_borrowed(kv_cache *c, const kv_borrow *b, char *err, size_t err_si
         }
     }
     if ((with_kt && (!c->kt || kt_failed)) || (with_vsum && !c->v_sum)) {
-        snprintf(err, err_size, "kv cache: out of memory for K^T / V sums of context %lld",
-                 (long long)cap);
+        err_set(err, err_size, "kv cache: out of memory for K^T / V sums of context %lld",
+                (long long)cap);
         if (!c->kt_borrowed) release(c->kt, c->kt_bytes);
         free(c->v_sum);
         free(c->kt_part);
@@ -438,14 +437,12 @@ int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **ou
 {
     *out = NULL;
     if (!src || n < 0 || n > src->n || n > cap) {
-        snprintf(err, err_size, "shared prefix: cannot share %lld of %lld positions in a cache of capacity %lld",
-                 (long long)n, src ? (long long)src->n : 0LL, (long long)cap);
-        return -1;
+        return err_set(err, err_size, "shared prefix: cannot share %lld of %lld positions in a cache of capacity %lld",
+                       (long long)n, src ? (long long)src->n : 0LL, (long long)cap);
     }
     kv_shared *s = calloc(1, sizeof *s);
     if (!s) {
-        snprintf(err, err_size, "shared prefix: out of memory");
-        return -1;
+        return err_set(err, err_size, "shared prefix: out of memory");
     }
     s->fd = -1;
     if (kv_shape(&s->view, src->n_layer, src->n_kv_head, src->d, cap, src->elem, err, err_size)) {
@@ -466,8 +463,8 @@ int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **ou
     s->fd = memfd_create("sparq-prefix", MFD_CLOEXEC);
     if (!s->v_sum || s->fd < 0 || ftruncate(s->fd, (off_t)s->total) != 0 ||
         (s->base = mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, s->fd, 0)) == MAP_FAILED) {
-        snprintf(err, err_size, "shared prefix: cannot create %.1f MiB of shared memory: %s",
-                 (double)s->total / 1048576.0, strerror(errno));
+        err_set(err, err_size, "shared prefix: cannot create %.1f MiB of shared memory: %s",
+                (double)s->total / 1048576.0, strerror(errno));
         if (s->base == MAP_FAILED) s->base = NULL;
         kv_shared_unref(s);
         return -1;
@@ -618,9 +615,8 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
     memset(c, 0, sizeof *c);
     const kv_cache *v = &s->view;
     if (n_layer != v->n_layer || n_kv_head != v->n_kv_head || d != v->d || n < 0 || n > v->n) {
-        snprintf(err, err_size, "shared prefix: shape or length (%lld of %lld positions) does not match",
-                 (long long)n, (long long)v->n);
-        return -1;
+        return err_set(err, err_size, "shared prefix: shape or length (%lld of %lld positions) does not match",
+                       (long long)n, (long long)v->n);
     }
     int kt_failed = 0;
     pthread_mutex_lock(&s->mu);
@@ -640,7 +636,7 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
         m->v = map_private(s, s->off_v, v->kv_bytes);
     }
     if (!m || !m->k || !m->v || kt_failed) {
-        snprintf(err, err_size, "shared prefix: cannot map it: %s", kt_failed ? "out of memory for K^T" : strerror(errno));
+        err_set(err, err_size, "shared prefix: cannot map it: %s", kt_failed ? "out of memory for K^T" : strerror(errno));
         if (m) cow_unmap(m);
         else { /* undo the references taken above */
             pthread_mutex_lock(&s->mu);
@@ -659,7 +655,7 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
         return -1;
     }
     if (with_kt && kv_attach_kt(c, v, n)) {
-        snprintf(err, err_size, "shared prefix: out of memory for K^T of context %lld", (long long)v->cap);
+        err_set(err, err_size, "shared prefix: out of memory for K^T of context %lld", (long long)v->cap);
         kv_free(c); /* unmaps m through owner_free */
         return -1;
     }

@@ -13,6 +13,7 @@
  */
 #include "core/chat.h"
 #include "core/model.h"
+#include "util/err.h"
 #include "util/paths.h"
 #include "tensor/quant.h"
 
@@ -76,20 +77,17 @@ static int arch_int(loader *L, const char *suffix, int64_t def, int64_t lo, int6
     snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     int r = gguf_get_int(L->f, key, out);
     if (r < 0) {
-        snprintf(L->err, L->err_size, "model: key %s is not an integer", key);
-        return -1;
+        return err_set(L->err, L->err_size, "model: key %s is not an integer", key);
     }
     if (r == 0) {
         if (def < 0) {
-            snprintf(L->err, L->err_size, "model: required key %s is missing", key);
-            return -1;
+            return err_set(L->err, L->err_size, "model: required key %s is missing", key);
         }
         *out = def;
     }
     if (*out < lo || *out > hi) {
-        snprintf(L->err, L->err_size, "model: %s = %lld is outside [%lld, %lld]", key,
-                 (long long)*out, (long long)lo, (long long)hi);
-        return -1;
+        return err_set(L->err, L->err_size, "model: %s = %lld is outside [%lld, %lld]", key,
+                       (long long)*out, (long long)lo, (long long)hi);
     }
     return 0;
 }
@@ -101,13 +99,11 @@ static int arch_float(loader *L, const char *suffix, double def, double lo, doub
     snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     int r = gguf_get_float(L->f, key, &v);
     if (r < 0) {
-        snprintf(L->err, L->err_size, "model: key %s is not a number", key);
-        return -1;
+        return err_set(L->err, L->err_size, "model: key %s is not a number", key);
     }
     if (r == 0) v = def;
     if (!(v >= lo && v <= hi)) {
-        snprintf(L->err, L->err_size, "model: %s = %g is outside [%g, %g]", key, v, lo, hi);
-        return -1;
+        return err_set(L->err, L->err_size, "model: %s = %g is outside [%g, %g]", key, v, lo, hi);
     }
     *out = (float)v;
     return 0;
@@ -126,16 +122,14 @@ static int read_hparams(loader *L, const arch_desc *arch, model_hparams *hp)
         arch_int(L, "rope.dimension_count", hd, 2, hd, &rope_dim))
         return -1;
     if (heads % kv_heads != 0) {
-        snprintf(L->err, L->err_size, "model: %lld heads is not a multiple of %lld KV heads",
-                 (long long)heads, (long long)kv_heads);
-        return -1;
+        return err_set(L->err, L->err_size, "model: %lld heads is not a multiple of %lld KV heads",
+                       (long long)heads, (long long)kv_heads);
     }
     int64_t vlen;
     if (arch_int(L, "attention.value_length", hd, hd, hd, &vlen)) return -1;
     if (hd % 2 || rope_dim % 2) {
-        snprintf(L->err, L->err_size, "model: head size %lld and rope dims %lld must be even",
-                 (long long)hd, (long long)rope_dim);
-        return -1;
+        return err_set(L->err, L->err_size, "model: head size %lld and rope dims %lld must be even",
+                       (long long)hd, (long long)rope_dim);
     }
     hp->n_embd = (int)embd;
     hp->n_layer = (int)layers;
@@ -166,10 +160,9 @@ static int read_hparams(loader *L, const arch_desc *arch, model_hparams *hp)
         hp->rope_freq_scale = 1.0f / factor;
     } else if (has_type && !gguf_str_eq(st, "none") && !gguf_str_eq(st, "llama3")) {
         char shown[64];
-        snprintf(L->err, L->err_size, "model: unsupported %s '%s' (linear, llama3 and none are%s)",
-                 key, gguf_str_show(st, shown, sizeof shown),
-                 arch->rope_factors == ROPE_FACTORS_LONGROPE ? ", and longrope" : "");
-        return -1;
+        return err_set(L->err, L->err_size, "model: unsupported %s '%s' (linear, llama3 and none are%s)",
+                       key, gguf_str_show(st, shown, sizeof shown),
+                       arch->rope_factors == ROPE_FACTORS_LONGROPE ? ", and longrope" : "");
     }
     return 0;
 }
@@ -179,7 +172,7 @@ static int read_hparams(loader *L, const arch_desc *arch, model_hparams *hp)
 static const gguf_tensor *need_tensor(loader *L, const char *name)
 {
     const gguf_tensor *t = find_tensor(L, name);
-    if (!t) snprintf(L->err, L->err_size, "model: required tensor '%s' is missing", name);
+    if (!t) err_set(L->err, L->err_size, "model: required tensor '%s' is missing", name);
     return t;
 }
 
@@ -190,19 +183,16 @@ static int bind_matrix(loader *L, const char *name, int64_t n_in, int64_t n_out,
     memset(w, 0, sizeof *w);
     if (!t) {
         if (!required) return 0;
-        snprintf(L->err, L->err_size, "model: required tensor '%s' is missing", name);
-        return -1;
+        return err_set(L->err, L->err_size, "model: required tensor '%s' is missing", name);
     }
     if (t->n_dims > 2 || t->ne[0] != n_in || t->ne[1] != n_out) {
-        snprintf(L->err, L->err_size, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
-                 name, (long long)t->ne[0], (long long)t->ne[1], (long long)n_in, (long long)n_out);
-        return -1;
+        return err_set(L->err, L->err_size, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)n_in, (long long)n_out);
     }
     const quant_traits *qt = quant_traits_of(t->type);
     if (!qt || !qt->has_kernels) {
-        snprintf(L->err, L->err_size, "model: tensor '%s' has type %s, which sparq does not support yet",
-                 name, qt ? qt->name : "unknown");
-        return -1;
+        return err_set(L->err, L->err_size, "model: tensor '%s' has type %s, which sparq does not support yet",
+                       name, qt ? qt->name : "unknown");
     }
     w->data = t->data;
     w->type = t->type;
@@ -219,18 +209,15 @@ static int bind_vector(loader *L, const char *name, int64_t n, const float **out
     *out = NULL;
     if (!t) {
         if (!required) return 0;
-        snprintf(L->err, L->err_size, "model: required tensor '%s' is missing", name);
-        return -1;
+        return err_set(L->err, L->err_size, "model: required tensor '%s' is missing", name);
     }
     if (t->n_dims != 1 || t->ne[0] != n || t->type != QT_F32) {
         const quant_traits *qt = quant_traits_of(t->type);
-        snprintf(L->err, L->err_size, "model: tensor '%s' must be F32 [%lld], is %s [%lld]",
-                 name, (long long)n, qt ? qt->name : "?", (long long)t->ne[0]);
-        return -1;
+        return err_set(L->err, L->err_size, "model: tensor '%s' must be F32 [%lld], is %s [%lld]",
+                       name, (long long)n, qt ? qt->name : "?", (long long)t->ne[0]);
     }
     if (((uintptr_t)t->data & 3) != 0) {
-        snprintf(L->err, L->err_size, "model: tensor '%s' is not 4-byte aligned", name);
-        return -1;
+        return err_set(L->err, L->err_size, "model: tensor '%s' is not 4-byte aligned", name);
     }
     *out = t->data;
     return 0;
@@ -283,8 +270,7 @@ static int bind_layer(loader *L, const sparq_model *m, int il, layer_weights *lw
     if (m->arch->fused_qkv && gguf_find_tensor(L->f, NAME("attn_qkv.weight"))) {
         if (bind_fused_qkv(L, il, hp->n_embd, q_dim, kv_dim, lw)) return -1;
     } else if (m->arch->fused_qkv && !gguf_find_tensor(L->f, NAME("attn_q.weight"))) {
-        snprintf(L->err, L->err_size, "model: block %d has neither attn_qkv.weight nor attn_q/k/v.weight", il);
-        return -1;
+        return err_set(L->err, L->err_size, "model: block %d has neither attn_qkv.weight nor attn_q/k/v.weight", il);
     } else {
         int bias = m->arch->has_qkv_bias;
         if (bind_matrix(L, NAME("attn_q.weight"), hp->n_embd, q_dim, &lw->wq, 1) ||
@@ -321,17 +307,15 @@ static int bind_rope_factors(loader *L, sparq_model *m)
     if (m->arch->rope_factors == ROPE_FACTORS_FREQS)
         return bind_vector(L, "rope_freqs.weight", n, &m->rope_freqs, 0);
     if (gguf_find_tensor(L->f, "rope_freqs.weight")) { /* llama.cpp rejects it here too */
-        snprintf(L->err, L->err_size, "model: tensor 'rope_freqs.weight' is not used by %s files "
-                 "(rope_factors_long/short are)", m->arch->name);
-        return -1;
+        return err_set(L->err, L->err_size, "model: tensor 'rope_freqs.weight' is not used by %s files "
+                       "(rope_factors_long/short are)", m->arch->name);
     }
     if (bind_vector(L, "rope_factors_short.weight", n, &m->rope_short, 0) ||
         bind_vector(L, "rope_factors_long.weight", n, &m->rope_long, 0))
         return -1;
     if (!m->rope_short != !m->rope_long) {
-        snprintf(L->err, L->err_size, "model: longrope needs both rope_factors_short and rope_factors_long; "
-                 "the file has only %s", m->rope_short ? "the short table" : "the long table");
-        return -1;
+        return err_set(L->err, L->err_size, "model: longrope needs both rope_factors_short and rope_factors_long; "
+                       "the file has only %s", m->rope_short ? "the short table" : "the long table");
     }
     return 0;
 }
@@ -364,11 +348,11 @@ static int check_all_used(loader *L, const sparq_model *m)
         char name[80], tail;
         snprintf(name, sizeof name, "%.*s", (int)(nm.len < 79 ? nm.len : 79), nm.data);
         if (sscanf(name, "blk.%lu.%c", &blk, &tail) == 2 && blk >= (unsigned long)m->hp.n_layer) {
-            snprintf(L->err, L->err_size, "model: tensor '%s' is in block %lu but %s.block_count is %d",
-                     shown, blk, m->arch->name, m->hp.n_layer);
+            err_set(L->err, L->err_size, "model: tensor '%s' is in block %lu but %s.block_count is %d",
+                    shown, blk, m->arch->name, m->hp.n_layer);
         } else {
-            snprintf(L->err, L->err_size, "model: tensor '%s' is not used by the %s architecture "
-                     "(an unsupported variant?)", shown, m->arch->name);
+            err_set(L->err, L->err_size, "model: tensor '%s' is not used by the %s architecture "
+                    "(an unsupported variant?)", shown, m->arch->name);
         }
         return -1;
     }
@@ -432,15 +416,14 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
     if (path_check_regular(path, err, err_size)) return -1;
     sparq_model *m = calloc(1, sizeof *m);
     if (!m) {
-        snprintf(err, err_size, "model: out of memory");
-        return -1;
+        return err_set(err, err_size, "model: out of memory");
     }
     if (gguf_open_mode(path, p->use_mmap ? GGUF_OPEN_MMAP : GGUF_OPEN_AUTO, &m->file, err, err_size)) goto fail;
     L.f = m->file;
 
     gguf_str arch;
     if (gguf_get_str(m->file, "general.architecture", &arch) != 1) {
-        snprintf(err, err_size, "model: %s has no general.architecture string", path);
+        err_set(err, err_size, "model: %s has no general.architecture string", path);
         goto fail;
     }
     char arch_name[64];
@@ -449,8 +432,8 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
     if (!m->arch) {
         char names[128], shown[96];
         arch_names(names, sizeof names);
-        snprintf(err, err_size, "model: unknown architecture '%s' (supported: %s)",
-                 gguf_str_show(arch, shown, sizeof shown), names);
+        err_set(err, err_size, "model: unknown architecture '%s' (supported: %s)",
+                gguf_str_show(arch, shown, sizeof shown), names);
         goto fail;
     }
     L.arch = m->arch->name;
@@ -460,15 +443,15 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
 
     L.used = calloc(m->file->n_tensors ? (size_t)m->file->n_tensors : 1, 1);
     if (!L.used) {
-        snprintf(err, err_size, "model: out of memory");
+        err_set(err, err_size, "model: out of memory");
         goto fail;
     }
     const gguf_tensor *te = need_tensor(&L, "token_embd.weight");
     if (!te) goto fail;
     if (te->n_dims > 2 || te->ne[0] < 1 || te->ne[1] < 1 || te->ne[1] >= (1 << 24)) {
-        snprintf(err, err_size, "model: tensor 'token_embd.weight' has shape [%lld, %lld], expected "
-                 "[%d, n_vocab] with n_vocab in 1..%d", (long long)te->ne[0], (long long)te->ne[1],
-                 m->hp.n_embd, (1 << 24) - 1);
+        err_set(err, err_size, "model: tensor 'token_embd.weight' has shape [%lld, %lld], expected "
+                "[%d, n_vocab] with n_vocab in 1..%d", (long long)te->ne[0], (long long)te->ne[1],
+                m->hp.n_embd, (1 << 24) - 1);
         goto fail;
     }
     m->hp.n_vocab = (int)te->ne[1];
@@ -477,12 +460,12 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
      * token would be an id that prints nothing, a token without a row an
      * id that cannot be embedded */
     if (tok_n_vocab(m->tok) != m->hp.n_vocab) {
-        snprintf(err, err_size, "model: the tokenizer has %d tokens but token_embd.weight has %d rows",
-                 tok_n_vocab(m->tok), m->hp.n_vocab);
+        err_set(err, err_size, "model: the tokenizer has %d tokens but token_embd.weight has %d rows",
+                tok_n_vocab(m->tok), m->hp.n_vocab);
         goto fail;
     }
     if (build_pieces(m)) {
-        snprintf(err, err_size, "model: out of memory for the token pieces");
+        err_set(err, err_size, "model: out of memory for the token pieces");
         goto fail;
     }
     if (bind_vector(&L, "output_norm.weight", m->hp.n_embd, &m->output_norm, 1)) goto fail;
@@ -492,7 +475,7 @@ int sparq_model_load_params(const char *path, const sparq_model_params *p, sparq
 
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {
-        snprintf(err, err_size, "model: out of memory");
+        err_set(err, err_size, "model: out of memory");
         goto fail;
     }
     for (int il = 0; il < m->hp.n_layer; il++)
@@ -558,21 +541,19 @@ int sparq_chat_tokenize(const sparq_model *m, const char *tmpl, const sparq_chat
 {
     const char *name = tmpl ? chat_template_canonical(tmpl) : sparq_model_chat_template(m);
     if (!name) {
-        snprintf(err, err_size, tmpl ? "chat: unknown template '%s' (known: %s)"
-                                      : "chat: the model has no recognised tokenizer.chat_template%s; "
-                                        "choose one with --chat-template (%s)",
-                 tmpl ? tmpl : "", chat_template_names());
-        return -1;
+        return err_set(err, err_size, tmpl ? "chat: unknown template '%s' (known: %s)"
+                                            : "chat: the model has no recognised tokenizer.chat_template%s; "
+                                              "choose one with --chat-template (%s)",
+                       tmpl ? tmpl : "", chat_template_names());
     }
     int len = chat_render(name, msgs, n_msgs, add_assistant, NULL, 0);
     char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
     if (!text) {
-        snprintf(err, err_size, "chat: out of memory");
-        return -1;
+        return err_set(err, err_size, "chat: out of memory");
     }
     chat_render(name, msgs, n_msgs, add_assistant, text, (size_t)len + 1);
     int n = chat_tokenize(m->tok, name, text, (size_t)len, ids, max_ids);
     free(text);
-    if (n < 0) snprintf(err, err_size, "chat: cannot tokenize the conversation");
+    if (n < 0) err_set(err, err_size, "chat: cannot tokenize the conversation");
     return n;
 }

@@ -26,6 +26,7 @@
 #include "core/model.h"
 #include "tensor/gemm.h"
 #include "tensor/quant.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -96,8 +97,7 @@ int model_repack(sparq_model *m, char *err, size_t err_size)
     if (!ws || !offs) {
         free(ws);
         free(offs);
-        snprintf(err, err_size, "model: out of memory");
-        return -1;
+        return err_set(err, err_size, "model: out of memory");
     }
     const int n = list_matrices(m, ws);
     size_t total = 0;
@@ -109,8 +109,8 @@ int model_repack(sparq_model *m, char *err, size_t err_size)
     if (total > 0) {
         void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (mem == MAP_FAILED) {
-            snprintf(err, err_size, "model: cannot allocate %zu bytes for the repacked weights: %s "
-                     "(--no-repack keeps them as stored)", total, strerror(errno));
+            err_set(err, err_size, "model: cannot allocate %zu bytes for the repacked weights: %s "
+                    "(--no-repack keeps them as stored)", total, strerror(errno));
             rc = -1;
         } else {
             madvise(mem, total, MADV_HUGEPAGE); /* advice only */
