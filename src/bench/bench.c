@@ -5,6 +5,7 @@
  * rows -> table / JSON / CSV | gnuplot script.
  */
 #include "bench/bench.h"
+#include "util/err.h"
 #include "util/rng.h"
 
 #include <math.h>
@@ -118,8 +119,7 @@ int bench_parse_list(const char *s, int64_t *out, int max, char *err, size_t err
     int n = 0;
     const char *p = s;
     if (!s || !*s) {
-        snprintf(err, err_size, "empty list");
-        return -1;
+        return err_set(err, err_size, "empty list");
     }
     for (;;) {
         const char *item = p;
@@ -139,8 +139,7 @@ int bench_parse_list(const char *s, int64_t *out, int max, char *err, size_t err
         v *= mul;
         if (*p != ',' && *p != 0) goto bad;
         if (n >= max) {
-            snprintf(err, err_size, "list '%s' has more than %d items", s, max);
-            return -1;
+            return err_set(err, err_size, "list '%s' has more than %d items", s, max);
         }
         out[n++] = v;
         if (*p == 0) return n;
@@ -149,9 +148,8 @@ int bench_parse_list(const char *s, int64_t *out, int max, char *err, size_t err
     bad:;
         const char *end = strchr(item, ',');
         int len = end ? (int)(end - item) : (int)strlen(item);
-        snprintf(err, err_size, "'%.*s' in list '%s' is not a non-negative integer (suffix k or M allowed)",
-                 len, item, s);
-        return -1;
+        return err_set(err, err_size, "'%.*s' in list '%s' is not a non-negative integer (suffix k or M allowed)",
+                       len, item, s);
     }
 }
 
@@ -160,8 +158,7 @@ int bench_split_names(const char *s, char *buf, size_t buf_size, const char **ou
 {
     size_t len = s ? strlen(s) : 0;
     if (len == 0 || len >= buf_size) {
-        snprintf(err, err_size, "list '%s' is empty or too long", s ? s : "");
-        return -1;
+        return err_set(err, err_size, "list '%s' is empty or too long", s ? s : "");
     }
     memcpy(buf, s, len + 1);
     int n = 0;
@@ -170,12 +167,10 @@ int bench_split_names(const char *s, char *buf, size_t buf_size, const char **ou
         char *comma = strchr(p, ',');
         if (comma) *comma = 0;
         if (!*p) {
-            snprintf(err, err_size, "list '%s' has an empty item", s);
-            return -1;
+            return err_set(err, err_size, "list '%s' has an empty item", s);
         }
         if (n >= max) {
-            snprintf(err, err_size, "list '%s' has more than %d items", s, max);
-            return -1;
+            return err_set(err, err_size, "list '%s' has more than %d items", s, max);
         }
         out[n++] = p;
         if (!comma) return n;

@@ -4,6 +4,7 @@
  * that fits in memory.
  */
 #include "bench/bench_impl.h"
+#include "util/err.h"
 #include "util/sysmem.h"
 
 #include <math.h>
@@ -53,7 +54,7 @@ static int attn_call(attn_job *j)
 #pragma omp critical(attn_call_error)
                 if (!failed) {
                     failed = 1;
-                    snprintf(j->err, sizeof j->err, "%s", e[0] ? e : "failed");
+                    err_set(j->err, sizeof j->err, "%s", e[0] ? e : "failed");
                 }
             }
         }
@@ -84,14 +85,14 @@ static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_poli
     double *t = malloc((size_t)o->reps * 2 * sizeof(double));
     int rc = -1;
     if (!q || !out || !j.sf || !j.si || !j.counts || !t) {
-        snprintf(err, err_size, "attn: out of memory (scratch %zu floats x %d threads)", n_scratch, pt->threads);
+        err_set(err, err_size, "attn: out of memory (scratch %zu floats x %d threads)", n_scratch, pt->threads);
         goto done;
     }
     if (pol->state_create) {
         attn_shape shape = { pt->B, pt->kvh, g, d, kv->cap };
         if (pol->state_create(p, &shape, &j.state)) {
-            snprintf(err, err_size, "attn: cannot create %s state for %lld positions", pol->name,
-                     (long long)kv->cap);
+            err_set(err, err_size, "attn: cannot create %s state for %lld positions", pol->name,
+                    (long long)kv->cap);
             goto done;
         }
     }
@@ -108,7 +109,7 @@ static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_poli
         bench_query(&rng, q, pt->B * pt->H, d, o->heavy);
         double t0 = bench_now();
         if (attn_call(&j)) {
-            snprintf(err, err_size, "attn: %s: %s", pol->name, j.err);
+            err_set(err, err_size, "attn: %s: %s", pol->name, j.err);
             goto done;
         }
         t_call = (bench_now() - t0) * 1e6;
@@ -129,7 +130,7 @@ static int measure_attn(const bench_opts *o, const kv_cache *kv, const attn_poli
     }
     (void)sink;
     if (call_failed) {
-        snprintf(err, err_size, "attn: %s: %s", pol->name, j.err);
+        err_set(err, err_size, "attn: %s: %s", pol->name, j.err);
         goto done;
     }
 
@@ -197,8 +198,7 @@ static int sweep_S(const attn_sweep *w, kv_cache *kv, attn_point pt, int n_fit, 
         pt.S = w->S[iS];
         double t0 = bench_now();
         if (bench_fill_kv(kv, filled, pt.S, w->o->seed, omp_get_num_procs())) {
-            snprintf(err, err_size, "attn: out of memory filling the cache");
-            return -1;
+            return err_set(err, err_size, "attn: out of memory filling the cache");
         }
         if (pt.S - filled > 65536)
             fprintf(w->o->log, "attn: filled %lld positions in %.1f s\n", (long long)(pt.S - filled), bench_now() - t0);
@@ -216,8 +216,7 @@ static int sweep_S(const attn_sweep *w, kv_cache *kv, attn_point pt, int n_fit, 
                 }
                 bench_row *row = bench_rows_push(rl);
                 if (!row) {
-                    snprintf(err, err_size, "out of memory");
-                    return -1;
+                    return err_set(err, err_size, "out of memory");
                 }
                 if (measure_attn(w->o, kv, w->cfg[c].pol, &p, &pt, w->flush, w->flush_n, row, err, err_size)) {
                     rl->n--; /* nothing measured: not a row to report */
@@ -280,8 +279,7 @@ static int roofline(const bench_opts *o, const int64_t *ts, int nt, bw_ref *bw, 
         for (int streams = 1; streams <= 4; streams += 3) {
             bench_row *row = bench_rows_push(rl);
             if (!row) {
-                snprintf(err, err_size, "out of memory");
-                return -1;
+                return err_set(err, err_size, "out of memory");
             }
             if (bench_measure_membw((int64_t)512 << 20, (int)ts[i], streams, 5, 1, row, err, err_size)) {
                 rl->n--; /* nothing measured: not a row to report */
@@ -326,8 +324,7 @@ int bench_attn_run(const bench_opts *o, bench_rows *rl, char *err, size_t err_si
     if (o->membw && roofline(o, ts, nt, bw, &w.n_bw, rl, err, err_size)) return -1;
     if (o->flush) {
         if (!(w.flush = bench_alloc64(w.flush_n * sizeof(float)))) {
-            snprintf(err, err_size, "--flush: cannot allocate 64 MiB");
-            return -1;
+            return err_set(err, err_size, "--flush: cannot allocate 64 MiB");
         }
         memset(w.flush, 0, w.flush_n * sizeof(float));
     }

@@ -4,6 +4,7 @@
  */
 #include "bench/bench_impl.h"
 #include "attn/attn_params.h"
+#include "util/err.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -69,14 +70,12 @@ int bench_int_list(const char *name, const char *s, const char *def, int64_t lo,
     char e[256];
     int n = bench_parse_list(s ? s : def, out, max, e, sizeof e);
     if (n < 0) {
-        snprintf(err, err_size, "%s: %s", name, e);
-        return -1;
+        return err_set(err, err_size, "%s: %s", name, e);
     }
     for (int i = 0; i < n; i++)
         if (out[i] < lo || out[i] > hi) {
-            snprintf(err, err_size, "%s: %lld is outside [%lld, %lld]", name, (long long)out[i],
-                     (long long)lo, (long long)hi);
-            return -1;
+            return err_set(err, err_size, "%s: %lld is outside [%lld, %lld]", name, (long long)out[i],
+                           (long long)lo, (long long)hi);
         }
     return n;
 }
@@ -113,8 +112,7 @@ int bench_build_cfgs(const bench_opts *o, bench_pol_cfg *cfg, char *names_buf, s
     if (o->select) {
         if (strcmp(o->select, "logits") == 0) select_logits = 1;
         else if (strcmp(o->select, "probs") != 0) {
-            snprintf(err, err_size, "--sparq-select must be probs or logits, not '%s'", o->select);
-            return -1;
+            return err_set(err, err_size, "--sparq-select must be probs or logits, not '%s'", o->select);
         }
     }
     int n = 0;
@@ -128,9 +126,8 @@ int bench_build_cfgs(const bench_opts *o, bench_pol_cfg *cfg, char *names_buf, s
         const attn_policy *pol = attn_policy_find(names[i]);
         if (!pol) {
             char known[ATTN_NAMES_MAX];
-            snprintf(err, err_size, "--attn: unknown policy '%s' (known: %s)", names[i],
-                     attn_policy_names(known, sizeof known, ", "));
-            return -1;
+            return err_set(err, err_size, "--attn: unknown policy '%s' (known: %s)", names[i],
+                           attn_policy_names(known, sizeof known, ", "));
         }
         if (strcmp(pol->name, "dense") == 0) continue;
         sparq_attn_params base = sparq_attn_default_params();
@@ -145,8 +142,7 @@ int bench_build_cfgs(const bench_opts *o, bench_pol_cfg *cfg, char *names_buf, s
         for (int a = 0; a < n_a; a++)
             for (int b = 0; b < n_b; b++) {
                 if (n >= BENCH_MAX_CFG) {
-                    snprintf(err, err_size, "too many policy configurations (max %d)", BENCH_MAX_CFG);
-                    return -1;
+                    return err_set(err, err_size, "too many policy configurations (max %d)", BENCH_MAX_CFG);
                 }
                 cfg[n].pol = pol;
                 cfg[n].p = base;
@@ -205,8 +201,7 @@ int bench_kv_elem_list(const char *const *names, int n, int *out, char *err, siz
     for (int i = 0; i < n; i++) {
         const int t = bench_kv_type_of(names[i]);
         if (t < 0) {
-            snprintf(err, err_size, "--kv-type: '%s' is not f16, f32 or q8_0", names[i]);
-            return -1;
+            return err_set(err, err_size, "--kv-type: '%s' is not f16, f32 or q8_0", names[i]);
         }
         out[i] = t == SPARQ_KV_F32 ? KV_F32 : t == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F16;
     }

@@ -9,6 +9,7 @@
  * policy's parameters change with the depth (--sparq-ratio).
  */
 #include "bench/bench_impl.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <omp.h>
@@ -46,8 +47,7 @@ int bench_fill_context(sparq_context *c, int64_t depth, int random_fill, int n_v
     enum { CHUNK = 4096 };
     int32_t *ids = malloc(CHUNK * sizeof *ids);
     if (!ids) {
-        snprintf(err, err_size, "decode: out of memory");
-        return -1;
+        return err_set(err, err_size, "decode: out of memory");
     }
     while (pos < depth) {
         int n = depth - pos < CHUNK ? (int)(depth - pos) : CHUNK;
@@ -62,7 +62,7 @@ int bench_fill_context(sparq_context *c, int64_t depth, int random_fill, int n_v
     free(ids);
     return 0;
 fail:
-    snprintf(err, err_size, "decode: fill to depth %lld: %s", (long long)depth, sparq_context_error(c));
+    err_set(err, err_size, "decode: fill to depth %lld: %s", (long long)depth, sparq_context_error(c));
     return -1;
 }
 
@@ -138,11 +138,9 @@ static int decode_point(sparq_context **ctxs, int nb, const sparq_model *m, cons
 fail:
     for (int b = 0; b < nb; b++)
         if (sparq_context_error(ctxs[b])[0]) {
-            snprintf(err, err_size, "decode at depth %lld: %s", (long long)depth, sparq_context_error(ctxs[b]));
-            return -1;
+            return err_set(err, err_size, "decode at depth %lld: %s", (long long)depth, sparq_context_error(ctxs[b]));
         }
-    snprintf(err, err_size, "decode at depth %lld: the step failed", (long long)depth);
-    return -1;
+    return err_set(err, err_size, "decode at depth %lld: the step failed", (long long)depth);
 }
 
 static void free_contexts(sparq_context **ctxs, int n)
@@ -158,8 +156,7 @@ int bench_decode_prepare(const bench_opts *o, bench_decode_plan **plan, char *er
     *plan = NULL;
     bench_decode_plan *pl = calloc(1, sizeof *pl);
     if (!pl) {
-        snprintf(err, err_size, "out of memory");
-        return -1;
+        return err_set(err, err_size, "out of memory");
     }
     pl->o = o;
     char def_t[16];
@@ -182,11 +179,11 @@ int bench_decode_prepare(const bench_opts *o, bench_decode_plan **plan, char *er
     if (pl->n_kv < 0 || bench_kv_elem_list(pl->kv_names, pl->n_kv, pl->kv_elems, err, err_size)) goto fail;
     if (o->fill && strcmp(o->fill, "random") == 0) pl->random_fill = 1;
     else if (o->fill && strcmp(o->fill, "prefill") != 0) {
-        snprintf(err, err_size, "--fill must be prefill or random, not '%s'", o->fill);
+        err_set(err, err_size, "--fill must be prefill or random, not '%s'", o->fill);
         goto fail;
     }
     if (o->n_tokens < 1) {
-        snprintf(err, err_size, "-n must be >= 1");
+        err_set(err, err_size, "-n must be >= 1");
         goto fail;
     }
     pl->n_cfg = bench_build_cfgs(o, pl->cfg, pl->names_buf, sizeof pl->names_buf, pl->ratio_buf,
@@ -274,7 +271,7 @@ static int run_series(const decode_series *s, bench_rows *rl, char *err, size_t 
          * cannot be met (tiny depths) the largest depth's choice is used */
         if (bench_cfg_params(cfg, depth + warm + o->n_tokens, d, &p, e, sizeof e) &&
             bench_cfg_params(cfg, pl->max_depth + warm + o->n_tokens, d, &p, e, sizeof e)) {
-            snprintf(err, err_size, "%s: %s", cfg->pol->name, e);
+            err_set(err, err_size, "%s: %s", cfg->pol->name, e);
             goto done;
         }
         if (series_contexts(s, ctxs, &p, &cur, depth, n_ctx, err, err_size)) goto done;
@@ -289,7 +286,7 @@ static int run_series(const decode_series *s, bench_rows *rl, char *err, size_t 
                     pl->random_fill ? "random" : "prefill", nb, (long long)depth, bench_now() - t0);
         bench_row *row = bench_rows_push(rl);
         if (!row) {
-            snprintf(err, err_size, "out of memory");
+            err_set(err, err_size, "out of memory");
             goto done;
         }
         if (decode_point(ctxs, nb, s->m, o, depth, pl->kv_elems[s->ie], s->t, s->logits, row, err, err_size)) {
@@ -318,7 +315,7 @@ int bench_decode_run(const bench_decode_plan *pl, sparq_model *m, const char *mo
     s.dense_tok_s = dense_tok_s;
     int rc = -1;
     if (!s.logits || !s.t) {
-        snprintf(err, err_size, "decode: out of memory");
+        err_set(err, err_size, "decode: out of memory");
         goto done;
     }
     for (s.ie = 0; s.ie < pl->n_kv; s.ie++)

@@ -2,6 +2,7 @@
  * the attention rows are stated against (bench_run.h).
  */
 #include "bench/bench_impl.h"
+#include "util/err.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -22,7 +23,7 @@ int bench_measure_membw(int64_t bytes, int threads, int streams, int reps, int w
     if (posix_memalign((void **)&x, huge, alloc)) x = NULL;
     double *t = malloc((size_t)(reps > 0 ? reps : 1) * 2 * sizeof(double));
     if (!x || !t) {
-        snprintf(err, err_size, "membw: cannot allocate %lld MiB", (long long)(bytes >> 20));
+        err_set(err, err_size, "membw: cannot allocate %lld MiB", (long long)(bytes >> 20));
         free(x);
         free(t);
         return -1;
@@ -85,8 +86,7 @@ int bench_membw_run(const bench_opts *o, bench_rows *rl, char *err, size_t err_s
         for (int j = 0; j < ns; j++) {
             bench_row *row = bench_rows_push(rl);
             if (!row) {
-                snprintf(err, err_size, "out of memory");
-                return -1;
+                return err_set(err, err_size, "out of memory");
             }
             if (bench_measure_membw(o->size_mib << 20, (int)ts[i], (int)ss[j], o->reps, o->warmup, row, err,
                                     err_size)) {

@@ -6,6 +6,7 @@
 #include "core/model.h"
 #include "tensor/gemm.h"
 #include "tensor/quant.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <omp.h>
@@ -58,8 +59,7 @@ static int time_prompts(const bench_prefill_cfg *c, sparq_context *ctx, const in
         if (bench_fill_context(ctx, depth, 0, n_vocab, 1, err, err_size)) return -1;
         double t0 = bench_now();
         if (sparq_eval(ctx, ids, (int)n, logits)) {
-            snprintf(err, err_size, "prefill: %s", sparq_context_error(ctx));
-            return -1;
+            return err_set(err, err_size, "prefill: %s", sparq_context_error(ctx));
         }
         if (r >= c->warmup) ms[r - c->warmup] = (bench_now() - t0) * 1e3;
     }
@@ -112,7 +112,7 @@ int bench_prefill_run(const bench_prefill_cfg *c, sparq_model *m, const char *mo
     float *logits = malloc((size_t)n_vocab * sizeof *logits);
     int rc = -1;
     if (!ids || !logits) {
-        snprintf(err, err_size, "bench prefill: out of memory");
+        err_set(err, err_size, "bench prefill: out of memory");
         goto done;
     }
     for (int it = 0; it < c->n_threads; it++)
@@ -200,8 +200,7 @@ int bench_peak_run(const int64_t *threads, int n_threads, int reps, int warmup, 
         for (int kind = 0; kind < 3; kind++) {
             double ms[BENCH_PP_MAX_REPS], ops = 0;
             if (time_peak(kind, (int)threads[it], reps, warmup, iters, ms, &ops)) {
-                snprintf(err, err_size, "bench peak: out of memory");
-                return -1;
+                return err_set(err, err_size, "bench peak: out of memory");
             }
             if (ops == 0) {
                 fprintf(log, "bench peak: %s: this build has no such %s; skipped\n", peak_names[kind],

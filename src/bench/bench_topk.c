@@ -7,6 +7,7 @@
 #include "core/kvcache.h"
 #include "io/kvfile.h"
 #include "tensor/quant.h"
+#include "util/err.h"
 #include "util/rng.h"
 
 #include <errno.h>
@@ -246,8 +247,7 @@ static int synth_rows(void *user, int l, int h, kvf_head_rows *out, char *err, s
         free(cen);
         free(kf);
         free(k16);
-        snprintf(err, err_size, "out of memory generating %lld keys", (long long)s->P);
-        return -1;
+        return err_set(err, err_size, "out of memory generating %lld keys", (long long)s->P);
     }
     centres(s, l, h, cen);
     gen_keys(s, l, h, cen, 0, s->P, kf);
@@ -375,32 +375,28 @@ static int dec_open(topk_dec *D, const char *path, const char *kind, bench_topk_
     kvf_fingerprint fp;
     kvf_synthetic_fingerprint(&fp, sh->n_layer, sh->n_head, sh->n_kv_head, sh->d);
     if (kvf_open(path, &fp, KVF_VERIFY_AUTO, &D->f, err, sizeof err)) {
-        snprintf(res->err, sizeof res->err, "%s", err);
-        return -1;
+        return err_set(res->err, sizeof res->err, "%s", err);
     }
     const kvf_file *f = D->f;
     const int64_t need = s->P + D->o->warmup + D->o->tokens;
     if (f->n != s->P || f->cap < need || f->elem != KV_F16) {
-        snprintf(res->err, sizeof res->err,
-                 "kvfile '%s' holds %lld f%d positions of room %lld; --size %lld with %lld steps needs %lld "
-                 "f16 positions of room %lld",
-                 path, (long long)f->n, f->elem == KV_F16 ? 16 : 32, (long long)f->cap, (long long)s->P,
-                 (long long)(D->o->warmup + D->o->tokens), (long long)s->P, (long long)need);
-        return -1;
+        return err_set(res->err, sizeof res->err,
+                       "kvfile '%s' holds %lld f%d positions of room %lld; --size %lld with %lld steps needs %lld "
+                       "f16 positions of room %lld",
+                       path, (long long)f->n, f->elem == KV_F16 ? 16 : 32, (long long)f->cap, (long long)s->P,
+                       (long long)(D->o->warmup + D->o->tokens), (long long)s->P, (long long)need);
     }
     res->verified = f->verified;
     const kv_borrow b = { .n_layer = sh->n_layer, .n_kv_head = sh->n_kv_head, .d = sh->d, .cap = f->cap,
                           .elem = f->elem, .k = f->k, .v = f->v, .n = f->n };
     if (kv_create_borrowed(&D->kv, &b, err, sizeof err)) {
-        snprintf(res->err, sizeof res->err, "%s", err);
-        return -1;
+        return err_set(res->err, sizeof res->err, "%s", err);
     }
     D->kv_made = 1;
     D->p = bench_topk_attn_params(D->o, kind);
     D->pol = attn_policy_find("topk");
     if (D->pol->resolve(&D->p, sh->d, err, sizeof err)) {
-        snprintf(res->err, sizeof res->err, "%s", err);
-        return -1;
+        return err_set(res->err, sizeof res->err, "%s", err);
     }
     return 0;
 }
@@ -429,8 +425,7 @@ static int dec_prepare(topk_dec *D, bench_topk_result *res)
     D->found = malloc((size_t)s->M + 1);
     if (!D->sfl || !D->sint || !D->q || !D->out || !D->knew || !D->cen || !D->ids || !D->ex || !D->sc ||
         !D->work || !D->found || D->pol->state_create(&D->p, &shape, &D->state)) {
-        snprintf(res->err, sizeof res->err, "out of memory for decoding");
-        return -1;
+        return err_set(res->err, sizeof res->err, "out of memory for decoding");
     }
     memset(D->found, 1, (size_t)s->M + 1);
     D->pol->set_prefix(D->state, &D->p, D->f->n, &D->f->source);
@@ -476,7 +471,7 @@ static int dec_layer(topk_dec *D, int l, int t, int64_t pos, int64_t *elems, dou
 #pragma omp critical(topk_step_error)
             if (!failed) {
                 failed = 1;
-                snprintf(err, err_size, "layer %d, kv head %d: %s", l, h, e[0] ? e : "failed");
+                err_set(err, err_size, "layer %d, kv head %d: %s", l, h, e[0] ? e : "failed");
             }
         }
         rd += cnt.read;
@@ -509,8 +504,7 @@ static int dec_check(topk_dec *D, int64_t pos, int n_rh, bench_topk_result *res)
         attn_kv_view view;
         kv_view(&D->kv, l, h, pos + 1, &view);
         if (attn_topk_select(D->state, &D->p, l, h, &view, qh, g, D->ids, &scr) != k) {
-            snprintf(res->err, sizeof res->err, "layer %d head %d: no index selection", l, h);
-            return -1;
+            return err_set(res->err, sizeof res->err, "layer %d head %d: no index selection", l, h);
         }
         if (sampled) {
             attn_kv_view pre;
@@ -574,7 +568,7 @@ int bench_topk_decode(const bench_topk_params *o, const char *path, const char *
         char step_err[320] = "";
         for (int l = 0; l < s.sh->n_layer; l++)
             if (dec_layer(&D, l, t, pos, &step_elems, &t_step, step_err, sizeof step_err)) {
-                snprintf(res->err, sizeof res->err, "decode step: %.200s", step_err);
+                err_set(res->err, sizeof res->err, "decode step: %.200s", step_err);
                 goto done;
             }
         if (t >= o->warmup && dec_check(&D, pos, n_rh, res)) goto done;
@@ -602,8 +596,7 @@ int bench_topk_spawn(bench_topk_child_args build, void *user, const char *kind, 
 {
     int fds[2];
     if (pipe(fds) != 0) {
-        snprintf(err, err_size, "pipe: %s", strerror(errno));
-        return -1;
+        return err_set(err, err_size, "pipe: %s", strerror(errno));
     }
     const char *args[BENCH_TOPK_MAX_ARGS + 1];
     memset(args, 0, sizeof args);
@@ -612,7 +605,7 @@ int bench_topk_spawn(bench_topk_child_args build, void *user, const char *kind, 
     fflush(stderr);
     pid_t pid = fork();
     if (pid < 0) {
-        snprintf(err, err_size, "fork: %s", strerror(errno));
+        err_set(err, err_size, "fork: %s", strerror(errno));
         close(fds[0]);
         close(fds[1]);
         return -1;
@@ -638,8 +631,7 @@ int bench_topk_spawn(bench_topk_child_args build, void *user, const char *kind, 
     while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {}
     *peak_rss = (int64_t)ru.ru_maxrss * 1024;
     if (got != sizeof *res || !res->ok) {
-        snprintf(err, err_size, "decode of %s failed: %s", kind, got == sizeof *res ? res->err : "the child died");
-        return -1;
+        return err_set(err, err_size, "decode of %s failed: %s", kind, got == sizeof *res ? res->err : "the child died");
     }
     return 0;
 }
