@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 #include "core/chat.h"
 #include "io/kvfile.h"
+#include "util/err.h"
 #include "util/json.h"
 #include "util/paths.h"
 
@@ -64,12 +65,12 @@ int cli_prefill_params(const cli_prefill_opts *o, sparq_prefill_params *out, cha
     const char *name = o->mode ? o->mode : "exact";
     out->mode = sparq_prefill_mode_find(name);
     if (out->mode < 0)
-        return snprintf(err, err_size, "--prefill-attn must be exact, window, topk or policy, not '%s'", name), -1;
+        return err_set(err, err_size, "--prefill-attn must be exact, window, topk or policy, not '%s'", name);
     const char *stray = (out->mode == SPARQ_PREFILL_EXACT || out->mode == SPARQ_PREFILL_POLICY) &&
                                 (o->window || o->n_sink) ? "--prefill-window/-sink"
                         : out->mode != SPARQ_PREFILL_TOPK && (o->k || o->nlist || o->nprobe)
                             ? "--prefill-k/-nlist/-nprobe" : NULL;
-    if (stray) return snprintf(err, err_size, "%s does not apply to --prefill-attn %s", stray, name), -1;
+    if (stray) return err_set(err, err_size, "%s does not apply to --prefill-attn %s", stray, name);
     out->window = o->window;
     out->n_sink = o->n_sink;
     out->k = o->k;
@@ -140,9 +141,9 @@ const cli_opt cli_attn_table[] = {
 static int range_error(const cli_opt *o, long long v, const char *val, char *err, size_t err_size)
 {
     if (o->kind == OPT_INT1 && v < 1)
-        return snprintf(err, err_size, "option %s: '%s' must be at least 1", o->name, val), -1;
+        return err_set(err, err_size, "option %s: '%s' must be at least 1", o->name, val);
     if ((o->kind == OPT_INT0 || o->kind == OPT_I64_0) && v < 0)
-        return snprintf(err, err_size, "option %s: '%s' must be >= 0 (0 = the default)", o->name, val), -1;
+        return err_set(err, err_size, "option %s: '%s' must be >= 0 (0 = the default)", o->name, val);
     return 0;
 }
 
@@ -161,8 +162,7 @@ static int parse_number(const cli_opt *o, const char *val, void *dst, char *err,
     case OPT_STRS: {
         cli_strs *l = dst;
         if (l->n >= CLI_STRS_MAX) {
-            snprintf(err, err_size, "option %s: at most %d given", o->name, CLI_STRS_MAX);
-            return -1;
+            return err_set(err, err_size, "option %s: at most %d given", o->name, CLI_STRS_MAX);
         }
         l->v[l->n++] = val;
         return 0;
@@ -193,9 +193,8 @@ static int parse_number(const cli_opt *o, const char *val, void *dst, char *err,
     case OPT_FLAG: *(int *)dst = 1; return 0;
     case OPT_ONOFF: *(const char **)dst = val; return 0; /* checked by cli_parse */
     }
-    snprintf(err, err_size, "option %s: '%s' is not a valid %s", o->name, val,
-             o->kind == OPT_FLOAT ? "finite number" : o->kind == OPT_U64 ? "non-negative integer" : "integer");
-    return -1;
+    return err_set(err, err_size, "option %s: '%s' is not a valid %s", o->name, val,
+                   o->kind == OPT_FLOAT ? "finite number" : o->kind == OPT_U64 ? "non-negative integer" : "integer");
 }
 
 static int is_onoff(const char *v)
@@ -216,8 +215,7 @@ int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
         }
         if (arg[0] != '-' || arg[1] == 0) {
             if (*n_pos >= max_pos) {
-                snprintf(err, err_size, "unexpected argument '%s'", arg);
-                return -1;
+                return err_set(err, err_size, "unexpected argument '%s'", arg);
             }
             pos[(*n_pos)++] = argv[i];
             continue;
@@ -235,14 +233,12 @@ int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
                     base = groups[g].base;
                 }
         if (!found) {
-            snprintf(err, err_size, "unknown option '%.*s' (see --help)", (int)name_len, arg);
-            return -1;
+            return err_set(err, err_size, "unknown option '%.*s' (see --help)", (int)name_len, arg);
         }
         void *dst = (char *)base + found->offset;
         if (found->kind == OPT_FLAG) {
             if (eq) {
-                snprintf(err, err_size, "option %s takes no value", found->name);
-                return -1;
+                return err_set(err, err_size, "option %s takes no value", found->name);
             }
             *(int *)dst = 1;
             continue;
@@ -250,16 +246,14 @@ int cli_parse(const cli_group *groups, int n_groups, int argc, char **argv,
         if (found->kind == OPT_ONOFF) {
             const char *v = eq ? eq + 1 : i + 1 < argc && is_onoff(argv[i + 1]) ? argv[++i] : "on";
             if (!is_onoff(v)) {
-                snprintf(err, err_size, "option %s: '%s' must be on, off or auto", found->name, v);
-                return -1;
+                return err_set(err, err_size, "option %s: '%s' must be on, off or auto", found->name, v);
             }
             *(const char **)dst = v;
             continue;
         }
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
-            snprintf(err, err_size, "option %s needs a value (%s)", found->name, found->metavar);
-            return -1;
+            return err_set(err, err_size, "option %s needs a value (%s)", found->name, found->metavar);
         }
         if (parse_number(found, val, dst, err, err_size)) return -1;
     }
@@ -326,13 +320,11 @@ int cli_model_kv_type(const cli_model_opts *o, char *err, size_t err_size)
     for (int i = 0; i < 3; i++) {
         if (!given[i]) continue;
         if (cli_kv_type(given[i]) < 0) {
-            snprintf(err, err_size, "%s must be f16, f32 or q8_0, not '%s'", opt[i], given[i]);
-            return -1;
+            return err_set(err, err_size, "%s must be f16, f32 or q8_0, not '%s'", opt[i], given[i]);
         }
         if (name && strcmp(name, given[i]) != 0) {
-            snprintf(err, err_size, "%s %s and %s %s differ: the K and V caches have one type here "
-                     "(give both the same, or --kv-type)", opt[first], name, opt[i], given[i]);
-            return -1;
+            return err_set(err, err_size, "%s %s and %s %s differ: the K and V caches have one type here "
+                           "(give both the same, or --kv-type)", opt[first], name, opt[i], given[i]);
         }
         if (!name) { name = given[i]; first = i; }
     }
@@ -386,8 +378,7 @@ int cli_attn_check_policy(const attn_opts *o, char *err, size_t err_size)
         for (const char *q = s; *q; q = strchr(q, ',') ? strchr(q, ',') + 1 : q + strlen(q))
             if (strncmp(q, p, n) == 0 && (q[n] == ',' || q[n] == 0)) ok = 1;
         if (!ok) {
-            snprintf(err, err_size, "%s is an option of --attn %s, not of --attn %s", g[i].opt, s, p);
-            return -1;
+            return err_set(err, err_size, "%s is an option of --attn %s, not of --attn %s", g[i].opt, s, p);
         }
     }
     return 0;

@@ -8,6 +8,7 @@
  */
 #include "cli/cli.h"
 #include "bench/bench_run.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <omp.h>
@@ -400,7 +401,7 @@ static int run_decode(const bench_opts *o, bench_rows *rl, char *err, size_t err
     char path[4096];
     sparq_model *m = cli_load_model(&mo, path, sizeof path);
     int rc = -1;
-    if (!m) snprintf(err, err_size, "cannot load the model");
+    if (!m) err_set(err, err_size, "cannot load the model");
     else rc = bench_decode_run(plan, m, base_name(path), rl, err, err_size);
     sparq_model_free(m);
     bench_decode_plan_free(plan);

@@ -35,6 +35,7 @@
 #include "core/tokenizer.h"
 #include "tensor/gguf.h"
 #include "tensor/quant.h"
+#include "util/err.h"
 #include "util/rng.h"
 #include "util/utf8.h"
 
@@ -439,8 +440,7 @@ static int vocab_from_gguf(vocab *v, const char *path, int n_want, char *err, si
     gguf_file *f = NULL;
     char m[256];
     if (gguf_open(path, &f, m, sizeof m)) {
-        snprintf(err, n_err, "--vocab-from: %s", m);
-        return -1;
+        return err_set(err, n_err, "--vocab-from: %s", m);
     }
     int rc = -1;
     gguf_str model;
@@ -449,19 +449,19 @@ static int vocab_from_gguf(vocab *v, const char *path, int n_want, char *err, si
     const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
     int64_t bos, eos, unk;
     if (gguf_get_str(f, "tokenizer.ggml.model", &model) != 1 || !gguf_str_eq(model, "llama")) {
-        snprintf(err, n_err, "--vocab-from %s: not a SentencePiece (\"llama\") vocabulary", path);
+        err_set(err, n_err, "--vocab-from %s: not a SentencePiece (\"llama\") vocabulary", path);
         goto done;
     }
     if (!toks || !toks->strs || toks->n != (uint64_t)n_want) {
-        snprintf(err, n_err, "--vocab-from %s: %llu tokens, the shape needs %d", path,
-                 toks ? (unsigned long long)toks->n : 0ull, n_want);
+        err_set(err, n_err, "--vocab-from %s: %llu tokens, the shape needs %d", path,
+                toks ? (unsigned long long)toks->n : 0ull, n_want);
         goto done;
     }
     if (!scores || scores->type != GGUF_ARR || scores->n != toks->n || !types || types->type != GGUF_ARR ||
         types->n != toks->n || gguf_get_int(f, "tokenizer.ggml.bos_token_id", &bos) != 1 ||
         gguf_get_int(f, "tokenizer.ggml.eos_token_id", &eos) != 1 || bos < 0 || bos >= n_want || eos < 0 ||
         eos >= n_want) {
-        snprintf(err, n_err, "--vocab-from %s: scores, token types or BOS/EOS ids missing or out of range", path);
+        err_set(err, n_err, "--vocab-from %s: scores, token types or BOS/EOS ids missing or out of range", path);
         goto done;
     }
     if (gguf_get_int(f, "tokenizer.ggml.unknown_token_id", &unk) != 1 || unk < 0 || unk >= n_want) unk = -1;
@@ -470,17 +470,17 @@ static int vocab_from_gguf(vocab *v, const char *path, int n_want, char *err, si
     v->scores = malloc((size_t)n_want * sizeof *v->scores);
     v->types = malloc((size_t)n_want * sizeof *v->types);
     if (!v->toks || !v->scores || !v->types) {
-        snprintf(err, n_err, "out of memory");
+        err_set(err, n_err, "out of memory");
         goto done;
     }
     for (int i = 0; i < n_want; i++) {
         const gguf_str t = toks->strs[i];
         if (memchr(t.data, 0, t.len)) {
-            snprintf(err, n_err, "--vocab-from %s: token %d holds a NUL byte", path, i);
+            err_set(err, n_err, "--vocab-from %s: token %d holds a NUL byte", path, i);
             goto done;
         }
         if (!(v->toks[i] = strndup(t.data, t.len))) {
-            snprintf(err, n_err, "out of memory");
+            err_set(err, n_err, "out of memory");
             goto done;
         }
         v->scores[i] = (float)gguf_arr_float(scores, (uint64_t)i);
@@ -499,26 +499,26 @@ static float *read_weights(const char *path, int64_t *n_out, char *err, size_t n
     FILE *fp = fopen(path, "rb");
     struct stat st;
     if (!fp || fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {
-        snprintf(err, n_err, "--weights %s: %s", path, !fp ? strerror(errno) : "not a regular file");
+        err_set(err, n_err, "--weights %s: %s", path, !fp ? strerror(errno) : "not a regular file");
         if (fp) fclose(fp);
         return NULL;
     }
     if (st.st_size <= 0 || st.st_size % 4 || (uint64_t)st.st_size > SIZE_MAX / 2) {
-        snprintf(err, n_err, "--weights %s: %lld bytes is not a whole number of f32 values", path,
-                 (long long)st.st_size);
+        err_set(err, n_err, "--weights %s: %lld bytes is not a whole number of f32 values", path,
+                (long long)st.st_size);
         fclose(fp);
         return NULL;
     }
     float *w = malloc((size_t)st.st_size);
     if (!w || fread(w, 1, (size_t)st.st_size, fp) != (size_t)st.st_size) {
-        snprintf(err, n_err, "--weights %s: %s", path, w ? "short read" : "out of memory");
+        err_set(err, n_err, "--weights %s: %s", path, w ? "short read" : "out of memory");
         free(w);
         w = NULL;
     }
     fclose(fp);
     for (int64_t i = 0; w && i < st.st_size / 4; i++)
         if (!isfinite(w[i])) {
-            snprintf(err, n_err, "--weights %s: value %lld is not finite", path, (long long)i);
+            err_set(err, n_err, "--weights %s: value %lld is not finite", path, (long long)i);
             free(w);
             w = NULL;
         }

@@ -16,6 +16,7 @@
  *   cli_run          the steps in order; then one prompt or run_chat
  */
 #include "cli/cli.h"
+#include "util/err.h"
 #include "util/sysmem.h"
 #include "util/textbuf.h"
 
@@ -190,14 +191,14 @@ static int parse_logit_bias(const char *v, int32_t *id, float *bias, char *err, 
     double b = strtod(mag, &end);
     if (end == mag || *end || (errno == ERANGE && isinf(b))) goto bad;
     if (isinf(b) && sign == '+')
-        return snprintf(err, err_size, "-l %s: +inf is not a bias (-inf bans a token)", v), -1;
+        return err_set(err, err_size, "-l %s: +inf is not a bias (-inf bans a token)", v);
     if (!isinf(b) && !isfinite((float)b))
-        return snprintf(err, err_size, "-l %s: the bias is too large for a float", v), -1;
+        return err_set(err, err_size, "-l %s: the bias is too large for a float", v);
     *id = (int32_t)t;
     *bias = sign == '-' ? -(float)b : (float)b;
     return 0;
 bad:
-    return snprintf(err, err_size, "-l '%s' must be TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf)", v), -1;
+    return err_set(err, err_size, "-l '%s' must be TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf)", v);
 }
 
 static int write_rows(FILE *f, const float *rows, size_t n_rows, int n_vocab)

@@ -2,6 +2,7 @@
  * cycle (src/server/ does the work). */
 #include "cli/cli.h"
 #include "server/server.h"
+#include "util/err.h"
 #include "util/paths.h"
 
 #include <errno.h>
@@ -101,7 +102,7 @@ static char *read_key(const char *path, char *err, size_t err_size)
     FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (!f) {
         if (fd >= 0) {
-            snprintf(err, err_size, "'%s': %s", path, strerror(errno));
+            err_set(err, err_size, "'%s': %s", path, strerror(errno));
             close(fd);
         }
         return NULL;
@@ -110,7 +111,7 @@ static char *read_key(const char *path, char *err, size_t err_size)
     char *line = fgets(buf, sizeof buf, f);
     fclose(f);
     buf[line ? strcspn(buf, "\r\n") : 0] = 0;
-    if (!buf[0]) snprintf(err, err_size, "'%s': no key on its first line", path);
+    if (!buf[0]) err_set(err, err_size, "'%s': no key on its first line", path);
     return buf[0] ? strdup(buf) : NULL;
 }
 
