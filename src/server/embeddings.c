@@ -8,6 +8,7 @@
  * the connection threads beside the scheduler's would make libgomp cut the
  * decode workers' spin at every barrier (cli_serve.c says more). */
 #include "server/srv_internal.h"
+#include "util/err.h"
 #include "util/json.h"
 
 #include <stdint.h>
@@ -20,7 +21,7 @@ enum { SRV_MAX_EMBED_INPUTS = 256 };
 
 static int bad(char *err, size_t n, const char *fmt, const char *what)
 {
-    snprintf(err, n, fmt, what);
+    err_set(err, n, fmt, what);
     return 400;
 }
 
@@ -35,19 +36,19 @@ static int tokenize_input(const srv_server *s, const json_value *v, size_t i, in
     if (v->n == 0) return bad(err, en, "%s is an empty string", what);
     const int max = s->cfg.max_prompt;
     if (v->n > (size_t)max * 64) { /* no token is 64 bytes: over the limit for sure */
-        snprintf(err, en, "input %zu of %zu bytes exceeds the limit of %d tokens", i, v->n, max);
+        err_set(err, en, "input %zu of %zu bytes exceeds the limit of %d tokens", i, v->n, max);
         return 400;
     }
     const int cnt = sparq_tokenize(s->model, v->u.str, (int)v->n, 1, NULL, 0);
     if (cnt > max) {
-        snprintf(err, en, "input %zu has %d tokens; the limit is %d", i, cnt, max);
+        err_set(err, en, "input %zu has %d tokens; the limit is %d", i, cnt, max);
         return 400;
     }
     *ids = cnt > 0 ? malloc((size_t)cnt * sizeof **ids) : NULL;
     if (!*ids || sparq_tokenize(s->model, v->u.str, (int)v->n, 1, *ids, cnt) != cnt) {
         free(*ids);
         *ids = NULL;
-        snprintf(err, en, "cannot tokenize input %zu", i);
+        err_set(err, en, "cannot tokenize input %zu", i);
         return 400;
     }
     *n = cnt;
@@ -93,8 +94,8 @@ static int check_fields(const json_value *o, int *norm, int *b64, char *err, siz
             snprintf(q, sizeof q, "%.*s", (int)(m->key_len < 60 ? m->key_len : 60), m->key);
             for (char *p = q; *p; p++)
                 if ((unsigned char)*p < 0x20) *p = '?';
-            snprintf(err, en, "%s '%s' on /v1/embeddings",
-                     !strcmp(q, "dimensions") ? "unsupported field" : "unknown field", q);
+            err_set(err, en, "%s '%s' on /v1/embeddings",
+                    !strcmp(q, "dimensions") ? "unsupported field" : "unknown field", q);
             return 400;
         }
     }
@@ -122,7 +123,7 @@ int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size
     *out = NULL;
     *out_len = 0;
     if (!s->cfg.embedding) {
-        snprintf(err, en, "This server does not support embeddings. Start it with `--embeddings`");
+        err_set(err, en, "This server does not support embeddings. Start it with `--embeddings`");
         return 501;
     }
     json_doc *d = json_parse(body ? body : "", body ? len : 0, 16, err, en);
@@ -142,7 +143,7 @@ int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size
         n_in = in->type == JSON_ARRAY ? (int)(json_len(in) < SRV_MAX_EMBED_INPUTS + 1 ? json_len(in) : SRV_MAX_EMBED_INPUTS + 1) : 1;
         if (in->type == JSON_ARRAY && n_in == 0) status = bad(err, en, "%s", "'input' is an empty array");
         else if (n_in > SRV_MAX_EMBED_INPUTS) {
-            snprintf(err, en, "'input' has more than %d strings; send several requests", SRV_MAX_EMBED_INPUTS);
+            err_set(err, en, "'input' has more than %d strings; send several requests", SRV_MAX_EMBED_INPUTS);
             status = 400;
         }
     }
@@ -150,7 +151,7 @@ int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size
         ids = calloc((size_t)n_in, sizeof *ids);
         n_ids = calloc((size_t)n_in, sizeof *n_ids);
         if (!ids || !n_ids) {
-            snprintf(err, en, "out of memory");
+            err_set(err, en, "out of memory");
             status = 500;
         }
     }
@@ -168,20 +169,20 @@ int srv_embeddings(srv_server *s, const char *body, size_t len, char **out, size
         cp.n_batch = s->cfg.n_batch;
         cp.kv_type = s->cfg.kv_type;
         if (!(vec = malloc((size_t)E * sizeof *vec)) || sparq_context_create(s->model, &cp, &c, err, en)) {
-            if (!vec) snprintf(err, en, "out of memory");
+            if (!vec) err_set(err, en, "out of memory");
             status = 500;
         }
     }
     FILE *f = NULL;
     if (!status && !(f = open_memstream(out, out_len))) {
-        snprintf(err, en, "out of memory");
+        err_set(err, en, "out of memory");
         status = 500;
     }
     if (!status) {
         fputs("{\"object\":\"list\",\"data\":[", f);
         for (int i = 0; i < n_in && !status; i++) {
             if (sparq_embed(c, ids[i], n_ids[i], s->cfg.pooling, norm, vec)) {
-                snprintf(err, en, "input %d: %s", i, sparq_context_error(c));
+                err_set(err, en, "input %d: %s", i, sparq_context_error(c));
                 status = 500;
                 break;
             }

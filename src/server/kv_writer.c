@@ -1,5 +1,6 @@
 /* kv_writer.c - the --kv-dir writer thread (kv_writer.h). */
 #include "server/kv_writer.h"
+#include "util/err.h"
 
 #include <limits.h>
 #include <unistd.h>
@@ -109,7 +110,7 @@ void kv_save_prefix(srv_server *s, kv_writer *w, const sparq_context *src, const
     cp.n_threads = 1;
     cp.kv_type = s->cfg.kv_type;
     j.ids = malloc((size_t)n * sizeof *ids);
-    if (!j.ids) snprintf(err, sizeof err, "out of memory for a prefix file's token ids");
+    if (!j.ids) err_set(err, sizeof err, "out of memory for a prefix file's token ids");
     if (!j.ids || sparq_context_create(s->model, &cp, &j.c, err, sizeof err) ||
         sparq_context_copy_prefix(j.c, src, n, err, sizeof err)) {
         fprintf(stderr, "serve: kv-dir: %s\n", err);

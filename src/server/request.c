@@ -11,6 +11,7 @@
 #include "server/request.h"
 #include "attn/attn_params.h"
 #include "core/grammar.h"
+#include "util/err.h"
 #include "util/json.h"
 #include "util/names.h"
 #include "util/utf8.h"
@@ -55,8 +56,7 @@ static int get_num(const json_value *o, const char *key, double lo, double hi, d
     const json_value *v = json_get(o, key);
     if (!v || v->type == JSON_NULL) return 0;
     if (v->type != JSON_NUMBER || !isfinite(v->u.number) || v->u.number < lo || v->u.number > hi) {
-        snprintf(err, n, "'%s' must be a number in [%g, %g]", key, lo, hi);
-        return -1;
+        return err_set(err, n, "'%s' must be a number in [%g, %g]", key, lo, hi);
     }
     *out = v->u.number;
     return 0;
@@ -67,8 +67,7 @@ static int get_int(const json_value *o, const char *key, double lo, double hi, i
     const json_value *v = json_get(o, key);
     if (!v || v->type == JSON_NULL) return 0;
     if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < lo || v->u.number > hi) {
-        snprintf(err, n, "'%s' must be an integer in [%.0f, %.0f]", key, lo, hi);
-        return -1;
+        return err_set(err, n, "'%s' must be an integer in [%.0f, %.0f]", key, lo, hi);
     }
     *out = (int64_t)v->u.number;
     return 0;
@@ -79,8 +78,7 @@ static int get_bool(const json_value *o, const char *key, int *out, char *err, s
     const json_value *v = json_get(o, key);
     if (!v || v->type == JSON_NULL) return 0;
     if (v->type != JSON_BOOL) {
-        snprintf(err, n, "'%s' must be true or false", key);
-        return -1;
+        return err_set(err, n, "'%s' must be true or false", key);
     }
     *out = v->u.boolean;
     return 0;
@@ -110,15 +108,13 @@ static int parse_logit_bias(const srv_parse_env *e, const json_value *b, srv_req
     if (!b || b->type == JSON_NULL) return 0;
     const int V = sparq_model_n_vocab(e->model);
     if (b->type != JSON_OBJECT || b->n > (size_t)V) {
-        snprintf(err, n, "'logit_bias' must be an object of at most %d \"token id\": bias members", V);
-        return -1;
+        return err_set(err, n, "'logit_bias' must be an object of at most %d \"token id\": bias members", V);
     }
     if (b->n == 0) return 0;
     r->bias_ids = malloc(b->n * sizeof *r->bias_ids);
     r->bias = malloc(b->n * sizeof *r->bias);
     if (!r->bias_ids || !r->bias) {
-        snprintf(err, n, "out of memory");
-        return -1;
+        return err_set(err, n, "out of memory");
     }
     for (size_t i = 0; i < b->n; i++) {
         const json_member *m = &b->u.members[i];
@@ -127,12 +123,10 @@ static int parse_logit_bias(const srv_parse_env *e, const json_value *b, srv_req
         const long id = m->key_len && m->key_len < 12 && m->key[0] >= '0' && m->key[0] <= '9'
                         ? strtol(m->key, &end, 10) : -1;
         if (id < 0 || errno || !end || end != m->key + m->key_len || id >= V) {
-            snprintf(err, n, "'logit_bias' keys must be token ids 0..%d written as decimal strings", V - 1);
-            return -1;
+            return err_set(err, n, "'logit_bias' keys must be token ids 0..%d written as decimal strings", V - 1);
         }
         if (m->value.type != JSON_NUMBER || !(m->value.u.number >= -100 && m->value.u.number <= 100)) {
-            snprintf(err, n, "'logit_bias' values must be numbers in [-100, 100]");
-            return -1;
+            return err_set(err, n, "'logit_bias' values must be numbers in [-100, 100]");
         }
         r->bias_ids[i] = (int32_t)id;
         r->bias[i] = (float)m->value.u.number;
@@ -142,8 +136,7 @@ static int parse_logit_bias(const srv_parse_env *e, const json_value *b, srv_req
      * +-100 however often it is written */
     int32_t *ord = malloc(b->n * sizeof *ord);
     if (!ord) {
-        snprintf(err, n, "out of memory");
-        return -1;
+        return err_set(err, n, "out of memory");
     }
     for (size_t i = 0; i < b->n; i++) ord[i] = (int32_t)i;
     qsort_r(ord, b->n, sizeof *ord, bias_cmp, r->bias_ids);
@@ -153,8 +146,7 @@ static int parse_logit_bias(const srv_parse_env *e, const json_value *b, srv_req
         free(ord);
         free(ids);
         free(val);
-        snprintf(err, n, "out of memory");
-        return -1;
+        return err_set(err, n, "out of memory");
     }
     int m = 0;
     for (size_t i = 0; i < b->n;) {
@@ -229,10 +221,10 @@ static int check_fields(const json_value *o, srv_endpoint ep, char *err, size_t 
         char q[300];
         quote(q, sizeof q, m->key, m->key_len, 64);
         if (key_in(m->key, m->key_len, unsupported))
-            snprintf(err, n, "%s is not supported%s%s", q,
-                     ep == SRV_EP_CHAT ? " on /v1/chat/completions" : ep == SRV_EP_COMPLETIONS ? " on /v1/completions" : "",
-                     hint);
-        else snprintf(err, n, "unknown field '%s'", q);
+            err_set(err, n, "%s is not supported%s%s", q,
+                    ep == SRV_EP_CHAT ? " on /v1/chat/completions" : ep == SRV_EP_COMPLETIONS ? " on /v1/completions" : "",
+                    hint);
+        else err_set(err, n, "unknown field '%s'", q);
         return -1;
     }
     return 0;
@@ -251,8 +243,7 @@ static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_reque
         fgetf(o, "repeat_penalty", 0.01, 100, &r->rep_pen, err, n))
         return -1;
     if (r->top_p <= 0) {
-        snprintf(err, n, "'top_p' must be in (0, 1]");
-        return -1;
+        return err_set(err, n, "'top_p' must be in (0, 1]");
     }
     int64_t top_k = 0, nn = 1, seed = -1;
     if (get_int(o, "top_k", 0, 1e9, &top_k, err, n) || get_int(o, "n", 1, SRV_MAX_N, &nn, err, n) ||
@@ -272,19 +263,16 @@ static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_reque
         const int arr = st->type == JSON_ARRAY;
         const size_t cnt = arr ? json_len(st) : 1;
         if ((!arr && st->type != JSON_STRING) || cnt > SRV_MAX_STOPS) {
-            snprintf(err, n, "'stop' must be a string or an array of at most %d strings", SRV_MAX_STOPS);
-            return -1;
+            return err_set(err, n, "'stop' must be a string or an array of at most %d strings", SRV_MAX_STOPS);
         }
         for (size_t i = 0; i < cnt; i++) {
             size_t len = 0;
             const char *sv = json_str(arr ? json_at(st, i) : st, &len);
             if (!sv || len == 0 || len > 256 || memchr(sv, 0, len)) {
-                snprintf(err, n, "'stop' strings must be 1 to 256 bytes");
-                return -1;
+                return err_set(err, n, "'stop' strings must be 1 to 256 bytes");
             }
             if (!(r->stops[r->n_stops] = strndup(sv, len))) {
-                snprintf(err, n, "out of memory");
-                return -1;
+                return err_set(err, n, "out of memory");
             }
             r->n_stops++;
         }
@@ -297,8 +285,7 @@ static int parse_sampling(const srv_parse_env *e, const json_value *o, srv_reque
         if (get_bool(o, "logprobs", &lp, err, n) || get_int(o, "top_logprobs", 0, SRV_MAX_TOP, &top, err, n))
             return -1;
         if (top > 0 && !lp) { /* alternatives without the tokens: OpenAI refuses it too */
-            snprintf(err, n, "'top_logprobs' needs \"logprobs\": true");
-            return -1;
+            return err_set(err, n, "'top_logprobs' needs \"logprobs\": true");
         }
         if (lp) r->logprobs = (int)top;
     } else {
@@ -318,8 +305,7 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
     const json_value *x = json_get(o, "sparq");
     if (!x || x->type == JSON_NULL) goto copy;
     if (x->type != JSON_OBJECT) {
-        snprintf(err, n, "'sparq' must be an object such as {\"attn\": \"sparq\", \"ratio\": \"1/8\"}");
-        return -1;
+        return err_set(err, n, "'sparq' must be an object such as {\"attn\": \"sparq\", \"ratio\": \"1/8\"}");
     }
     static const char *const str_keys[] = { "attn", "ratio", "select", "index", "schedule", "key_type", NULL };
     static const char *const int_keys[] = { "r", "k", "l", "attn_k", "n_sink", "topk_k", "ivf_nlist",
@@ -334,11 +320,10 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         for (int j = 0; int_keys[j]; j++) known |= !memchr(key, 0, key_len) && !strcmp(key, int_keys[j]);
         if (!known) {
             char q[300];
-            snprintf(err, n, "'sparq' has an unknown field '%s' (known: attn ratio r k l attn_k select "
-                             "no_realloc adaptive_k k_min n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef "
-                             "key_type prefix_id)",
-                     quote(q, sizeof q, key, key_len, 64));
-            return -1;
+            return err_set(err, n, "'sparq' has an unknown field '%s' (known: attn ratio r k l attn_k select "
+                                   "no_realloc adaptive_k k_min n_sink index topk_k schedule ivf_nlist ivf_nprobe hnsw_ef "
+                                   "key_type prefix_id)",
+                           quote(q, sizeof q, key, key_len, 64));
         }
     }
     /* the document's name: the prefix cache and --kv-dir find it by it */
@@ -347,9 +332,8 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         int ok = pid->type == JSON_STRING && pid->n >= 1 && pid->n <= SRV_MAX_PREFIX_ID;
         for (size_t i = 0; ok && i < pid->n; i++) ok = pid->u.str[i] >= 0x20 && pid->u.str[i] < 0x7f;
         if (!ok) {
-            snprintf(err, n, "'sparq.prefix_id' must be a string of 1 to %d printable ASCII characters",
-                     SRV_MAX_PREFIX_ID);
-            return -1;
+            return err_set(err, n, "'sparq.prefix_id' must be a string of 1 to %d printable ASCII characters",
+                           SRV_MAX_PREFIX_ID);
         }
         memcpy(r->prefix_id, pid->u.str, pid->n);
         r->prefix_id[pid->n] = 0;
@@ -366,8 +350,7 @@ static int parse_attn(const srv_parse_env *e, const json_value *o, srv_request *
         const json_value *v = json_get(x, str_keys[j]);
         if (!v || v->type == JSON_NULL) continue;
         if (v->type != JSON_STRING || v->n > 64 || has_control(v->u.str, v->n)) { /* quoted in messages below */
-            snprintf(err, n, "'sparq.%s' must be a short string of printable characters", str_keys[j]);
-            return -1;
+            return err_set(err, n, "'sparq.%s' must be a short string of printable characters", str_keys[j]);
         }
         *sdst[j] = v->u.str;
     }
@@ -395,8 +378,7 @@ copy:
     if (!known) {
         char names[256];
         names_join(names, sizeof names, " ", sparq_attn_policy_count(), sparq_attn_policy_name);
-        snprintf(err, n, "unknown attention policy '%.32s' (known: %s)", r->policy, names);
-        return -1;
+        return err_set(err, n, "unknown attention policy '%.32s' (known: %s)", r->policy, names);
     }
     return 0;
 }
@@ -406,20 +388,18 @@ static int parse_ids(const srv_parse_env *e, const json_value *a, int32_t **out,
 {
     const size_t cnt = json_len(a);
     if (cnt > (size_t)e->max_prompt) {
-        snprintf(err, n, "the prompt has %zu tokens; the limit is %d", cnt, e->max_prompt);
-        return -1;
+        return err_set(err, n, "the prompt has %zu tokens; the limit is %d", cnt, e->max_prompt);
     }
     int32_t *ids = malloc((cnt + 1) * sizeof *ids);
     if (!ids) {
-        snprintf(err, n, "out of memory");
-        return -1;
+        return err_set(err, n, "out of memory");
     }
     const int n_vocab = sparq_model_n_vocab(e->model);
     for (size_t i = 0; i < cnt; i++) {
         const json_value *v = json_at(a, i);
         if (v->type != JSON_NUMBER || v->u.number != floor(v->u.number) || v->u.number < 0 ||
             v->u.number >= n_vocab) {
-            snprintf(err, n, "token %zu is not an id in [0, %d)", i, n_vocab);
+            err_set(err, n, "token %zu is not an id in [0, %d)", i, n_vocab);
             free(ids);
             return -1;
         }
@@ -433,15 +413,13 @@ static int tokenize_text(const srv_parse_env *e, const char *text, size_t len, i
                          size_t n)
 {
     if (len > (size_t)e->max_prompt * 64) { /* no token is 64 bytes: over the limit for sure */
-        snprintf(err, n, "the prompt of %zu bytes exceeds the limit of %d tokens", len, e->max_prompt);
-        return -1;
+        return err_set(err, n, "the prompt of %zu bytes exceeds the limit of %d tokens", len, e->max_prompt);
     }
     int cnt = sparq_tokenize(e->model, text, (int)len, add_special, NULL, 0);
     int32_t *ids = cnt >= 0 ? malloc(((size_t)cnt + 1) * sizeof *ids) : NULL;
     if (!ids || sparq_tokenize(e->model, text, (int)len, add_special, ids, cnt) != cnt) {
         free(ids);
-        snprintf(err, n, "cannot tokenize the prompt");
-        return -1;
+        return err_set(err, n, "cannot tokenize the prompt");
     }
     *out = ids;
     return cnt;
@@ -453,8 +431,7 @@ static int parse_prompt(const srv_parse_env *e, const json_value *o, srv_request
     const json_value *p = json_get(o, "prompt");
     if (p && p->type == JSON_ARRAY && json_len(p) >= 1 && json_at(p, 0)->type != JSON_NUMBER) {
         if (json_len(p) > 1) {
-            snprintf(err, n, "'prompt' with several prompts is not supported: send one request each");
-            return -1;
+            return err_set(err, n, "'prompt' with several prompts is not supported: send one request each");
         }
         p = json_at(p, 0);
     }
@@ -463,8 +440,7 @@ static int parse_prompt(const srv_parse_env *e, const json_value *o, srv_request
     if (p && p->type == JSON_STRING) cnt = tokenize_text(e, p->u.str, p->n, r->doc < 0, &r->prompt, err, n);
     else if (p && p->type == JSON_ARRAY) cnt = parse_ids(e, p, &r->prompt, err, n);
     else {
-        snprintf(err, n, "'prompt' must be a string or an array of token ids");
-        return -1;
+        return err_set(err, n, "'prompt' must be a string or an array of token ids");
     }
     r->n_prompt = cnt;
     return cnt < 0 ? -1 : 0;
@@ -474,15 +450,14 @@ static int parse_messages(const srv_parse_env *e, const json_value *o, srv_reque
 {
     const json_value *ms = json_get(o, "messages");
     if (!ms || ms->type != JSON_ARRAY || json_len(ms) == 0 || json_len(ms) > 1024) {
-        snprintf(err, n, "'messages' must be a non-empty array of {role, content}");
-        return -1;
+        return err_set(err, n, "'messages' must be a non-empty array of {role, content}");
     }
     const size_t cnt = json_len(ms);
     sparq_chat_msg *msgs = calloc(cnt, sizeof *msgs);
     char **owned = calloc(cnt, sizeof *owned);
     int rc = -1;
     if (!msgs || !owned) {
-        snprintf(err, n, "out of memory");
+        err_set(err, n, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < cnt; i++) {
@@ -495,18 +470,18 @@ static int parse_messages(const srv_parse_env *e, const json_value *o, srv_reque
             if (f->value.type == JSON_NULL || key_in(f->key, f->key_len, (const char *const[]){ "role", "content", NULL }))
                 continue;
             char q[300];
-            snprintf(err, n, "messages[%zu].%s is not supported", i, quote(q, sizeof q, f->key, f->key_len, 64));
+            err_set(err, n, "messages[%zu].%s is not supported", i, quote(q, sizeof q, f->key, f->key_len, 64));
             goto done;
         }
         if (!role || has_control(role, rl) || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
                       strcmp(role, "developer"))) {
-            snprintf(err, n, "messages[%zu].role must be system, user or assistant", i);
+            err_set(err, n, "messages[%zu].role must be system, user or assistant", i);
             goto done;
         }
         msgs[i].role = strcmp(role, "developer") ? role : "system";
         if (c && c->type == JSON_STRING) {
             if (memchr(c->u.str, 0, c->n)) {
-                snprintf(err, n, "messages[%zu].content holds a NUL character", i);
+                err_set(err, n, "messages[%zu].content holds a NUL character", i);
                 goto done;
             }
             msgs[i].content = c->u.str;
@@ -519,13 +494,13 @@ static int parse_messages(const srv_parse_env *e, const json_value *o, srv_reque
                 const json_value *part = json_at(c, j);
                 const int extra = part->type == JSON_OBJECT && part->n != 2;
                 if (!type || strcmp(type, "text") || !tx || memchr(tx, 0, tl) || extra) {
-                    snprintf(err, n, "messages[%zu].content parts must be {\"type\": \"text\", \"text\": ...}", i);
+                    err_set(err, n, "messages[%zu].content parts must be {\"type\": \"text\", \"text\": ...}", i);
                     free(t.data);
                     goto done;
                 }
                 if (text_append(&t, tx, tl)) {
                     free(t.data);
-                    snprintf(err, n, "out of memory");
+                    err_set(err, n, "out of memory");
                     goto done;
                 }
             }
@@ -533,21 +508,21 @@ static int parse_messages(const srv_parse_env *e, const json_value *o, srv_reque
             msgs[i].content = owned[i];
             if (!owned[i]) goto done;
         } else {
-            snprintf(err, n, "messages[%zu].content must be a string or an array of text parts", i);
+            err_set(err, n, "messages[%zu].content must be a string or an array of text parts", i);
             goto done;
         }
     }
     size_t total = 0;
     for (size_t i = 0; i < cnt; i++) total += strlen(msgs[i].content);
     if (total > (size_t)e->max_prompt * 64) {
-        snprintf(err, n, "the messages (%zu bytes) exceed the limit of %d tokens", total, e->max_prompt);
+        err_set(err, n, "the messages (%zu bytes) exceed the limit of %d tokens", total, e->max_prompt);
         goto done;
     }
     int k = sparq_chat_tokenize(e->model, e->chat_template, msgs, (int)cnt, 1, NULL, 0, err, n);
     if (k < 0) goto done;
     if (!(r->prompt = malloc(((size_t)k + 1) * sizeof *r->prompt)) ||
         sparq_chat_tokenize(e->model, e->chat_template, msgs, (int)cnt, 1, r->prompt, k, err, n) != k) {
-        snprintf(err, n, "cannot tokenize the messages");
+        err_set(err, n, "cannot tokenize the messages");
         goto done;
     }
     r->n_prompt = k;
@@ -563,8 +538,7 @@ done:
  * start of a conversation a chat template could render. */
 static int doc_not_chat(const srv_parse_env *e, const srv_request *r, char *err, size_t n)
 {
-    snprintf(err, n, "the document '%s' (--load-kv) is continued through /v1/completions, not chat", e->docs[r->doc].id);
-    return -1;
+    return err_set(err, n, "the document '%s' (--load-kv) is continued through /v1/completions, not chat", e->docs[r->doc].id);
 }
 
 /* Structured output: llama-server's "grammar" (GBNF text) and
@@ -585,14 +559,12 @@ static int parse_grammar(const json_value *o, srv_request *r, char *err, size_t 
     if (rf) {
         const json_value *t = json_get(rf, "type");
         if (rf->type != JSON_OBJECT || !t || t->type != JSON_STRING) {
-            snprintf(err, n, "'response_format' must be an object with a string 'type'");
-            return -1;
+            return err_set(err, n, "'response_format' must be an object with a string 'type'");
         }
         for (size_t i = 0; i < rf->n; i++)
             if (!key_in(rf->u.members[i].key, rf->u.members[i].key_len,
                         (const char *const[]){ "type", "json_schema", "schema", NULL })) {
-                snprintf(err, n, "'response_format' has an unknown field '%.40s'", rf->u.members[i].key);
-                return -1;
+                return err_set(err, n, "'response_format' has an unknown field '%.40s'", rf->u.members[i].key);
             }
         if (!strcmp(t->u.str, "text")) rf = NULL;
         else if (!strcmp(t->u.str, "json_object")) {
@@ -602,50 +574,42 @@ static int parse_grammar(const json_value *o, srv_request *r, char *err, size_t 
             const json_value *w = json_get(rf, "json_schema");
             schema = w && w->type == JSON_OBJECT ? json_get(w, "schema") : NULL;
             if (!schema) {
-                snprintf(err, n, "'response_format' json_schema needs {\"json_schema\": {\"schema\": {...}}}");
-                return -1;
+                return err_set(err, n, "'response_format' json_schema needs {\"json_schema\": {\"schema\": {...}}}");
             }
             for (size_t i = 0; i < w->n; i++)
                 if (!key_in(w->u.members[i].key, w->u.members[i].key_len,
                             (const char *const[]){ "schema", "name", "strict", "description", NULL })) {
-                    snprintf(err, n, "'response_format.json_schema' has an unknown field '%.40s'", w->u.members[i].key);
-                    return -1;
+                    return err_set(err, n, "'response_format.json_schema' has an unknown field '%.40s'", w->u.members[i].key);
                 }
         } else {
-            snprintf(err, n, "'response_format' type '%.32s' is not one of text, json_object, json_schema", t->u.str);
-            return -1;
+            return err_set(err, n, "'response_format' type '%.32s' is not one of text, json_object, json_schema", t->u.str);
         }
     }
     if ((gr != NULL) + (js != NULL) + (rf != NULL) > 1) {
-        snprintf(err, n, "give at most one of 'grammar', 'json_schema' and 'response_format'");
-        return -1;
+        return err_set(err, n, "give at most one of 'grammar', 'json_schema' and 'response_format'");
     }
     if (js) schema = js;
     char gerr[256] = "";
     if (gr) {
         if (gr->type != JSON_STRING || strlen(gr->u.str) != gr->n) {
-            snprintf(err, n, "'grammar' must be a string of GBNF rules");
-            return -1;
+            return err_set(err, n, "'grammar' must be a string of GBNF rules");
         }
         if (!(r->gbnf = strdup(gr->u.str))) {
-            snprintf(err, n, "out of memory");
-            return -1;
+            return err_set(err, n, "out of memory");
         }
     } else if (schema || json_mode) {
         static const char any_object[] = "{\"type\":\"object\"}";
         if (schema) r->gbnf = json_schema_value_to_gbnf(schema, gerr, sizeof gerr);
         else r->gbnf = json_schema_to_gbnf(any_object, sizeof any_object - 1, gerr, sizeof gerr);
         if (!r->gbnf) {
-            snprintf(err, n, "%s", gerr);
-            return -1;
+            return err_set(err, n, "%s", gerr);
         }
     } else {
         return 0;
     }
     r->grammar = sparq_grammar_parse(r->gbnf, gerr, sizeof gerr);
     if (!r->grammar) {
-        snprintf(err, n, "%s", gerr);
-        return -1;
+        return err_set(err, n, "%s", gerr);
     }
     return 0;
 }
@@ -656,13 +620,13 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
     r->doc = -1;
     int64_t max_tokens = chat ? -1 : 16;
     if (o->type != JSON_OBJECT) {
-        snprintf(err, n, "the body must be a JSON object");
+        err_set(err, n, "the body must be a JSON object");
         return SRV_PARSE_INVALID;
     }
     if (check_fields(o, chat ? SRV_EP_CHAT : SRV_EP_COMPLETIONS, err, n)) return SRV_PARSE_INVALID;
     const json_value *model = json_get(o, "model");
     if (model && model->type != JSON_STRING && model->type != JSON_NULL) {
-        snprintf(err, n, "'model' must be a string");
+        err_set(err, n, "'model' must be a string");
         return SRV_PARSE_INVALID;
     }
     if (parse_sampling(e, o, r, chat, err, n) || parse_attn(e, o, r, err, n) || parse_grammar(o, r, err, n) ||
@@ -672,22 +636,22 @@ static int parse_generate(const srv_parse_env *e, const json_value *o, int chat,
         (chat ? parse_messages(e, o, r, err, n) : parse_prompt(e, o, r, err, n)))
         return SRV_PARSE_INVALID;
     if (r->n_prompt == 0) {
-        snprintf(err, n, "the prompt is empty");
+        err_set(err, n, "the prompt is empty");
         return SRV_PARSE_INVALID;
     }
     /* after a --load-kv document, what is left of its file's capacity */
     const int64_t room = r->doc >= 0 ? e->docs[r->doc].n_ctx - e->docs[r->doc].n_pos : e->n_ctx;
     if (r->n_prompt > e->max_prompt || r->n_prompt >= room) {
-        snprintf(err, n, "the prompt has %d tokens; the limit is %d (context %lld%s)", r->n_prompt,
-                 e->max_prompt < room - 1 ? e->max_prompt : (int)(room - 1), (long long)room,
-                 r->doc >= 0 ? " after the document" : "");
+        err_set(err, n, "the prompt has %d tokens; the limit is %d (context %lld%s)", r->n_prompt,
+                e->max_prompt < room - 1 ? e->max_prompt : (int)(room - 1), (long long)room,
+                r->doc >= 0 ? " after the document" : "");
         return SRV_PARSE_TOO_LONG;
     }
     const int n_vocab = sparq_model_n_vocab(e->model);
     /* each of the n choices echoes the prompt with its own log-probabilities */
     if (r->echo && r->logprobs >= 0 && (double)r->n_prompt * n_vocab * 4 * r->n > 512.0 * 1024 * 1024) {
-        snprintf(err, n, "echo with logprobs is limited to %d prompt tokens (over all n choices)",
-                 (int)(512.0 * 1024 * 1024 / 4 / n_vocab / r->n));
+        err_set(err, n, "echo with logprobs is limited to %d prompt tokens (over all n choices)",
+                (int)(512.0 * 1024 * 1024 / 4 / n_vocab / r->n));
         return SRV_PARSE_INVALID;
     }
     if (max_tokens < 0 || max_tokens > room - r->n_prompt) max_tokens = room - r->n_prompt;
@@ -701,7 +665,7 @@ static int parse_tokens(const srv_parse_env *e, const json_value *o, int detok, 
 {
     int cnt = -1;
     if (o->type != JSON_OBJECT) {
-        snprintf(err, n, detok ? "'tokens' must be an array of token ids" : "'content' must be a string");
+        err_set(err, n, detok ? "'tokens' must be an array of token ids" : "'content' must be a string");
         return SRV_PARSE_INVALID;
     }
     if (check_fields(o, detok ? SRV_EP_DETOKENIZE : SRV_EP_TOKENIZE, err, n)) return SRV_PARSE_INVALID;
@@ -709,11 +673,11 @@ static int parse_tokens(const srv_parse_env *e, const json_value *o, int detok, 
         size_t tl = 0;
         const char *text = json_get_str(o, "content", &tl);
         int add = 0;
-        if (!text) snprintf(err, n, "'content' must be a string");
+        if (!text) err_set(err, n, "'content' must be a string");
         else if (!get_bool(o, "add_special", &add, err, n)) cnt = tokenize_text(e, text, tl, add, &r->prompt, err, n);
     } else {
         const json_value *t = json_get(o, "tokens");
-        if (!t || t->type != JSON_ARRAY) snprintf(err, n, "'tokens' must be an array of token ids");
+        if (!t || t->type != JSON_ARRAY) err_set(err, n, "'tokens' must be an array of token ids");
         else cnt = parse_ids(e, t, &r->prompt, err, n);
     }
     if (cnt < 0) return SRV_PARSE_INVALID;
@@ -734,8 +698,8 @@ int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *bod
     const int drc = json_find_duplicate(o, &dup);
     if (drc) {
         char q[300];
-        if (drc > 0) snprintf(err, err_size, "duplicate key \"%s\"", quote(q, sizeof q, dup->key, dup->key_len, 64));
-        else snprintf(err, err_size, "out of memory");
+        if (drc > 0) err_set(err, err_size, "duplicate key \"%s\"", quote(q, sizeof q, dup->key, dup->key_len, 64));
+        else err_set(err, err_size, "out of memory");
         json_free(d);
         return SRV_PARSE_INVALID;
     }
@@ -746,7 +710,7 @@ int srv_parse_request(const srv_parse_env *env, srv_endpoint ep, const char *bod
     case SRV_EP_TOKENIZE: rc = parse_tokens(env, o, 0, r, err, err_size); break;
     case SRV_EP_DETOKENIZE: rc = parse_tokens(env, o, 1, r, err, err_size); break;
     default:
-        snprintf(err, err_size, "unknown endpoint %d", (int)ep);
+        err_set(err, err_size, "unknown endpoint %d", (int)ep);
         rc = SRV_PARSE_INVALID;
     }
     json_free(d); /* the request owns copies of what it keeps */

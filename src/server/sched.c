@@ -26,6 +26,7 @@
 #include "server/kv_writer.h"
 #include "server/prefix_cache.h"
 #include "server/seq.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -114,8 +115,8 @@ static void slot_action_exec(srv_server *s, slot *sl, srv_slot_action *a, int *s
         struct stat st;
         if (!sl->kept || sl->n_kept <= 0) {
             *status = 400;
-            snprintf(err, err_size, "slot %d holds no cache to save (no request has run there since it was "
-                     "erased or the server started)", a->slot);
+            err_set(err, err_size, "slot %d holds no cache to save (no request has run there since it was "
+                    "erased or the server started)", a->slot);
         } else if (sparq_context_save_kv(sl->kept, a->path, NULL, sl->kept_ids, sl->n_kept, err, err_size)) {
             *status = 500;
         } else {

@@ -1,5 +1,6 @@
 /* seq.c - a request's sequence in a scheduler slot (seq.h). */
 #include "server/seq.h"
+#include "util/err.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -281,8 +282,7 @@ int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     if (r->echo && r->logprobs >= 0)
         sl->prompt_logits = malloc((size_t)r->n_prompt * V * sizeof(float));
     if (!sl->smp || !sl->logits || (r->echo && r->logprobs >= 0 && !sl->prompt_logits)) {
-        snprintf(err, err_size, "out of memory for a new sequence");
-        return -1;
+        return err_set(err, err_size, "out of memory for a new sequence");
     }
     streamer_init(&sl->st, (const char *const *)r->stops, r->n_stops, 0);
     sl->keepable = s->cfg.slot_save_path && r->doc < 0;

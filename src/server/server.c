@@ -15,6 +15,7 @@
  */
 #include "server/request.h"
 #include "server/webui.h"
+#include "util/err.h"
 #include "util/json.h"
 
 #include <errno.h>
@@ -529,8 +530,8 @@ static enum MHD_Result handle_generate(conn *k, int chat)
     /* every choice is a sequence of its own: n beyond what the server can
      * hold at once could never be admitted */
     if (r->n > s->cfg.parallel + s->cfg.queue) {
-        snprintf(err, sizeof err, "'n' is %d; this server holds at most %d sequences (--parallel + --queue)", r->n,
-                 s->cfg.parallel + s->cfg.queue);
+        err_set(err, sizeof err, "'n' is %d; this server holds at most %d sequences (--parallel + --queue)", r->n,
+                s->cfg.parallel + s->cfg.queue);
         goto bad;
     }
     r->deadline = srv_now() + s->cfg.timeout;
@@ -540,7 +541,7 @@ static enum MHD_Result handle_generate(conn *k, int chat)
          * temperature 0 all equal it) */
         if (!(rs[i] = srv_request_clone(r, r->seed + (uint64_t)i))) {
             for (int j = 1; j < i; j++) srv_request_release(rs[j]);
-            snprintf(err, sizeof err, "out of memory");
+            err_set(err, sizeof err, "out of memory");
             status = 500;
             code = NULL;
             goto bad;
@@ -1193,7 +1194,7 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
 {
     srv_server *s = calloc(1, sizeof *s);
     if (!s) {
-        snprintf(err, err_size, "serve: out of memory");
+        err_set(err, err_size, "serve: out of memory");
         return NULL;
     }
     s->model = m;
@@ -1211,13 +1212,13 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
     pthread_cond_init(&s->wake_watchdog, NULL);
     s->slot_pub = calloc((size_t)(cfg->parallel > 0 ? cfg->parallel : 1), sizeof *s->slot_pub);
     if (!s->slot_pub || pthread_create(&s->sched, NULL, srv_sched_main, s) != 0) {
-        snprintf(err, err_size, "serve: cannot start the scheduler thread");
+        err_set(err, err_size, "serve: cannot start the scheduler thread");
         srv_stop(s, 0);
         return NULL;
     }
     s->sched_started = 1;
     if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
-        snprintf(err, err_size, "serve: cannot start the watchdog thread");
+        err_set(err, err_size, "serve: cannot start the watchdog thread");
         srv_stop(s, 0);
         return NULL;
     }
@@ -1227,7 +1228,7 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)cfg->port);
     if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1) {
-        snprintf(err, err_size, "serve: --host '%s' is not an IPv4 address", cfg->host);
+        err_set(err, err_size, "serve: --host '%s' is not an IPv4 address", cfg->host);
         srv_stop(s, 0);
         return NULL;
     }
@@ -1245,7 +1246,7 @@ srv_server *srv_start(sparq_model *m, const srv_config *cfg, char *err, size_t e
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024,
                                  MHD_OPTION_END);
     if (!s->daemon) {
-        snprintf(err, err_size, "serve: cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
+        err_set(err, err_size, "serve: cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
         srv_stop(s, 0);
         return NULL;
     }

@@ -22,6 +22,7 @@
 #include "server/srv_internal.h"
 #include "core/model.h"
 #include "io/kvfile.h"
+#include "util/err.h"
 #include "util/json.h"
 
 #include <errno.h>
@@ -95,18 +96,18 @@ char *srv_slots_json(srv_server *s, size_t *len)
 static int name_ok(const char *name, size_t n, char *err, size_t err_size)
 {
     if (n == 0 || n > 255) {
-        snprintf(err, err_size, "\"filename\" must have 1 to 255 bytes, not %zu", n);
+        err_set(err, err_size, "\"filename\" must have 1 to 255 bytes, not %zu", n);
         return 0;
     }
     for (size_t i = 0; i < n; i++) {
         const unsigned char c = (unsigned char)name[i];
         if (c == '/' || c == '\\' || c < 0x20 || c == 0x7f) {
-            snprintf(err, err_size, "\"filename\" must be a plain file name: no '/', '\\\\' or control characters");
+            err_set(err, err_size, "\"filename\" must be a plain file name: no '/', '\\\\' or control characters");
             return 0;
         }
     }
     if (strstr(name, "..") || !strcmp(name, ".")) {
-        snprintf(err, err_size, "\"filename\" must be a plain file name: no \"..\"");
+        err_set(err, err_size, "\"filename\" must be a plain file name: no \"..\"");
         return 0;
     }
     return 1;
@@ -172,22 +173,22 @@ int srv_slot_request(srv_server *s, const char *id, const char *action, const ch
     for (int k = 0; action && k < 3; k++)
         if (!strcmp(action, kinds[k])) kind = k;
     if (kind < 0) {
-        snprintf(err, err_size, "?action= must be save, restore or erase");
+        err_set(err, err_size, "?action= must be save, restore or erase");
         return 400;
     }
     const int slot = slot_id(s, id);
     if (slot < 0) {
-        snprintf(err, err_size, "no slot '%.40s': slots are 0 to %d", id ? id : "", s->cfg.parallel - 1);
+        err_set(err, err_size, "no slot '%.40s': slots are 0 to %d", id ? id : "", s->cfg.parallel - 1);
         return 400;
     }
     if (kind != SLOT_ERASE && !s->cfg.slot_save_path) {
         *code = "not_supported";
-        snprintf(err, err_size, "this server does not save slots: start it with --slot-save-path DIR");
+        err_set(err, err_size, "this server does not save slots: start it with --slot-save-path DIR");
         return 501;
     }
     srv_slot_action *a = calloc(1, sizeof *a);
     if (!a) {
-        snprintf(err, err_size, "out of memory");
+        err_set(err, err_size, "out of memory");
         return 500;
     }
     a->kind = kind;
@@ -201,10 +202,10 @@ int srv_slot_request(srv_server *s, const char *id, const char *action, const ch
         const char *str = json_str(fn, &n);
         int ok = d != NULL;
         if (ok && root->type != JSON_OBJECT) {
-            snprintf(err, err_size, "the body must be a JSON object {\"filename\": NAME}");
+            err_set(err, err_size, "the body must be a JSON object {\"filename\": NAME}");
             ok = 0;
         } else if (ok && !str) {
-            snprintf(err, err_size, fn ? "\"filename\" must be a string" : "\"filename\" is required");
+            err_set(err, err_size, fn ? "\"filename\" must be a string" : "\"filename\" is required");
             ok = 0;
         } else if (ok) {
             ok = name_ok(str, n, err, err_size); /* a NUL inside is a control byte */
@@ -224,7 +225,7 @@ int srv_slot_request(srv_server *s, const char *id, const char *action, const ch
     const double ms = (srv_now() - t0) * 1e3;
     const int status = a->status;
     if (status != 200) {
-        snprintf(err, err_size, "%s", a->error);
+        err_set(err, err_size, "%s", a->error);
         *code = status == 404 ? "file_not_found" : status == 503 ? "shutting_down" : status == 504 ? "timeout"
                 : status >= 500 ? "slot_file_error" : "invalid_request";
         free(a);
@@ -234,7 +235,7 @@ int srv_slot_request(srv_server *s, const char *id, const char *action, const ch
     FILE *f = open_memstream(&buf, out_len);
     if (!f) {
         free(a);
-        snprintf(err, err_size, "out of memory");
+        err_set(err, err_size, "out of memory");
         return 500;
     }
     fprintf(f, "{\"id_slot\":%d,", slot);
@@ -253,7 +254,7 @@ int srv_slot_request(srv_server *s, const char *id, const char *action, const ch
     free(a);
     if (fclose(f)) {
         free(buf);
-        snprintf(err, err_size, "out of memory");
+        err_set(err, err_size, "out of memory");
         return 500;
     }
     *out = buf;
@@ -274,12 +275,12 @@ sparq_context *srv_slot_load(srv_server *s, const char *path, int32_t **ids, int
     struct stat st;
     if (lstat(path, &st) != 0) {
         *status = errno == ENOENT ? 404 : 400;
-        snprintf(err, err_size, "no slot file '%s'%s%s", name, errno == ENOENT ? "" : ": ",
-                 errno == ENOENT ? "" : strerror(errno));
+        err_set(err, err_size, "no slot file '%s'%s%s", name, errno == ENOENT ? "" : ": ",
+                errno == ENOENT ? "" : strerror(errno));
         return NULL;
     }
     if (!S_ISREG(st.st_mode)) {
-        snprintf(err, err_size, "'%s' is not a regular file", name);
+        err_set(err, err_size, "'%s' is not a regular file", name);
         return NULL;
     }
     kvf_fingerprint fp;
@@ -287,13 +288,13 @@ sparq_context *srv_slot_load(srv_server *s, const char *path, int32_t **ids, int
     kvf_file *kf = NULL;
     char msg[256];
     if (kvf_open(path, &fp, KVF_VERIFY_ALWAYS, &kf, msg, sizeof msg)) {
-        snprintf(err, err_size, "'%s' is no KV file of this model: %s", name, msg);
+        err_set(err, err_size, "'%s' is no KV file of this model: %s", name, msg);
         return NULL;
     }
     const int64_t nt = kf->n_tokens;
     if (nt <= 0 || nt > s->cfg.n_ctx || !kf->tokens) {
-        snprintf(err, err_size, "'%s' holds %s (the context is %lld)", name,
-                 nt <= 0 || !kf->tokens ? "no token ids" : "more positions than a slot's context", (long long)s->cfg.n_ctx);
+        err_set(err, err_size, "'%s' holds %s (the context is %lld)", name,
+                nt <= 0 || !kf->tokens ? "no token ids" : "more positions than a slot's context", (long long)s->cfg.n_ctx);
         kvf_close(kf);
         return NULL;
     }
@@ -302,7 +303,7 @@ sparq_context *srv_slot_load(srv_server *s, const char *path, int32_t **ids, int
     kvf_close(kf);
     if (!*ids) {
         *status = 500;
-        snprintf(err, err_size, "out of memory");
+        err_set(err, err_size, "out of memory");
         return NULL;
     }
     /* mapped, then copied into memory: the slot keeps no mapping of a file
@@ -324,7 +325,7 @@ sparq_context *srv_slot_load(srv_server *s, const char *path, int32_t **ids, int
     }
     sparq_context_free(f);
     if (!c) {
-        snprintf(err, err_size, "cannot restore '%s': %s", name, msg);
+        err_set(err, err_size, "cannot restore '%s': %s", name, msg);
         free(*ids);
         *ids = NULL;
         return NULL;
