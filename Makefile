@@ -37,7 +37,7 @@ ARCH    ?=
 OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?=
-CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -Wall -Wextra -Wno-unused-parameter \
+CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -Wall -Wextra \
            -Wshadow -Wstrict-prototypes -fopenmp -Iinclude -Isrc
 LDLIBS  += $(SAN) -lm -fopenmp
 BUILD   ?= build

@@ -674,6 +674,7 @@ static int tangle_seen[N_TANGLES];
 
 static void tangle_violation(const char *dir, const char *stems, const char *circle, void *user)
 {
+    (void)user; /* a circle reporter: the known tangles need no context */
     for (int k = 0; k < N_TANGLES; k++)
         if (!strcmp(known_tangles[k].dir, dir) && !strcmp(known_tangles[k].stems, stems)) {
             tangle_seen[k] = 1;
