@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#ifdef SPARQ_HAVE_FAISS
+
 /* Section offsets: keys, levels, offsets, neighbours; -1 on overflow. */
 static int hnsw_layout(int64_t n, int d, int64_t n_nb, size_t off[4], size_t *total)
 {
@@ -28,9 +30,6 @@ static int hnsw_layout(int64_t n, int d, int64_t n_nb, size_t off[4], size_t *to
         return -1;
     return idx_image_end(end, total);
 }
-
-#ifdef SPARQ_HAVE_FAISS
-
 
 static int hnsw_build(const idx_params *p, const float *keys, int64_t N, int d, idx_index *ix,
                    char *err, size_t err_size)
@@ -168,7 +167,7 @@ static int hnsw_serialize(const idx_index *ix, uint8_t *dst, size_t n, char *err
 static int hnsw_load(idx_index *ix, const idx_header *h, const uint8_t *src, size_t n, char *err,
                      size_t err_size)
 {
-    (void)ix; (void)h; (void)src; (void)n; (void)hnsw_layout;
+    (void)ix; (void)h; (void)src; (void)n;
     return err_set(err, err_size, NO_FAISS);
 }
 
