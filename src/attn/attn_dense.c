@@ -27,17 +27,15 @@ static int dense_attend(void *state, const sparq_attn_params *p, const attn_step
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_scratch *scratch = step->scratch;
-    attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
     (void)state; (void)p;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;
-    attn_dense_group(&v, q, g, out, scratch->f);
-    if (counts) {
-        counts->read += attn_meter_total(&m);
-        counts->written += 2 * (int64_t)kv->d;
+    attn_dense_group(&v, q, g, out, step->scratch->f);
+    if (step->counts) {
+        step->counts->read += attn_meter_total(&m);
+        step->counts->written += 2 * (int64_t)kv->d;
     }
     if (tr) {
         if (tr->sel)
@@ -63,16 +61,14 @@ static int dense_attend_part(void *state, const sparq_attn_params *p, const attn
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_scratch *scratch = step->scratch;
-    attn_counts *counts = step->counts;
     (void)state; (void)p;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;
-    attn_dense_part(&v, q, g, part, out, lse, scratch->f);
-    if (counts) {
-        counts->read += attn_meter_total(&m);
-        if (part == 0) counts->written += 2 * (int64_t)kv->d; /* once per step */
+    attn_dense_part(&v, q, g, part, out, lse, step->scratch->f);
+    if (step->counts) {
+        step->counts->read += attn_meter_total(&m);
+        if (part == 0) step->counts->written += 2 * (int64_t)kv->d; /* once per step */
     }
     return 0;
 }

@@ -156,27 +156,23 @@ static int cmp_i32(const void *a, const void *b)
 
 static int h2o_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
-    int layer = step->layer;
-    int kv_head = step->kv_head;
     const attn_kv_view *kv = step->kv;
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_scratch *scratch = step->scratch;
-    attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
     const int64_t S = kv->S, d = kv->d;
-    h2o_scratch s = h2o_layout(scratch->f, scratch->i, p, S, g);
-    float *row = h2o_row(state, layer, kv_head, S);
+    h2o_scratch s = h2o_layout(step->scratch->f, step->scratch->i, p, S, g);
+    float *row = h2o_row(state, step->layer, step->kv_head, S);
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view mv = *kv;
     mv.meter = &m;
     kv = &mv;
     if (!row) { /* no state for this head (cannot happen via the model) */
-        attn_dense_group(kv, q, g, out, scratch->f);
-        if (counts) {
-            counts->read += attn_meter_total(&m);
-            counts->written += 2 * d;
+        attn_dense_group(kv, q, g, out, step->scratch->f);
+        if (step->counts) {
+            step->counts->read += attn_meter_total(&m);
+            step->counts->written += 2 * d;
         }
         if (tr) tr->n_sel = 0;
         return 0;
@@ -233,9 +229,9 @@ static int h2o_attend(void *state, const sparq_attn_params *p, const attn_step *
     }
     const int64_t score_writes = i; /* kept entries updated above, the rest evicted here */
 
-    if (counts) {
-        counts->read += attn_meter_total(&m) + score_reads;
-        counts->written += 2 * d + score_writes;
+    if (step->counts) {
+        step->counts->read += attn_meter_total(&m) + score_reads;
+        step->counts->written += 2 * d + score_writes;
     }
     return 0;
 }

@@ -331,13 +331,11 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_scratch *scratch = step->scratch;
-    attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
     (void)state;
     const int64_t S = kv->S;
     const int d = kv->d, r = p->r;
-    sparq_scratch s = sparq_layout(scratch->f, scratch->i, p, S, d, g);
+    sparq_scratch s = sparq_layout(step->scratch->f, step->scratch->i, p, S, d, g);
     attn_counts cnt = { 0, 0 };
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view mv = *kv; /* every read below is measured into m */
@@ -421,9 +419,9 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
     }
 done:
     cnt.read = attn_meter_total(&m);
-    if (counts) {
-        counts->read += cnt.read;
-        counts->written += cnt.written;
+    if (step->counts) {
+        step->counts->read += cnt.read;
+        step->counts->written += cnt.written;
     }
     return 0;
 }

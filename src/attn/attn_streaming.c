@@ -39,12 +39,10 @@ static int streaming_attend(void *state, const sparq_attn_params *p, const attn_
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_scratch *scratch = step->scratch;
-    attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
     (void)state;
     const int64_t S = kv->S, k = p->k < S ? p->k : S;
-    int32_t *sel = scratch->i;
+    int32_t *sel = step->scratch->i;
     if (k == S) {
         for (int64_t i = 0; i < S; i++) sel[i] = (int32_t)i;
     } else {
@@ -55,10 +53,10 @@ static int streaming_attend(void *state, const sparq_attn_params *p, const attn_
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;
-    attn_gather_group(&v, q, g, sel, k, out, scratch->f);
-    if (counts) { /* measured by the kernels */
-        counts->read += attn_meter_total(&m);
-        counts->written += 2 * (int64_t)kv->d;
+    attn_gather_group(&v, q, g, sel, k, out, step->scratch->f);
+    if (step->counts) { /* measured by the kernels */
+        step->counts->read += attn_meter_total(&m);
+        step->counts->written += 2 * (int64_t)kv->d;
     }
     if (tr) {
         if (tr->sel)

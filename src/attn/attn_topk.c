@@ -902,14 +902,12 @@ static int topk_attend(void *state, const sparq_attn_params *p, const attn_step 
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_scratch *scratch = step->scratch;
-    attn_counts *counts = step->counts;
     attn_trace *tr = step->trace;
     topk_state *st = state;
     topk_head *hd = head_of(st, layer, kv_head);
     const int64_t S = kv->S;
     const int d = kv->d;
-    if (prepare(st, hd, p, layer, kv_head, kv)) return attn_fail(scratch, "%s", hd->err);
+    if (prepare(st, hd, p, layer, kv_head, kv)) return attn_fail(step->scratch, "%s", hd->err);
     const int k = st->k_layer[layer];
     attn_counts cnt = { 0, 0 };
     attn_meter m = { 0, 0, 0, 0 };
@@ -917,11 +915,11 @@ static int topk_attend(void *state, const sparq_attn_params *p, const attn_step 
     mv.meter = &m;
     int64_t idx_elems = -1;
     int exact = 0;
-    topk_scratch s = topk_layout(scratch->f, scratch->i, k_bound(p), S, d, g);
+    topk_scratch s = topk_layout(step->scratch->f, step->scratch->i, k_bound(p), S, d, g);
     if (hd->P > 0 && k < hd->P) {
         char err[192];
         idx_elems = select_ids(st, hd, p, kv, q, g, k, &s, &exact, err, sizeof err);
-        if (idx_elems < 0) return attn_fail(scratch, "topk: layer %d head %d: %s", layer, kv_head, err);
+        if (idx_elems < 0) return attn_fail(step->scratch, "topk: layer %d head %d: %s", layer, kv_head, err);
     }
     if (idx_elems < 0) { /* k >= P: every position, as dense */
         attn_dense_group(&mv, q, g, out, s.lg);
@@ -939,9 +937,9 @@ static int topk_attend(void *state, const sparq_attn_params *p, const attn_step 
         if (p->topk_check) check_recall(hd, &plain, q, g, k, &s);
         trace_sparse(tr, &s, hd->P, S, g, k);
     }
-    if (counts) {
-        counts->read += cnt.read;
-        counts->written += cnt.written;
+    if (step->counts) {
+        step->counts->read += cnt.read;
+        step->counts->written += cnt.written;
     }
     return 0;
 }
