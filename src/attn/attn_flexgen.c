@@ -33,12 +33,11 @@ static int flexgen_attend(void *state, const sparq_attn_params *p, const attn_st
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_trace *tr = step->trace;
     (void)state;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;
-    attn_exact_topk_group(&v, q, g, p->k, 0, out, step->scratch, tr);
+    attn_exact_topk_group(&v, q, g, p->k, 0, out, step->scratch, step->trace);
     if (step->counts) { /* measured by the kernels: K of every row, V of the kept */
         step->counts->read += attn_meter_total(&m);
         step->counts->written += 2 * (int64_t)kv->d;

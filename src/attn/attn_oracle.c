@@ -33,7 +33,6 @@ static int oracle_attend(void *state, const sparq_attn_params *p, const attn_ste
     const float *q = step->q;
     int g = step->g;
     float *out = step->out;
-    attn_trace *tr = step->trace;
     (void)state;
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
@@ -42,8 +41,8 @@ static int oracle_attend(void *state, const sparq_attn_params *p, const attn_ste
      * an identity to the last bit rather than to f32 rounding of the
      * renormalised selection. select_always takes the selecting path
      * anyway, so a test can hold that path to dense. */
-    if (p->k >= kv->S && !tr && !p->select_always) attn_dense_group(&v, q, g, out, step->scratch->f);
-    else attn_exact_topk_group(&v, q, g, p->k, 1, out, step->scratch, tr);
+    if (p->k >= kv->S && !step->trace && !p->select_always) attn_dense_group(&v, q, g, out, step->scratch->f);
+    else attn_exact_topk_group(&v, q, g, p->k, 1, out, step->scratch, step->trace);
     if (step->counts) { /* measured by the kernels */
         step->counts->read += attn_meter_total(&m);
         step->counts->written += 2 * (int64_t)kv->d;
