@@ -7,10 +7,11 @@
  *
  *   sparq_attn_params p = sparq_attn_default_params();
  *   p.policy = "sparq"; p.r = 32; p.k = 128; p.l = 0;
- *   sparq_attn_run(&p, SPARQ_KV_F32, q, K, NULL, V, NULL, S, d, g,
- *                  out, sel, &n_sel, i1, alpha, &elements, err, sizeof err);
+ *   sparq_attn_io io = { .kv_type = SPARQ_KV_F32, .S = S, .d = d, .g = g,
+ *                        .q = q, .K = K, .V = V, .out = out };
+ *   if (sparq_attn_run(&p, &io, err, sizeof err)) ...;   (then io.elements)
  *
- * Layouts (C row-major, last index fastest):
+ * The arrays of sparq_attn_io (C row-major, last index fastest):
  *   q      [g][d]   the group's queries (RoPE applied, not scaled)
  *   K, V   [S][d]   keys and values of positions 0..S-1; S-1 is the current token
  *   KT     [d][S]   K transposed, or NULL (then computed from K)
@@ -26,8 +27,9 @@
  * f16 kernels, as a context with an f16 cache does.
  *
  * A stateful policy (h2o) starts from a fresh state: all scores zero.
- * *elements = elements of cache traffic the step counted (reads + writes),
- * which equals sparq_attn_formula() for the same arguments.
+ * The call sets io->n_sel (positions in sel) and io->elements (elements of
+ * cache traffic the step counted, reads + writes), which equals
+ * sparq_attn_formula() for the same arguments.
  * Returns 0, or -1 with a one-line message in err[err_size].
  */
 #ifndef SPARQ_ATTN_PUBLIC_H
@@ -41,10 +43,22 @@
 extern "C" {
 #endif
 
-SPARQ_API int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, const float *K,
-                   const float *KT, const float *V, const float *v_mean, int64_t S, int d, int g,
-                   float *out, int32_t *sel, int64_t *n_sel, int32_t *i1, float *alpha,
-                   int64_t *elements, char *err, size_t err_size);
+/* One KV head's step: its shape, the arrays it reads and the room it writes
+ * (layouts above). Plain pointers and integers, so ctypes can fill it. */
+typedef struct sparq_attn_io {
+    int kv_type;        /* SPARQ_KV_F32 or SPARQ_KV_F16 */
+    int d, g;           /* head size, query heads of the KV head */
+    int64_t S;          /* positions, the current one included */
+    const float *q, *K, *KT, *V, *v_mean; /* KT and v_mean may be NULL */
+    float *out;
+    int32_t *sel;       /* may be NULL */
+    int32_t *i1;        /* may be NULL */
+    float *alpha;       /* may be NULL */
+    int64_t n_sel;      /* set by the call */
+    int64_t elements;   /* set by the call */
+} sparq_attn_io;
+
+SPARQ_API int sparq_attn_run(const sparq_attn_params *p, sparq_attn_io *io, char *err, size_t err_size);
 
 /* The policy's transfer formula (docs/ALGORITHMS.md) (elements per step and KV head)
  * after filling p's defaults for head size d; -1 (and err) if p is invalid. */

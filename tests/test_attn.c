@@ -1003,9 +1003,12 @@ static void run_policy(const case_data *c, const sparq_attn_params *p, run_out *
     o->sel = malloc((size_t)c->S * sizeof *o->sel);
     o->i1 = malloc((size_t)c->d * sizeof *o->i1);
     o->err[0] = 0;
-    o->rc = sparq_attn_run(p, c->elem == KV_F16 ? SPARQ_KV_F16 : SPARQ_KV_F32, c->q, c->K, NULL,
-                           c->V, NULL, c->S, c->d, c->g, o->y, o->sel, &o->n_sel, o->i1, o->alpha,
-                           &o->elements, o->err, sizeof o->err);
+    sparq_attn_io io = { .kv_type = c->elem == KV_F16 ? SPARQ_KV_F16 : SPARQ_KV_F32, .S = c->S,
+                         .d = c->d, .g = c->g, .q = c->q, .K = c->K, .V = c->V, .out = o->y,
+                         .sel = o->sel, .i1 = o->i1, .alpha = o->alpha };
+    o->rc = sparq_attn_run(p, &io, o->err, sizeof o->err);
+    o->n_sel = io.n_sel;
+    o->elements = io.elements;
 }
 
 static void run_free(run_out *o) { free(o->y); free(o->alpha); free(o->sel); free(o->i1); }
@@ -1385,11 +1388,14 @@ static void golden_sparq(const char *dir, const char *js, int *n_ok)
         for (long b = 0; b < B; b++)
             for (long h = 0; h < H; h++) {
                 const long bh = b * H + h, Se = strcmp(mt, "suffix") == 0 ? vl[b] : S;
-                int64_t n_sel = 0, el = 0;
+                int64_t n_sel = 0;
                 char err[256] = "";
-                int rc = sparq_attn_run(&p, SPARQ_KV_F32, Q + bh * g * d, K + bh * S * d, NULL,
-                                        V + bh * S * d, Vm + bh * d, Se, (int)d, (int)g, out, sel,
-                                        &n_sel, i1, alpha, &el, err, sizeof err);
+                sparq_attn_io io = { .kv_type = SPARQ_KV_F32, .S = Se, .d = (int)d, .g = (int)g,
+                                     .q = Q + bh * g * d, .K = K + bh * S * d, .V = V + bh * S * d,
+                                     .v_mean = Vm + bh * d, .out = out, .sel = sel, .i1 = i1,
+                                     .alpha = alpha };
+                int rc = sparq_attn_run(&p, &io, err, sizeof err);
+                n_sel = io.n_sel;
                 if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
                 for (long t = 0; t < g * d; t++)
                     if (!close_rel(out[t], Y[bh * g * d + t])) {
@@ -1460,9 +1466,11 @@ static void golden_topk(const char *dir, const char *js, int *n_ok)
                 const long bh = b * H + h, Se = strcmp(mt, "suffix") == 0 ? vl[b] : S;
                 int64_t n_sel = 0;
                 char err[256] = "";
-                int rc = sparq_attn_run(&p, SPARQ_KV_F32, Q + bh * g * d, K + bh * S * d, NULL,
-                                        V + bh * S * d, NULL, Se, (int)d, (int)g, out, sel, &n_sel,
-                                        NULL, mass, NULL, err, sizeof err);
+                sparq_attn_io io = { .kv_type = SPARQ_KV_F32, .S = Se, .d = (int)d, .g = (int)g,
+                                     .q = Q + bh * g * d, .K = K + bh * S * d, .V = V + bh * S * d,
+                                     .out = out, .sel = sel, .alpha = mass };
+                int rc = sparq_attn_run(&p, &io, err, sizeof err);
+                n_sel = io.n_sel;
                 if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
                 for (long t = 0; t < g * d; t++)
                     if (!close_rel(out[t], Y[bh * g * d + t])) {
@@ -1527,9 +1535,10 @@ static void golden_dense(const char *dir, const char *js, int *n_ok)
                     if (prefix) { /* a prefix 0..n-1: the dense policy on S = n */
                         sparq_attn_params p = params("dense", 0, 0, -1);
                         char err[256] = "";
-                        int rc = sparq_attn_run(&p, SPARQ_KV_F32, q, K + bh * S * d, NULL,
-                                                V + bh * S * d, NULL, n, (int)d, (int)g, out, NULL,
-                                                NULL, NULL, NULL, NULL, err, sizeof err);
+                        sparq_attn_io io = { .kv_type = SPARQ_KV_F32, .S = n, .d = (int)d,
+                                             .g = (int)g, .q = q, .K = K + bh * S * d,
+                                             .V = V + bh * S * d, .out = out };
+                        int rc = sparq_attn_run(&p, &io, err, sizeof err);
                         if (rc) { CHECK(0, "%s: %s", dir, err); ok = 0; continue; }
                     } else { /* any other mask: gathered attention over the kept rows */
                         attn_kv_view kv = { S, (int)d, KV_F32, K + bh * S * d, V + bh * S * d,
@@ -1821,13 +1830,16 @@ static void test_invalid(void)
     float q[8] = { 0 }, K[8] = { 0 }, out[8];
     char e2[256] = "";
     sparq_attn_params pd = params("dense", 0, 0, -1);
-    CHECK(sparq_attn_run(&pd, SPARQ_KV_F32, q, K, NULL, K, NULL, 0, 8, 1, out, NULL, NULL, NULL,
-                         NULL, NULL, e2, sizeof e2) == -1 && strstr(e2, "S=0"), "S=0: '%s'", e2);
-    CHECK(sparq_attn_run(&pd, 7, q, K, NULL, K, NULL, 1, 8, 1, out, NULL, NULL, NULL, NULL, NULL,
-                         e2, sizeof e2) == -1 && strstr(e2, "kv_type"),
-          "kv_type: '%s'", e2);
-    CHECK(sparq_attn_run(&pd, SPARQ_KV_F32, NULL, K, NULL, K, NULL, 1, 8, 1, out, NULL, NULL, NULL,
-                         NULL, NULL, e2, sizeof e2) == -1, "NULL q rejected");
+    sparq_attn_io io = { .kv_type = SPARQ_KV_F32, .S = 0, .d = 8, .g = 1, .q = q, .K = K, .V = K,
+                         .out = out };
+    CHECK(sparq_attn_run(&pd, &io, e2, sizeof e2) == -1 && strstr(e2, "S=0"), "S=0: '%s'", e2);
+    io.S = 1;
+    io.kv_type = 7;
+    CHECK(sparq_attn_run(&pd, &io, e2, sizeof e2) == -1 && strstr(e2, "kv_type"), "kv_type: '%s'", e2);
+    io.kv_type = SPARQ_KV_F32;
+    io.q = NULL;
+    CHECK(sparq_attn_run(&pd, &io, e2, sizeof e2) == -1, "NULL q rejected");
+    CHECK(sparq_attn_run(&pd, NULL, e2, sizeof e2) == -1 && strstr(e2, "io"), "NULL io: '%s'", e2);
 }
 
 /* Long dense steps in parts (attn.h): attn_dense_group over S >= 2 ATTN_PART

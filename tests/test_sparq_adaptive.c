@@ -334,8 +334,12 @@ static int run_step(const sparq_attn_params *p, int f16, const float *q, const f
                     int d, int g, float *out, int32_t *sel, int64_t *n_sel, float *alpha, int64_t *elements,
                     char *err, size_t err_size)
 {
-    return sparq_attn_run(p, f16 ? SPARQ_KV_F16 : SPARQ_KV_F32, q, K, NULL, V, NULL, S, d, g, out, sel, n_sel,
-                          NULL, alpha, elements, err, err_size);
+    sparq_attn_io io = { .kv_type = f16 ? SPARQ_KV_F16 : SPARQ_KV_F32, .S = S, .d = d, .g = g, .q = q,
+                         .K = K, .V = V, .out = out, .sel = sel, .alpha = alpha };
+    int rc = sparq_attn_run(p, &io, err, err_size);
+    if (n_sel) *n_sel = io.n_sel;
+    if (elements) *elements = io.elements;
+    return rc;
 }
 
 static sparq_attn_params adaptive_params(int r, int k, int l, int k_min)

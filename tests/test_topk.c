@@ -535,16 +535,20 @@ static void test_attn_run(void)
     char err[256];
     int64_t e1 = 0, e2 = 0;
     p.policy = "dense";
-    CHECK(sparq_attn_run(&p, SPARQ_KV_F16, q, K, NULL, V, NULL, SS, D, GG, o1, NULL, NULL, NULL, NULL, &e1,
-                         err, sizeof err) == 0, "%s", err);
+    sparq_attn_io io1 = { .kv_type = SPARQ_KV_F16, .S = SS, .d = D, .g = GG, .q = q, .K = K, .V = V,
+                          .out = o1 };
+    sparq_attn_io io2 = io1;
+    io2.out = o2;
+    CHECK(sparq_attn_run(&p, &io1, err, sizeof err) == 0, "%s", err);
+    e1 = io1.elements;
     p.policy = "topk";
     p.k = SS;
-    CHECK(sparq_attn_run(&p, SPARQ_KV_F16, q, K, NULL, V, NULL, SS, D, GG, o2, NULL, NULL, NULL, NULL, &e2,
-                         err, sizeof err) == 0, "%s", err);
+    CHECK(sparq_attn_run(&p, &io2, err, sizeof err) == 0, "%s", err);
+    e2 = io2.elements;
     CHECK(memcmp(o1, o2, sizeof o1) == 0 && e1 == e2, "topk k >= S through sparq_attn_run = dense");
     p.k = 20;
-    CHECK(sparq_attn_run(&p, SPARQ_KV_F16, q, K, NULL, V, NULL, SS, D, GG, o2, NULL, NULL, NULL, NULL, &e2,
-                         err, sizeof err) == 0, "%s", err);
+    CHECK(sparq_attn_run(&p, &io2, err, sizeof err) == 0, "%s", err);
+    e2 = io2.elements;
     CHECK(e2 == sparq_attn_formula(&p, SS, D, GG, err, sizeof err), "sparq_attn_run count = formula");
     p.index = "nope";
     CHECK(sparq_attn_formula(&p, SS, D, GG, err, sizeof err) == -1 && strstr(err, "unknown index"),

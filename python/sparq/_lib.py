@@ -40,6 +40,16 @@ class sparq_attn_params(ctypes.Structure):
     ]
 
 
+class sparq_attn_io(ctypes.Structure):
+    """One KV head's step for sparq_attn_run (include/sparq_attn.h)."""
+    _fields_ = [
+        ("kv_type", c_int), ("d", c_int), ("g", c_int), ("S", c_int64),
+        ("q", P(c_float)), ("K", P(c_float)), ("KT", P(c_float)), ("V", P(c_float)),
+        ("v_mean", P(c_float)), ("out", P(c_float)), ("sel", P(c_int32)), ("i1", P(c_int32)),
+        ("alpha", P(c_float)), ("n_sel", c_int64), ("elements", c_int64),
+    ]
+
+
 class sparq_model_params(ctypes.Structure):
     _fields_ = [("use_mmap", c_int), ("no_repack", c_int)]
 
@@ -79,8 +89,8 @@ class sparq_sampler_params(ctypes.Structure):
                 ("frequency_penalty", c_float), ("penalty_last_n", c_int)]
 
 
-MIRRORS = [sparq_attn_params, sparq_model_params, sparq_chat_msg, sparq_prefill_params, sparq_context_params,
-           sparq_attn_stats, sparq_sampler_params]
+MIRRORS = [sparq_attn_params, sparq_attn_io, sparq_model_params, sparq_chat_msg, sparq_prefill_params,
+           sparq_context_params, sparq_attn_stats, sparq_sampler_params]
 
 # name: (restype, argtypes)
 PROTOTYPES = {
@@ -133,9 +143,7 @@ PROTOTYPES = {
     "sparq_sample": (c_int32, [c_void_p, P(c_float)]),
     "sparq_sampler_accept": (None, [c_void_p, c_int32]),
     "sparq_sampler_set_logit_bias": (c_int, [c_void_p, P(c_int32), P(c_float), c_int, c_char_p, c_size_t]),
-    "sparq_attn_run": (c_int, [P(sparq_attn_params), c_int, P(c_float), P(c_float), P(c_float), P(c_float),
-                               P(c_float), c_int64, c_int, c_int, P(c_float), P(c_int32), P(c_int64),
-                               P(c_int32), P(c_float), P(c_int64), c_char_p, c_size_t]),
+    "sparq_attn_run": (c_int, [P(sparq_attn_params), P(sparq_attn_io), c_char_p, c_size_t]),
     "sparq_attn_formula": (c_int64, [P(sparq_attn_params), c_int64, c_int, c_int, c_char_p, c_size_t]),
     "sparq_abi_sizeof": (c_size_t, [c_char_p]),
     "sparq_abi_offsetof": (c_int64, [c_char_p, c_char_p]),

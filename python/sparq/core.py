@@ -642,17 +642,19 @@ def attn_run(attn, q, K, V, S, d, g=1, KT=None, v_mean=None, kv_type="f32"):
     sel = (ctypes.c_int32 * S)()
     i1 = (ctypes.c_int32 * d)()
     alpha = (ctypes.c_float * g)()
-    n_sel, elements = ctypes.c_int64(), ctypes.c_int64()
+    fp, ip = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
+    io = L.sparq_attn_io(kv_type=KV_TYPES[kv_type], d=d, g=g, S=S, q=qp, K=Kp, KT=KTp, V=Vp, v_mean=vmp,
+                         out=ctypes.cast(out, fp), sel=ctypes.cast(sel, ip), i1=ctypes.cast(i1, ip),
+                         alpha=ctypes.cast(alpha, fp))
     err = ctypes.create_string_buffer(ERR_SIZE)
-    rc = lb.sparq_attn_run(ctypes.byref(cp), KV_TYPES[kv_type], qp, Kp, KTp, Vp, vmp, S, d, g, out, sel,
-                           ctypes.byref(n_sel), i1, alpha, ctypes.byref(elements), err, ERR_SIZE)
+    rc = lb.sparq_attn_run(ctypes.byref(cp), ctypes.byref(io), err, ERR_SIZE)
     if rc != 0:
         raise SparqError(err.value.decode("utf-8", "replace") or "sparq_attn_run failed")
     formula = lb.sparq_attn_formula(ctypes.byref(cp), S, d, g, err, ERR_SIZE)
     r = ap.values["r"]
-    return {"out": _floats_out(out, (g, d)), "sel": sorted(sel[:n_sel.value]),
+    return {"out": _floats_out(out, (g, d)), "sel": sorted(sel[:io.n_sel]),
             "i1": list(i1[:r]) if ap.policy == "sparq" and r > 0 else [],
-            "alpha": _floats_out(alpha), "elements": elements.value, "formula_elements": formula}
+            "alpha": _floats_out(alpha), "elements": io.elements, "formula_elements": formula}
 
 
 # ---- GGUF metadata ---------------------------------------------------------

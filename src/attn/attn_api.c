@@ -82,11 +82,15 @@ static float stored_value(const void *base, size_t at, int f16)
     return f16 ? fp16_to_fp32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
 }
 
-int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, const float *K,
-                   const float *KT, const float *V, const float *v_mean, int64_t S, int d, int g,
-                   float *out, int32_t *sel, int64_t *n_sel, int32_t *i1, float *alpha,
-                   int64_t *elements, char *err, size_t err_size)
+int sparq_attn_run(const sparq_attn_params *p, sparq_attn_io *io, char *err, size_t err_size)
 {
+    if (!io) return err_set(err, err_size, "attn_run: io is required");
+    const int kv_type = io->kv_type, d = io->d, g = io->g;
+    const int64_t S = io->S;
+    const float *q = io->q, *K = io->K, *KT = io->KT, *V = io->V, *v_mean = io->v_mean;
+    float *out = io->out;
+    io->n_sel = 0;
+    io->elements = 0;
     if (!q || !K || !V || !out) {
         return err_set(err, err_size, "attn_run: q, K, V and out are required");
     }
@@ -165,11 +169,11 @@ int sparq_attn_run(const sparq_attn_params *p, int kv_type, const float *q, cons
         err_set(err, err_size, "attn_run: %s: %s", pol->name, step_err[0] ? step_err : "failed");
         goto done;
     }
-    if (sel) memcpy(sel, sel_buf, (size_t)tr.n_sel * sizeof *sel);
-    if (n_sel) *n_sel = tr.n_sel;
-    if (i1) memcpy(i1, i1_buf, (size_t)tr.n_i1 * sizeof *i1);
-    if (alpha) memcpy(alpha, alpha_buf, (size_t)g * sizeof *alpha);
-    if (elements) *elements = cnt.read + cnt.written;
+    if (io->sel) memcpy(io->sel, sel_buf, (size_t)tr.n_sel * sizeof *io->sel);
+    io->n_sel = tr.n_sel;
+    if (io->i1) memcpy(io->i1, i1_buf, (size_t)tr.n_i1 * sizeof *io->i1);
+    if (io->alpha) memcpy(io->alpha, alpha_buf, (size_t)g * sizeof *io->alpha);
+    io->elements = cnt.read + cnt.written;
     rc = 0;
 done:
     if (state && pol->state_free) pol->state_free(state);

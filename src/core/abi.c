@@ -3,6 +3,7 @@
  * against these at import, so a field added in C without the Python twin
  * fails loudly instead of corrupting memory). */
 #include "sparq.h"
+#include "sparq_attn.h"
 #include "util/cpu.h"
 
 #include <stddef.h>
@@ -37,6 +38,23 @@ static const abi_entry abi_table[] = {
     ABI_OFF(sparq_attn_params, select_always),
     ABI_OFF(sparq_attn_params, adaptive_k),
     ABI_OFF(sparq_attn_params, k_min),
+
+    ABI_SIZE(sparq_attn_io),
+    ABI_OFF(sparq_attn_io, kv_type),
+    ABI_OFF(sparq_attn_io, d),
+    ABI_OFF(sparq_attn_io, g),
+    ABI_OFF(sparq_attn_io, S),
+    ABI_OFF(sparq_attn_io, q),
+    ABI_OFF(sparq_attn_io, K),
+    ABI_OFF(sparq_attn_io, KT),
+    ABI_OFF(sparq_attn_io, V),
+    ABI_OFF(sparq_attn_io, v_mean),
+    ABI_OFF(sparq_attn_io, out),
+    ABI_OFF(sparq_attn_io, sel),
+    ABI_OFF(sparq_attn_io, i1),
+    ABI_OFF(sparq_attn_io, alpha),
+    ABI_OFF(sparq_attn_io, n_sel),
+    ABI_OFF(sparq_attn_io, elements),
 
     ABI_SIZE(sparq_model_params),
     ABI_OFF(sparq_model_params, use_mmap),
@@ -107,6 +125,7 @@ static const abi_entry *abi_find(const char *type, const char *field)
     _Static_assert(sizeof(T) - (offsetof(T, F) + sizeof(((T *)0)->F)) < _Alignof(T), \
                    #T " has a field after " #F ": add it to abi_table and to python/sparq/_lib.py")
 ABI_LAST(sparq_attn_params, k_min);
+ABI_LAST(sparq_attn_io, elements);
 ABI_LAST(sparq_model_params, no_repack);
 ABI_LAST(sparq_chat_msg, content);
 ABI_LAST(sparq_context_params, prefill);
