@@ -100,10 +100,7 @@ static mod_graph mods;
  * allowed for now. An entry whose edge is gone is a failure (delete it), so
  * the list only shrinks; any other circle fails. */
 static const struct { const char *from, *to, *why; } known_edges[] = {
-    { "server/srv_internal", "server/server",
-      "srv_internal.h (the server's shared state) builds on server.h, which includes "
-      "docs.h, and server.c includes request.h, both built on srv_internal.h: allowed "
-      "until the shared state has a header of its own below server.h" },
+    { "", "", "" }, /* none today (a placeholder: C has no empty array) */
 };
 enum { N_KNOWN = sizeof known_edges / sizeof known_edges[0] };
 static int known_seen[N_KNOWN];
@@ -813,7 +810,7 @@ int main(void)
     if (rc) return test_summary("test_layers");
     CHECK(n_violations == 0, "%d layering violations in %s", n_violations, src);
     for (int k = 0; k < N_KNOWN; k++)
-        CHECK(known_seen[k], "known circle edge %s -> %s is gone: delete it from known_edges",
+        CHECK(!known_edges[k].from[0] || known_seen[k], "known circle edge %s -> %s is gone: delete it from known_edges",
               known_edges[k].from, known_edges[k].to);
     CHECK(n_dirs >= 8 && n_files >= 50, "only %d layer folders and %d files found", n_dirs,
           n_files);

@@ -8,6 +8,7 @@
  *   parse_ids / tokenize_text / parse_prompt / parse_messages   the prompt as token ids
  *   srv_parse_request                          the body, per endpoint, with the limits
  */
+#include "server/docs.h"
 #include "server/request.h"
 #include "attn/attn_params.h"
 #include "core/grammar.h"

@@ -1,5 +1,6 @@
 /* seq.c - a request's sequence in a scheduler slot (seq.h). */
 #include "server/seq.h"
+#include "server/docs.h"
 #include "util/err.h"
 
 #include <math.h>

@@ -13,6 +13,7 @@
  *   handle_slots / _action    GET /slots, POST /slots/ID?action= (slots.c)
  *   on_request                routing
  */
+#include "server/server.h"
 #include "server/request.h"
 #include "server/webui.h"
 #include "util/err.h"

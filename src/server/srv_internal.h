@@ -5,11 +5,14 @@
 #ifndef SPARQ_SRV_INTERNAL_H
 #define SPARQ_SRV_INTERNAL_H
 
-#include "server/server.h"
+#include "server/srv_config.h"
 #include "server/srv_clock.h"
 #include "util/textbuf.h"
 
 #include <pthread.h>
+#include <signal.h>
+
+typedef struct srv_server srv_server;
 
 enum { SRV_MAX_STOPS = 8, SRV_MAX_TOP = 20, SRV_MAX_POLICIES = 32, SRV_MAX_PREFIX_ID = 128 };
 /* choices per request ("n"): each is a sequence of its own */
