@@ -10,7 +10,7 @@
  *      the largest sum_h s_hat_h (or, with select_logits, summed logits).
  *   4. y'_h = exact softmax attention over sel (2*k*d elements read).
  *   5. alpha_h = sum_{sel} s_hat_h;  y_h = alpha_h y'_h + (1 - alpha_h) v_sum/S
- *      (no_realloc: alpha = 1); computed as 1 - the mass left out
+ *      (no_realloc: alpha = 1); exactly 1 when all are selected
  *      (sparq_alpha says why).
  * With k >= S every position is selected and alpha is exactly 1, so the
  * step is plain dense attention (and is run and counted as such; through
@@ -241,23 +241,23 @@ static void mean_value(const attn_kv_view *kv, float *vmean)
     if (kv->meter) kv->meter->v += read;
 }
 
-/* alpha_h = sum over the selection of s_hat_h, computed as 1 - (the mass
- * left out). Both are the same number in exact arithmetic (s_hat_h sums to
- * 1), but in float the sum over the selection is 1 only up to its rounding
- * (k additions: |alpha - 1| up to ~1e-6 with every position selected), and
- * that error mixes (1 - alpha) v_mean into the output and scales y' by
- * alpha. The complement is exactly 1 when nothing is left out, so a step
- * that selects every position (k >= S through the selecting path) is dense
- * attention bit for bit, and for k < S it is the more accurate of the two:
- * the mass left out is small when SparQ works, and is summed (in double)
- * with a small relative error. Why bits matter: the next layer's matrix
- * products round their input to the weights' dot type (f16, q8_0), so an
- * ulp of difference here can flip a rounding there and, fed back through
- * the cache for 50 steps, grew to 2e-3..1.5e-2 in tiny-d64's logits.
- * Clamped at 0: the rounding of a near-total left-out mass may exceed 1. */
-static float sparq_alpha(double left)
+/* alpha_h = sum over the selection of s_hat_h, summed in double over the
+ * selected positions (k terms: the step reads only those), and exactly 1
+ * when every position is selected. In exact arithmetic the full sum is 1
+ * (s_hat_h is a softmax); in float it is 1 only up to its rounding (|alpha
+ * - 1| up to ~1e-6), and that error mixes (1 - alpha) v_mean into the
+ * output and scales y' by alpha, so a step that selects every position
+ * (k >= S through the selecting path) would not be dense attention bit for
+ * bit. Why bits matter: the next layer's matrix products round their input
+ * to the weights' dot type (f16, q8_0), so an ulp here can flip a rounding
+ * there and, fed back through the cache for 50 steps, grew to 2e-3..1.5e-2
+ * in tiny-d64's logits. (Summing the complement, the mass left out, is
+ * exact too but costs S terms per head instead of k, which at 32k made
+ * the SparQ step measurably slower.)
+ * Clamped at 1: rounding may carry a near-total sum past it. */
+static float sparq_alpha(double selected)
 {
-    return left < 1 ? (float)(1.0 - left) : 0.0f;
+    return selected < 1 ? (float)selected : 1.0f;
 }
 
 /* adaptive_k's steps 3-4 and alpha (see the top of the file): s->e and
@@ -305,15 +305,20 @@ static int64_t adaptive_attend(const attn_kv_view *kv, const sparq_attn_params *
         for (int64_t j = 0; j < s->kh[h] - l; j++) kp[s->mark[s->hsel[off + j]]] = 1;
         off += s->kh[h] - l;
     }
-    /* alpha_h: 1 minus the mass of the positions head h left out (why the
-     * complement: see sparq_alpha) */
+    /* alpha_h: the approximate mass of head h's own selection (the window
+     * and its k_h - l by score; sparq_alpha), exactly 1 when it holds all */
+    off = 0;
     for (int h = 0; h < g; h++) {
         const float *eh = s->e + h * S, *sc = s->scale + h * nb;
-        const int32_t *kp = s->keep + (size_t)h * u;
-        double left = 0;
-        for (int64_t i = 0; i < S; i++)
-            if (s->mark[i] < 0 || !kp[s->mark[i]]) left += sc[i / ATTN_EXP_BLOCK] * eh[i];
-        s->alpha[h] = sparq_alpha(left);
+        const int64_t kh = s->kh[h];
+        double a = 0;
+        for (int64_t i = S - l; kh < S && i < S; i++) a += (double)sc[i / ATTN_EXP_BLOCK] * eh[i];
+        for (int64_t j = 0; kh < S && j < kh - l; j++) {
+            const int32_t i = s->hsel[off + j];
+            a += (double)sc[i / ATTN_EXP_BLOCK] * eh[i];
+        }
+        off += kh - l;
+        s->alpha[h] = kh >= S ? 1.0f : sparq_alpha(a);
     }
     /* 4. each row of the union read once for the group; a head's softmax
      * covers its own selection (the others' scores are -inf: weight 0) */
@@ -388,19 +393,13 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
         /* 4. exact attention over the selection */
         attn_gather_group(kv, q, g, s.sel, k, out, s.w);
 
-        /* 5. alpha: the approximate mass selected, as 1 minus the mass
-         * left out (sparq_alpha); work (top-k's, spent) marks the selection */
-        int32_t *in_sel = s.work;
-        if (!p->no_realloc) {
-            memset(in_sel, 0, (size_t)S * sizeof *in_sel);
-            for (int64_t j = 0; j < k; j++) in_sel[s.sel[j]] = 1;
-        }
+        /* 5. alpha: the approximate mass selected (sparq_alpha) */
         for (int h = 0; h < g; h++) {
             const float *eh = s.e + h * S, *sc = s.scale + h * nb;
-            double left = 0;
-            for (int64_t i = 0; !p->no_realloc && i < S; i++)
-                if (!in_sel[i]) left += sc[i / ATTN_EXP_BLOCK] * eh[i];
-            alpha[h] = p->no_realloc ? 1.0f : sparq_alpha(left);
+            double a = 0;
+            for (int64_t j = 0; !p->no_realloc && k < S && j < k; j++)
+                a += (double)sc[s.sel[j] / ATTN_EXP_BLOCK] * eh[s.sel[j]];
+            alpha[h] = p->no_realloc || k >= S ? 1.0f : sparq_alpha(a);
         }
     }
     /* 5. mean-value reallocation */
