@@ -15,7 +15,8 @@
 # (`gen-model --init scaled`, written when missing). THREADS (default: all
 # cores), REPS (default 3), ROUNDS (native A/B pairs, default 7); SMOL_MODEL,
 # L1B_MODEL, DEPTH (default 32768) and PROMPTS (default "512 4096") replace
-# the files, the depth and the prompt lengths for a quick check of the script.
+# the files, the depth and the prompt lengths for a quick check of the script;
+# STEPS=NAME,NAME,... runs only those steps (the names in commands.txt).
 # Takes about an hour on 2 cores, most of it llama-bench's prefill to 32k.
 # Run it on a quiet machine: nothing else may use the cores.
 set -eu
@@ -25,7 +26,7 @@ OUT=""
 while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench_levels: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -58,6 +59,7 @@ model() { # model SHAPE -> Q8_0 file with weights at a trained model's scales
 step() {
   local name=$1; shift
   local t0 load
+  case ",${STEPS:-$name}," in *",$name,"*) ;; *) return 0 ;; esac
   t0=$(date +%s); load=$(cut -d' ' -f1 /proc/loadavg)
   log "$name"
   "$@" > "$OUT/$name.json" 2>>"$OUT/log.txt"
