@@ -95,8 +95,8 @@ static void test_synthetic(int elem)
     }
     char err[512];
     kvf_writer *w = NULL;
-    CHECK(kvf_writer_create(tmp_path, &fp, elem, N, CAP, 1, N, "sparq,exact", &w, err, sizeof err) == 0,
-          "%s", err);
+    const kvf_shape shape = {.elem = elem, .n = N, .cap = CAP, .with_kt = 1, .n_tokens = N, .kinds = "sparq,exact"};
+    CHECK(kvf_writer_create(tmp_path, &fp, &shape, &w, err, sizeof err) == 0, "%s", err);
     if (!w) return;
     kvf_writer_tokens(w, tokens);
     sparq_attn_params ap = sparq_attn_default_params();

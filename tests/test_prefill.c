@@ -50,10 +50,8 @@ static void naive(const float *K, const float *V, int d, int64_t pos0, int n, in
     free(w);
 }
 
-typedef void (*block_fn)(const attn_kv_view *, int64_t, int, const float *, size_t, int, float *, size_t,
-                         float *, float *);
-typedef void (*colsum_fn)(const attn_kv_view *, int64_t, int, int64_t, int, const float *, size_t, int,
-                          const float *, float *, float *);
+typedef void (*block_fn)(const attn_kv_view *, const attn_pf_rows *, float *, float *);
+typedef void (*colsum_fn)(const attn_kv_view *, int64_t, int, const attn_pf_rows *, const float *, float *, float *);
 
 static void run_case(int f16, int d, int g, int64_t pos0, int n)
 {
@@ -92,8 +90,14 @@ static void run_case(int f16, int d, int g, int64_t pos0, int n)
     for (int simd = 0; simd < 2; simd++) {
         for (int t0 = 0; t0 < n; t0 += bq) {
             const int nt = n - t0 < bq ? n - t0 : bq;
-            bf[simd](&kv, pos0 + t0, nt, q + (size_t)t0 * g * d, (size_t)g * d, g, out + (size_t)t0 * g * d,
-                     (size_t)g * d, ml + (size_t)t0 * g * 2, scratch);
+            const attn_pf_rows b = {.pos0 = pos0 + t0,
+                                    .nt = nt,
+                                    .g = g,
+                                    .q = q + (size_t)t0 * g * d,
+                                    .q_stride = (size_t)g * d,
+                                    .out = out + (size_t)t0 * g * d,
+                                    .out_stride = (size_t)g * d};
+            bf[simd](&kv, &b, ml + (size_t)t0 * g * 2, scratch);
         }
         double worst = 0;
         for (int64_t i = 0; i < (int64_t)n * g * d; i++) {
@@ -102,7 +106,8 @@ static void run_case(int f16, int d, int g, int64_t pos0, int n)
         }
         for (int64_t k0 = 0; k0 < S; k0 += ATTN_PF_BK) {
             const int nk = S - k0 < ATTN_PF_BK ? (int)(S - k0) : ATTN_PF_BK;
-            cf[simd](&kv, k0, nk, pos0, n, q, (size_t)g * d, g, ml, cs + k0, scratch);
+            const attn_pf_rows b = {.pos0 = pos0, .nt = n, .g = g, .q = q, .q_stride = (size_t)g * d};
+            cf[simd](&kv, k0, nk, &b, ml, cs + k0, scratch);
         }
         double worst_cs = 0, total = 0;
         for (int64_t s = 0; s < S; s++) {

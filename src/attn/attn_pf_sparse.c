@@ -237,8 +237,12 @@ int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_vi
     /* a sample of 32 keys per list is plenty for k-means; a context loaded
      * with many positions must not train on all of them */
     const int64_t n_train = n < 2 * PF_TRAIN_PER_LIST * nl ? n : 2 * PF_TRAIN_PER_LIST * nl;
-    const int rc = idx_ivf_centroids(x, n, s->d, (int)nl, n_train, PF_KMEANS_ITER,
-                                     0x5eed + (uint64_t)layer * 131 + head, 1, h->cb, h->hn, e2, sizeof e2);
+    const idx_kmeans_params kp = {.nc = (int)nl,
+                                  .n_train = n_train,
+                                  .n_iter = PF_KMEANS_ITER,
+                                  .seed = 0x5eed + (uint64_t)layer * 131 + head,
+                                  .n_threads = 1};
+    const int rc = idx_ivf_centroids(x, n, s->d, &kp, h->cb, h->hn, e2, sizeof e2);
     free(x);
     if (rc) return err_set(err, err_size, "sparse prefill: %s", e2);
     h->trained = 1;
@@ -248,9 +252,9 @@ int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_vi
 }
 
 int attn_pf_sparse_ivf(const attn_pf_sparse *s, int layer, int head, const attn_kv_view *kv, int64_t n,
-                       void **block, float **centroids, int32_t **labels, int *nlist, char *err, size_t err_size)
+                       attn_pf_ivf *out, char *err, size_t err_size)
 {
-    *block = NULL;
+    memset(out, 0, sizeof *out);
     const pf_head *h = &s->head[(size_t)layer * s->n_kv_head + head];
     if (s->p.mode != SPARQ_PREFILL_TOPK || !h->trained) return 1;
     const int nl = s->p.nlist, d = s->d;
@@ -290,10 +294,10 @@ int attn_pf_sparse_ivf(const attn_pf_sparse *s, int layer, int head, const attn_
         free(mem);
         return err_set(err, err_size, "sparse prefill: out of memory exporting the index");
     }
-    *block = mem;
-    *centroids = c;
-    *labels = lab;
-    *nlist = nl;
+    out->block = mem;
+    out->centroids = c;
+    out->labels = lab;
+    out->nlist = nl;
     return 0;
 }
 
@@ -387,9 +391,10 @@ int attn_pf_sparse_exact(const attn_pf_sparse *s, int64_t pos)
 }
 
 void attn_pf_sparse_block(attn_pf_sparse *s, int thread, int layer, int head, const attn_kv_view *kv,
-                          int64_t pos0, int nt, const float *q, size_t q_stride, int g, float *out,
-                          size_t out_stride, float *scratch, int64_t *n_keys)
+                          const attn_pf_rows *b, float *scratch, int64_t *n_keys)
 {
+    const int64_t pos0 = b->pos0;
+    const int nt = b->nt;
     const int64_t end = pos0 + nt, lo = attn_pf_window_lo(&s->p, pos0);
     const int64_t sink = s->p.n_sink < lo ? s->p.n_sink : lo;
     attn_pf_seg seg[3] = { { 0, end, NULL, 0 } };
@@ -400,7 +405,7 @@ void attn_pf_sparse_block(attn_pf_sparse *s, int thread, int layer, int head, co
         const int32_t *sel = NULL;
         if (s->p.mode == SPARQ_PREFILL_TOPK && lo - sink > s->p.k) {
             pf_thread *x = &s->thr[thread];
-            n_sel = select_older(s, x, &s->head[(size_t)layer * s->n_kv_head + head], kv, lo, nt, q, q_stride);
+            n_sel = select_older(s, x, &s->head[(size_t)layer * s->n_kv_head + head], kv, lo, nt, b->q, b->q_stride);
             sel = x->sel;
         } else if (s->p.mode == SPARQ_PREFILL_TOPK) {
             n_sel = (int)(lo - sink); /* every older key: the exact pass */
@@ -413,6 +418,6 @@ void attn_pf_sparse_block(attn_pf_sparse *s, int thread, int layer, int head, co
             seen = sink + n_sel + (end - lo);
         }
     }
-    attn_prefill_block_segs(kv, seg, n_seg, pos0, nt, q, q_stride, g, out, out_stride, scratch);
+    attn_prefill_block_segs(kv, seg, n_seg, b, scratch);
     if (n_keys) *n_keys = seen;
 }

@@ -61,24 +61,33 @@ int64_t attn_pf_window_lo(const sparq_prefill_params *p, int64_t pos0);
 int attn_pf_sparse_grow(attn_pf_sparse *s, int layer, int head, const attn_kv_view *kv, int64_t pos0,
                         char *err, size_t err_size);
 
+/* An inverted file as attn_pf_sparse_ivf exports it: centroids
+ * [nlist][d] and labels [n] (the list of each position) inside one
+ * malloc'ed block, which the caller frees. */
+typedef struct attn_pf_ivf {
+    void    *block;
+    float   *centroids;
+    int32_t *labels;
+    int      nlist;
+} attn_pf_ivf;
+
 /* The inverted file grown for (layer, head), for the KV file's ivf image
- * (attn_topk_ivf_image_preset): centroids [nlist][d] and the list of each
- * of the first n positions (those never added - the sinks, the last
- * window - assigned now), in one malloc'ed *block. 0; 1 when there is no
- * trained index (not topk, or too few keys); -1 with a message. */
+ * (attn_topk_ivf_image_preset), with the list of each of the first n
+ * positions (those never added - the sinks, the last window - assigned
+ * now). 0; 1 when there is no trained index (not topk, or too few keys;
+ * out->block NULL); -1 with a message. */
 int attn_pf_sparse_ivf(const attn_pf_sparse *s, int layer, int head, const attn_kv_view *kv, int64_t n,
-                       void **block, float **centroids, int32_t **labels, int *nlist, char *err, size_t err_size);
+                       attn_pf_ivf *out, char *err, size_t err_size);
 
 /* Whether a query block starting at pos (and every earlier one) sees every
  * earlier position: then callers may take any exact path. */
 int attn_pf_sparse_exact(const attn_pf_sparse *s, int64_t pos);
 
-/* One query block (attn_prefill_block's arguments) through its sinks,
- * selected keys and window, on scratch slot `thread` < n_threads and the
- * tile scratch of attn_prefill_scratch. *n_keys (may be NULL) receives the
- * keys the block's rows saw at most (for statistics). */
+/* One query block b of (layer, head) through its sinks, selected keys and
+ * window, on scratch slot `thread` < n_threads and the tile scratch of
+ * attn_prefill_scratch. *n_keys (may be NULL) receives the keys the
+ * block's rows saw at most (for statistics). */
 void attn_pf_sparse_block(attn_pf_sparse *s, int thread, int layer, int head, const attn_kv_view *kv,
-                          int64_t pos0, int nt, const float *q, size_t q_stride, int g, float *out,
-                          size_t out_stride, float *scratch, int64_t *n_keys);
+                          const attn_pf_rows *b, float *scratch, int64_t *n_keys);
 
 #endif

@@ -37,9 +37,12 @@ static void load_tile(const attn_kv_view *kv, int64_t k0, const int32_t *pos, in
 }
 
 static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg,
-                      int64_t pos0, int nt, const float *q, size_t q_stride, int g, float *out,
-                      size_t out_stride, float *ml, float *scratch)
+                      const attn_pf_rows *b, float *ml, float *scratch)
 {
+    const int64_t pos0 = b->pos0;
+    const int nt = b->nt, g = b->g;
+    const float *q = b->q;
+    const size_t q_stride = b->q_stride;
     const int d = kv->d, rows = nt * g;
     const float scale = 1.0f / sqrtf((float)d);
     float *kt = scratch, *v = kt + (size_t)d * ATTN_PF_BK, *s = v + (size_t)d * ATTN_PF_BK;
@@ -103,7 +106,7 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, const attn_
         for (int j = 0; j < g; j++) {
             const int i = t * g + j;
             const float inv = 1.0f / l[i];
-            float *dst = out + (size_t)t * out_stride + (size_t)j * d;
+            float *dst = b->out + (size_t)t * b->out_stride + (size_t)j * d;
             for (int e = 0; e < d; e++) dst[e] = o[(size_t)i * d + e] * inv;
             if (ml) {
                 ml[2 * i] = m[i];
@@ -112,9 +115,13 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, const attn_
         }
 }
 
-static void colsum_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n,
-                       const float *q, size_t q_stride, int g, const float *ml, float *colsum, float *scratch)
+static void colsum_run(const attn_pf_ops *op, const attn_kv_view *kv, int64_t k0, int nk, const attn_pf_rows *b,
+                       const float *ml, float *colsum, float *scratch)
 {
+    const int64_t pos0 = b->pos0;
+    const int n = b->nt, g = b->g;
+    const float *q = b->q;
+    const size_t q_stride = b->q_stride;
     const int d = kv->d;
     const float scale = 1.0f / sqrtf((float)d);
     float *kt = scratch, *v = kt + (size_t)d * ATTN_PF_BK, *s = v + (size_t)d * ATTN_PF_BK;
@@ -194,43 +201,38 @@ const attn_pf_ops *attn_pf_ops_at(cpu_level level) { return pf_tables[level]; }
 
 #define PF_BEST (pf_tables[cpu_level_get()])
 
-void attn_prefill_block(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride, int g,
-                        float *out, size_t out_stride, float *ml, float *scratch)
+void attn_prefill_block(const attn_kv_view *kv, const attn_pf_rows *b, float *ml, float *scratch)
 {
-    const attn_pf_seg all = { 0, pos0 + nt, NULL, 0 };
-    block_run(PF_BEST, kv, &all, 1, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
+    const attn_pf_seg all = { 0, b->pos0 + b->nt, NULL, 0 };
+    block_run(PF_BEST, kv, &all, 1, b, ml, scratch);
 }
 
-void attn_prefill_block_segs(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0, int nt,
-                             const float *q, size_t q_stride, int g, float *out, size_t out_stride,
+void attn_prefill_block_segs(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, const attn_pf_rows *b,
                              float *scratch)
 {
-    block_run(PF_BEST, kv, seg, n_seg, pos0, nt, q, q_stride, g, out, out_stride, NULL, scratch);
+    block_run(PF_BEST, kv, seg, n_seg, b, NULL, scratch);
 }
 
-void attn_prefill_block_segs_ref(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0,
-                                 int nt, const float *q, size_t q_stride, int g, float *out,
-                                 size_t out_stride, float *scratch)
+void attn_prefill_block_segs_ref(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, const attn_pf_rows *b,
+                                 float *scratch)
 {
-    block_run(&attn_pf_ops_ref, kv, seg, n_seg, pos0, nt, q, q_stride, g, out, out_stride, NULL, scratch);
+    block_run(&attn_pf_ops_ref, kv, seg, n_seg, b, NULL, scratch);
 }
 
-void attn_prefill_block_ref(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
-                            int g, float *out, size_t out_stride, float *ml, float *scratch)
+void attn_prefill_block_ref(const attn_kv_view *kv, const attn_pf_rows *b, float *ml, float *scratch)
 {
-    const attn_pf_seg all = { 0, pos0 + nt, NULL, 0 };
-    block_run(&attn_pf_ops_ref, kv, &all, 1, pos0, nt, q, q_stride, g, out, out_stride, ml, scratch);
+    const attn_pf_seg all = { 0, b->pos0 + b->nt, NULL, 0 };
+    block_run(&attn_pf_ops_ref, kv, &all, 1, b, ml, scratch);
 }
 
-void attn_prefill_colsum(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n, const float *q,
-                         size_t q_stride, int g, const float *ml, float *colsum, float *scratch)
+void attn_prefill_colsum(const attn_kv_view *kv, int64_t k0, int nk, const attn_pf_rows *b, const float *ml,
+                         float *colsum, float *scratch)
 {
-    colsum_run(PF_BEST, kv, k0, nk, pos0, n, q, q_stride, g, ml, colsum, scratch);
+    colsum_run(PF_BEST, kv, k0, nk, b, ml, colsum, scratch);
 }
 
-void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n,
-                             const float *q, size_t q_stride, int g, const float *ml, float *colsum,
-                             float *scratch)
+void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, const attn_pf_rows *b, const float *ml,
+                             float *colsum, float *scratch)
 {
-    colsum_run(&attn_pf_ops_ref, kv, k0, nk, pos0, n, q, q_stride, g, ml, colsum, scratch);
+    colsum_run(&attn_pf_ops_ref, kv, k0, nk, b, ml, colsum, scratch);
 }

@@ -27,15 +27,25 @@ int attn_prefill_bq(int g);
 /* Scratch floats one call needs (per thread). */
 size_t attn_prefill_scratch(int d, int g);
 
-/* Causal attention of nt query tokens at positions pos0 .. pos0+nt-1 (token
- * t sees keys 0..pos0+t of kv, kv->S >= pos0 + nt) for the g heads of one
- * KV head. ml (may be NULL): receives the final running max and sum of
- * every row, ml[2 * (t * g + j)] = m, [.. + 1] = l, in units of the scaled
- * scores, for attn_prefill_colsum. */
-void attn_prefill_block(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
-                        int g, float *out, size_t out_stride, float *ml, float *scratch);
-void attn_prefill_block_ref(const attn_kv_view *kv, int64_t pos0, int nt, const float *q, size_t q_stride,
-                            int g, float *out, size_t out_stride, float *ml, float *scratch);
+/* A block of query rows: nt tokens at positions pos0 .. pos0+nt-1, each
+ * with the g query heads of one KV head. Row (t, j) is q + t * q_stride +
+ * j * d; its output goes to out + t * out_stride + j * d (out unused by
+ * attn_prefill_colsum). */
+typedef struct attn_pf_rows {
+    int64_t      pos0;
+    int          nt, g;
+    const float *q;
+    size_t       q_stride;
+    float       *out;
+    size_t       out_stride;
+} attn_pf_rows;
+
+/* Causal attention of the rows of b (token t sees keys 0..pos0+t of kv,
+ * kv->S >= pos0 + nt). ml (may be NULL): receives the final running max and
+ * sum of every row, ml[2 * (t * g + j)] = m, [.. + 1] = l, in units of the
+ * scaled scores, for attn_prefill_colsum. */
+void attn_prefill_block(const attn_kv_view *kv, const attn_pf_rows *b, float *ml, float *scratch);
+void attn_prefill_block_ref(const attn_kv_view *kv, const attn_pf_rows *b, float *ml, float *scratch);
 
 /* A part of the keys a query block sees: the contiguous positions [lo, hi)
  * (clipped causally per row, as attn_prefill_block does), or, when pos is
@@ -50,23 +60,20 @@ typedef struct attn_pf_seg {
 } attn_pf_seg;
 
 /* attn_prefill_block over the keys of n_seg segments, in their order. */
-void attn_prefill_block_segs(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0, int nt,
-                             const float *q, size_t q_stride, int g, float *out, size_t out_stride,
+void attn_prefill_block_segs(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, const attn_pf_rows *b,
                              float *scratch);
-void attn_prefill_block_segs_ref(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, int64_t pos0,
-                                 int nt, const float *q, size_t q_stride, int g, float *out,
-                                 size_t out_stride, float *scratch);
+void attn_prefill_block_segs_ref(const attn_kv_view *kv, const attn_pf_seg *seg, int n_seg, const attn_pf_rows *b,
+                                 float *scratch);
 
 /* Column sums of the softmax weights (what H2O accumulates) for the keys
- * [k0, k0 + nk) (nk <= ATTN_PF_BK), over the n queries at pos0.. (token
- * t, head j, statistics ml from attn_prefill_block): colsum[k - k0] =
- * sum over rows that see key k of exp(s - m) / l. Key blocks are
- * independent, so threads split them without sharing a sum. */
-void attn_prefill_colsum(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n, const float *q,
-                         size_t q_stride, int g, const float *ml, float *colsum, float *scratch);
-void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, int64_t pos0, int n,
-                             const float *q, size_t q_stride, int g, const float *ml, float *colsum,
-                             float *scratch);
+ * [k0, k0 + nk) (nk <= ATTN_PF_BK), over the rows of b (any number of
+ * tokens; token t, head j, statistics ml from attn_prefill_block):
+ * colsum[k - k0] = sum over rows that see key k of exp(s - m) / l. Key
+ * blocks are independent, so threads split them without sharing a sum. */
+void attn_prefill_colsum(const attn_kv_view *kv, int64_t k0, int nk, const attn_pf_rows *b, const float *ml,
+                         float *colsum, float *scratch);
+void attn_prefill_colsum_ref(const attn_kv_view *kv, int64_t k0, int nk, const attn_pf_rows *b, const float *ml,
+                             float *colsum, float *scratch);
 
 /* The row primitives' set `level` runs (attn_prefill_kernels.h; util/cpu.h):
  * the dispatch, here and not beside the twins, so no twin sees it. The

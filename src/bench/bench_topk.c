@@ -276,7 +276,8 @@ int bench_topk_write(const bench_topk_params *o, const char *kind, const char *p
     kvf_synthetic_fingerprint(&fp, sh->n_layer, sh->n_head, sh->n_kv_head, sh->d);
     const int64_t cap = s.P + o->warmup + o->tokens + 16;
     kvf_writer *w;
-    if (kvf_writer_create(path, &fp, KV_F16, s.P, cap, 0, 0, kind, &w, err, err_size)) return -1;
+    const kvf_shape shape = {.elem = KV_F16, .n = s.P, .cap = cap, .with_kt = 0, .n_tokens = 0, .kinds = kind};
+    if (kvf_writer_create(path, &fp, &shape, &w, err, err_size)) return -1;
     sparq_attn_params p = bench_topk_attn_params(o, kind);
     return kvf_write_heads(w, o->threads, &p, synth_rows, (void *)&s, build_s, err, err_size);
 }

@@ -156,8 +156,14 @@ static int pf_run(const pf_args *a, sparq_model *m, const char *path, const char
         eval_pf_result r;
         char what[64];
         snprintf(what, sizeof what, "depth %lld", (long long)a->depths[i]);
-        if (eval_prefill_fidelity(m, &cp, &a->sp, ids, n_ids, (int)a->depths[i], a->F, a->W, NULL, &r, on_window,
-                                  what, err, sizeof err)) {
+        const eval_pf_setup su = {.base = &cp,
+                                  .sparse = &a->sp,
+                                  .N = (int)a->depths[i],
+                                  .F = a->F,
+                                  .n_windows = a->W,
+                                  .progress = on_window,
+                                  .user = what};
+        if (eval_prefill_fidelity(m, &su, ids, n_ids, NULL, &r, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             rc = 1;
         } else {

@@ -275,12 +275,13 @@ int sparq_context_create_in_file(sparq_model *m, const sparq_context_params *p, 
     const uint32_t tokens_crc = kvf_crc32c(0, tokens, (size_t)n_prefix * sizeof *tokens);
     kvf_writer *w = NULL;
     int64_t done = 0;
+    const kvf_shape shape = {
+        .elem = elem, .n = n_prefix, .cap = n_ctx, .with_kt = with_kt, .n_tokens = n_prefix, .kinds = indexes};
     if (flags & SPARQ_IN_FILE_RESUME) {
-        const int r = kvf_writer_resume(path, &fp, elem, n_prefix, n_ctx, with_kt, n_prefix, indexes, tokens_crc, &w,
-                                        &done, err, err_size);
+        const int r = kvf_writer_resume(path, &fp, &shape, tokens_crc, &w, &done, err, err_size);
         if (r < 0) return -1;
         if (r > 0) return 1; /* nothing to resume: err says why */
-    } else if (kvf_writer_create(path, &fp, elem, n_prefix, n_ctx, with_kt, n_prefix, indexes, &w, err, err_size)) {
+    } else if (kvf_writer_create(path, &fp, &shape, &w, err, err_size)) {
         return -1;
     }
     kvf_writer_tokens(w, tokens);
@@ -524,14 +525,14 @@ static int save_rows(void *user, int layer, int head, kvf_head_rows *out, char *
     kv_view(kv, layer, head, kv->n, &out->view);
     out->v_sum = out->view.v_sum;
     if (c->pf) {
-        float *cent;
-        int32_t *lab;
-        const int r = attn_pf_sparse_ivf(c->pf, layer, head, &out->view, kv->n, &out->owned, &cent, &lab,
-                                         &out->ivf_nlist, err, err_size);
+        attn_pf_ivf ivf;
+        const int r = attn_pf_sparse_ivf(c->pf, layer, head, &out->view, kv->n, &ivf, err, err_size);
         if (r < 0) return -1;
         if (r == 0) {
-            out->ivf_centroids = cent;
-            out->ivf_labels = lab;
+            out->owned = ivf.block;
+            out->ivf_nlist = ivf.nlist;
+            out->ivf_centroids = ivf.centroids;
+            out->ivf_labels = ivf.labels;
         }
     }
     return 0;
@@ -567,9 +568,13 @@ int context_save_kv_as(sparq_context *c, const char *path, const char *tmp, cons
     } else {
         kvf_fingerprint fp;
         model_fingerprint(c->model, &fp);
-        if (kvf_writer_create_as(path, tmp, &fp, kv->elem, kv->n, kv->cap, kv->kt != NULL, tokens ? kv->n : 0,
-                                 indexes, &w, err, err_size))
-            return -1;
+        const kvf_shape shape = {.elem = kv->elem,
+                                 .n = kv->n,
+                                 .cap = kv->cap,
+                                 .with_kt = kv->kt != NULL,
+                                 .n_tokens = tokens ? kv->n : 0,
+                                 .kinds = indexes};
+        if (kvf_writer_create_as(path, tmp, &fp, &shape, &w, err, err_size)) return -1;
     }
     if (tokens) kvf_writer_tokens(w, tokens);
     return kvf_write_heads(w, c->n_threads, &c->params.attn, save_rows, (void *)c, NULL, err, err_size);

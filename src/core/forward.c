@@ -430,12 +430,17 @@ static int attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
                 attn_kv_view kv;
                 kv_view(&c->kv, il, h, S, &kv);
                 const size_t off = (size_t)t0 * q_dim + (size_t)h * g * d;
+                const attn_pf_rows b = {.pos0 = pos0 + t0,
+                                        .nt = nt,
+                                        .g = g,
+                                        .q = c->rs.q + off,
+                                        .q_stride = q_dim,
+                                        .out = c->rs.att + off,
+                                        .out_stride = q_dim};
                 if (c->pf)
-                    attn_pf_sparse_block(c->pf, omp_get_thread_num(), il, h, &kv, pos0 + t0, nt, c->rs.q + off,
-                                         q_dim, g, c->rs.att + off, q_dim, s, NULL);
+                    attn_pf_sparse_block(c->pf, omp_get_thread_num(), il, h, &kv, &b, s, NULL);
                 else
-                    attn_prefill_block(&kv, pos0 + t0, nt, c->rs.q + off, q_dim, g, c->rs.att + off, q_dim,
-                                       ml ? ml + ((size_t)h * n + t0) * g * 2 : NULL, s);
+                    attn_prefill_block(&kv, &b, ml ? ml + ((size_t)h * n + t0) * g * 2 : NULL, s);
             }
         if (colsum) {
 #pragma omp for schedule(dynamic, 4) collapse(2)
@@ -445,8 +450,10 @@ static int attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
                     const int nk = (int)(S - k0 < ATTN_PF_BK ? S - k0 : ATTN_PF_BK);
                     attn_kv_view kv;
                     kv_view(&c->kv, il, h, S, &kv);
-                    attn_prefill_colsum(&kv, k0, nk, pos0, n, c->rs.q + (size_t)h * g * d, q_dim, g,
-                                        ml + (size_t)h * n * g * 2, c->rs.colsum + (size_t)h * c->kv.cap + k0, s);
+                    const attn_pf_rows b = {
+                        .pos0 = pos0, .nt = n, .g = g, .q = c->rs.q + (size_t)h * g * d, .q_stride = q_dim};
+                    attn_prefill_colsum(&kv, k0, nk, &b, ml + (size_t)h * n * g * 2,
+                                        c->rs.colsum + (size_t)h * c->kv.cap + k0, s);
                 }
         }
         if (observe) {

@@ -83,11 +83,10 @@ static int run_window(sparq_context *ce, sparq_context *cs, const int32_t *ids, 
     return 0;
 }
 
-int eval_prefill_fidelity(sparq_model *m, const sparq_context_params *base, const sparq_prefill_params *sparse,
-                          const int32_t *ids, int64_t n_ids, int N, int F, int n_windows, eval_pf_window *win,
-                          eval_pf_result *out, void (*progress)(void *user, int done, int total), void *user,
-                          char *err, size_t err_size)
+int eval_prefill_fidelity(sparq_model *m, const eval_pf_setup *su, const int32_t *ids, int64_t n_ids,
+                          eval_pf_window *win, eval_pf_result *out, char *err, size_t err_size)
 {
+    const int N = su->N, F = su->F, n_windows = su->n_windows;
     memset(out, 0, sizeof *out);
     if (N < 2 || F < 1 || n_windows < 1)
         return err_set(err, err_size, "prefill fidelity: %d prefilled, %d forced tokens, %d windows", N, F,
@@ -95,10 +94,10 @@ int eval_prefill_fidelity(sparq_model *m, const sparq_context_params *base, cons
     if (n_ids < (int64_t)N + F)
         return err_set(err, err_size, "prefill fidelity: the text has %lld tokens, a window needs %d + %d",
                        (long long)n_ids, N, F);
-    sparq_context_params pe = *base, ps = *base;
+    sparq_context_params pe = *su->base, ps = *su->base;
     pe.n_ctx = ps.n_ctx = (int64_t)N + F;
     memset(&pe.prefill, 0, sizeof pe.prefill);
-    ps.prefill = *sparse;
+    ps.prefill = *su->sparse;
     sparq_context *ce = NULL, *cs = NULL;
     const int V = sparq_model_n_vocab(m);
     float *le = malloc((size_t)V * sizeof *le), *ls = malloc((size_t)V * sizeof *ls);
@@ -120,7 +119,7 @@ int eval_prefill_fidelity(sparq_model *m, const sparq_context_params *base, cons
         a[2 * n_windows + i] = w[i].first_div;
         out->exact_s += w[i].exact_s / n_windows;
         out->sparse_s += w[i].sparse_s / n_windows;
-        if (progress) progress(user, i + 1, n_windows);
+        if (su->progress) su->progress(su->user, i + 1, n_windows);
     }
     out->n_windows = n_windows;
     eval_mean_se(a, n_windows, &out->top1, &out->top1_se);

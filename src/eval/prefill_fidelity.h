@@ -34,16 +34,23 @@ typedef struct eval_pf_result {
     double exact_s, sparse_s;  /* mean prefill seconds                        */
 } eval_pf_result;
 
-/* Runs n_windows windows of N + F tokens spread evenly over ids[n_ids]
- * (each at least N + F long; they may overlap when the text is short).
- * base: the contexts' parameters (n_ctx is set to N + F; base->prefill is
- * ignored: one context is exact, the other uses sparse). win[n_windows]
- * receives each window (may be NULL). progress (may be NULL) is called
- * after each window. 0, or -1 with a message. */
-int eval_prefill_fidelity(sparq_model *m, const sparq_context_params *base, const sparq_prefill_params *sparse,
-                          const int32_t *ids, int64_t n_ids, int N, int F, int n_windows, eval_pf_window *win,
-                          eval_pf_result *out, void (*progress)(void *user, int done, int total), void *user,
-                          char *err, size_t err_size);
+/* What one measurement compares: n_windows windows of N prefilled and F
+ * forced tokens. base: the contexts' parameters (n_ctx is set to N + F;
+ * base->prefill is ignored: one context is exact, the other uses sparse).
+ * progress (may be NULL) is called with user after each window. */
+typedef struct eval_pf_setup {
+    const sparq_context_params *base;
+    const sparq_prefill_params *sparse;
+    int                         N, F, n_windows;
+    void                      (*progress)(void *user, int done, int total);
+    void                       *user;
+} eval_pf_setup;
+
+/* Runs the windows of su spread evenly over ids[n_ids] (at least N + F
+ * tokens; windows may overlap when the text is short). win[n_windows]
+ * receives each window (may be NULL). 0, or -1 with a message. */
+int eval_prefill_fidelity(sparq_model *m, const eval_pf_setup *su, const int32_t *ids, int64_t n_ids,
+                          eval_pf_window *win, eval_pf_result *out, char *err, size_t err_size);
 
 /* The tokens the windows are drawn from: text[len] tokenized (BOS first),
  * then the text again without its BOS until there are at least `need`.

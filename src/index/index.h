@@ -202,13 +202,22 @@ void idx_assign(const float *x, int64_t n, int d, const float *c,
 void idx_assign_ref(const float *x, int64_t n, int d, const float *c,
                     const float *hn, int nc, int32_t *label, float *best);
 
-/* k-means (the ivf kind's: k-means++ seeding, n_iter Lloyd steps) of nc
- * centroids over n_train rows sampled from keys [N][d], written blocked as
+/* The ivf kind's k-means: nc centroids, k-means++ seeding from seed, then
+ * n_iter Lloyd steps over n_train rows sampled from the keys, with
+ * n_threads threads (0 = all cores). */
+typedef struct idx_kmeans_params {
+    int      nc;
+    int64_t  n_train;
+    int      n_iter;
+    uint64_t seed;
+    int      n_threads;
+} idx_kmeans_params;
+/* k-means of kp's centroids over keys [N][d], written blocked as
  * idx_assign reads them: cb [ceil(nc/16)][d][16], hn [ceil(nc/16)*16]. For
  * an inverted file grown elsewhere (attn_pf_sparse.c). 0, or -1 with a
  * message. */
-int idx_ivf_centroids(const float *keys, int64_t N, int d, int nc, int64_t n_train, int n_iter, uint64_t seed,
-                      int n_threads, float *cb, float *hn, char *err, size_t err_size);
+int idx_ivf_centroids(const float *keys, int64_t N, int d, const idx_kmeans_params *kp, float *cb, float *hn,
+                      char *err, size_t err_size);
 
 /* ---- shared by index_*.c only ---------------------------------------------- */
 
@@ -368,14 +377,17 @@ uint64_t idx_row_bytes(const idx_index *ix);
  * Returns the bytes of the keys it scored (rows x idx_row_bytes). */
 uint64_t idx_scan_blocks(const idx_index *ix, int64_t b0, int64_t b1, int64_t n_rows,
                          const float *q, int g, idx_topk *tk, float *blk);
-/* One search over n_ranges ranges of blocks, split over n_thr threads:
- * range(ix, ctx, i, ...) gives range i's blocks [b0, b1) and how many of
- * their rows are keys. Writes ids / scores [g][k] and adds the bytes read
- * to s->cost_bytes. */
-void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, int64_t n_ranges,
-                     void (*range)(const idx_index *ix, const void *ctx, int64_t i, int64_t *b0,
-                                   int64_t *b1, int64_t *n_rows),
-                     const void *ctx, int n_thr, idx_scratch *s, int32_t *ids, float *scores);
+/* The ranges of blocks one search scans: at(ix, ctx, i, ...) gives range
+ * i's blocks [b0, b1) and how many of their rows are keys, for i < n. */
+typedef struct idx_ranges {
+    int64_t     n;
+    void      (*at)(const idx_index *ix, const void *ctx, int64_t i, int64_t *b0, int64_t *b1, int64_t *n_rows);
+    const void *ctx;
+} idx_ranges;
+/* One search over the ranges, split over n_thr threads. Writes ids /
+ * scores [g][k] and adds the bytes read to s->cost_bytes. */
+void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, const idx_ranges *ranges, int n_thr,
+                     idx_scratch *s, int32_t *ids, float *scores);
 /* The reserve method of blocked kinds (candidate buffers, nlist lists). */
 int idx_blocked_reserve(idx_scratch *s, const idx_index *ix, int g, int k, int n_thr, char *err,
                         size_t err_size);

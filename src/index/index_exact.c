@@ -87,7 +87,8 @@ static int exact_search(const idx_index *ix, const float *q, int g, int k, const
 {
     (void)sp; (void)err; (void)err_size;
     const int64_t nch = (ix->n_blocks + EXACT_CHUNK - 1) / EXACT_CHUNK;
-    idx_scan_ranges(ix, q, g, k, nch, exact_range, NULL, nt, s, ids, scores);
+    const idx_ranges chunks = {.n = nch, .at = exact_range, .ctx = NULL};
+    idx_scan_ranges(ix, q, g, k, &chunks, nt, s, ids, scores);
     return 0;
 }
 

@@ -197,11 +197,13 @@ static void kmeans_free(kmeans *km)
     free(km->ts); free(km->ti);
 }
 
-/* Trains nc centroids on n_train rows sampled from keys [N][d]; leaves the
+/* Trains kp->nc centroids on kp->n_train rows sampled from keys [N][d]; leaves the
  * final blocked centroids in km->cb / km->hn. */
-static int kmeans_train(kmeans *km, const float *keys, int64_t N, int d, int nc, int64_t n_train,
-                        int n_iter, uint64_t seed, int nt_thr, char *err, size_t err_size)
+static int kmeans_train(kmeans *km, const float *keys, int64_t N, int d, const idx_kmeans_params *kp,
+                        char *err, size_t err_size)
 {
+    const int nc = kp->nc, n_iter = kp->n_iter, nt_thr = kp->n_threads;
+    const int64_t n_train = kp->n_train;
     memset(km, 0, sizeof *km);
     km->nt = n_train;
     km->d = d;
@@ -228,7 +230,7 @@ static int kmeans_train(kmeans *km, const float *keys, int64_t N, int d, int nc,
         return err_set(err, err_size, "idx_build: out of memory for k-means on %lld x %d keys",
                     (long long)n_train, d);
     }
-    uint64_t rng = seed;
+    uint64_t rng = kp->seed;
     sample_rows(N, n_train, &rng, rows);
     for (int64_t i = 0; i < n_train; i++) {
         memcpy(km->x + i * d, keys + rows[i] * d, (size_t)d * sizeof(float));
@@ -244,14 +246,18 @@ static int kmeans_train(kmeans *km, const float *keys, int64_t N, int d, int nc,
     return 0;
 }
 
-int idx_ivf_centroids(const float *keys, int64_t N, int d, int nc, int64_t n_train, int n_iter, uint64_t seed,
-                      int n_threads, float *cb, float *hn, char *err, size_t err_size)
+int idx_ivf_centroids(const float *keys, int64_t N, int d, const idx_kmeans_params *kp, float *cb, float *hn,
+                      char *err, size_t err_size)
 {
-    if (N < 1 || d < 1 || d > IDX_MAX_D || nc < 1 || nc > N || n_train < nc || n_train > N || n_iter < 0)
+    const int nc = kp->nc;
+    const int64_t n_train = kp->n_train;
+    if (N < 1 || d < 1 || d > IDX_MAX_D || nc < 1 || nc > N || n_train < nc || n_train > N || kp->n_iter < 0)
         return err_set(err, err_size, "idx_ivf_centroids: bad sizes (%lld keys, %d lists, %lld samples)",
                        (long long)N, nc, (long long)n_train);
+    idx_kmeans_params run = *kp;
+    run.n_threads = idx_threads(kp->n_threads);
     kmeans km;
-    int rc = kmeans_train(&km, keys, N, d, nc, n_train, n_iter, seed, idx_threads(n_threads), err, err_size);
+    int rc = kmeans_train(&km, keys, N, d, &run, err, err_size);
     if (rc == 0) {
         const int64_t ncb = (nc + IDX_BLOCK - 1) / IDX_BLOCK * IDX_BLOCK;
         memcpy(cb, km.cb, (size_t)ncb * d * sizeof(float));
@@ -354,8 +360,9 @@ static int ivf_build(const idx_params *p, const float *keys, int64_t N, int d, i
             best[i] = (float)(dot - 0.5 * cc);
         }
     } else {
-        if (kmeans_train(&km, keys, N, d, nlist, n_train, p->n_iter, p->seed, nt_thr, err, err_size))
-            goto done;
+        const idx_kmeans_params kp = {
+            .nc = nlist, .n_train = n_train, .n_iter = p->n_iter, .seed = p->seed, .n_threads = nt_thr};
+        if (kmeans_train(&km, keys, N, d, &kp, err, err_size)) goto done;
         assign_par(keys, N, d, km.cb, km.hn, nlist, lab, best, nt_thr);
         cent = km.c;
     }
@@ -558,7 +565,8 @@ static int ivf_search(const idx_index *ix, const float *q, int g, int k, const i
     for (int l = 0; l < nlist; l++)
         if (s->lmark[l]) s->li[nu++] = l;
     s->cost_bytes = n_cent * 4 * (uint64_t)d + n_bonus * 4;
-    idx_scan_ranges(ix, q, g, k, nu, ivf_range, s->li, n_thr, s, ids, scores);
+    const idx_ranges lists = {.n = nu, .at = ivf_range, .ctx = s->li};
+    idx_scan_ranges(ix, q, g, k, &lists, n_thr, s, ids, scores);
     return 0;
 }
 

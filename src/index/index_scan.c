@@ -94,11 +94,10 @@ static void topk_begin(idx_scratch *s, const idx_index *ix, int n_thr, int g, in
         }
 }
 
-void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, int64_t n_ranges,
-                     void (*range)(const idx_index *ix, const void *ctx, int64_t i, int64_t *b0,
-                                   int64_t *b1, int64_t *n_rows),
-                     const void *ctx, int n_thr, idx_scratch *s, int32_t *ids, float *scores)
+void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, const idx_ranges *ranges, int n_thr,
+                     idx_scratch *s, int32_t *ids, float *scores)
 {
+    const int64_t n_ranges = ranges->n;
     if (n_thr > n_ranges) n_thr = (int)(n_ranges > 0 ? n_ranges : 1);
     topk_begin(s, ix, n_thr, g, k);
     uint64_t bytes = 0;
@@ -111,7 +110,7 @@ void idx_scan_ranges(const idx_index *ix, const float *q, int g, int k, int64_t 
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n_ranges; i++) {
             int64_t b0, b1, rows;
-            range(ix, ctx, i, &b0, &b1, &rows);
+            ranges->at(ix, ranges->ctx, i, &b0, &b1, &rows);
             bytes += idx_scan_blocks(ix, b0, b1, rows, q, g, s->tk + (size_t)t * g,
                                      s->blk + (size_t)t * g * IDX_BLOCK);
         }

@@ -353,11 +353,10 @@ void kvf_writer_abort(kvf_writer *w)
     free(w);
 }
 
-int kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int64_t n,
-                      int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
-                      kvf_writer **out, char *err, size_t err_size)
+int kvf_writer_create(const char *path, const kvf_fingerprint *fp, const kvf_shape *shape, kvf_writer **out,
+                      char *err, size_t err_size)
 {
-    return kvf_writer_create_as(path, NULL, fp, elem, n, cap, with_kt, n_tokens, kinds, out, err, err_size);
+    return kvf_writer_create_as(path, NULL, fp, shape, out, err, err_size);
 }
 
 /* Creates tmp for writing, never through a name planted there: O_EXCL and
@@ -372,16 +371,17 @@ static int create_exclusive(const char *tmp)
     return fd;
 }
 
-int kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprint *fp, int elem, int64_t n,
-                         int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
+int kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprint *fp, const kvf_shape *shape,
                          kvf_writer **out, char *err, size_t err_size)
 {
     *out = NULL;
+    const int elem = shape->elem;
+    const int64_t n = shape->n, cap = shape->cap, n_tokens = shape->n_tokens;
     kvf_writer *w = calloc(1, sizeof *w);
     if (!w) return err_set(err, err_size, "kvfile: out of memory");
     w->fd = -1;
     char e2[192];
-    int nk = kvf_parse_kinds(kinds, w->kinds, e2, sizeof e2);
+    int nk = kvf_parse_kinds(shape->kinds, w->kinds, e2, sizeof e2);
     if (nk < 0) {
         kvf_writer_abort(w);
         return err_set(err, err_size, "kvfile '%s': %s", path, e2);
@@ -389,7 +389,7 @@ int kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprin
     w->n_kinds = nk;
     w->fp = *fp;
     w->elem = elem;
-    w->with_kt = !!with_kt;
+    w->with_kt = !!shape->with_kt;
     w->n = n;
     w->cap = cap;
     w->n_tokens = n_tokens;
@@ -466,9 +466,8 @@ int kvf_writer_progress(kvf_writer *w, uint32_t tokens_crc, int64_t done)
 
 void kvf_writer_keep(kvf_writer *w, int keep) { w->keep = keep; }
 
-int kvf_writer_resume(const char *path, const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap, int with_kt,
-                      int64_t n_tokens, const char *kinds, uint32_t tokens_crc, kvf_writer **out, int64_t *done,
-                      char *err, size_t err_size)
+int kvf_writer_resume(const char *path, const kvf_fingerprint *fp, const kvf_shape *shape, uint32_t tokens_crc,
+                      kvf_writer **out, int64_t *done, char *err, size_t err_size)
 {
     *out = NULL;
     *done = 0;
@@ -492,7 +491,7 @@ int kvf_writer_resume(const char *path, const kvf_fingerprint *fp, int elem, int
     /* a writer of the same shape, on a scratch name, then moved onto tmp */
     char scratch[4200];
     snprintf(scratch, sizeof scratch, "%s.resume", tmp);
-    if (kvf_writer_create_as(path, scratch, fp, elem, n, cap, with_kt, n_tokens, kinds, &w, err, err_size)) {
+    if (kvf_writer_create_as(path, scratch, fp, shape, &w, err, err_size)) {
         close(fd);
         return -1;
     }
@@ -502,7 +501,7 @@ int kvf_writer_resume(const char *path, const kvf_fingerprint *fp, int elem, int
     w->fd = fd;
     const int64_t got = (int64_t)get64(rec, 48);
     resume_record(w, tokens_crc, got, want);
-    if (memcmp(rec, want, 64) != 0 || got < 0 || got > n || (uint64_t)st.st_size != w->L.images_off) {
+    if (memcmp(rec, want, 64) != 0 || got < 0 || got > shape->n || (uint64_t)st.st_size != w->L.images_off) {
         w->keep = 1; /* not ours to delete: the caller decides */
         kvf_writer_abort(w);
         err_set(err, err_size, "'%s' is not a partial prefill of this model, document and cache shape", tmp);
@@ -713,10 +712,8 @@ static int writer_head_indexed(kvf_writer *w, int layer, int head, const kvf_hea
     return rc;
 }
 
-int kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
-                    int (*rows)(void *user, int layer, int head, kvf_head_rows *out, char *err,
-                                size_t err_size),
-                    void *user, double *build_s, char *err, size_t err_size)
+int kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p, kvf_rows_fn rows, void *user,
+                    double *build_s, char *err, size_t err_size)
 {
     const int n_kv = w->fp.n_kv_head, heads = w->fp.n_layer * n_kv;
     int failed = 0;

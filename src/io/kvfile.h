@@ -154,17 +154,26 @@ const void *kvf_find_index(const kvf_file *f, int layer, int head, const char *k
 
 typedef struct kvf_writer kvf_writer;
 
-/* Starts path.tmp for n positions of capacity cap (n <= cap), K^T if
- * with_kt, n_tokens (0 or n) token ids, and one index image per layer,
- * head and kind of the comma list `kinds` (NULL or "" = none). */
-int  kvf_writer_create(const char *path, const kvf_fingerprint *fp, int elem, int64_t n,
-                       int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
-                       kvf_writer **out, char *err, size_t err_size);
+/* What a file being written holds besides the model's fingerprint: n
+ * positions of K and V in elem (kvcache.h's KV_*) in a cache of capacity
+ * cap (n <= cap), K^T if with_kt, n_tokens (0 or n) token ids, and one
+ * index image per layer, head and kind of the comma list `kinds` (NULL or
+ * "" = none). */
+typedef struct kvf_shape {
+    int         elem;
+    int64_t     n, cap;
+    int         with_kt;
+    int64_t     n_tokens;
+    const char *kinds;
+} kvf_shape;
+
+/* Starts path.tmp for a file of this shape. */
+int  kvf_writer_create(const char *path, const kvf_fingerprint *fp, const kvf_shape *shape, kvf_writer **out,
+                       char *err, size_t err_size);
 /* The same, written under the name tmp (NULL: path.tmp) and renamed to
  * path by kvf_writer_finish. tmp is created exclusively: a file or symlink
  * already under that name is unlinked, never written through. */
-int  kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprint *fp, int elem, int64_t n,
-                          int64_t cap, int with_kt, int64_t n_tokens, const char *kinds,
+int  kvf_writer_create_as(const char *path, const char *tmp, const kvf_fingerprint *fp, const kvf_shape *shape,
                           kvf_writer **out, char *err, size_t err_size);
 int  kvf_writer_tokens(kvf_writer *w, const int32_t *tokens);
 /* One head: k, v [n][d] rows of elem; v_sum [d] (the cache's running sum,
@@ -187,17 +196,17 @@ typedef struct kvf_head_rows {
     const float   *ivf_centroids; /* [ivf_nlist][d]                          */
     const int32_t *ivf_labels;    /* [n]                                     */
 } kvf_head_rows;
+/* Supplies the rows of (layer, head) into *out; 0, or -1 with err set.
+ * Called from several threads at once for distinct heads. */
+typedef int (*kvf_rows_fn)(void *user, int layer, int head, kvf_head_rows *out, char *err, size_t err_size);
 /* Writes every (layer, head) the writer holds with n_threads threads (0 =
- * all cores): rows(user, layer, head, ...) supplies a head's rows (safe to
- * call from several threads), which are written with an image of every
+ * all cores): rows(user, layer, head, ...) supplies a head's rows, which are written with an image of every
  * index kind the writer announced, built by the topk policy with p
  * (attn_topk_index_image, one thread per head). Then finishes the writer,
  * or aborts it at the first failure (its message in err). Frees w either
  * way. build_s (may be NULL): index build seconds summed over heads. */
-int  kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p,
-                     int (*rows)(void *user, int layer, int head, kvf_head_rows *out, char *err,
-                                 size_t err_size),
-                     void *user, double *build_s, char *err, size_t err_size);
+int  kvf_write_heads(kvf_writer *w, int n_threads, const sparq_attn_params *p, kvf_rows_fn rows, void *user,
+                     double *build_s, char *err, size_t err_size);
 /* A cache built in place: the data sections of the file being written
  * (K, V and K^T, laid out as kvcache.h's cache of capacity cap) mapped
  * shared and writable, so rows stored there go to the file's pages (the
@@ -225,9 +234,8 @@ void     kvf_map_free(void *map);
  * file (the reason in err; the file is left alone), -1 on errors. */
 int  kvf_writer_progress(kvf_writer *w, uint32_t tokens_crc, int64_t done);
 void kvf_writer_keep(kvf_writer *w, int keep);
-int  kvf_writer_resume(const char *path, const kvf_fingerprint *fp, int elem, int64_t n, int64_t cap, int with_kt,
-                       int64_t n_tokens, const char *kinds, uint32_t tokens_crc, kvf_writer **out, int64_t *done,
-                       char *err, size_t err_size);
+int  kvf_writer_resume(const char *path, const kvf_fingerprint *fp, const kvf_shape *shape, uint32_t tokens_crc,
+                       kvf_writer **out, int64_t *done, char *err, size_t err_size);
 
 /* Whether a writer for path could start: path is not a directory or other
  * non-file, and path.tmp can be created (probed exclusively and removed
