@@ -285,3 +285,23 @@ void attn_exact_topk_group(const attn_kv_view *kv, const float *q, int g, int64_
             for (int h = 0; h < g; h++) tr->alpha[h] = renorm ? 1.0f : mass[h];
     }
 }
+
+int attn_exact_topk_resolve(const char *name, sparq_attn_params *p, char *err, size_t err_size)
+{
+    if (p->k == 0) p->k = 128;
+    if (p->k < 1) return err_set(err, err_size, "%s: k=%d must be >= 1", name, p->k);
+    return 0;
+}
+
+size_t attn_exact_topk_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)d; /* the table's signature: the scratch does not depend on d */
+    return attn_exact_topk_scratch(S, p->k, g);
+}
+
+int64_t attn_exact_topk_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)g; /* the group shares one read of K and of the kept V rows */
+    const int64_t kk = p->k < S ? p->k : S;
+    return S * d + kk * d + 2 * (int64_t)d;
+}

@@ -280,6 +280,13 @@ const attn_kernels *attn_kernels_at(cpu_level level);
 size_t attn_exact_topk_scratch(int64_t S, int64_t k, int g);
 void attn_exact_topk_group(const attn_kv_view *kv, const float *q, int g, int64_t k, int renorm,
                            float *out, attn_scratch *scratch, attn_trace *trace);
+/* The policy-table entries the two exact top-k policies (flexgen, oracle)
+ * share: k defaults to 128 and must be >= 1 (name: the policy, for the
+ * message); their scratch; their transfer, S*d (K) + min(k,S)*d (V of the
+ * kept rows) + 2*d (k, v appended). */
+int     attn_exact_topk_resolve(const char *name, sparq_attn_params *p, char *err, size_t err_size);
+size_t  attn_exact_topk_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g);
+int64_t attn_exact_topk_transfer(const sparq_attn_params *p, int64_t S, int d, int g);
 
 /* out[i] = sum_{h<g} x[h*n + i]: a group's per-head rows summed. */
 void attn_sum_heads(const float *x, int g, int64_t n, float *out);

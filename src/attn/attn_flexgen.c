@@ -7,24 +7,11 @@
  * docs/ALGORITHMS.md "Transfer formulas": S*d + k*d + 2*d. With k >= S it is dense attention.
  */
 #include "attn/attn.h"
-#include "util/err.h"
-
-#include <stdio.h>
 
 static int flexgen_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
 {
-    (void)d;
-    if (p->k == 0) p->k = 128;
-    if (p->k < 1) {
-        return err_set(err, err_size, "flexgen: k=%d must be >= 1", p->k);
-    }
-    return 0;
-}
-
-static size_t flexgen_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g)
-{
-    (void)d;
-    return attn_exact_topk_scratch(S, p->k, g);
+    (void)d; /* k does not depend on the head size */
+    return attn_exact_topk_resolve("flexgen", p, err, err_size);
 }
 
 static int flexgen_attend(void *state, const sparq_attn_params *p, const attn_step *step)
@@ -45,20 +32,13 @@ static int flexgen_attend(void *state, const sparq_attn_params *p, const attn_st
     return 0;
 }
 
-static int64_t flexgen_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
-{
-    (void)g;
-    const int64_t kk = p->k < S ? p->k : S;
-    return S * d + kk * d + 2 * (int64_t)d;
-}
-
 const attn_policy attn_policy_flexgen = {
     .name = "flexgen",
     .summary = "exact scores, top-k values, no renormalisation",
     .in_all = 1,
     .needs = 0,
     .resolve = flexgen_resolve,
-    .scratch_floats = flexgen_scratch_floats,
+    .scratch_floats = attn_exact_topk_scratch_floats,
     .attend = flexgen_attend,
-    .transfer_formula = flexgen_transfer,
+    .transfer_formula = attn_exact_topk_transfer,
 };

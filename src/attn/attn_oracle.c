@@ -7,24 +7,11 @@
  * S*d (K) + k*d (V of the kept rows) + 2*d (k, v appended). k >= S: dense.
  */
 #include "attn/attn.h"
-#include "util/err.h"
-
-#include <stdio.h>
 
 static int oracle_resolve(sparq_attn_params *p, int d, char *err, size_t err_size)
 {
-    (void)d;
-    if (p->k == 0) p->k = 128;
-    if (p->k < 1) {
-        return err_set(err, err_size, "oracle: k=%d must be >= 1", p->k);
-    }
-    return 0;
-}
-
-static size_t oracle_scratch_floats(const sparq_attn_params *p, int64_t S, int d, int g)
-{
-    (void)d;
-    return attn_exact_topk_scratch(S, p->k, g);
+    (void)d; /* k does not depend on the head size */
+    return attn_exact_topk_resolve("oracle", p, err, err_size);
 }
 
 static int oracle_attend(void *state, const sparq_attn_params *p, const attn_step *step)
@@ -50,20 +37,13 @@ static int oracle_attend(void *state, const sparq_attn_params *p, const attn_ste
     return 0;
 }
 
-static int64_t oracle_transfer(const sparq_attn_params *p, int64_t S, int d, int g)
-{
-    (void)g;
-    const int64_t kk = p->k < S ? p->k : S;
-    return S * d + kk * d + 2 * (int64_t)d;
-}
-
 const attn_policy attn_policy_oracle = {
     .name = "oracle",
     .summary = "exact top-k, renormalised",
     .in_all = 1,
     .needs = 0,
     .resolve = oracle_resolve,
-    .scratch_floats = oracle_scratch_floats,
+    .scratch_floats = attn_exact_topk_scratch_floats,
     .attend = oracle_attend,
-    .transfer_formula = oracle_transfer,
+    .transfer_formula = attn_exact_topk_transfer,
 };
