@@ -177,8 +177,9 @@ int main(int argc, char **argv)
         kvf_writer *w;
         int32_t tokens[N];
         for (int i = 0; i < N; i++) tokens[i] = i * 7;
-        if (kvf_writer_create(argv[1 + f], &fp, elem, N, CAP, f == 0, f == 0 ? N : 0,
-                              f == 0 ? "exact" : "", &w, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        const kvf_shape shape = { .elem = elem, .n = N, .cap = CAP, .with_kt = f == 0,
+                                  .n_tokens = f == 0 ? N : 0, .kinds = f == 0 ? "exact" : "" };
+        if (kvf_writer_create(argv[1 + f], &fp, &shape, &w, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
         if (f == 0) kvf_writer_tokens(w, tokens);
         unsigned char *k = calloc(N * D, 4), *v = calloc(N * D, 4);
         for (int i = 0; i < N * D * es; i++) { k[i] = (unsigned char)(i * 13 % 61); v[i] = (unsigned char)(i % 31); }
