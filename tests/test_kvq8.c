@@ -596,21 +596,15 @@ static void test_prefill_tiles(void)
     for (int simd = 0; simd < 2; simd++) {
         for (int t0 = 0; t0 < n; t0 += bq) {
             const int nt = n - t0 < bq ? n - t0 : bq;
-            attn_pf_rows b = {.pos0 = pos0 + t0,
-                              .nt = nt,
-                              .g = g,
-                              .q = q + (size_t)t0 * g * d,
-                              .q_stride = (size_t)g * d,
-                              .out = o1 + (size_t)t0 * g * d,
-                              .out_stride = (size_t)g * d};
-            (simd ? attn_prefill_block : attn_prefill_block_ref)(&f.q8, &b, ml1 + (size_t)t0 * g * 2, scratch);
-            b.out = o2 + (size_t)t0 * g * d;
-            (simd ? attn_prefill_block : attn_prefill_block_ref)(&f.f32, &b, ml2 + (size_t)t0 * g * 2, scratch);
+            const attn_pf_rows b1 = attn_pf_rows_packed(pos0, t0, nt, g, d, q, o1);
+            const attn_pf_rows b2 = attn_pf_rows_packed(pos0, t0, nt, g, d, q, o2);
+            (simd ? attn_prefill_block : attn_prefill_block_ref)(&f.q8, &b1, ml1 + (size_t)t0 * g * 2, scratch);
+            (simd ? attn_prefill_block : attn_prefill_block_ref)(&f.f32, &b2, ml2 + (size_t)t0 * g * 2, scratch);
         }
         CHECK(memcmp(o1, o2, (size_t)n * g * d * sizeof(float)) == 0, "prefill block %d: q8 tiles = f32 tiles", simd);
         for (int64_t k0 = 0; k0 < S; k0 += ATTN_PF_BK) {
             const int nk = S - k0 < ATTN_PF_BK ? (int)(S - k0) : ATTN_PF_BK;
-            const attn_pf_rows b = {.pos0 = pos0, .nt = n, .g = g, .q = q, .q_stride = (size_t)g * d};
+            const attn_pf_rows b = attn_pf_rows_packed(pos0, 0, n, g, d, q, NULL);
             (simd ? attn_prefill_colsum : attn_prefill_colsum_ref)(&f.q8, k0, nk, &b, ml1, c1 + k0, scratch);
             (simd ? attn_prefill_colsum : attn_prefill_colsum_ref)(&f.f32, k0, nk, &b, ml2, c2 + k0, scratch);
         }

@@ -86,8 +86,7 @@ static void segments_vs_naive(void)
     int32_t sel[40];
     for (int i = 0; i < 40; i++) sel[i] = 7 + 5 * i; /* older than the window at 256 */
     const attn_pf_seg seg[3] = { { 0, 4, NULL, 0 }, { 0, 0, sel, 40 }, { 256, S, NULL, 0 } };
-    const attn_pf_rows b = {
-        .pos0 = pos0, .nt = nt, .g = g, .q = q, .q_stride = (size_t)g * d, .out = out, .out_stride = (size_t)g * d};
+    const attn_pf_rows b = attn_pf_rows_packed(pos0, 0, nt, g, d, q, out);
     for (int simd = 0; simd < 2; simd++) {
         (simd ? attn_prefill_block_segs : attn_prefill_block_segs_ref)(&kv, seg, 3, &b, scratch);
         double worst = 0;
@@ -109,8 +108,7 @@ static void segments_vs_naive(void)
     /* one segment [0, end): attn_prefill_block bit for bit */
     const attn_pf_seg all = { 0, S, NULL, 0 };
     attn_prefill_block_segs(&kv, &all, 1, &b, scratch);
-    attn_pf_rows b1 = b;
-    b1.out = out1;
+    const attn_pf_rows b1 = attn_pf_rows_packed(pos0, 0, nt, g, d, q, out1);
     attn_prefill_block(&kv, &b1, NULL, scratch);
     CHECK(memcmp(out, out1, (size_t)nt * g * d * sizeof(float)) == 0, "one segment = attn_prefill_block");
     free(K); free(V); free(q); free(out); free(out1); free(scratch); free(mask); free(ref);
@@ -149,8 +147,7 @@ static void selection_finds_planted(int64_t S_old, int nlist)
     kv.elem = KV_F32;
     kv.K = K;
     kv.V = V;
-    const attn_pf_rows bx = {
-        .pos0 = pos0, .nt = nt, .g = g, .q = q, .q_stride = (size_t)g * d, .out = ex, .out_stride = (size_t)g * d};
+    const attn_pf_rows bx = attn_pf_rows_packed(pos0, 0, nt, g, d, q, ex);
     attn_prefill_block(&kv, &bx, NULL, scratch);
     for (int mode = SPARQ_PREFILL_WINDOW; mode <= SPARQ_PREFILL_TOPK; mode++) {
         sparq_prefill_params p = { 0 };
@@ -167,8 +164,7 @@ static void selection_finds_planted(int64_t S_old, int nlist)
         if (!s) continue;
         CHECK(attn_pf_sparse_grow(s, 0, 0, &kv, pos0, err, sizeof err) == 0, "grow: %s", err);
         int64_t seen = 0;
-        attn_pf_rows b = bx;
-        b.out = out;
+        const attn_pf_rows b = attn_pf_rows_packed(pos0, 0, nt, g, d, q, out);
         attn_pf_sparse_block(s, 0, 0, 0, &kv, &b, scratch, &seen);
         double worst = 0;
         for (int i = 0; i < nt * g * d; i++) worst = fmax(worst, fabs(out[i] - ex[i]));

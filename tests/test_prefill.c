@@ -90,13 +90,7 @@ static void run_case(int f16, int d, int g, int64_t pos0, int n)
     for (int simd = 0; simd < 2; simd++) {
         for (int t0 = 0; t0 < n; t0 += bq) {
             const int nt = n - t0 < bq ? n - t0 : bq;
-            const attn_pf_rows b = {.pos0 = pos0 + t0,
-                                    .nt = nt,
-                                    .g = g,
-                                    .q = q + (size_t)t0 * g * d,
-                                    .q_stride = (size_t)g * d,
-                                    .out = out + (size_t)t0 * g * d,
-                                    .out_stride = (size_t)g * d};
+            const attn_pf_rows b = attn_pf_rows_packed(pos0, t0, nt, g, d, q, out);
             bf[simd](&kv, &b, ml + (size_t)t0 * g * 2, scratch);
         }
         double worst = 0;
@@ -106,7 +100,7 @@ static void run_case(int f16, int d, int g, int64_t pos0, int n)
         }
         for (int64_t k0 = 0; k0 < S; k0 += ATTN_PF_BK) {
             const int nk = S - k0 < ATTN_PF_BK ? (int)(S - k0) : ATTN_PF_BK;
-            const attn_pf_rows b = {.pos0 = pos0, .nt = n, .g = g, .q = q, .q_stride = (size_t)g * d};
+            const attn_pf_rows b = attn_pf_rows_packed(pos0, 0, n, g, d, q, NULL);
             cf[simd](&kv, k0, nk, &b, ml, cs + k0, scratch);
         }
         double worst_cs = 0, total = 0;

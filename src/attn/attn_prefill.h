@@ -40,6 +40,21 @@ typedef struct attn_pf_rows {
     size_t       out_stride;
 } attn_pf_rows;
 
+/* The nt tokens from token t0 of q and out packed as [tokens][g][d] (both
+ * strides g * d; out may be NULL), at positions pos0 + t0 on. */
+static inline attn_pf_rows attn_pf_rows_packed(int64_t pos0, int t0, int nt, int g, int d, const float *q,
+                                               float *out)
+{
+    const size_t stride = (size_t)g * d;
+    return (attn_pf_rows){.pos0 = pos0 + t0,
+                          .nt = nt,
+                          .g = g,
+                          .q = q + (size_t)t0 * stride,
+                          .q_stride = stride,
+                          .out = out ? out + (size_t)t0 * stride : NULL,
+                          .out_stride = stride};
+}
+
 /* Causal attention of the rows of b (token t sees keys 0..pos0+t of kv,
  * kv->S >= pos0 + nt). ml (may be NULL): receives the final running max and
  * sum of every row, ml[2 * (t * g + j)] = m, [.. + 1] = l, in units of the
