@@ -34,6 +34,7 @@
 # environment:
 #   LLAMA_SERVER=/path/to/llama-server  also measure llama-server (-fa on and off; the better counts)
 #   LLAMA_SERVER_ARGS="..."             extra llama-server flags (e.g. --mlock)
+#   SPARQ_BIN=PATH     the sparq binary (default ./build/sparq; e.g. an A/B of two builds)
 #   MODEL_DIR=DIR      generated models (default /tmp/sparq-bench-models, shared with bench.sh)
 #   THREADS=N          threads per server (default 2)
 #   PORT=N             llama-server's loopback port (default 18471; sparq picks a free one)
@@ -142,7 +143,7 @@ LLAMA_SERVER_ARGS=${LLAMA_SERVER_ARGS:-}
 SPARQ_LOGIT_BIAS=${SPARQ_LOGIT_BIAS:-1}
 # gen-model's SentencePiece byte tokens <0x00>..<0xFF> (see "Byte tokens" above)
 BYTE_IDS=3-258
-SPARQ=./build/sparq
+SPARQ=${SPARQ_BIN:-./build/sparq}
 CLIENT=scripts/bench_serve_client.mjs
 TEXT_DIR=../shared/data/text
 
