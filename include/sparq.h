@@ -351,7 +351,10 @@ SPARQ_API int sparq_context_copy_prefix(sparq_context *dst, const sparq_context 
  * the prefill chunk; for Q8_0 caches n must also be a multiple of 32, and
  * a policy reading K^T (sparq) needs a src that had K^T: else K^T is
  * quantized from K's rounded rows, as when a KV file is loaded); refused
- * for a policy that observes the prefill (h2o). What is per context: V sums (copied), policy
+ * for a policy that observes the prefill (h2o). A context that was reset
+ * after holding at least n positions gets a copy in its own (already
+ * committed) memory instead of a mapping: no page faults, which on some
+ * virtual machines cost more than the copy. What is per context: V sums (copied), policy
  * state and top-k indexes (built by the context at its first decode step,
  * as after a copy). Reference counted: sparq_prefix_free drops the
  * caller's reference, and the memory goes when the last attached context
@@ -382,6 +385,14 @@ SPARQ_API int sparq_context_fill_random(sparq_context *c, int64_t n, uint64_t se
 
 /* Drops every cached token (the sequence starts again at position 0). */
 SPARQ_API void sparq_context_reset(sparq_context *c);
+
+/* For a server that keeps a finished sequence's context for the next: 1
+ * when c was made by sparq_context_create with parameters equal to p's
+ * (capacity, threads, batch, KV type, attention) and holds its own memory
+ * (not a KV file's, not a shared prefix's mapping); c is then reset and
+ * ready, its committed pages kept. p NULL: any parameters (a context
+ * set aside to be checked against a request later). 0 otherwise (free c). */
+SPARQ_API int sparq_context_reuse(sparq_context *c, const sparq_context_params *p);
 
 /* Context shift (llama.cpp's): drops cached positions [n_keep, n_keep +
  * n_discard) and moves the later ones down by n_discard, re-rotating

@@ -373,7 +373,7 @@ static sparq_attn_params policy(const char *name)
     return p;
 }
 
-static sparq_context *make_ctx(sparq_model *m, const char *pol, int kv_type, int64_t n_ctx)
+static sparq_context_params ctx_params(const char *pol, int kv_type, int64_t n_ctx)
 {
     sparq_context_params cp = sparq_context_default_params();
     cp.n_ctx = n_ctx;
@@ -381,6 +381,12 @@ static sparq_context *make_ctx(sparq_model *m, const char *pol, int kv_type, int
     cp.n_batch = NB;
     cp.kv_type = kv_type;
     cp.attn = policy(pol);
+    return cp;
+}
+
+static sparq_context *make_ctx(sparq_model *m, const char *pol, int kv_type, int64_t n_ctx)
+{
+    const sparq_context_params cp = ctx_params(pol, kv_type, n_ctx);
     sparq_context *c = NULL;
     char err[256];
     if (sparq_context_create(m, &cp, &c, err, sizeof err)) fprintf(stderr, "context: %s\n", err);
@@ -430,6 +436,33 @@ static void check_attach(sparq_model *m, const char *pol, int kv_type)
         CHECK(ra == 0 && sparq_context_pos(a) == P, "%s: attach: %s", pol, err);
         const int rb = b ? sparq_context_attach_prefix(b, p, P - 2 * NB, err, sizeof err) : -1;
         CHECK(rb == 0 && sparq_prefix_users(p) == 2, "%s: second attach: %s", pol, err);
+        /* `fresh`, reset for a new sequence after holding another prompt
+         * as long (its pages then hold other keys): the prefix is copied
+         * into its own pages, not mapped (no new user) */
+        int32_t other_prompt[PROMPT];
+        for (int i = 0; i < PROMPT; i++) other_prompt[i] = 3 + (i * 53 + 7) % (V - 3);
+        sparq_context_reset(fresh);
+        CHECK(sparq_eval(fresh, other_prompt, PROMPT, NULL) == 0, "%s: another prompt: %s", pol,
+              sparq_context_error(fresh));
+        const sparq_context_params same = ctx_params(pol, kv_type, 256);
+        sparq_context_params other = same;
+        other.n_ctx = 255;
+        const int mismatch = sparq_context_reuse(fresh, &other);
+        other = same;
+        other.attn = policy(strcmp(pol, "dense") ? "dense" : "streaming");
+        const int mismatch2 = sparq_context_reuse(fresh, &other), mapped = sparq_context_reuse(a, &same);
+        CHECK(mismatch == 0 && mismatch2 == 0 && mapped == 0,
+              "%s: reuse must refuse other parameters (%d, %d) and a shared prefix's mapping (%d)", pol, mismatch,
+              mismatch2, mapped);
+        const int reused = sparq_context_reuse(fresh, &same);
+        const int rc = reused ? sparq_context_attach_prefix(fresh, p, P, err, sizeof err) : -1;
+        CHECK(reused == 1 && rc == 0 && sparq_context_pos(fresh) == P && sparq_prefix_users(p) == 2,
+              "%s kv %d: reuse %d, attach into it %d (%s), users %d", pol, kv_type, reused, rc, err,
+              sparq_prefix_users(p));
+        int dc = -1;
+        if (!rc && !finish_run(fresh, prompt, P, next, row, V)) dc = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
+        CHECK(dc == 0, "%s kv %d: logits over a prefix copied into a reused context differ from a fresh prefill", pol,
+              kv_type);
         sparq_prefix_free(p); /* the contexts keep it */
         p = NULL;
         int da = -1, db = -1;

@@ -6,11 +6,13 @@
  *   attn_parse_ratio, attn_sparq_ratio         a transfer ratio
  *   sparq_attn_params_from_ratio               the same, public
  *   attn_opts_init, attn_opts_params           options to parameters
+ *   attn_params_equal                          one attention, asked twice
  */
 #include "attn/attn_params.h"
 #include "util/err.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,25 @@ sparq_attn_params sparq_attn_default_params(void)
     p.policy = "dense";
     p.l = -1;
     return p;
+}
+
+static int same_name(const char *a, const char *b, const char *dflt)
+{
+    return strcmp(a ? a : dflt, b ? b : dflt) == 0;
+}
+
+int attn_params_equal(const sparq_attn_params *a, const sparq_attn_params *b)
+{
+    /* every field once: a field added to the struct must be added here */
+    _Static_assert(offsetof(sparq_attn_params, k_min) + sizeof(int) == 2 * sizeof(const char *) + 15 * sizeof(int) &&
+                       sizeof(sparq_attn_params) <= offsetof(sparq_attn_params, k_min) + sizeof(int) + sizeof(void *),
+                   "sparq_attn_params changed: update attn_params_equal");
+    return same_name(a->policy, b->policy, "dense") && same_name(a->index, b->index, "exact") && a->r == b->r &&
+           a->k == b->k && a->l == b->l && a->select_logits == b->select_logits && a->no_realloc == b->no_realloc &&
+           a->n_sink == b->n_sink && a->topk_schedule == b->topk_schedule && a->index_key_type == b->index_key_type &&
+           a->ivf_nlist == b->ivf_nlist && a->ivf_nprobe == b->ivf_nprobe && a->hnsw_ef_search == b->hnsw_ef_search &&
+           a->topk_check == b->topk_check && a->select_always == b->select_always && a->adaptive_k == b->adaptive_k &&
+           a->k_min == b->k_min;
 }
 
 /* ---- ratios ------------------------------------------------------------------------- */

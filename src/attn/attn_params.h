@@ -35,6 +35,10 @@ typedef struct attn_opts {
     int topk_check;         /* --topk-check                               */
 } attn_opts;
 
+/* 1 when a and b ask for the same attention (names compared as strings,
+ * NULL as the default), 0 otherwise. */
+int attn_params_equal(const sparq_attn_params *a, const sparq_attn_params *b);
+
 /* Nothing given: dense attention, l = -1 (the policy's default). */
 void attn_opts_init(attn_opts *o);
 

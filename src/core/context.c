@@ -4,6 +4,7 @@
  *
  * Map:
  *   sparq_context_create / _load_kv / _free   KV cache, scratch, attention policy
+ *   sparq_context_reset / _reuse              the same context, a new sequence
  *   sparq_context_save_kv                     the cache and its indexes to a file
  *   model_fingerprint                         what a KV file must match to be reused
  *   sparq_context_fill_random                 synthetic keys/values for benchmarks
@@ -11,6 +12,7 @@
 #include "io/kvfile.h"
 #include "core/context.h"
 #include "core/model.h"
+#include "attn/attn_params.h"
 #include "attn/attn_pf_sparse.h"
 #include "util/err.h"
 #include "util/paths.h"
@@ -407,6 +409,36 @@ void sparq_context_reset(sparq_context *c)
     policy_restart(c); /* policy state (e.g. H2O scores) restarts too */
 }
 
+int sparq_context_reuse(sparq_context *c, const sparq_context_params *p)
+{
+    if (!c || c->kvw || c->pf || c->kv.kv_borrowed || c->kv.kt_borrowed || (p && p->prefill.mode != SPARQ_PREFILL_EXACT))
+        return 0;
+    if (!p) goto reset;
+    const model_hparams *hp = &c->model->hp;
+    const int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
+    const int n_threads = p->n_threads > 0 ? p->n_threads : cpu_physical_cores();
+    int64_t n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    const int elem = p->kv_type == SPARQ_KV_F16 ? KV_F16 : p->kv_type == SPARQ_KV_Q8_0 ? KV_Q8_0 : KV_F32;
+    if (p->n_ctx < 0 || p->n_threads < 0 || p->n_batch < 0 || n_ctx != c->kv.cap || n_threads != c->n_threads ||
+        n_batch != c->rs.n_batch || p->kv_type != c->params.kv_type || elem != c->kv.elem)
+        return 0;
+    /* the policy's defaults filled in, as at creation, before comparing */
+    sparq_attn_params a = p->attn;
+    char err[256];
+    if (attn_policy_find(a.policy ? a.policy : "dense") != c->policy) return 0;
+    a.policy = c->policy->name;
+    if (c->policy->resolve(&a, hp->head_dim, err, sizeof err) || !attn_params_equal(&a, &c->params.attn)) return 0;
+    c->params.progress = p->progress;
+    c->params.progress_user = p->progress_user;
+    c->params.abort_flag = p->abort_flag;
+reset:
+    sparq_context_reset(c);
+    if (c->policy->state_create && !c->policy_state) return 0; /* its restart ran out of memory */
+    c->error[0] = 0;
+    return 1;
+}
+
 int sparq_context_shift(sparq_context *c, int64_t n_keep, int64_t n_discard)
 {
     const model_hparams *hp = &c->model->hp;
@@ -634,6 +666,10 @@ int sparq_context_attach_prefix(sparq_context *dst, const sparq_prefix *p, int64
     if (dst->policy->observe_prefill) { /* as sparq_context_copy_prefix */
         return err_set(err, err_size, "attach_prefix: the %s policy observes the prefill; prefill instead", dst->policy->name);
     }
+    /* a reset context that held as many positions has its own pages
+     * committed: a copy into them is a memcpy, where mapping the prefix
+     * would fault each of its pages in on first touch */
+    if (!dst->kv.kv_borrowed && dst->kv.n_max >= n) return kv_copy_shared(&dst->kv, p->kv, n, err, err_size);
     kv_cache kv;
     if (kv_create_cow(&kv, p->kv, dst->kv.n_layer, dst->kv.n_kv_head, dst->kv.d, n, dst->kv.kt != NULL,
                       dst->kv.v_sum != NULL, err, err_size))

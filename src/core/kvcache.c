@@ -353,6 +353,7 @@ void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *ou
 
 void kv_reset(kv_cache *c)
 {
+    if (c->n > c->n_max) c->n_max = c->n;
     kt_unsplit(c, 0);
     c->n = 0;
     if (c->v_sum) memset(c->v_sum, 0, (size_t)c->n_layer * c->n_kv_head * c->d * sizeof(float));
@@ -609,6 +610,19 @@ static int kv_attach_kt(kv_cache *c, const kv_cache *v, int64_t n)
     return 0;
 }
 
+/* K^T of the shared prefix, built in place the first time a user needs it
+ * (never written afterwards). s->mu held. 0, or -1 when out of memory. */
+static int shared_kt_build(kv_shared *s)
+{
+    const kv_cache *v = &s->view;
+    int failed = 0;
+    if (s->kt_built) return 0;
+    for (int l = 0; l < v->n_layer && !failed; l++)
+        for (int h = 0; h < v->n_kv_head && !failed; h++) failed = kt_rebuild(&s->view, l, h, 0, v->n, NULL);
+    s->kt_built = !failed;
+    return failed ? -1 : 0;
+}
+
 int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, int64_t n,
                   int with_kt, int with_vsum, char *err, size_t err_size)
 {
@@ -618,13 +632,8 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
         return err_set(err, err_size, "shared prefix: shape or length (%lld of %lld positions) does not match",
                        (long long)n, (long long)v->n);
     }
-    int kt_failed = 0;
     pthread_mutex_lock(&s->mu);
-    if (with_kt && !s->kt_built) { /* no cache maps K^T yet: built in place, once */
-        for (int l = 0; l < v->n_layer && !kt_failed; l++)
-            for (int h = 0; h < v->n_kv_head && !kt_failed; h++) kt_failed = kt_rebuild(&s->view, l, h, 0, v->n, NULL);
-        s->kt_built = !kt_failed;
-    }
+    const int kt_failed = with_kt && shared_kt_build(s);
     s->refs++;
     s->users++;
     pthread_mutex_unlock(&s->mu);
@@ -659,5 +668,47 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
         kv_free(c); /* unmaps m through owner_free */
         return -1;
     }
+    return 0;
+}
+
+int kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, char *err, size_t err_size)
+{
+    const kv_cache *v = &s->view;
+    if (c->kv_borrowed || c->kt_borrowed || c->kt_pre || c->n != 0 || c->n_layer != v->n_layer ||
+        c->n_kv_head != v->n_kv_head || c->d != v->d || c->cap != v->cap || c->elem != v->elem || n < 0 || n > v->n) {
+        return err_set(err, err_size, "shared prefix: cannot copy %lld of %lld positions into this cache (it must be "
+                       "empty, its own, and of the prefix's shape)", (long long)n, (long long)v->n);
+    }
+    pthread_mutex_lock(&s->mu);
+    const int kt_failed = c->kt && shared_kt_build(s);
+    pthread_mutex_unlock(&s->mu);
+    if (kt_failed) {
+        return err_set(err, err_size, "shared prefix: out of memory for K^T");
+    }
+    const size_t heads = (size_t)v->n_layer * v->n_kv_head, span = (size_t)v->cap * v->row_bytes;
+    for (size_t hh = 0; hh < heads; hh++) { /* one layout and capacity: the same offsets */
+        memcpy(c->k + hh * span, v->k + hh * span, (size_t)n * v->row_bytes);
+        memcpy(c->v + hh * span, v->v + hh * span, (size_t)n * v->row_bytes);
+    }
+    if (c->kt) { /* as kv_attach_kt: the used bytes of each row, a partial Q8_0 block reloaded on its next write */
+        const size_t used = attn_kv_row_bytes(v->elem, n);
+        for (size_t r = 0; r < heads * (size_t)v->d; r++)
+            memcpy(c->kt + r * c->kt_row_bytes, v->kt + r * v->kt_row_bytes, used);
+        if (c->kt_part_blk)
+            for (int l = 0; l < c->n_layer; l++) c->kt_part_blk[l] = -1;
+    }
+    if (c->v_sum && n == v->n) {
+        memcpy(c->v_sum, s->v_sum, heads * (size_t)v->d * sizeof(float));
+    } else if (c->v_sum) { /* in position order from the stored values, as kv_write sums */
+        memset(c->v_sum, 0, heads * (size_t)v->d * sizeof(float));
+        for (size_t hh = 0; hh < heads; hh++) {
+            float *sum = c->v_sum + hh * v->d;
+            const uint8_t *vh = c->v + hh * span;
+            for (int64_t p = 0; p < n; p++)
+                for (int j = 0; j < v->d; j++) sum[j] += attn_kv_at(vh, v->elem, v->d, p, j);
+        }
+    }
+    c->n = n;
+    if (n > c->n_max) c->n_max = n;
     return 0;
 }

@@ -26,6 +26,9 @@ typedef struct kv_cache {
     int     n_layer, n_kv_head, d;
     int64_t cap;            /* positions reserved                          */
     int64_t n;              /* positions written (the same for all layers) */
+    int64_t n_max;          /* most positions held before the last reset:
+                             * own pages already committed, so copying into
+                             * them costs no page faults                    */
     int     elem;           /* KV_F32, KV_F16 or KV_Q8_0                   */
     size_t  elem_size;      /* whole bytes: 4, 2, or 1 for Q8_0 (really
                              * 34/32: kv_bytes_of counts its bytes)       */
@@ -116,6 +119,15 @@ int     kv_shared_users(const kv_shared *s);
  * sums V. On failure c is zeroed. */
 int     kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, int64_t n,
                       int with_kt, int with_vsum, char *err, size_t err_size);
+
+/* Copies s's first n <= kv_shared_n(s) positions into c, an empty cache of
+ * its own storage and of s's shape: K and V rows, K^T (built in s first if
+ * no user needed it yet) and the V sums, as kv_create_cow would show them.
+ * Where c's pages are committed (a reset cache that held n positions) this
+ * is a memcpy; a fresh private mapping of s instead costs a page fault per
+ * 4 KiB page on first touch, which some hypervisors make slow (a shadow
+ * page-table entry each). 0, or -1 with a message (c unchanged). */
+int     kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, char *err, size_t err_size);
 
 /* Stores position `pos` of `layer`: k[n_kv_head][d], v[n_kv_head][d]
  * (f32; rounded to the cache element type). Updates kt and v_sum. The
