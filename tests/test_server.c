@@ -913,6 +913,11 @@ static void warm_tails(const char *model)
                       !strcmp(warm[q], alone[q]),
                   "warm tails: prompt %d cold '%s', warm (%d) '%s', alone '%s'", q, cold[q] ? cold[q] : "", status[q],
                   warm[q] ? warm[q] : "", alone[q] ? alone[q] : "");
+        /* six ask for dense, two for SparQ: at most four land in a slot
+         * whose last context had the other policy */
+        const long long reused = metric(srv.port, "contexts_reused_total");
+        CHECK(reused >= NW - 4 && reused <= NW, "warm tails: %lld requests ran in their slot's last context (want >= %d)",
+              reused, NW - 4);
         CHECK(metric(srv.port, "prefix_cache_hits_total") >= NW && batched >= 2,
               "warm tails: %lld prefix hits, %lld last tokens prefilled together (want >= 2)",
               metric(srv.port, "prefix_cache_hits_total"), batched);

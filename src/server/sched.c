@@ -307,6 +307,7 @@ static void sched_free(sched *q)
     for (int i = 0; q->slots && i < q->P; i++) {
         slot_release(q->s, &q->slots[i], i);
         slot_drop_kept(&q->slots[i]);
+        slot_drop_spare(&q->slots[i]);
     }
     pc_free(&q->pc);
     free(q->slots);

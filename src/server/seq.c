@@ -103,6 +103,25 @@ void slot_drop_kept(slot *sl)
     sl->n_kept = 0;
 }
 
+void slot_drop_spare(slot *sl)
+{
+    sparq_context_free(sl->spare);
+    sl->spare = NULL;
+}
+
+/* The context a request runs in, as sparq_context_create takes it (a
+ * document's is its KV file's, loaded instead). */
+static sparq_context_params request_context_params(const srv_server *s, const srv_request *r)
+{
+    sparq_context_params cp = sparq_context_default_params();
+    cp.n_ctx = s->cfg.n_ctx;
+    cp.n_threads = s->cfg.n_threads;
+    cp.n_batch = s->cfg.n_batch;
+    cp.kv_type = s->cfg.kv_type;
+    cp.attn = r->attn;
+    return cp;
+}
+
 void slot_release(srv_server *s, slot *sl, int idx)
 {
     if (sl->c) {
@@ -124,6 +143,12 @@ void slot_release(srv_server *s, slot *sl, int idx)
     sparq_context *kept = sl->kept;
     int32_t *kept_ids = sl->kept_ids;
     const int n_kept = sl->n_kept;
+    sparq_context *spare = sl->spare;
+    if (sl->c && sl->spareable && sparq_context_reuse(sl->c, NULL)) { /* not a shared prefix's mapping */
+        sparq_context_free(spare);
+        spare = sl->c;
+        sl->c = NULL;
+    }
     sparq_context_free(sl->c);
     sparq_sampler_free(sl->smp);
     free(sl->logits);
@@ -133,6 +158,7 @@ void slot_release(srv_server *s, slot *sl, int idx)
     sl->kept = kept;
     sl->kept_ids = kept_ids;
     sl->n_kept = n_kept;
+    sl->spare = spare;
     if (s->slot_pub) {
         pthread_mutex_lock(&s->lock);
         s->slot_pub[idx].n_cache = n_kept;
@@ -248,20 +274,22 @@ int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
 {
     const srv_request *r = sl->r;
     const int V = s->n_vocab;
-    sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = s->cfg.n_ctx;
-    cp.n_threads = s->cfg.n_threads;
-    cp.n_batch = s->cfg.n_batch;
-    cp.kv_type = s->cfg.kv_type;
-    cp.attn = r->attn;
+    sparq_context_params cp = request_context_params(s, r);
     if (r->doc >= 0) { /* the file itself, mapped (server/docs.h) */
         cp.n_ctx = 0;
         cp.prefill.mode = SPARQ_PREFILL_POLICY;
         /* its data was checked once, at start (srv_docs_open) */
         if (sparq_context_load_kv(s->model, &cp, s->cfg.docs[r->doc].path, SPARQ_VERIFY_META, &sl->c, err, err_size))
             return -1;
-    } else if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) {
-        return -1;
+    } else if (sl->spare && sparq_context_reuse(sl->spare, &cp)) {
+        sl->c = sl->spare;
+        sl->spare = NULL;
+        pthread_mutex_lock(&s->lock);
+        s->metrics.contexts_reused++;
+        pthread_mutex_unlock(&s->lock);
+    } else {
+        slot_drop_spare(sl); /* made for other parameters */
+        if (sparq_context_create(s->model, &cp, &sl->c, err, err_size)) return -1;
     }
     sparq_sampler_params sp = sparq_sampler_default_params();
     sp.temp = r->temp;
@@ -287,6 +315,7 @@ int slot_start(srv_server *s, slot *sl, char *err, size_t err_size)
     }
     streamer_init(&sl->st, (const char *const *)r->stops, r->n_stops, 0);
     sl->keepable = s->cfg.slot_save_path && r->doc < 0;
+    sl->spareable = r->doc < 0;
     slot_hist_push(sl, r->prompt, r->n_prompt);
     sl->policy_ix = -1;
     for (int i = 0; i < SRV_MAX_POLICIES && sparq_attn_policy_name(i); i++)

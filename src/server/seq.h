@@ -38,6 +38,11 @@ typedef struct slot {
     sparq_context *kept;         /* the slot's cache between requests       */
     int32_t       *kept_ids;     /* [n_kept] its ids                        */
     int            n_kept;
+    /* the last request's context, reset, for the next: its pages stay
+     * committed, so the next prefill or prefix copy faults none in (a
+     * fresh mapping's first touch is slow on some virtual machines) */
+    sparq_context *spare;
+    int            spareable;    /* c is the slot's own (not a document's)  */
 } slot;
 
 /* Log-softmax of logits at id, and the n most likely tokens. */
@@ -54,6 +59,8 @@ void slot_finish(srv_server *s, slot *sl, const char *reason, int status, const 
 int publish_token(slot *sl, int32_t id, const srv_token *lp, const char *piece, int len);
 /* The slot's kept cache goes (slot_release keeps it otherwise). */
 void slot_drop_kept(slot *sl);
+/* The slot's spare context goes (at shutdown). */
+void slot_drop_spare(slot *sl);
 /* The request's context and sampler go; with keepable its cache becomes the
  * slot's kept one (positions whose ids are known), replacing the last. */
 void slot_release(srv_server *s, slot *sl, int idx);

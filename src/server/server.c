@@ -742,10 +742,13 @@ static enum MHD_Result handle_metrics(conn *k)
            m.decode_seconds > 0 ? m.decode_tokens / m.decode_seconds : 0.0);
     METRIC("prefix_cache_hits_total", "counter", "Prompts that started from a cached prefix.", "%lld",
            (long long)m.prefix_hits);
-    METRIC("prefix_cache_tokens_total", "counter", "Prompt tokens mapped from the prefix cache, not prefilled.",
+    METRIC("prefix_cache_tokens_total", "counter", "Prompt tokens mapped or copied from the prefix cache, not prefilled.",
            "%lld", (long long)m.prefix_tokens);
     METRIC("prefix_cache_waits_total", "counter", "Requests that waited for another sequence to prefill their prefix.",
            "%lld", (long long)m.prefix_waits);
+    METRIC("contexts_reused_total", "counter",
+           "Requests that ran in their slot's previous context, reset (its memory already committed).", "%lld",
+           (long long)m.contexts_reused);
     METRIC("prefill_tails_batched_total", "counter",
            "Prompts whose one uncached last token was prefilled with others' in one pass.", "%lld",
            (long long)m.tails_batched);

@@ -86,6 +86,7 @@ typedef struct srv_metrics {
     int64_t prefix_hits, prefix_tokens;
     int64_t prefix_waits;       /* requests that waited for an in-flight prefill */
     int64_t tails_batched;      /* one-token last chunks prefilled together  */
+    int64_t contexts_reused;    /* requests run in their slot's last context */
     int64_t prefix_entries, prefix_bytes, prefix_users; /* gauges: the cache now */
     int64_t kv_dir_hits, kv_dir_tokens, kv_dir_writes, kv_dir_evictions, kv_dir_errors;
     int64_t kv_dir_skipped;     /* writes not queued: the writer's queue was full */
