@@ -393,12 +393,13 @@ static sparq_context *make_ctx(sparq_model *m, const char *pol, int kv_type, int
     return c;
 }
 
-/* Prompt tokens [from, PROMPT) in chunks aligned to NB, then STEPS decode
+/* Prompt tokens [from, np) in chunks aligned to NB, then STEPS decode
  * steps; rows[1 + STEPS][V]. 0 or -1. */
-static int finish_run(sparq_context *c, const int32_t *prompt, int from, const int32_t *next, float *rows, int V)
+static int finish_run(sparq_context *c, const int32_t *prompt, int np, int from, const int32_t *next, float *rows,
+                      int V)
 {
-    for (int at = from; at < PROMPT; at += NB) {
-        const int nb = PROMPT - at < NB ? PROMPT - at : NB;
+    for (int at = from; at < np; at += NB) {
+        const int nb = np - at < NB ? np - at : NB;
         if (sparq_eval_prefill(c, prompt + at, nb, rows)) return -1;
     }
     for (int t = 0; t < STEPS; t++)
@@ -406,29 +407,32 @@ static int finish_run(sparq_context *c, const int32_t *prompt, int from, const i
     return 0;
 }
 
-static void check_attach(sparq_model *m, const char *pol, int kv_type)
+/* np = 150: a prefix of 128 positions, below one K^T block; 300: 288, K^T's
+ * first block read in place from the prefix and the rest copied. */
+static void check_attach(sparq_model *m, const char *pol, int kv_type, int np)
 {
+    const int n_ctx = np + 106, n_src = np + 50;
     const int V = sparq_model_n_vocab(m);
-    int32_t prompt[PROMPT], next[STEPS];
-    for (int i = 0; i < PROMPT; i++) prompt[i] = 3 + (i * 37 + 11) % (V - 3);
+    int32_t prompt[2 * PROMPT], next[STEPS];
+    for (int i = 0; i < np; i++) prompt[i] = 3 + (i * 37 + 11) % (V - 3);
     for (int t = 0; t < STEPS; t++) next[t] = 5 + t * 13;
     float *ref = malloc((size_t)(1 + STEPS) * V * sizeof(float)), *row = malloc((size_t)(1 + STEPS) * V * sizeof(float));
     /* the source runs another policy (prefill does not depend on it); for
      * Q8_0 one with K^T, whose blocks a rebuild from K would not match */
     const char *src_pol = kv_type == SPARQ_KV_Q8_0 ? "sparq" : strcmp(pol, "dense") ? "dense" : "streaming";
-    sparq_context *fresh = make_ctx(m, pol, kv_type, 256), *src = make_ctx(m, src_pol, kv_type, 200);
-    int ok = ref && row && fresh && src && finish_run(fresh, prompt, 0, next, ref, V) == 0 &&
-             sparq_eval(src, prompt, PROMPT, NULL) == 0;
+    sparq_context *fresh = make_ctx(m, pol, kv_type, n_ctx), *src = make_ctx(m, src_pol, kv_type, n_src);
+    int ok = ref && row && fresh && src && finish_run(fresh, prompt, np, 0, next, ref, V) == 0 &&
+             sparq_eval(src, prompt, np, NULL) == 0;
     CHECK(ok, "%s: the fresh run failed", pol);
     char err[256] = "";
     sparq_prefix *p = NULL;
-    const int P = (PROMPT - 1) / NB * NB; /* 128 */
-    ok = ok && sparq_prefix_create(src, P, 256, &p, err, sizeof err) == 0;
-    CHECK(ok && sparq_prefix_pos(p) == P && sparq_prefix_n_ctx(p) == 256, "%s: prefix_create: %s", pol, err);
+    const int P = (np - 1) / NB * NB;
+    ok = ok && sparq_prefix_create(src, P, n_ctx, &p, err, sizeof err) == 0;
+    CHECK(ok && sparq_prefix_pos(p) == P && sparq_prefix_n_ctx(p) == n_ctx, "%s: prefix_create: %s", pol, err);
     sparq_context_free(src); /* the prefix is its own copy */
     if (!ok) goto done;
     /* two contexts at once, at the whole prefix and at a shorter chunk boundary */
-    sparq_context *a = make_ctx(m, pol, kv_type, 256), *b = make_ctx(m, pol, kv_type, 256);
+    sparq_context *a = make_ctx(m, pol, kv_type, n_ctx), *b = make_ctx(m, pol, kv_type, n_ctx);
     const int ra = a ? sparq_context_attach_prefix(a, p, P, err, sizeof err) : -1;
     if (!strcmp(pol, "h2o")) {
         CHECK(ra == -1 && strstr(err, "observes the prefill"), "h2o: attach refused: %s", err);
@@ -438,13 +442,14 @@ static void check_attach(sparq_model *m, const char *pol, int kv_type)
         CHECK(rb == 0 && sparq_prefix_users(p) == 2, "%s: second attach: %s", pol, err);
         /* `fresh`, reset for a new sequence after holding another prompt
          * as long (its pages then hold other keys): the prefix is copied
-         * into its own pages, not mapped (no new user) */
-        int32_t other_prompt[PROMPT];
-        for (int i = 0; i < PROMPT; i++) other_prompt[i] = 3 + (i * 53 + 7) % (V - 3);
+         * into its own pages, not mapped (K^T's whole blocks are read in
+         * place, as over a mapping) */
+        int32_t other_prompt[2 * PROMPT];
+        for (int i = 0; i < np; i++) other_prompt[i] = 3 + (i * 53 + 7) % (V - 3);
         sparq_context_reset(fresh);
-        CHECK(sparq_eval(fresh, other_prompt, PROMPT, NULL) == 0, "%s: another prompt: %s", pol,
+        CHECK(sparq_eval(fresh, other_prompt, np, NULL) == 0, "%s: another prompt: %s", pol,
               sparq_context_error(fresh));
-        const sparq_context_params same = ctx_params(pol, kv_type, 256);
+        const sparq_context_params same = ctx_params(pol, kv_type, n_ctx);
         sparq_context_params other = same;
         other.n_ctx = 255;
         const int mismatch = sparq_context_reuse(fresh, &other);
@@ -456,18 +461,21 @@ static void check_attach(sparq_model *m, const char *pol, int kv_type)
               mismatch2, mapped);
         const int reused = sparq_context_reuse(fresh, &same);
         const int rc = reused ? sparq_context_attach_prefix(fresh, p, P, err, sizeof err) : -1;
-        CHECK(reused == 1 && rc == 0 && sparq_context_pos(fresh) == P && sparq_prefix_users(p) == 2,
-              "%s kv %d: reuse %d, attach into it %d (%s), users %d", pol, kv_type, reused, rc, err,
-              sparq_prefix_users(p));
+        CHECK(reused == 1 && rc == 0 && sparq_context_pos(fresh) == P, "%s kv %d: reuse %d, attach into it %d (%s)", pol,
+              kv_type, reused, rc, err);
         int dc = -1;
-        if (!rc && !finish_run(fresh, prompt, P, next, row, V)) dc = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
+        if (!rc && !finish_run(fresh, prompt, np, P, next, row, V)) dc = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
         CHECK(dc == 0, "%s kv %d: logits over a prefix copied into a reused context differ from a fresh prefill", pol,
               kv_type);
+        /* a copy, not a mapping (a mapped context is never reused), and its
+         * reset lets go of the prefix */
+        CHECK(sparq_context_reuse(fresh, &same) == 1 && sparq_prefix_users(p) == 2,
+              "%s kv %d: after the copy, reuse again and %d users (want 2)", pol, kv_type, sparq_prefix_users(p));
         sparq_prefix_free(p); /* the contexts keep it */
         p = NULL;
         int da = -1, db = -1;
-        if (!ra && !finish_run(a, prompt, P, next, row, V)) da = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
-        if (!rb && !finish_run(b, prompt, P - 2 * NB, next, row, V))
+        if (!ra && !finish_run(a, prompt, np, P, next, row, V)) da = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
+        if (!rb && !finish_run(b, prompt, np, P - 2 * NB, next, row, V))
             db = memcmp(row, ref, (size_t)(1 + STEPS) * V * sizeof(float));
         CHECK(da == 0 && db == 0, "%s kv %d: logits over a shared prefix differ from a fresh prefill (%d, %d)", pol,
               kv_type, da, db);
@@ -577,9 +585,11 @@ int main(void)
     CHECK(sparq_model_load(model, &mdl, err, sizeof err) == 0, "load %s: %s", model, err);
     if (!mdl) return test_summary("test_kvcache");
     static const char *pols[] = { "dense", "sparq", "topk", "streaming", "h2o" };
-    for (int i = 0; i < 5; i++) check_attach(mdl, pols[i], SPARQ_KV_F16);
-    check_attach(mdl, "dense", SPARQ_KV_F32);
-    check_attach(mdl, "sparq", SPARQ_KV_Q8_0);
+    for (int i = 0; i < 5; i++) check_attach(mdl, pols[i], SPARQ_KV_F16, PROMPT);
+    check_attach(mdl, "dense", SPARQ_KV_F32, PROMPT);
+    check_attach(mdl, "sparq", SPARQ_KV_Q8_0, PROMPT);
+    check_attach(mdl, "sparq", SPARQ_KV_F16, 2 * PROMPT);
+    check_attach(mdl, "sparq", SPARQ_KV_Q8_0, 2 * PROMPT);
     check_memory(mdl, "dense");
     check_memory(mdl, "sparq");
     sparq_model_free(mdl);

@@ -669,7 +669,7 @@ int sparq_context_attach_prefix(sparq_context *dst, const sparq_prefix *p, int64
     /* a reset context that held as many positions has its own pages
      * committed: a copy into them is a memcpy, where mapping the prefix
      * would fault each of its pages in on first touch */
-    if (!dst->kv.kv_borrowed && dst->kv.n_max >= n) return kv_copy_shared(&dst->kv, p->kv, n, err, err_size);
+    if (!dst->kv.kv_borrowed && dst->kv.n_max >= n) return kv_copy_shared(&dst->kv, p->kv, n, dst->n_threads, err, err_size);
     kv_cache kv;
     if (kv_create_cow(&kv, p->kv, dst->kv.n_layer, dst->kv.n_kv_head, dst->kv.d, n, dst->kv.kt != NULL,
                       dst->kv.v_sum != NULL, err, err_size))

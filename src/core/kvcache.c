@@ -30,6 +30,7 @@ static void release(void *p, size_t bytes)
 }
 
 static int kt_part_alloc(kv_cache *c);
+static void kt_ref_drop(kv_cache *c);
 static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to, float *work);
 
 /* Shape fields and kv_bytes; -1 with a message if the shape is bad. */
@@ -86,6 +87,7 @@ int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int e
 void kv_free(kv_cache *c)
 {
     if (!c) return;
+    kt_ref_drop(c);
     if (!c->kv_borrowed) {
         release(c->k, c->kv_bytes);
         release(c->v, c->kv_bytes);
@@ -200,6 +202,7 @@ static void kt_unsplit(kv_cache *c, int keep)
             memcpy(c->kt + r * full, c->kt_pre + r * full, pre);
         }
     c->kt_pre = NULL;
+    kt_ref_drop(c);
     kt_set_split(c, 0);
 }
 
@@ -572,17 +575,31 @@ typedef struct cow_map {
     size_t     kv_bytes;
 } cow_map;
 
+/* A user of s is done with it: its reference goes, and the zero pages
+ * its writes may have made in the memfd are punched out again. */
+static void shared_leave(kv_shared *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->users--;
+    const int kt = s->kt_built;
+    pthread_mutex_unlock(&s->mu);
+    shared_trim(s, kt);
+    kv_shared_unref(s);
+}
+
+static void kt_ref_drop(kv_cache *c)
+{
+    if (!c->kt_ref) return;
+    shared_leave(c->kt_ref);
+    c->kt_ref = NULL;
+}
+
 static void cow_unmap(void *p)
 {
     cow_map *m = p;
     if (m->k) munmap(m->k, m->kv_bytes);
     if (m->v) munmap(m->v, m->kv_bytes);
-    pthread_mutex_lock(&m->s->mu);
-    m->s->users--;
-    const int kt = m->s->kt_built;
-    pthread_mutex_unlock(&m->s->mu);
-    shared_trim(m->s, kt);
-    kv_shared_unref(m->s);
+    shared_leave(m->s);
     free(m);
 }
 
@@ -671,7 +688,7 @@ int kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int d, 
     return 0;
 }
 
-int kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, char *err, size_t err_size)
+int kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, int n_threads, char *err, size_t err_size)
 {
     const kv_cache *v = &s->view;
     if (c->kv_borrowed || c->kt_borrowed || c->kt_pre || c->n != 0 || c->n_layer != v->n_layer ||
@@ -679,24 +696,41 @@ int kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, char *err, size_t err_s
         return err_set(err, err_size, "shared prefix: cannot copy %lld of %lld positions into this cache (it must be "
                        "empty, its own, and of the prefix's shape)", (long long)n, (long long)v->n);
     }
+    /* whole blocks of K^T columns are read in place, as over a mapping
+     * (kv_attach_kt): a user's reference keeps them */
+    const int64_t split = c->kt ? n / ATTN_EXP_BLOCK * ATTN_EXP_BLOCK : 0;
     pthread_mutex_lock(&s->mu);
     const int kt_failed = c->kt && shared_kt_build(s);
+    if (!kt_failed && split) {
+        s->refs++;
+        s->users++;
+    }
     pthread_mutex_unlock(&s->mu);
     if (kt_failed) {
         return err_set(err, err_size, "shared prefix: out of memory for K^T");
     }
     const size_t heads = (size_t)v->n_layer * v->n_kv_head, span = (size_t)v->cap * v->row_bytes;
-    for (size_t hh = 0; hh < heads; hh++) { /* one layout and capacity: the same offsets */
-        memcpy(c->k + hh * span, v->k + hh * span, (size_t)n * v->row_bytes);
-        memcpy(c->v + hh * span, v->v + hh * span, (size_t)n * v->row_bytes);
+    const size_t kt_rows = c->kt ? heads * (size_t)v->d : 0;
+    if (split) {
+        c->kt_pre = v->kt;
+        c->kt_ref = s;
+        kt_set_split(c, split);
     }
-    if (c->kt) { /* as kv_attach_kt: the used bytes of each row, a partial Q8_0 block reloaded on its next write */
-        const size_t used = attn_kv_row_bytes(v->elem, n);
-        for (size_t r = 0; r < heads * (size_t)v->d; r++)
-            memcpy(c->kt + r * c->kt_row_bytes, v->kt + r * v->kt_row_bytes, used);
-        if (c->kt_part_blk)
-            for (int l = 0; l < c->n_layer; l++) c->kt_part_blk[l] = -1;
+    const size_t pre = attn_kv_row_bytes(v->elem, split), used = attn_kv_row_bytes(v->elem, n) - pre;
+    /* a copy of ~100 MiB: both threads' bandwidth (the worker only waits otherwise) */
+#pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1)
+    {
+#pragma omp for schedule(static) nowait
+        for (size_t hh = 0; hh < heads; hh++) { /* one layout and capacity: the same offsets */
+            memcpy(c->k + hh * span, v->k + hh * span, (size_t)n * v->row_bytes);
+            memcpy(c->v + hh * span, v->v + hh * span, (size_t)n * v->row_bytes);
+        }
+#pragma omp for schedule(static)
+        for (size_t r = 0; r < kt_rows; r++) /* the partial block: reloaded from here on its next write */
+            memcpy(c->kt + r * c->kt_row_bytes, v->kt + r * v->kt_row_bytes + pre, used);
     }
+    if (c->kt_part_blk)
+        for (int l = 0; l < c->n_layer; l++) c->kt_part_blk[l] = -1;
     if (c->v_sum && n == v->n) {
         memcpy(c->v_sum, s->v_sum, heads * (size_t)v->d * sizeof(float));
     } else if (c->v_sum) { /* in position order from the stored values, as kv_write sums */

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include "attn/attn.h"
 
+struct kv_shared;
+
 typedef struct kv_cache {
     int     n_layer, n_kv_head, d;
     int64_t cap;            /* positions reserved                          */
@@ -45,6 +47,9 @@ typedef struct kv_cache {
      * width either way, so dropping the split needs no allocation. */
     const uint8_t *kt_pre;
     int64_t kt_split;
+    /* a copied prefix (kv_copy_shared) whose K^T is read in place: the
+     * shared prefix kt_pre points into, held until the split is dropped */
+    struct kv_shared *kt_ref;
     float   *kt_part;       /* Q8_0 K^T: f32 keys of the newest block     */
     int64_t *kt_part_blk;   /* [n_layer] block held in kt_part, or -1     */
     uint8_t *k, *v;         /* see layout above                            */
@@ -121,13 +126,15 @@ int     kv_create_cow(kv_cache *c, kv_shared *s, int n_layer, int n_kv_head, int
                       int with_kt, int with_vsum, char *err, size_t err_size);
 
 /* Copies s's first n <= kv_shared_n(s) positions into c, an empty cache of
- * its own storage and of s's shape: K and V rows, K^T (built in s first if
- * no user needed it yet) and the V sums, as kv_create_cow would show them.
- * Where c's pages are committed (a reset cache that held n positions) this
- * is a memcpy; a fresh private mapping of s instead costs a page fault per
- * 4 KiB page on first touch, which some hypervisors make slow (a shadow
- * page-table entry each). 0, or -1 with a message (c unchanged). */
-int     kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, char *err, size_t err_size);
+ * its own storage and of s's shape, with n_threads threads: K and V rows,
+ * the V sums, and K^T as kv_create_cow shows it (whole blocks read in place
+ * from s, built there first if no user needed it yet, c a user of s until
+ * its reset or free; the rest copied). Where c's pages are committed (a
+ * reset cache that held n positions) this is a memcpy; a fresh private
+ * mapping of s instead costs a page fault per 4 KiB page on first touch,
+ * which some hypervisors make slow (a shadow page-table entry each). 0,
+ * or -1 with a message (c unchanged). */
+int     kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, int n_threads, char *err, size_t err_size);
 
 /* Stores position `pos` of `layer`: k[n_kv_head][d], v[n_kv_head][d]
  * (f32; rounded to the cache element type). Updates kt and v_sum. The
