@@ -784,6 +784,52 @@ static void test_bench_decode_parallel(const char *model)
     }
 }
 
+/* bench decode --rounds: both policies' contexts at once, taking turns;
+ * each row counts its own R x n steps (the dense one moves exactly the
+ * bytes of R x n tokens after the warm-up, so no step of the other policy
+ * is booked to it), and the log shows every round. */
+static void test_bench_decode_rounds(const char *model)
+{
+    const int n_layer = 2, n = 3, warm = 1, nb = 2, R = 3;
+    const int64_t depth = 96;
+    char args[2048], *out, *err, e[256];
+    snprintf(args, sizeof args, "bench decode -m %s --depth %lld --attn dense,sparq --sparq-r 8 --sparq-k 16 -np %d "
+             "--fill random -n %d --warmup %d --rounds %d -t 1 --json", model, (long long)depth, nb, n, warm, R);
+    int rc = run_sparq(args, &out, &err);
+    CHECK(rc == 0, "bench decode --rounds %d: exit %d: %s", R, rc, err);
+    json_doc *doc = rc == 0 ? json_parse(out, strlen(out), 0, e, sizeof e) : NULL;
+    CHECK(doc != NULL, "bench decode --rounds --json is JSON: %s", e);
+    if (doc) {
+        const json_value *root = json_root(doc);
+        const json_value *dn = find_row(root, "dense", "f16", depth), *sp = find_row(root, "sparq", "f16", depth);
+        CHECK(json_len(root) == 4 && dn && sp, "2 policies x depths 0 and %lld: %zu rows", (long long)depth,
+              json_len(root));
+        if (dn && sp) {
+            const double el = dense_decode_elements(n_layer, (int)num_of(dn, "kv_heads"), (int)num_of(dn, "d"), depth,
+                                                    warm, R * n) * 2 * nb;
+            CHECK(num_of(dn, "n_samples") == R * n && num_of(sp, "n_samples") == R * n, "samples %.0f, %.0f (want %d)",
+                  num_of(dn, "n_samples"), num_of(sp, "n_samples"), R * n);
+            CHECK(num_of(dn, "bytes_counted") == el, "dense over %d rounds: %.0f bytes a step, want %.0f", R,
+                  num_of(dn, "bytes_counted"), el);
+            CHECK(num_of(sp, "bytes_counted") > 0 && num_of(sp, "bytes_counted") < el &&
+                      fabs(num_of(sp, "speedup_vs_dense") - num_of(sp, "tok_s") / num_of(dn, "tok_s")) <
+                          1e-4 * num_of(sp, "speedup_vs_dense"),
+                  "sparq: %.0f bytes a step, speed-up %.4f", num_of(sp, "bytes_counted"), num_of(sp, "speedup_vs_dense"));
+        }
+        json_free(doc);
+    }
+    char want[64];
+    snprintf(want, sizeof want, "depth=%lld round %d/%d: dense", (long long)depth, R, R);
+    CHECK(strstr(err, want) && strstr(strstr(err, want), " sparq "), "the log shows round %d of both: %s", R, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "bench decode -m %s --depth 0 --rounds 0 -n 1", model);
+    rc = run_sparq(args, &out, &err);
+    CHECK(rc != 0 && strstr(err, "--rounds"), "--rounds 0 refused naming the option: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+
 static void test_bench_attn_kv(void)
 {
     const int64_t S = 256;
@@ -841,6 +887,7 @@ static void test_bench_runs(void)
     free(out);
     test_bench_decode_kv(model);
     test_bench_decode_parallel(model);
+    test_bench_decode_rounds(model);
     test_bench_attn_kv();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

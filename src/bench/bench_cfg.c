@@ -20,6 +20,7 @@ void bench_opts_init(bench_opts *o)
     o->seed = 1;
     o->size_mib = 1024;
     o->n_tokens = 32;
+    o->rounds = 1;
     o->log = stderr;
 }
 
@@ -170,12 +171,6 @@ int bench_cfg_params(const bench_pol_cfg *c, int64_t S, int d, sparq_attn_params
         if (attn_opts_params(&ao, S, d, out, err, err_size)) return -1;
     }
     return c->pol->resolve(out, d, err, err_size);
-}
-
-int bench_same_params(const sparq_attn_params *a, const sparq_attn_params *b)
-{
-    return a->r == b->r && a->k == b->k && a->l == b->l && a->select_logits == b->select_logits &&
-           a->no_realloc == b->no_realloc && a->n_sink == b->n_sink;
 }
 
 void bench_row_params(bench_row *row, const attn_policy *pol, const sparq_attn_params *p)

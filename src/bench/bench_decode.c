@@ -6,9 +6,12 @@
  * configuration, the depths are run in ascending order on the same
  * contexts (filled further at each depth), so depth 0 (always run) gives
  * the same policy's weights-only baseline; contexts are made anew when the
- * policy's parameters change with the depth (--sparq-ratio).
+ * policy's parameters change with the depth (--sparq-ratio). With
+ * --rounds R > 1 every policy's contexts are kept at once and the policies
+ * take turns, R rounds of -n steps at each depth (run_rounds).
  */
 #include "bench/bench_impl.h"
+#include "attn/attn_params.h"
 #include "util/err.h"
 
 #include <math.h>
@@ -85,38 +88,54 @@ static int64_t peak_rss(void)
     return (int64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
 }
 
-/* Decodes warm-up then n timed steps from the contexts' current position
- * (the depth): one token each (sparq_eval), or, with nb > 1 sequences, one
- * sparq_decode_batch step for all of them, as the server decodes. Fills the
- * row's timing (a step), per-step transfer in bytes of the cache's element
- * type kv_elem summed over the sequences (counted: the contexts' own byte
- * counters; formula and dense: their element counts in the same bytes),
- * the aggregate tokens/s and memory. logits: nb x n_vocab. */
-static int decode_point(sparq_context **ctxs, int nb, const sparq_model *m, const bench_opts *o, int64_t depth,
-                        int kv_elem, double *t, float *logits, bench_row *row, char *err, size_t err_size)
+/* The attention counters of nb contexts, summed. */
+static sparq_attn_stats attn_totals(sparq_context **ctxs, int nb)
 {
-    const int n_vocab = sparq_model_n_vocab(m), n = o->n_tokens;
-    int32_t tok[MAX_PARALLEL];
-    for (int b = 0; b < nb; b++) tok[b] = (int32_t)((depth * 31 + 7 + 101 * b) % n_vocab);
-    for (int w = 0; w < o->warmup; w++)
-        if (nb == 1 ? sparq_eval(ctxs[0], tok, 1, logits) : sparq_decode_batch(ctxs, tok, nb, logits)) goto fail;
-    sparq_attn_stats s0 = { 0 }, s1 = { 0 }, x;
+    sparq_attn_stats sum = { 0 }, x;
     for (int b = 0; b < nb; b++) {
         sparq_context_attn_stats(ctxs[b], &x);
-        s0.bytes += x.bytes, s0.formula_elements += x.formula_elements, s0.dense_elements += x.dense_elements;
+        sum.bytes += x.bytes, sum.formula_elements += x.formula_elements, sum.dense_elements += x.dense_elements;
     }
-    double total = 0;
+    return sum;
+}
+
+/* Decodes n steps from the contexts' current position: one token each
+ * (sparq_eval), or, with nb > 1 sequences, one sparq_decode_batch step for
+ * all of them, as the server decodes. The tokens follow from seed; with t,
+ * t[0..n) gets each step's microseconds and *total their sum (t NULL: an
+ * untimed warm-up). logits: nb x n_vocab. 0, or -1 with a message. */
+static int decode_steps(sparq_context **ctxs, int nb, int n_vocab, int n, int64_t seed, double *t, double *total,
+                        float *logits, char *err, size_t err_size)
+{
+    int32_t tok[MAX_PARALLEL];
+    for (int b = 0; b < nb; b++) tok[b] = (int32_t)((seed * 31 + 7 + 101 * b) % n_vocab);
     for (int i = 0; i < n; i++) {
-        for (int b = 0; b < nb; b++) tok[b] = (int32_t)((tok[b] * 1103515245u + 12345u) % (uint32_t)n_vocab);
+        if (t)
+            for (int b = 0; b < nb; b++) tok[b] = (int32_t)((tok[b] * 1103515245u + 12345u) % (uint32_t)n_vocab);
         double t1 = bench_now();
         if (nb == 1 ? sparq_eval(ctxs[0], tok, 1, logits) : sparq_decode_batch(ctxs, tok, nb, logits)) goto fail;
+        if (!t) continue;
         t[i] = (bench_now() - t1) * 1e6;
-        total += t[i];
+        *total += t[i];
     }
-    for (int b = 0; b < nb; b++) {
-        sparq_context_attn_stats(ctxs[b], &x);
-        s1.bytes += x.bytes, s1.formula_elements += x.formula_elements, s1.dense_elements += x.dense_elements;
-    }
+    return 0;
+fail:
+    for (int b = 0; b < nb; b++)
+        if (sparq_context_error(ctxs[b])[0]) {
+            return err_set(err, err_size, "decode at position %lld: %s", (long long)sparq_context_pos(ctxs[b]),
+                           sparq_context_error(ctxs[b]));
+        }
+    return err_set(err, err_size, "decode at position %lld: the step failed", (long long)sparq_context_pos(ctxs[0]));
+}
+
+/* The row of n timed steps t[0..n) at depth (work: n more doubles):
+ * timing (a step), per-step transfer in bytes of the cache's element type
+ * kv_elem summed over the sequences (counted: the contexts' own byte
+ * counters s1 - s0; formula and dense: their element counts in the same
+ * bytes), the aggregate tokens/s and memory. */
+static void decode_row(bench_row *row, const sparq_model *m, int nb, int64_t depth, int kv_elem, const double *t,
+                       int n, double *work, double total, const sparq_attn_stats *s0, const sparq_attn_stats *s1)
+{
     bench_row_init(row, BENCH_DECODE);
     row->B = nb;
     row->H = sparq_model_n_head(m);
@@ -124,23 +143,30 @@ static int decode_point(sparq_context **ctxs, int nb, const sparq_model *m, cons
     row->d = sparq_model_head_dim(m);
     row->S = row->depth = depth;
     row->inner = 1;
-    bench_stats_of(t, n, t + n, &row->us);
+    bench_stats_of(t, n, work, &row->us);
     row->kv_elem = kv_elem;
-    row->bytes_counted = (s1.bytes - s0.bytes) / n;
-    row->bytes_formula = bench_kv_bytes(kv_elem, s1.formula_elements - s0.formula_elements) / n;
-    row->bytes_dense = bench_kv_bytes(kv_elem, s1.dense_elements - s0.dense_elements) / n;
+    row->bytes_counted = (s1->bytes - s0->bytes) / n;
+    row->bytes_formula = bench_kv_bytes(kv_elem, s1->formula_elements - s0->formula_elements) / n;
+    row->bytes_dense = bench_kv_bytes(kv_elem, s1->dense_elements - s0->dense_elements) / n;
     row->theoretical_ratio = bench_ratio((double)row->bytes_formula, (double)row->bytes_dense);
     row->tok_s = nb * 1e6 / row->us.median;
     row->tok_s_mean = total > 0 ? (double)nb * n * 1e6 / total : NAN;
     row->rss = rss_now();
     row->peak_rss = peak_rss();
+}
+
+/* Warm-up then o->n_tokens timed steps from the contexts' depth, into row. */
+static int decode_point(sparq_context **ctxs, int nb, const sparq_model *m, const bench_opts *o, int64_t depth,
+                        int kv_elem, double *t, float *logits, bench_row *row, char *err, size_t err_size)
+{
+    const int n = o->n_tokens, n_vocab = sparq_model_n_vocab(m);
+    double total = 0;
+    if (decode_steps(ctxs, nb, n_vocab, o->warmup, depth, NULL, NULL, logits, err, err_size)) return -1;
+    const sparq_attn_stats s0 = attn_totals(ctxs, nb); /* the warm-up is not the row's traffic */
+    if (decode_steps(ctxs, nb, n_vocab, n, depth, t, &total, logits, err, err_size)) return -1;
+    const sparq_attn_stats s1 = attn_totals(ctxs, nb);
+    decode_row(row, m, nb, depth, kv_elem, t, n, t + n, total, &s0, &s1);
     return 0;
-fail:
-    for (int b = 0; b < nb; b++)
-        if (sparq_context_error(ctxs[b])[0]) {
-            return err_set(err, err_size, "decode at depth %lld: %s", (long long)depth, sparq_context_error(ctxs[b]));
-        }
-    return err_set(err, err_size, "decode at depth %lld: the step failed", (long long)depth);
 }
 
 static void free_contexts(sparq_context **ctxs, int n)
@@ -182,8 +208,13 @@ int bench_decode_prepare(const bench_opts *o, bench_decode_plan **plan, char *er
         err_set(err, err_size, "--fill must be prefill or random, not '%s'", o->fill);
         goto fail;
     }
-    if (o->n_tokens < 1) {
-        err_set(err, err_size, "-n must be >= 1");
+    if (o->n_tokens < 1 || o->n_tokens > (1 << 20)) {
+        err_set(err, err_size, "-n must be in [1, 1048576], not %d", o->n_tokens);
+        goto fail;
+    }
+    if (o->rounds < 1 || (int64_t)o->rounds * o->n_tokens > (1 << 20)) {
+        err_set(err, err_size, "--rounds must be >= 1 with --rounds x -n <= 1048576, not %d x %d", o->rounds,
+                o->n_tokens);
         goto fail;
     }
     pl->n_cfg = bench_build_cfgs(o, pl->cfg, pl->names_buf, sizeof pl->names_buf, pl->ratio_buf,
@@ -217,7 +248,7 @@ static int series_contexts(const decode_series *s, sparq_context **ctxs, const s
                            sparq_attn_params *cur, int64_t depth, int64_t n_ctx, char *err, size_t err_size)
 {
     const bench_decode_plan *pl = s->pl;
-    if (ctxs[0] && (!bench_same_params(p, cur) || sparq_context_pos(ctxs[0]) > depth)) free_contexts(ctxs, s->nb);
+    if (ctxs[0] && (!attn_params_equal(p, cur) || sparq_context_pos(ctxs[0]) > depth)) free_contexts(ctxs, s->nb);
     if (ctxs[0]) return 0;
     sparq_context_params cp = sparq_context_default_params();
     cp.n_ctx = n_ctx;
@@ -251,12 +282,51 @@ static void series_row(const decode_series *s, bench_row *row, const sparq_attn_
     row->speedup_vs_dense = s->dense_tok_s[id] > 0 ? row->tok_s / s->dense_tok_s[id] : NAN;
 }
 
+static void log_row(const decode_series *s, const bench_row *row)
+{
+    fprintf(s->pl->o->log, "decode: %-9s r=%-3d k=%-5d np=%-3d depth=%-7lld t=%d %s: %8.2f tok/s  %7.3f ms/step "
+            "(attn %.3f)  x%.2f\n", row->policy, row->r, row->k, row->B, (long long)row->depth, row->threads,
+            s->pl->kv_names[s->ie], row->tok_s, row->us.median / 1e3, row->ms_attn, row->speedup_vs_dense);
+}
+
+/* Parameters of configuration c for decoding at depth: a ratio is aimed at
+ * the context the measured tokens see; where it cannot be met (tiny
+ * depths) the largest depth's choice is used. */
+static int depth_params(const bench_decode_plan *pl, int c, int64_t depth, int d, sparq_attn_params *p, char *err,
+                        size_t err_size)
+{
+    const bench_opts *o = pl->o;
+    const int64_t measured = (int64_t)(o->warmup > 0 ? o->warmup : 0) + (int64_t)o->rounds * o->n_tokens;
+    char e[256];
+    if (bench_cfg_params(&pl->cfg[c], depth + measured, d, p, e, sizeof e) &&
+        bench_cfg_params(&pl->cfg[c], pl->max_depth + measured, d, p, e, sizeof e)) {
+        return err_set(err, err_size, "%s: %s", pl->cfg[c].pol->name, e);
+    }
+    return 0;
+}
+
+/* Fills nb contexts to depth, each sequence its own tokens: caches that
+ * differ, as clients' do. */
+static int fill_contexts(const decode_series *s, sparq_context **ctxs, int64_t depth, char *err, size_t err_size)
+{
+    const bench_decode_plan *pl = s->pl;
+    const double t0 = bench_now();
+    for (int b = 0; b < s->nb; b++)
+        if (bench_fill_context(ctxs[b], depth, pl->random_fill, sparq_model_n_vocab(s->m),
+                               pl->o->seed + 7919 * (uint64_t)b, err, err_size))
+            return -1;
+    if (depth > 0)
+        fprintf(pl->o->log, "decode: %s fill of %d sequence(s) to depth %lld: %.1f s\n",
+                pl->random_fill ? "random" : "prefill", s->nb, (long long)depth, bench_now() - t0);
+    return 0;
+}
+
+/* One configuration's depths, one after another (--rounds 1). */
 static int run_series(const decode_series *s, bench_rows *rl, char *err, size_t err_size)
 {
     const bench_decode_plan *pl = s->pl;
     const bench_opts *o = pl->o;
-    const bench_pol_cfg *cfg = &pl->cfg[s->c];
-    const int n_vocab = sparq_model_n_vocab(s->m), d = sparq_model_head_dim(s->m), nb = s->nb;
+    const int d = sparq_model_head_dim(s->m), nb = s->nb;
     const int warm = o->warmup > 0 ? o->warmup : 0;
     const int64_t n_ctx = pl->max_depth + warm + o->n_tokens + 8;
     sparq_context *ctxs[MAX_PARALLEL] = { 0 };
@@ -266,24 +336,9 @@ static int run_series(const decode_series *s, bench_rows *rl, char *err, size_t 
     for (int id = 0; id < pl->n_depth; id++) {
         const int64_t depth = pl->depths[id];
         sparq_attn_params p;
-        char e[256];
-        /* a ratio is aimed at the context the measured tokens see; where it
-         * cannot be met (tiny depths) the largest depth's choice is used */
-        if (bench_cfg_params(cfg, depth + warm + o->n_tokens, d, &p, e, sizeof e) &&
-            bench_cfg_params(cfg, pl->max_depth + warm + o->n_tokens, d, &p, e, sizeof e)) {
-            err_set(err, err_size, "%s: %s", cfg->pol->name, e);
+        if (depth_params(pl, s->c, depth, d, &p, err, err_size) ||
+            series_contexts(s, ctxs, &p, &cur, depth, n_ctx, err, err_size) || fill_contexts(s, ctxs, depth, err, err_size))
             goto done;
-        }
-        if (series_contexts(s, ctxs, &p, &cur, depth, n_ctx, err, err_size)) goto done;
-        double t0 = bench_now();
-        /* each sequence its own tokens: caches that differ, as clients' do */
-        for (int b = 0; b < nb; b++)
-            if (bench_fill_context(ctxs[b], depth, pl->random_fill, n_vocab, o->seed + 7919 * (uint64_t)b, err,
-                                   err_size))
-                goto done;
-        if (depth > 0)
-            fprintf(o->log, "decode: %s fill of %d sequence(s) to depth %lld: %.1f s\n",
-                    pl->random_fill ? "random" : "prefill", nb, (long long)depth, bench_now() - t0);
         bench_row *row = bench_rows_push(rl);
         if (!row) {
             err_set(err, err_size, "out of memory");
@@ -294,13 +349,89 @@ static int run_series(const decode_series *s, bench_rows *rl, char *err, size_t 
             goto done;
         }
         series_row(s, row, &p, id, &ms_weights);
-        fprintf(o->log, "decode: %-9s r=%-3d k=%-5d np=%-3d depth=%-7lld t=%d %s: %8.2f tok/s  %7.3f ms/step "
-                "(attn %.3f)  x%.2f\n", row->policy, row->r, row->k, nb, (long long)depth, row->threads,
-                pl->kv_names[s->ie], row->tok_s, row->us.median / 1e3, row->ms_attn, row->speedup_vs_dense);
+        log_row(s, row);
     }
     rc = 0;
 done:
     free_contexts(ctxs, nb);
+    return rc;
+}
+
+/* --rounds R > 1: every configuration's contexts at once, filled to each
+ * depth in turn, then R rounds that each decode -n steps with every
+ * configuration in turn, so what drifts during a run (clock, memory state,
+ * other load) falls on all of them alike instead of on whichever ran
+ * last. A row's statistics cover its R x n steps; the log shows each
+ * round's medians. s->c is unused. */
+static int run_rounds(const decode_series *s, bench_rows *rl, char *err, size_t err_size)
+{
+    const bench_decode_plan *pl = s->pl;
+    const bench_opts *o = pl->o;
+    const int nc = pl->n_cfg, nb = s->nb, R = o->rounds, n = o->n_tokens;
+    const int n_vocab = sparq_model_n_vocab(s->m), d = sparq_model_head_dim(s->m);
+    const int warm = o->warmup > 0 ? o->warmup : 0;
+    const int64_t n_ctx = pl->max_depth + warm + (int64_t)R * n + 8, per = (int64_t)R * n;
+    sparq_context **ctxs = calloc((size_t)nc * nb, sizeof *ctxs);
+    sparq_attn_params *cur = calloc((size_t)nc, sizeof *cur), *p = calloc((size_t)nc, sizeof *p);
+    sparq_attn_stats *s0 = calloc((size_t)nc, sizeof *s0);
+    double *t = malloc(((size_t)nc + 1) * per * sizeof *t), *total = calloc((size_t)nc, sizeof *total);
+    double *ms_weights = malloc((size_t)nc * sizeof *ms_weights);
+    int rc = -1;
+    if (!ctxs || !cur || !p || !s0 || !t || !total || !ms_weights) {
+        err_set(err, err_size, "decode: out of memory for %d configurations x %d rounds", nc, R);
+        goto done;
+    }
+    double *work = t + (size_t)nc * per;
+    for (int c = 0; c < nc; c++) ms_weights[c] = NAN;
+    for (int id = 0; id < pl->n_depth; id++) {
+        const int64_t depth = pl->depths[id];
+        for (int c = 0; c < nc; c++) {
+            if (depth_params(pl, c, depth, d, &p[c], err, err_size) ||
+                series_contexts(s, ctxs + (size_t)c * nb, &p[c], &cur[c], depth, n_ctx, err, err_size) ||
+                fill_contexts(s, ctxs + (size_t)c * nb, depth, err, err_size) ||
+                decode_steps(ctxs + (size_t)c * nb, nb, n_vocab, o->warmup, depth, NULL, NULL, s->logits, err, err_size))
+                goto done;
+            s0[c] = attn_totals(ctxs + (size_t)c * nb, nb); /* after the warm-up, as decode_point */
+            total[c] = 0;
+        }
+        for (int r = 0; r < R; r++) {
+            fprintf(o->log, "decode: np=%d depth=%lld round %d/%d:", nb, (long long)depth, r + 1, R);
+            for (int c = 0; c < nc; c++) {
+                double *tr = t + (size_t)c * per + (size_t)r * n;
+                if (decode_steps(ctxs + (size_t)c * nb, nb, n_vocab, n, depth + (int64_t)r * n + 1, tr, &total[c],
+                                 s->logits, err, err_size))
+                    goto done;
+                bench_stats st;
+                bench_stats_of(tr, n, work, &st);
+                fprintf(o->log, " %s %.3f ms", pl->cfg[c].pol->name, st.median / 1e3);
+            }
+            fprintf(o->log, "\n");
+        }
+        for (int c = 0; c < nc; c++) {
+            bench_row *row = bench_rows_push(rl);
+            if (!row) {
+                err_set(err, err_size, "out of memory");
+                goto done;
+            }
+            const sparq_attn_stats s1 = attn_totals(ctxs + (size_t)c * nb, nb);
+            decode_row(row, s->m, nb, depth, pl->kv_elems[s->ie], t + (size_t)c * per, (int)per, work, total[c], &s0[c],
+                       &s1);
+            decode_series sc = *s;
+            sc.c = c;
+            series_row(&sc, row, &p[c], id, &ms_weights[c]);
+            log_row(&sc, row);
+        }
+    }
+    rc = 0;
+done:
+    for (int c = 0; ctxs && c < nc; c++) free_contexts(ctxs + (size_t)c * nb, nb);
+    free(ctxs);
+    free(cur);
+    free(p);
+    free(s0);
+    free(t);
+    free(total);
+    free(ms_weights);
     return rc;
 }
 
@@ -320,11 +451,12 @@ int bench_decode_run(const bench_decode_plan *pl, sparq_model *m, const char *mo
     }
     for (s.ie = 0; s.ie < pl->n_kv; s.ie++)
         for (s.it = 0; s.it < pl->n_threads; s.it++)
-            for (int inp = 0; inp < pl->n_parallel; inp++)
-                for (s.c = 0; s.c < pl->n_cfg; s.c++) {
-                    s.nb = (int)pl->parallel[inp];
+            for (int inp = 0; inp < pl->n_parallel; inp++) {
+                s.nb = (int)pl->parallel[inp];
+                if (pl->o->rounds > 1 && run_rounds(&s, rl, err, err_size)) goto done;
+                for (s.c = 0; pl->o->rounds == 1 && s.c < pl->n_cfg; s.c++)
                     if (run_series(&s, rl, err, err_size)) goto done;
-                }
+            }
     rc = 0;
 done:
     free(s.logits);

@@ -29,8 +29,6 @@ int bench_build_cfgs(const bench_opts *o, bench_pol_cfg *cfg, char *names_buf, s
                      char *ratio_buf, size_t ratio_size, char *err, size_t err_size);
 /* Parameters of cfg for context S and head size d, defaults filled. */
 int bench_cfg_params(const bench_pol_cfg *c, int64_t S, int d, sparq_attn_params *out, char *err, size_t err_size);
-/* 1 when a and b choose the same policy parameters. */
-int bench_same_params(const sparq_attn_params *a, const sparq_attn_params *b);
 /* Fills row's r, k, l with the parameters that mean something for the policy. */
 void bench_row_params(bench_row *row, const attn_policy *pol, const sparq_attn_params *p);
 

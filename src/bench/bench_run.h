@@ -62,6 +62,7 @@ typedef struct bench_opts {
     /* decode */
     const char *model, *depth, *fill, *parallel;
     int n_tokens, n_batch;
+    int rounds;              /* --rounds: interleaved rounds of -n steps  */
     int use_mmap;            /* --mmap */
     int no_repack;           /* --no-repack */
     /* output */

@@ -74,6 +74,9 @@ static const cli_opt decode_table[] = {
     { "--fill", NULL, OPT_STR, OFF(fill), "prefill|random",
       "how the cache reaches the depth (default prefill; random = sparq_context_fill_random, timing only)" },
     { "-n", "--n-gen", OPT_INT, OFF(n_tokens), "N", "decode tokens timed per depth (default 32)" },
+    { "--rounds", NULL, OPT_INT, OFF(rounds), "R",
+      "interleave the policies: all their contexts kept at once, R rounds of -n steps each in turn at every depth "
+      "(default 1: one policy after another); a row's statistics cover its R x n steps" },
     { "-np", "--parallel", OPT_STR, OFF(parallel), "LIST",
       "sequences decoded together, one batched step for all (as the server's), each its own cache filled to "
       "the depth, e.g. 1,4,16 (default 1); tok/s is the aggregate" },
