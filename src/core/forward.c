@@ -929,7 +929,10 @@ static int decode_batch(sparq_context **ctxs, const int32_t *tokens, int n, floa
         float *const qkv_out[3] = { b.q, b.k, b.v };
         batch_matmul_group(nt, &b, b.xn, n, 3, qkv, qkv_out);
         /* per sequence: the same row operations as forward(), then each
-         * sequence's own attention policy over its own cache, all at once */
+         * sequence's own attention policy over its own cache, all at once.
+         * Threads share the sequences: storing a position writes one K^T
+         * column, d scattered cache lines per KV head (a miss each) */
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 1)
         for (int t = 0; t < n; t++) {
             sparq_context *c = ctxs[t];
             float *q = b.q + t * q_dim, *k = b.k + t * kv_dim, *v = b.v + t * kv_dim;
