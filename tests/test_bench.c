@@ -645,6 +645,16 @@ static const char *str_of(const json_value *o, const char *key)
     return s ? s : "";
 }
 
+/* `sparq ARGS` must fail, its message containing want. */
+static void check_refused(const char *args, const char *want)
+{
+    char *out, *err;
+    const int rc = run_sparq(args, &out, &err);
+    CHECK(rc != 0 && strstr(err, want), "sparq %s: exit %d, want a message with '%s': %s", args, rc, want, err);
+    free(out);
+    free(err);
+}
+
 /* The row of `kind` with this policy, kv_type and S (decode: depth). */
 static const json_value *find_row(const json_value *root, const char *policy, const char *kv, int64_t S)
 {
@@ -727,10 +737,7 @@ static void test_bench_decode_kv(const char *model)
     CHECK(rc == 0 && strstr(out, ",kv_type,kv_elem_bytes,") && strstr(out, ",q8_0,1.0625,"), "decode CSV: %s", out);
     free(out);
     snprintf(args, sizeof args, "bench decode -m %s --depth 0 --kv-type q4", model);
-    rc = run_sparq(args, &out, &err);
-    CHECK(rc != 0 && strstr(err, "'q4' is not f16, f32 or q8_0"), "--kv-type q4: exit %d: %s", rc, err);
-    free(out);
-    free(err);
+    check_refused(args, "'q4' is not f16, f32 or q8_0");
 }
 
 /* bench decode -np: nb sequences in one batched step each move what one
@@ -777,10 +784,7 @@ static void test_bench_decode_parallel(const char *model)
     const char *bad[] = { "0", "257", "1,x" };
     for (int i = 0; i < 3; i++) {
         snprintf(args, sizeof args, "bench decode -m %s --depth 0 -np %s -n 1", model, bad[i]);
-        rc = run_sparq(args, &out, &err);
-        CHECK(rc != 0 && strstr(err, "-np"), "-np %s refused naming the option: exit %d: %s", bad[i], rc, err);
-        free(out);
-        free(err);
+        check_refused(args, "-np");
     }
 }
 
@@ -824,10 +828,7 @@ static void test_bench_decode_rounds(const char *model)
     free(out);
     free(err);
     snprintf(args, sizeof args, "bench decode -m %s --depth 0 --rounds 0 -n 1", model);
-    rc = run_sparq(args, &out, &err);
-    CHECK(rc != 0 && strstr(err, "--rounds"), "--rounds 0 refused naming the option: exit %d: %s", rc, err);
-    free(out);
-    free(err);
+    check_refused(args, "--rounds");
 }
 
 static void test_bench_attn_kv(void)

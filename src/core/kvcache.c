@@ -30,6 +30,20 @@ static void release(void *p, size_t bytes)
 }
 
 static int kt_part_alloc(kv_cache *c);
+
+/* The V sums of `heads` heads over their first n rows (head hh's rows start
+ * at v + hh * span), in position order from the stored values, as
+ * kv_write sums them. sums: heads x d, overwritten. */
+static void v_sum_heads(float *sums, const uint8_t *v, size_t heads, size_t span, int elem, int d, int64_t n)
+{
+    memset(sums, 0, heads * (size_t)d * sizeof *sums);
+    for (size_t hh = 0; hh < heads; hh++) {
+        float *sum = sums + hh * d;
+        const uint8_t *vh = v + hh * span;
+        for (int64_t p = 0; p < n; p++)
+            for (int j = 0; j < d; j++) sum[j] += attn_kv_at(vh, elem, d, p, j);
+    }
+}
 static void kt_ref_drop(kv_cache *c);
 static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to, float *work);
 
@@ -137,12 +151,7 @@ int kv_create_borrowed(kv_cache *c, const kv_borrow *b, char *err, size_t err_si
         if (c->v_sum && v_sum) {
             memcpy(c->v_sum, v_sum, heads * d * sizeof(float));
         } else if (c->v_sum) {
-            for (size_t hh = 0; hh < heads; hh++) {
-                const uint8_t *vh = v + hh * (size_t)cap * c->row_bytes;
-                float *sum = c->v_sum + hh * d;
-                for (int64_t s = 0; s < n; s++)
-                    for (int j = 0; j < d; j++) sum[j] += attn_kv_at(vh, elem, d, s, j);
-            }
+            v_sum_heads(c->v_sum, v, heads, (size_t)cap * c->row_bytes, elem, d, n);
         }
     }
     if ((with_kt && (!c->kt || kt_failed)) || (with_vsum && !c->v_sum)) {
@@ -400,12 +409,8 @@ int kv_shift(kv_cache *c, int64_t n_keep, int64_t n_discard, const float *cs, in
             }
             /* columns [n_keep, n_new) of K^T from the rotated rows */
             if (c->kt) kt_rebuild(c, l, h, n_keep, n_new, ktw ? x + d : NULL); /* f16/f32: no allocation */
-            if (c->v_sum) { /* summed again in position order, as kv_write would have */
-                float *sum = c->v_sum + ((size_t)l * c->n_kv_head + h) * d;
-                memset(sum, 0, (size_t)d * sizeof *sum);
-                for (int64_t s = 0; s < n_new; s++)
-                    for (int j = 0; j < d; j++) sum[j] += attn_kv_at(v, c->elem, d, s, j);
-            }
+            if (c->v_sum) /* summed again */
+                v_sum_heads(c->v_sum + ((size_t)l * c->n_kv_head + h) * d, v, 1, 0, c->elem, d, n_new);
         }
     free(x);
     c->n = n_new;
@@ -481,11 +486,8 @@ int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **ou
     for (size_t hh = 0; hh < heads; hh++) { /* rows are contiguous per head in both layouts */
         memcpy(v->k + hh * (size_t)cap * row, src->k + hh * (size_t)src->cap * row, (size_t)n * row);
         memcpy(v->v + hh * (size_t)cap * row, src->v + hh * (size_t)src->cap * row, (size_t)n * row);
-        float *sum = s->v_sum + hh * v->d; /* in position order from the stored values, as kv_write sums */
-        const uint8_t *vh = v->v + hh * (size_t)cap * row;
-        for (int64_t p = 0; p < n; p++)
-            for (int j = 0; j < v->d; j++) sum[j] += attn_kv_at(vh, v->elem, v->d, p, j);
     }
+    v_sum_heads(s->v_sum, v->v, heads, (size_t)cap * row, v->elem, v->d, n);
     /* src's own K^T, when whole for [0, n) (Q8_0: complete blocks), is
      * kept: it is what a prefill made (Q8_0 K^T blocks are quantized from
      * the keys as they came, not from K's rounded rows as a rebuild is) */
@@ -733,14 +735,8 @@ int kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, int n_threads, char *er
         for (int l = 0; l < c->n_layer; l++) c->kt_part_blk[l] = -1;
     if (c->v_sum && n == v->n) {
         memcpy(c->v_sum, s->v_sum, heads * (size_t)v->d * sizeof(float));
-    } else if (c->v_sum) { /* in position order from the stored values, as kv_write sums */
-        memset(c->v_sum, 0, heads * (size_t)v->d * sizeof(float));
-        for (size_t hh = 0; hh < heads; hh++) {
-            float *sum = c->v_sum + hh * v->d;
-            const uint8_t *vh = c->v + hh * span;
-            for (int64_t p = 0; p < n; p++)
-                for (int j = 0; j < v->d; j++) sum[j] += attn_kv_at(vh, v->elem, v->d, p, j);
-        }
+    } else if (c->v_sum) {
+        v_sum_heads(c->v_sum, c->v, heads, span, v->elem, v->d, n);
     }
     c->n = n;
     if (n > c->n_max) c->n_max = n;
