@@ -49,10 +49,10 @@ static sparq_attn_params policy(const char *name)
     return p;
 }
 
-static sparq_context *make_ctx(sparq_model *m, const char *pol)
+static sparq_context *make_ctx_cap(sparq_model *m, const char *pol, int n_ctx)
 {
     sparq_context_params cp = sparq_context_default_params();
-    cp.n_ctx = 64;
+    cp.n_ctx = n_ctx;
     cp.n_threads = n_threads;
     cp.n_batch = N_BATCH;
     cp.attn = policy(pol);
@@ -63,6 +63,11 @@ static sparq_context *make_ctx(sparq_model *m, const char *pol)
         return NULL;
     }
     return c;
+}
+
+static sparq_context *make_ctx(sparq_model *m, const char *pol)
+{
+    return make_ctx_cap(m, pol, 64);
 }
 
 /* One model, one policy: references alone, then the interleaved run. */
@@ -266,6 +271,44 @@ static void check_wide(sparq_model *m, const char *label)
     free(rows);
 }
 
+/* Contexts of different policies and capacities in one batch: a step's
+ * attention tasks all work in the scratch of the batch's largest context,
+ * which sits in the middle here (sized for 1024 positions; the others'
+ * would be too small for it), so each row must still equal its context's
+ * lone run bit for bit. */
+static void check_mixed(sparq_model *m, const char *label)
+{
+    enum { W = 5, P = 6, STEPS = 4 };
+    static const char *pols[W] = { "dense", "sparq", "sparq", "streaming", "oracle" };
+    static const int caps[W] = { 32, 48, 1024, 64, 40 };
+    const int V = sparq_model_n_vocab(m);
+    sparq_context *ctx[W] = { 0 };
+    int32_t prompt[W][P], tok[STEPS][W];
+    float *ref = malloc((size_t)W * STEPS * V * sizeof(float)), *rows = malloc((size_t)W * V * sizeof(float));
+    int ok = ref && rows;
+    for (int i = 0; i < W; i++) {
+        for (int j = 0; j < P; j++) prompt[i][j] = (int32_t)(rnd() % (uint32_t)V);
+        for (int t = 0; t < STEPS; t++) tok[t][i] = (int32_t)(rnd() % (uint32_t)V);
+    }
+    for (int i = 0; ok && i < W; i++) { /* alone */
+        sparq_context *c = make_ctx_cap(m, pols[i], caps[i]);
+        ok = c && sparq_eval(c, prompt[i], P, NULL) == 0;
+        for (int t = 0; ok && t < STEPS; t++) ok = sparq_eval(c, &tok[t][i], 1, ref + ((size_t)t * W + i) * V) == 0;
+        sparq_context_free(c);
+    }
+    for (int i = 0; ok && i < W; i++)
+        ok = (ctx[i] = make_ctx_cap(m, pols[i], caps[i])) && sparq_eval(ctx[i], prompt[i], P, NULL) == 0;
+    int diff = 0;
+    for (int t = 0; ok && t < STEPS; t++) {
+        ok = sparq_decode_batch(ctx, tok[t], W, rows) == 0;
+        for (int i = 0; ok && i < W; i++) diff += memcmp(rows + (size_t)i * V, ref + ((size_t)t * W + i) * V, (size_t)V * sizeof(float)) != 0;
+    }
+    CHECK(ok && diff == 0, "%s: mixed batch: %d rows differ (%s)", label, diff, ctx[0] ? sparq_context_error(ctx[0]) : "");
+    for (int i = 0; i < W; i++) sparq_context_free(ctx[i]);
+    free(ref);
+    free(rows);
+}
+
 static void check_model(const char *path, const char *label)
 {
     char err[512];
@@ -293,6 +336,7 @@ static void check_model(const char *path, const char *label)
     }
 
     check_wide(m, label);
+    check_mixed(m, label);
 
     /* the API's errors: same context twice, bad id, full context */
     sparq_context *a = make_ctx(m, "dense"), *b = make_ctx(m, "dense");
