@@ -239,74 +239,59 @@ static void check_copy_prefix(sparq_model *m, const char *label, const char *pol
     free(row);
 }
 
-/* 64 sequences in every step (the width a server runs), SparQ, bit for
- * bit against each alone. */
-static void check_wide(sparq_model *m, const char *label)
+/* W sequences, each with its policy, capacity and a random prompt of
+ * plen[i] <= 6 tokens, then `steps` decode steps of all W at once: every
+ * row equals the sequence's lone run bit for bit. */
+enum { ALONE_MAX_W = 64, ALONE_MAX_STEPS = 4, ALONE_PROMPT = 6 };
+static void check_batch_equals_alone(sparq_model *m, const char *label, const char *what, int W, int steps,
+                                     const char *const *pols, const int *caps, const int *plen)
 {
-    enum { W = 64, STEPS = 3 };
     const int V = sparq_model_n_vocab(m);
-    sparq_context *ctx[W] = { 0 };
-    int32_t prompt[W][6], tok[STEPS][W];
-    float *ref = malloc((size_t)W * STEPS * V * sizeof(float)), *rows = malloc((size_t)W * V * sizeof(float));
-    int ok = ref && rows;
-    for (int i = 0; i < W; i++) {
-        for (int j = 0; j < 6; j++) prompt[i][j] = (int32_t)(rnd() % (uint32_t)V);
-        for (int t = 0; t < STEPS; t++) tok[t][i] = (int32_t)(rnd() % (uint32_t)V);
+    sparq_context *ctx[ALONE_MAX_W] = { 0 };
+    int32_t prompt[ALONE_MAX_W][ALONE_PROMPT], tok[ALONE_MAX_STEPS][ALONE_MAX_W];
+    float *ref = malloc((size_t)W * steps * V * sizeof(float)), *rows = malloc((size_t)W * V * sizeof(float));
+    int ok = ref && rows && W <= ALONE_MAX_W && steps <= ALONE_MAX_STEPS;
+    for (int i = 0; ok && i < W; i++) {
+        for (int j = 0; j < ALONE_PROMPT; j++) prompt[i][j] = (int32_t)(rnd() % (uint32_t)V);
+        for (int t = 0; t < steps; t++) tok[t][i] = (int32_t)(rnd() % (uint32_t)V);
     }
     for (int i = 0; ok && i < W; i++) { /* alone */
-        sparq_context *c = make_ctx(m, "sparq");
-        ok = c && sparq_eval(c, prompt[i], 2 + i % 5, NULL) == 0;
-        for (int t = 0; ok && t < STEPS; t++) ok = sparq_eval(c, &tok[t][i], 1, ref + ((size_t)t * W + i) * V) == 0;
+        sparq_context *c = make_ctx_cap(m, pols[i], caps[i]);
+        ok = c && sparq_eval(c, prompt[i], plen[i], NULL) == 0;
+        for (int t = 0; ok && t < steps; t++) ok = sparq_eval(c, &tok[t][i], 1, ref + ((size_t)t * W + i) * V) == 0;
         sparq_context_free(c);
     }
-    for (int i = 0; ok && i < W; i++) ok = (ctx[i] = make_ctx(m, "sparq")) && sparq_eval(ctx[i], prompt[i], 2 + i % 5, NULL) == 0;
+    for (int i = 0; ok && i < W; i++)
+        ok = (ctx[i] = make_ctx_cap(m, pols[i], caps[i])) && sparq_eval(ctx[i], prompt[i], plen[i], NULL) == 0;
     int diff = 0;
-    for (int t = 0; ok && t < STEPS; t++) {
+    for (int t = 0; ok && t < steps; t++) {
         ok = sparq_decode_batch(ctx, tok[t], W, rows) == 0;
         for (int i = 0; ok && i < W; i++) diff += memcmp(rows + (size_t)i * V, ref + ((size_t)t * W + i) * V, (size_t)V * sizeof(float)) != 0;
     }
-    CHECK(ok && diff == 0, "%s: batch of %d: %d rows differ (%s)", label, W, diff, ctx[0] ? sparq_context_error(ctx[0]) : "");
+    CHECK(ok && diff == 0, "%s: %s of %d: %d rows differ (%s)", label, what, W, diff, ctx[0] ? sparq_context_error(ctx[0]) : "");
     for (int i = 0; i < W; i++) sparq_context_free(ctx[i]);
     free(ref);
     free(rows);
 }
 
+/* 64 sequences in every step (the width a server runs), SparQ. */
+static void check_wide(sparq_model *m, const char *label)
+{
+    const char *pols[ALONE_MAX_W];
+    int caps[ALONE_MAX_W], plen[ALONE_MAX_W];
+    for (int i = 0; i < ALONE_MAX_W; i++) pols[i] = "sparq", caps[i] = 64, plen[i] = 2 + i % 5;
+    check_batch_equals_alone(m, label, "batch", ALONE_MAX_W, 3, pols, caps, plen);
+}
+
 /* Contexts of different policies and capacities in one batch: a step's
  * attention tasks all work in the scratch of the batch's largest context,
  * which sits in the middle here (sized for 1024 positions; the others'
- * would be too small for it), so each row must still equal its context's
- * lone run bit for bit. */
+ * would be too small for it). */
 static void check_mixed(sparq_model *m, const char *label)
 {
-    enum { W = 5, P = 6, STEPS = 4 };
-    static const char *pols[W] = { "dense", "sparq", "sparq", "streaming", "oracle" };
-    static const int caps[W] = { 32, 48, 1024, 64, 40 };
-    const int V = sparq_model_n_vocab(m);
-    sparq_context *ctx[W] = { 0 };
-    int32_t prompt[W][P], tok[STEPS][W];
-    float *ref = malloc((size_t)W * STEPS * V * sizeof(float)), *rows = malloc((size_t)W * V * sizeof(float));
-    int ok = ref && rows;
-    for (int i = 0; i < W; i++) {
-        for (int j = 0; j < P; j++) prompt[i][j] = (int32_t)(rnd() % (uint32_t)V);
-        for (int t = 0; t < STEPS; t++) tok[t][i] = (int32_t)(rnd() % (uint32_t)V);
-    }
-    for (int i = 0; ok && i < W; i++) { /* alone */
-        sparq_context *c = make_ctx_cap(m, pols[i], caps[i]);
-        ok = c && sparq_eval(c, prompt[i], P, NULL) == 0;
-        for (int t = 0; ok && t < STEPS; t++) ok = sparq_eval(c, &tok[t][i], 1, ref + ((size_t)t * W + i) * V) == 0;
-        sparq_context_free(c);
-    }
-    for (int i = 0; ok && i < W; i++)
-        ok = (ctx[i] = make_ctx_cap(m, pols[i], caps[i])) && sparq_eval(ctx[i], prompt[i], P, NULL) == 0;
-    int diff = 0;
-    for (int t = 0; ok && t < STEPS; t++) {
-        ok = sparq_decode_batch(ctx, tok[t], W, rows) == 0;
-        for (int i = 0; ok && i < W; i++) diff += memcmp(rows + (size_t)i * V, ref + ((size_t)t * W + i) * V, (size_t)V * sizeof(float)) != 0;
-    }
-    CHECK(ok && diff == 0, "%s: mixed batch: %d rows differ (%s)", label, diff, ctx[0] ? sparq_context_error(ctx[0]) : "");
-    for (int i = 0; i < W; i++) sparq_context_free(ctx[i]);
-    free(ref);
-    free(rows);
+    static const char *const pols[] = { "dense", "sparq", "sparq", "streaming", "oracle" };
+    static const int caps[] = { 32, 48, 1024, 64, 40 }, plen[] = { 6, 6, 6, 6, 6 };
+    check_batch_equals_alone(m, label, "mixed batch", 5, 4, pols, caps, plen);
 }
 
 static void check_model(const char *path, const char *label)
