@@ -240,8 +240,8 @@ static void check_copy_prefix(sparq_model *m, const char *label, const char *pol
 }
 
 /* W sequences, each with its policy, capacity and a random prompt of
- * plen[i] <= 6 tokens, then `steps` decode steps of all W at once: every
- * row equals the sequence's lone run bit for bit. */
+ * plen[i] (1..ALONE_PROMPT) tokens, then `steps` decode steps of all W at
+ * once: every row equals the sequence's lone run bit for bit. */
 enum { ALONE_MAX_W = 64, ALONE_MAX_STEPS = 4, ALONE_PROMPT = 6 };
 static void check_batch_equals_alone(sparq_model *m, const char *label, const char *what, int W, int steps,
                                      const char *const *pols, const int *caps, const int *plen)
@@ -251,6 +251,7 @@ static void check_batch_equals_alone(sparq_model *m, const char *label, const ch
     int32_t prompt[ALONE_MAX_W][ALONE_PROMPT], tok[ALONE_MAX_STEPS][ALONE_MAX_W];
     float *ref = malloc((size_t)W * steps * V * sizeof(float)), *rows = malloc((size_t)W * V * sizeof(float));
     int ok = ref && rows && W <= ALONE_MAX_W && steps <= ALONE_MAX_STEPS;
+    for (int i = 0; ok && i < W; i++) ok = plen[i] >= 1 && plen[i] <= ALONE_PROMPT;
     for (int i = 0; ok && i < W; i++) {
         for (int j = 0; j < ALONE_PROMPT; j++) prompt[i][j] = (int32_t)(rnd() % (uint32_t)V);
         for (int t = 0; t < steps; t++) tok[t][i] = (int32_t)(rnd() % (uint32_t)V);
@@ -290,7 +291,8 @@ static void check_wide(sparq_model *m, const char *label)
 static void check_mixed(sparq_model *m, const char *label)
 {
     static const char *const pols[] = { "dense", "sparq", "sparq", "streaming", "oracle" };
-    static const int caps[] = { 32, 48, 1024, 64, 40 }, plen[] = { 6, 6, 6, 6, 6 };
+    static const int caps[] = { 32, 48, 1024, 64, 40 },
+                     plen[] = { ALONE_PROMPT, ALONE_PROMPT, ALONE_PROMPT, ALONE_PROMPT, ALONE_PROMPT };
     check_batch_equals_alone(m, label, "mixed batch", 5, 4, pols, caps, plen);
 }
 
