@@ -293,7 +293,7 @@ static void test_topk(void)
         const int64_t n = ns[a];
         float *x = malloc((size_t)n * sizeof *x);
         double *xd = malloc((size_t)n * sizeof *xd);
-        int32_t *idx = malloc((size_t)n * sizeof *idx), *work = malloc((size_t)n * sizeof *work);
+        int32_t *idx = malloc((size_t)n * sizeof *idx), *work = malloc(2 * (size_t)n * sizeof *work);
         int32_t *ord = malloc((size_t)n * sizeof *ord);
         for (int kind = 0; kind < 5; kind++) {
             static const float specials[] = { -0.0f, 0.0f, INFINITY, -INFINITY, 1.0f, -1.0f };
@@ -337,16 +337,24 @@ static void test_topk_filter(void)
         float *x = malloc((size_t)(n + 1) * sizeof *x);
         int32_t *i1 = malloc((size_t)(n + 16) * sizeof *i1);
         int32_t *i2 = malloc((size_t)(n + 16) * sizeof *i2);
-        for (int64_t i = 0; i < n; i++) x[i] = i % 11 == 5 ? NAN : rng_normal(&r);
-        const float ts[] = { -INFINITY, -1.0f, 0.5f, 2.5f, 10.0f };
-        for (int b = 0; b < 5; b++) {
-            int64_t c1 = attn_topk_filter_ref(x, n, ts[b], i1);
-            int64_t c2 = simd->topk_filter(x, n, ts[b], i2);
+        uint32_t *k1 = malloc((size_t)(n + 16) * sizeof *k1), *k2 = malloc((size_t)(n + 16) * sizeof *k2);
+        for (int64_t i = 0; i < n; i++) /* NaN, and -0 and +0 (one key) among them */
+            x[i] = i % 11 == 5 ? NAN : i % 13 == 4 ? -0.0f : i % 13 == 9 ? 0.0f : rng_normal(&r);
+        const float ts[] = { -INFINITY, -1.0f, 0.0f, 0.5f, 2.5f, 10.0f };
+        for (int b = 0; b < 6; b++) {
+            int64_t c1 = attn_topk_filter_ref(x, n, ts[b], i1, k1);
+            int64_t c2 = simd->topk_filter(x, n, ts[b], i2, k2);
             CHECK(c1 == c2 && memcmp(i1, i2, (size_t)c1 * sizeof *i1) == 0,
                   "topk filter n=%lld t=%g: %lld vs %lld", (long long)n, ts[b], (long long)c1,
                   (long long)c2);
+            /* the keys: each kept value's, here through a sort's order */
+            int bad = 0;
+            for (int64_t j = 0; j < c1 && j < c2; j++)
+                bad += k1[j] != attn_topk_key(x[i1[j]]) || k2[j] != k1[j] ||
+                       (j > 0 && (x[i1[j]] < x[i1[j - 1]]) != (k1[j] < k1[j - 1]));
+            CHECK(bad == 0, "topk filter keys n=%lld t=%g: %d wrong", (long long)n, ts[b], bad);
         }
-        free(x); free(i1); free(i2);
+        free(x); free(i1); free(i2); free(k1); free(k2);
     }
 }
 
@@ -387,6 +395,57 @@ static void test_topk_above(void)
     }
 }
 
+/* attn_topk_partition (both twins) against a count written here: the
+ * sides hold exactly the keys above and below the pivot (compared sorted,
+ * as their order is free), and nothing is written past them. */
+static int cmp_u32_asc(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_topk_partition(void)
+{
+    rng r = { 31 };
+    const int64_t ms[] = { 0, 1, 7, 8, 9, 15, 16, 17, 100, 1001 };
+    for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++) {
+        const int64_t m = ms[a];
+        uint32_t *key = malloc((size_t)(m + 1) * sizeof *key), *want = malloc((size_t)(m + 1) * sizeof *key);
+        uint32_t *out = malloc((size_t)(m + 1) * sizeof *out);
+        for (int64_t j = 0; j < m; j++) key[j] = (uint32_t)rng_next(&r) % 7u * 0x2a000000u; /* ties */
+        const uint32_t ps[] = { 0, 0x2a000000u, 0x7e000000u, 0x80000000u, 0xfc000000u, UINT32_MAX };
+        for (int b = 0; b < 6; b++)
+            for (int twin = 0; twin < 2; twin++) {
+                if (twin && !have_simd()) continue;
+                const uint32_t p = ps[b], poison = 0x5a5a5a5au;
+                for (int64_t j = 0; j <= m; j++) out[j] = poison;
+                int64_t n_lo = -1;
+                const int64_t n_hi = twin ? simd->topk_partition(key, m, p, out, &n_lo)
+                                          : attn_topk_partition_ref(key, m, p, out, &n_lo);
+                int64_t want_hi = 0, want_lo = 0;
+                for (int64_t j = 0; j < m; j++) {
+                    want_hi += key[j] > p;
+                    want_lo += key[j] < p;
+                }
+                int ok = n_hi == want_hi && n_lo == want_lo && out[m] == poison;
+                for (int64_t j = n_hi; ok && j < m - n_lo; j++) ok = out[j] == poison;
+                for (int side = 0; ok && side < 2; side++) {
+                    int64_t c = 0;
+                    for (int64_t j = 0; j < m; j++)
+                        if (side ? key[j] < p : key[j] > p) want[c++] = key[j];
+                    uint32_t *got = side ? out + m - n_lo : out;
+                    qsort(want, (size_t)c, sizeof *want, cmp_u32_asc);
+                    qsort(got, (size_t)c, sizeof *got, cmp_u32_asc);
+                    ok = memcmp(got, want, (size_t)c * sizeof *got) == 0;
+                }
+                CHECK(ok, "topk_partition %s m=%lld p=%08x: %lld above, %lld below; want %lld, %lld",
+                      twin ? cpu_level_name(cpu_level_get()) : "ref", (long long)m, p, (long long)n_hi,
+                      (long long)n_lo, (long long)want_hi, (long long)want_lo);
+            }
+        free(key); free(want); free(out);
+    }
+}
+
 /* attn_topk_kth_key (both twins) against a sort: the k-th largest key. */
 static int cmp_u32_desc(const void *a, const void *b)
 {
@@ -394,27 +453,42 @@ static int cmp_u32_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
+/* attn_topk_kth_key (both twins) and attn_topk_kth_select (through the
+ * running level's partition) against a sort, on keys spread, tied, narrow,
+ * at the two ends, and in orders that trouble a quickselect's pivots
+ * (increasing, decreasing, organ pipe); the select must leave its input
+ * as it was. */
 static void test_topk_kth(void)
 {
     rng r = { 29 };
-    const int64_t ms[] = { 1, 2, 15, 16, 17, 100, 1001 };
+    const int64_t ms[] = { 1, 2, 15, 16, 17, 100, 1001, 5003 };
     for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++) {
         const int64_t m = ms[a];
         uint32_t *key = malloc((size_t)m * sizeof *key), *sorted = malloc((size_t)m * sizeof *key);
-        for (int kind = 0; kind < 4; kind++) {
+        uint32_t *copy = malloc((size_t)m * sizeof *key), *buf = malloc(2 * (size_t)m * sizeof *buf);
+        for (int kind = 0; kind < 7; kind++) {
             for (int64_t i = 0; i < m; i++) {
                 const uint64_t x = rng_next(&r);
                 key[i] = kind == 0 ? (uint32_t)x                      /* spread */
                        : kind == 1 ? (uint32_t)(x % 5) * 0x40000000u  /* ties, extremes */
                        : kind == 2 ? 0x80000000u + (uint32_t)(x % 3)  /* narrow */
-                                   : (x & 1 ? UINT32_MAX : 0);        /* the two ends */
+                       : kind == 3 ? (x & 1 ? UINT32_MAX : 0)         /* the two ends */
+                       : kind == 4 ? (uint32_t)i * 977u               /* increasing */
+                       : kind == 5 ? UINT32_MAX - (uint32_t)i * 977u  /* decreasing */
+                                   : (uint32_t)(i < m / 2 ? i : m - i) * 31u; /* organ pipe */
             }
             memcpy(sorted, key, (size_t)m * sizeof *key);
+            memcpy(copy, key, (size_t)m * sizeof *key);
             qsort(sorted, (size_t)m, sizeof *sorted, cmp_u32_desc);
-            const int64_t ks[] = { 1, 2, m / 2, m - 1, m };
-            for (int b = 0; b < 5; b++) {
+            const int64_t ks[] = { 1, 2, m / 3, m / 2, m - 1, m };
+            for (int b = 0; b < 6; b++) {
                 const int64_t k = ks[b];
                 if (k < 1 || k > m) continue;
+                const uint32_t t0 = attn_topk_kth_select(key, m, k, buf, buf + m);
+                CHECK(t0 == sorted[k - 1] && memcmp(key, copy, (size_t)m * sizeof *key) == 0,
+                      "kth_select %s m=%lld k=%lld kind=%d: %u, want %u", cpu_level_name(cpu_level_get()),
+                      (long long)m, (long long)k, kind, t0, sorted[k - 1]);
+                if (m > 1001) continue; /* bisection: the shorter lengths show it */
                 const uint32_t t1 = attn_topk_kth_key_ref(key, m, k);
                 CHECK(t1 == sorted[k - 1], "kth_key_ref m=%lld k=%lld kind=%d: %u, want %u",
                       (long long)m, (long long)k, kind, t1, sorted[k - 1]);
@@ -427,6 +501,8 @@ static void test_topk_kth(void)
         }
         free(key);
         free(sorted);
+        free(copy);
+        free(buf);
     }
 }
 
@@ -1910,6 +1986,7 @@ int main(void)
     test_topk_filter();
     test_topk_above();
     test_topk_kth();
+    test_topk_partition();
     test_twins();
     test_dense_parts();
     test_kt_exp();

@@ -134,7 +134,7 @@ static void test_tables(void)
         const attn_kernels *a = attn_kernels_at(lv);
         CHECK(a && a->topk_filter && a->scores && a->softmax && a->weighted_sum && a->kt_logits &&
                   a->softmax_weighted_sum && a->kt_exp && a->scaled_head_sum && a->topk_kth_key &&
-                  a->topk_above && a->gather_group,
+                  a->topk_above && a->topk_partition && a->gather_group,
               "attn table at %s", cpu_level_name(lv));
         const attn_pf_ops *p = attn_pf_ops_at(lv);
         CHECK(p && p->scores && p->expsum && p->pv, "prefill ops at %s", cpu_level_name(lv));

@@ -5,7 +5,7 @@
  * Map of this file:
  *   errors              attn_fail
  *   top-k selection     attn_topk_indices (O(n): sampled threshold, exact
- *                       threshold by bisection on order keys)
+ *                       threshold by quickselect on order keys)
  *   dispatch            the un-suffixed kernel names call the twin of the
  *                       level chosen at run time (attn_kernels tables,
  *                       attn_kernels.h: attn_kernels_ref.c, _avx2.c, ...)
@@ -36,18 +36,6 @@ int attn_fail(attn_scratch *s, const char *fmt, ...)
 
 /* ---- top-k selection ----------------------------------------------------- */
 
-/* Order key of a float: unsigned order = float order. -0 and +0 share a
- * key; NaN takes -inf's, so a poisoned score ranks last and never
- * displaces a real one. */
-static inline uint32_t topk_key(float v)
-{
-    uint32_t b;
-    memcpy(&b, &v, sizeof b);
-    if (v != v) b = 0xff800000u; /* NaN -> -inf */
-    if (b == 0x80000000u) b = 0; /* -0 -> +0 */
-    return b & 0x80000000u ? ~b : b | 0x80000000u;
-}
-
 static inline float key_value(uint32_t k)
 {
     const uint32_t b = k & 0x80000000u ? k & 0x7fffffffu : ~k;
@@ -67,6 +55,56 @@ static void topk_emit(const uint32_t *key, const int32_t *pos, int64_t m, uint32
         if (key[j] == t) idx[o++] = pos ? pos[j] : (int32_t)j;
 }
 
+/* The k-th largest of key[0..m) (1 <= k <= m) by quickselect: each pass
+ * splits the keys around a pivot (attn_topk_partition) and keeps the side
+ * holding the answer, about half, so the passes read ~2-3 m keys in all
+ * where bisection on the answer reads 32 m. The pivot is the median of
+ * three spread keys; inputs that defeat it (each pass keeping nearly all)
+ * are bounded: after 64 passes the rest is bisected. buf0, buf1: m each. */
+enum { SELECT_PASSES = 64, SELECT_SMALL = 16 };
+
+static uint32_t median3(uint32_t a, uint32_t b, uint32_t c)
+{
+    if (a > b) { const uint32_t t = a; a = b; b = t; }
+    return c <= a ? a : c >= b ? b : c;
+}
+
+uint32_t attn_topk_kth_select(const uint32_t *key, int64_t m, int64_t k, uint32_t *buf0,
+                              uint32_t *buf1)
+{
+    const uint32_t *a = key;
+    uint32_t *out = buf0, *other = buf1;
+    for (int pass = 0; m > SELECT_SMALL; pass++) {
+        if (pass == SELECT_PASSES) return attn_topk_kth_key(a, m, k);
+        const uint32_t p = median3(a[m / 4], a[m / 2], a[m - 1 - m / 4]);
+        int64_t n_lo;
+        const int64_t n_hi = attn_topk_partition(a, m, p, out, &n_lo), n_eq = m - n_hi - n_lo;
+        if (k <= n_hi) {
+            a = out;
+            m = n_hi;
+        } else if (k <= n_hi + n_eq) {
+            return p;
+        } else {
+            k -= n_hi + n_eq;
+            a = out + (m - n_lo);
+            m = n_lo;
+        }
+        uint32_t *t = out;
+        out = other;
+        other = t;
+    }
+    /* a few keys: the one with fewer than k above it and k or more at or above */
+    for (int64_t i = 0; i < m; i++) {
+        int64_t gt = 0, ge = 0;
+        for (int64_t j = 0; j < m; j++) {
+            gt += a[j] > a[i];
+            ge += a[j] >= a[i];
+        }
+        if (gt < k && k <= ge) return a[i];
+    }
+    return a[0]; /* unreachable for 1 <= k <= m */
+}
+
 void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work)
 {
     if (k <= 0) return;
@@ -76,28 +114,29 @@ void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32
     }
     uint32_t *key = (uint32_t *)work; /* int32 storage, read as its unsigned twin */
     /* Long inputs: a threshold from an evenly spaced sample of 1024 values
-     * cuts the candidates to about 2k + n/64 in one sequential pass; the
-     * exact k-th key is then found among them alone (the bisection over
-     * all n keys costs 32 passes). Up to k = n/8 (SparQ at a 1/8 transfer
-     * ratio keeps k = S/16) the candidates stay under half of n. */
+     * cuts the candidates to about 2k + n/64 in one sequential pass, which
+     * writes their positions to work[0..c) and their keys to work[n..n+c);
+     * the exact k-th key is then found among them alone (a selection over
+     * all n keys costs several passes). Up to k = n/8 (SparQ at a 1/8 transfer
+     * ratio keeps k = S/16) the candidates stay under half of n, which
+     * leaves work[c..2c) and work[n+c..n+2c) to the selection. */
     enum { SAMPLE = 1024 };
     if (n > 2 * SAMPLE && k <= n / 8) {
-        for (int64_t j = 0; j < SAMPLE; j++) key[j] = topk_key(x[j * n / SAMPLE]);
+        for (int64_t j = 0; j < SAMPLE; j++) key[j] = attn_topk_key(x[j * n / SAMPLE]);
         const int64_t ks = 2 * ((k * SAMPLE + n - 1) / n) + 16;
-        const float t = key_value(attn_topk_kth_key(key, SAMPLE, ks));
+        const float t = key_value(attn_topk_kth_select(key, SAMPLE, ks, key + SAMPLE, key + 2 * SAMPLE));
         if (t > -INFINITY) { /* (NaN ranks as -inf but never passes the filter) */
-            const int64_t c = attn_topk_filter(x, n, t, work);
-            /* >= k values are >= t, so the k-th best is >= t: all top k are
-             * in; their keys go after the positions */
+            uint32_t *ck = key + n;
+            const int64_t c = attn_topk_filter(x, n, t, work, ck);
+            /* >= k values are >= t, so the k-th best is >= t: all top k are in */
             if (c >= k && 2 * c <= n) {
-                uint32_t *ck = key + c;
-                for (int64_t j = 0; j < c; j++) ck[j] = topk_key(x[work[j]]);
-                topk_emit(ck, work, c, attn_topk_kth_key(ck, c, k), k, idx);
+                const uint32_t kth = attn_topk_kth_select(ck, c, k, key + c, ck + c);
+                topk_emit(ck, work, c, kth, k, idx);
                 return;
             }
         }
     }
-    for (int64_t i = 0; i < n; i++) key[i] = topk_key(x[i]);
+    for (int64_t i = 0; i < n; i++) key[i] = attn_topk_key(x[i]);
     topk_emit(key, NULL, n, attn_topk_kth_key(key, n, k), k, idx);
 }
 
@@ -126,9 +165,9 @@ const attn_kernels *attn_kernels_at(cpu_level level) { return tables[level]; }
 
 static inline const attn_kernels *K(void) { return tables[cpu_level_get()]; }
 
-int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx)
+int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key)
 {
-    return K()->topk_filter(x, n, t, idx);
+    return K()->topk_filter(x, n, t, idx, key);
 }
 
 void attn_scores(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
@@ -177,6 +216,11 @@ uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k)
 int64_t attn_topk_above(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx)
 {
     return K()->topk_above(key, pos, m, t, idx);
+}
+
+int64_t attn_topk_partition(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out, int64_t *n_lo)
+{
+    return K()->topk_partition(key, m, p, out, n_lo);
 }
 
 /* ---- group attention ------------------------------------------------------ */
@@ -249,7 +293,7 @@ size_t attn_exact_topk_scratch(int64_t S, int64_t k, int g)
     const size_t n = (size_t)S, kk = (size_t)(k < S ? k : S);
     const size_t nf = attn_pad16((size_t)g * n) + attn_pad16(n) + attn_pad16((size_t)g * kk) +
                       attn_pad16((size_t)g);
-    const size_t ni = attn_pad16(n) + attn_pad16(kk);
+    const size_t ni = attn_pad16(2 * n) + attn_pad16(kk); /* top-k work: 2S */
     return nf > ni ? nf : ni;
 }
 
@@ -261,7 +305,7 @@ void attn_exact_topk_group(const attn_kv_view *kv, const float *q, int g, int64_
     float *score = P + attn_pad16((size_t)g * S);     /* [S] group sum           */
     float *w = score + attn_pad16((size_t)S);         /* [g][kk] kept weights    */
     float *mass = w + attn_pad16((size_t)g * kk);     /* [g]                     */
-    int32_t *work = scratch->i, *sel = work + attn_pad16((size_t)S);
+    int32_t *work = scratch->i, *sel = work + attn_pad16(2 * (size_t)S);
 
     attn_scores(kv, q, g, NULL, S, P);
     attn_softmax(P, g, S);

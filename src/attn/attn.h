@@ -197,8 +197,14 @@ void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
 
 /* O(S) selection of the k largest values of x[0..n) (k <= n): writes their
  * indices to idx[0..k) in no particular order. Ties broken toward the lower
- * index. work: n int32 values. */
+ * index. work: 2n int32 values. */
 void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work);
+
+/* The k-th largest of key[0..m) (1 <= k <= m), as attn_topk_kth_key, by
+ * quickselect over attn_topk_partition; buf0 and buf1 hold m keys each
+ * (key is not written). */
+uint32_t attn_topk_kth_select(const uint32_t *key, int64_t m, int64_t k, uint32_t *buf0,
+                              uint32_t *buf1);
 
 /* ---- kernel building blocks (attn_kernels_ref.c, attn_kernels_avx2.c,
  * attn_kernels_avx512.c, attn_kernels_neon.c) - rows: positions to read,
@@ -226,8 +232,9 @@ void attn_kt_logits(const attn_kv_view *kv, const float *qs, const int32_t *comp
                     int g, int64_t n, float *s);
 
 /* Top-k's candidate pass: writes the i with x[i] >= t (NaN never) to idx
- * in increasing order; returns their count. */
-int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx);
+ * in increasing order and their attn_topk_key to key (same order); returns
+ * their count. */
+int64_t attn_topk_filter(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
 
 /* out[h*d + j] = sum_i softmax(s[h*n .. h*n+n))_i * V[row_i][j]: attn_softmax
  * then attn_weighted_sum in one pass, the weights never stored (s is only
@@ -262,6 +269,11 @@ void attn_scaled_head_sum(const float *e, const float *scale, int g, int64_t n, 
 /* Top-k's exact threshold: the largest t with #{i < m : key[i] >= t} >= k
  * (1 <= k <= m), i.e. the k-th largest key. Keys order floats (attn.c). */
 uint32_t attn_topk_kth_key(const uint32_t *key, int64_t m, int64_t k);
+
+/* Quickselect's pass: the keys of key[0..m) above p to out[0..n_hi), those
+ * below p to out[m - n_lo..m), each side in no particular order (those
+ * equal to p, m - n_hi - n_lo of them, are not written); returns n_hi. */
+int64_t attn_topk_partition(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out, int64_t *n_lo);
 
 /* Top-k's emit pass: writes pos[j] (pos NULL: j) for the j < m with
  * key[j] > t to idx in increasing j; returns their count. */

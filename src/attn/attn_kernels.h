@@ -14,12 +14,25 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include "attn/attn_exp.h"
 #include "attn/attn_kv_view.h"
 
 /* x, or exactly 0 where x < ATTN_SCORE_MIN (attn_exp.h): the factors of
  * SparQ's approximate scores, never subnormal nor multiplying into one. */
 static inline float attn_score_flush(float x) { return x >= ATTN_SCORE_MIN ? x : 0.0f; }
+
+/* Top-k's order key of a float: unsigned order = float order. -0 and +0
+ * share a key; NaN takes -inf's, so a poisoned score ranks last and never
+ * displaces a real one. */
+static inline uint32_t attn_topk_key(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    if (v != v) b = 0xff800000u; /* NaN -> -inf */
+    if (b == 0x80000000u) b = 0; /* -0 -> +0 */
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
 
 /* Positions per block of attn_kt_exp's running maximum. */
 enum { ATTN_EXP_BLOCK = 256 };
@@ -73,7 +86,9 @@ void attn_softmax_weighted_sum_q8i_avx2(const attn_kv_view *kv, const float *s, 
                                         const int32_t *rows, int64_t n, float *out, float *lse);
 
 
-int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx);
+int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
+int64_t attn_topk_partition_ref(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
+                              int64_t *n_lo);
 uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                             int32_t *idx);
@@ -97,7 +112,9 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define ATTN_HAVE_AVX512 1
 #endif
-int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx);
+int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
+int64_t attn_topk_partition_avx512(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
+                              int64_t *n_lo);
 uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                                int32_t *idx);
@@ -116,7 +133,9 @@ void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_
                            int r, int g, int64_t n, float *s);
 void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
                               const int32_t *sel, int64_t n_sel, float *out, float *scratch);
-int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx);
+int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
+int64_t attn_topk_partition_avx2(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
+                              int64_t *n_lo);
 uint32_t attn_topk_kth_key_avx2(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_avx2(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                              int32_t *idx);
@@ -139,7 +158,7 @@ void attn_gather_group_avx2(const attn_kv_view *kv, const float *q, int g,
 /* One level's kernel building blocks (attn.h's un-suffixed functions call
  * through the table of the level running). */
 typedef struct attn_kernels {
-    int64_t (*topk_filter)(const float *x, int64_t n, float t, int32_t *idx);
+    int64_t (*topk_filter)(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
     void (*scores)(const attn_kv_view *kv, const float *q, int g, const int32_t *rows, int64_t n, float *s);
     void (*softmax)(float *s, int g, int64_t n);
     void (*weighted_sum)(const attn_kv_view *kv, const float *w, int g, const int32_t *rows, int64_t n,
@@ -153,6 +172,7 @@ typedef struct attn_kernels {
     void (*scaled_head_sum)(const float *e, const float *scale, int g, int64_t n, int64_t m, float *out);
     uint32_t (*topk_kth_key)(const uint32_t *key, int64_t m, int64_t k);
     int64_t (*topk_above)(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx);
+    int64_t (*topk_partition)(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out, int64_t *n_lo);
     void (*gather_group)(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t n_sel,
                          float *out, float *scratch);
 } attn_kernels;

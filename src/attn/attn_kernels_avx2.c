@@ -15,7 +15,7 @@
  *   softmax             in place
  *   weighted sums       V rows weighted by given weights, or by softmax(scores)
  *   K^T logits          SparQ's scores from r rows of K^T; the fused exp pass
- *   group sum, top-k    attn_scaled_head_sum, attn_topk_filter/_above/_kth_key
+ *   group sum, top-k    attn_scaled_head_sum, attn_topk_filter/_above/_kth_key/_partition
  *   gather              attn_gather_group
  */
 #include "attn/attn_kernels.h"
@@ -648,21 +648,35 @@ void attn_scaled_head_sum_avx2(const float *e, const float *scale, int g, int64_
     }
 }
 
-int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx)
+/* attn_topk_key of 8 floats (no NaN among them: the filter keeps none) */
+static ALWAYS_INLINE __m256i topk_key8(__m256 x)
+{
+    __m256i b = _mm256_castps_si256(x);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    b = _mm256_andnot_si256(_mm256_cmpeq_epi32(b, sign), b); /* -0 -> +0 */
+    return _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi32(b, 31), sign));
+}
+
+int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key)
 {
     const __m256 vt = _mm256_set1_ps(t);
     const __m256i step = _mm256_set1_epi32(8);
     __m256i iv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     int64_t c = 0, i = 0;
     for (; i + 8 <= n; i += 8, iv = _mm256_add_epi32(iv, step)) {
-        const unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vt, _CMP_GE_OQ));
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, vt, _CMP_GE_OQ));
         if (!m) continue; /* most blocks hold no candidate */
         const int k = __builtin_popcount(m);
         _mm256_maskstore_epi32((int *)(idx + c), simd_lanes8(k), simd_compress8_epi32(iv, m));
+        _mm256_maskstore_epi32((int *)(key + c), simd_lanes8(k), simd_compress8_epi32(topk_key8(v), m));
         c += k;
     }
     for (; i < n; i++)
-        if (x[i] >= t) idx[c++] = (int32_t)i; /* NaN compares false: never kept */
+        if (x[i] >= t) { /* NaN compares false: never kept */
+            key[c] = attn_topk_key(x[i]);
+            idx[c++] = (int32_t)i;
+        }
     return c;
 }
 
@@ -687,6 +701,29 @@ int64_t attn_topk_above_avx2(const uint32_t *key, const int32_t *pos, int64_t m,
     for (; i < m; i++)
         if (key[i] > t) idx[c++] = pos ? pos[i] : (int32_t)i;
     return c;
+}
+
+int64_t attn_topk_partition_avx2(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
+                                 int64_t *n_lo)
+{
+    const __m256i vp = flip(_mm256_set1_epi32((int)p));
+    int64_t hi = 0, lo = m, i = 0;
+    for (; i + 8 <= m; i += 8) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(key + i)), f = flip(v);
+        const unsigned gt = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(f, vp)));
+        const unsigned lt = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(vp, f)));
+        const int ng = __builtin_popcount(gt), nl = __builtin_popcount(lt);
+        _mm256_maskstore_epi32((int *)(out + hi), simd_lanes8(ng), simd_compress8_epi32(v, gt));
+        lo -= nl; /* the smaller keys fill the buffer from its end */
+        _mm256_maskstore_epi32((int *)(out + lo), simd_lanes8(nl), simd_compress8_epi32(v, lt));
+        hi += ng;
+    }
+    for (; i < m; i++) {
+        if (key[i] > p) out[hi++] = key[i];
+        else if (key[i] < p) out[--lo] = key[i];
+    }
+    *n_lo = m - lo;
+    return hi;
 }
 
 static int64_t count_ge(const uint32_t *key, int64_t m, uint32_t t)
@@ -763,7 +800,7 @@ void attn_gather_group_avx2(const attn_kv_view *kv, const float *q, int g, const
 const attn_kernels attn_kernels_avx2 = {
     attn_topk_filter_avx2, attn_scores_avx2, attn_softmax_avx2, attn_weighted_sum_avx2,
     attn_kt_logits_avx2, attn_softmax_weighted_sum_avx2, attn_kt_exp_avx2,
-    attn_scaled_head_sum_avx2, attn_topk_kth_key_avx2, attn_topk_above_avx2,
+    attn_scaled_head_sum_avx2, attn_topk_kth_key_avx2, attn_topk_above_avx2, attn_topk_partition_avx2,
     attn_gather_group_avx2,
 };
 

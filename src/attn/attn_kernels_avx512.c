@@ -10,7 +10,7 @@
  *   softmax             in place
  *   weighted sums       V rows weighted by given weights, or by softmax(scores)
  *   K^T logits          SparQ's scores from r rows of K^T; the fused exp pass
- *   group sum, top-k    attn_scaled_head_sum, attn_topk_filter, attn_topk_kth_key
+ *   group sum, top-k    attn_scaled_head_sum, attn_topk_filter, _kth_key, _partition
  *   gather              attn_gather_group
  *
  * What bounds them: at g = 4 query heads per KV head every K or V element
@@ -735,25 +735,58 @@ void attn_scaled_head_sum_avx512(const float *e, const float *scale, int g, int6
     }
 }
 
-int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx)
+/* attn_topk_key of 16 floats (no NaN among them: the filter keeps none) */
+static ALWAYS_INLINE __m512i topk_key16(__m512 x)
+{
+    __m512i b = _mm512_castps_si512(x);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(b, sign), _mm512_setzero_si512()); /* -0 -> +0 */
+    return _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31), sign));
+}
+
+int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key)
 {
     const __m512 vt = _mm512_set1_ps(t);
     const __m512i step = _mm512_set1_epi32(16);
     __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int64_t c = 0, i = 0;
     for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
-        const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vt, _CMP_GE_OQ);
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __mmask16 m = _mm512_cmp_ps_mask(v, vt, _CMP_GE_OQ);
         if (!m) continue; /* most blocks hold no candidate */
         /* compress in a register, then a masked store: Zen 4 microcodes
          * the compress-to-memory form */
         const int k = __builtin_popcount(m);
-        _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << k) - 1),
-                                 _mm512_maskz_compress_epi32(m, iv));
+        const __mmask16 out = (__mmask16)((1u << k) - 1);
+        _mm512_mask_storeu_epi32(idx + c, out, _mm512_maskz_compress_epi32(m, iv));
+        _mm512_mask_storeu_epi32(key + c, out, _mm512_maskz_compress_epi32(m, topk_key16(v)));
         c += k;
     }
     for (; i < n; i++)
-        if (x[i] >= t) idx[c++] = (int32_t)i;
+        if (x[i] >= t) {
+            key[c] = attn_topk_key(x[i]);
+            idx[c++] = (int32_t)i;
+        }
     return c;
+}
+
+int64_t attn_topk_partition_avx512(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
+                                   int64_t *n_lo)
+{
+    const __m512i vp = _mm512_set1_epi32((int)p);
+    int64_t hi = 0, lo = m;
+    for (int64_t i = 0; i < m; i += 16) {
+        const __mmask16 mk = tail_mask(m - i);
+        const __m512i v = _mm512_maskz_loadu_epi32(mk, key + i);
+        const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(mk, v, vp), lt = _mm512_mask_cmplt_epu32_mask(mk, v, vp);
+        const int ng = __builtin_popcount(gt), nl = __builtin_popcount(lt);
+        _mm512_mask_storeu_epi32(out + hi, (__mmask16)((1u << ng) - 1), _mm512_maskz_compress_epi32(gt, v));
+        lo -= nl; /* the smaller keys fill the buffer from its end */
+        _mm512_mask_storeu_epi32(out + lo, (__mmask16)((1u << nl) - 1), _mm512_maskz_compress_epi32(lt, v));
+        hi += ng;
+    }
+    *n_lo = m - lo;
+    return hi;
 }
 
 int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
@@ -832,7 +865,7 @@ void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
 const attn_kernels attn_kernels_avx512 = {
     attn_topk_filter_avx512, attn_scores_avx512, attn_softmax_avx512, attn_weighted_sum_avx512,
     attn_kt_logits_avx512, attn_softmax_weighted_sum_avx512, attn_kt_exp_avx512,
-    attn_scaled_head_sum_avx512, attn_topk_kth_key_avx512, attn_topk_above_avx512,
+    attn_scaled_head_sum_avx512, attn_topk_kth_key_avx512, attn_topk_above_avx512, attn_topk_partition_avx512,
     attn_gather_group_avx512,
 };
 

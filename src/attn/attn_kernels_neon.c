@@ -366,7 +366,7 @@ const attn_kernels NEON_TWIN(attn_kernels) = {
     attn_topk_filter_ref, NEON_TWIN(attn_scores), NEON_TWIN(attn_softmax), NEON_TWIN(attn_weighted_sum),
     NEON_TWIN(attn_kt_logits), NEON_TWIN(attn_softmax_weighted_sum), NEON_TWIN(attn_kt_exp),
     NEON_TWIN(attn_scaled_head_sum),
-    attn_topk_kth_key_ref, attn_topk_above_ref, NEON_TWIN(attn_gather_group),
+    attn_topk_kth_key_ref, attn_topk_above_ref, attn_topk_partition_ref, NEON_TWIN(attn_gather_group),
 };
 
 #else

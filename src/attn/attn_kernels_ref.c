@@ -156,12 +156,27 @@ void attn_scaled_head_sum_ref(const float *e, const float *scale, int g, int64_t
     }
 }
 
-int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx)
+int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key)
 {
     int64_t c = 0;
     for (int64_t i = 0; i < n; i++)
-        if (x[i] >= t) idx[c++] = (int32_t)i; /* NaN compares false: never kept */
+        if (x[i] >= t) { /* NaN compares false: never kept */
+            key[c] = attn_topk_key(x[i]);
+            idx[c++] = (int32_t)i;
+        }
     return c;
+}
+
+int64_t attn_topk_partition_ref(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
+                                int64_t *n_lo)
+{
+    int64_t hi = 0, lo = m;
+    for (int64_t i = 0; i < m; i++) {
+        if (key[i] > p) out[hi++] = key[i];
+        else if (key[i] < p) out[--lo] = key[i];
+    }
+    *n_lo = m - lo;
+    return hi;
 }
 
 int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
@@ -203,5 +218,5 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
 const attn_kernels attn_kernels_ref = {
     attn_topk_filter_ref, attn_scores_ref, attn_softmax_ref, attn_weighted_sum_ref,
     attn_kt_logits_ref, attn_softmax_weighted_sum_ref, attn_kt_exp_ref, attn_scaled_head_sum_ref,
-    attn_topk_kth_key_ref, attn_topk_above_ref, attn_gather_group_ref,
+    attn_topk_kth_key_ref, attn_topk_above_ref, attn_topk_partition_ref, attn_gather_group_ref,
 };
