@@ -293,7 +293,7 @@ static void test_topk(void)
         const int64_t n = ns[a];
         float *x = malloc((size_t)n * sizeof *x);
         double *xd = malloc((size_t)n * sizeof *xd);
-        int32_t *idx = malloc((size_t)n * sizeof *idx), *work = malloc(2 * (size_t)n * sizeof *work);
+        int32_t *idx = malloc((size_t)n * sizeof *idx), *work = malloc(attn_topk_work((size_t)n) * sizeof *work);
         int32_t *ord = malloc((size_t)n * sizeof *ord);
         for (int kind = 0; kind < 5; kind++) {
             static const float specials[] = { -0.0f, 0.0f, INFINITY, -INFINITY, 1.0f, -1.0f };

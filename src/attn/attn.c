@@ -293,7 +293,7 @@ size_t attn_exact_topk_scratch(int64_t S, int64_t k, int g)
     const size_t n = (size_t)S, kk = (size_t)(k < S ? k : S);
     const size_t nf = attn_pad16((size_t)g * n) + attn_pad16(n) + attn_pad16((size_t)g * kk) +
                       attn_pad16((size_t)g);
-    const size_t ni = attn_pad16(2 * n) + attn_pad16(kk); /* top-k work: 2S */
+    const size_t ni = attn_pad16(attn_topk_work(n)) + attn_pad16(kk);
     return nf > ni ? nf : ni;
 }
 
@@ -305,7 +305,7 @@ void attn_exact_topk_group(const attn_kv_view *kv, const float *q, int g, int64_
     float *score = P + attn_pad16((size_t)g * S);     /* [S] group sum           */
     float *w = score + attn_pad16((size_t)S);         /* [g][kk] kept weights    */
     float *mass = w + attn_pad16((size_t)g * kk);     /* [g]                     */
-    int32_t *work = scratch->i, *sel = work + attn_pad16(2 * (size_t)S);
+    int32_t *work = scratch->i, *sel = work + attn_pad16(attn_topk_work((size_t)S));
 
     attn_scores(kv, q, g, NULL, S, P);
     attn_softmax(P, g, S);

@@ -197,8 +197,12 @@ void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
 
 /* O(S) selection of the k largest values of x[0..n) (k <= n): writes their
  * indices to idx[0..k) in no particular order. Ties broken toward the lower
- * index. work: 2n int32 values. */
+ * index. work: attn_topk_work(n) int32 values. */
 void attn_topk_indices(const float *x, int64_t n, int64_t k, int32_t *idx, int32_t *work);
+
+/* attn_topk_indices' work for n values: the candidates' positions and keys,
+ * and the selection's two buffers beside them (attn.c). */
+static inline size_t attn_topk_work(size_t n) { return 2 * n; }
 
 /* The k-th largest of key[0..m) (1 <= k <= m), as attn_topk_kth_key, by
  * quickselect over attn_topk_partition; buf0 and buf1 hold m keys each

@@ -118,7 +118,7 @@ typedef struct h2o_scratch {
     float   *cand;     /* [S] scores of the older alive positions         */
     float   *w;        /* [g][k] attention weights over the kept set      */
     int32_t *cand_pos; /* [S] their positions                             */
-    int32_t *work;     /* [2S] top-k work                                 */
+    int32_t *work;     /* top-k work: attn_topk_work(S)                   */
     int32_t *pick;     /* [k] top-k result (indices into cand)            */
     int32_t *sel;      /* [k] kept positions                              */
     size_t   n_f, n_i;
@@ -134,7 +134,7 @@ static h2o_scratch h2o_layout(float *f, int32_t *iw, const sparq_attn_params *p,
     s.n_f = o;
     o = 0;
     s.cand_pos = iw ? iw + o : NULL; o += attn_pad16(n);
-    s.work = iw ? iw + o : NULL;     o += attn_pad16(2 * n);
+    s.work = iw ? iw + o : NULL;     o += attn_pad16(attn_topk_work(n));
     s.pick = iw ? iw + o : NULL;     o += attn_pad16(kk);
     s.sel = iw ? iw + o : NULL;      o += attn_pad16(kk);
     s.n_i = o;

@@ -88,7 +88,7 @@ void attn_softmax_weighted_sum_q8i_avx2(const attn_kv_view *kv, const float *s, 
 
 int64_t attn_topk_filter_ref(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
 int64_t attn_topk_partition_ref(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
-                              int64_t *n_lo);
+                                int64_t *n_lo);
 uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_ref(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                             int32_t *idx);
@@ -114,7 +114,7 @@ void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
 #endif
 int64_t attn_topk_filter_avx512(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
 int64_t attn_topk_partition_avx512(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
-                              int64_t *n_lo);
+                                   int64_t *n_lo);
 uint32_t attn_topk_kth_key_avx512(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_avx512(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                                int32_t *idx);
@@ -135,7 +135,7 @@ void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
                               const int32_t *sel, int64_t n_sel, float *out, float *scratch);
 int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
 int64_t attn_topk_partition_avx2(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
-                              int64_t *n_lo);
+                                 int64_t *n_lo);
 uint32_t attn_topk_kth_key_avx2(const uint32_t *key, int64_t m, int64_t k);
 int64_t attn_topk_above_avx2(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t,
                              int32_t *idx);

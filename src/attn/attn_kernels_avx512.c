@@ -778,7 +778,8 @@ int64_t attn_topk_partition_avx512(const uint32_t *key, int64_t m, uint32_t p, u
     for (int64_t i = 0; i < m; i += 16) {
         const __mmask16 mk = tail_mask(m - i);
         const __m512i v = _mm512_maskz_loadu_epi32(mk, key + i);
-        const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(mk, v, vp), lt = _mm512_mask_cmplt_epu32_mask(mk, v, vp);
+        const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(mk, v, vp);
+        const __mmask16 lt = _mm512_mask_cmplt_epu32_mask(mk, v, vp);
         const int ng = __builtin_popcount(gt), nl = __builtin_popcount(lt);
         _mm512_mask_storeu_epi32(out + hi, (__mmask16)((1u << ng) - 1), _mm512_maskz_compress_epi32(gt, v));
         lo -= nl; /* the smaller keys fill the buffer from its end */

@@ -100,7 +100,7 @@ typedef struct sparq_scratch {
     float   *qs;    /* [g][r] q_h[i1] / tau_h                              */
     float   *absq;  /* [d] sum_h |q_h|                                     */
     float   *alpha; /* [g]                                                 */
-    int32_t *work;  /* [2 max(S, d)] top-k work                            */
+    int32_t *work;  /* top-k work: attn_topk_work(max(S, d))               */
     int32_t *sel;   /* [k]                                                 */
     int32_t *i1;    /* [d]                                                 */
     /* adaptive_k only (NULL otherwise); u = min(S, g*k) bounds the union */
@@ -137,7 +137,7 @@ static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params
     }
     s.n_f = o;
     o = 0;
-    s.work = iw ? iw + o : NULL; o += attn_pad16(2 * (n > (size_t)d ? n : (size_t)d));
+    s.work = iw ? iw + o : NULL; o += attn_pad16(attn_topk_work(n > (size_t)d ? n : (size_t)d));
     s.sel = iw ? iw + o : NULL;  o += attn_pad16(u);
     s.i1 = iw ? iw + o : NULL;   o += attn_pad16((size_t)d);
     s.kh = NULL;

@@ -645,7 +645,7 @@ typedef struct topk_scratch {
     float   *qs;    /* [g][d]  sparq: q_h[i1]                                */
     int32_t *ids;   /* [g][k]                                                */
     int32_t *ids2;  /* [g][k]  trace / check work                            */
-    int32_t *work;  /* [2 max(S, d)]                                         */
+    int32_t *work;  /* attn_topk_work(max(S, d))                             */
     int32_t *i1;    /* [d]                                                   */
     size_t   n_f, n_i;
 } topk_scratch;
@@ -671,7 +671,7 @@ static topk_scratch topk_layout(float *f, int32_t *iw, int kmax, int64_t S, int 
     o = 0;
     s.ids = iw ? iw + o : NULL;  o += attn_pad16(gg * kk);
     s.ids2 = iw ? iw + o : NULL; o += attn_pad16(gg * kk);
-    s.work = iw ? iw + o : NULL; o += attn_pad16(2 * (n > (size_t)d ? n : (size_t)d));
+    s.work = iw ? iw + o : NULL; o += attn_pad16(attn_topk_work(n > (size_t)d ? n : (size_t)d));
     s.i1 = iw ? iw + o : NULL;   o += attn_pad16((size_t)d);
     s.n_i = o;
     return s;

@@ -352,7 +352,7 @@ typedef struct topk_dec {
     float *cen;                /* [n_layer][n_kv_head][C + 1][d]: centres, scales */
     int32_t *ids, *ex;         /* [g][k] the index's choice; [k] exact top-k    */
     float *sc;                 /* [g][P] scores                                */
-    int32_t *work;             /* [2P]                                         */
+    int32_t *work;             /* attn_topk_work(P)                            */
     uint8_t *found;            /* [M + 1] needle retrieved at every step        */
 } topk_dec;
 
@@ -422,7 +422,7 @@ static int dec_prepare(topk_dec *D, bench_topk_result *res)
     D->ids = malloc((size_t)g * k * sizeof *D->ids);
     D->ex = malloc((size_t)k * sizeof *D->ex);
     D->sc = malloc((size_t)g * s->P * sizeof *D->sc);
-    D->work = malloc(2 * (size_t)s->P * sizeof *D->work);
+    D->work = malloc(attn_topk_work((size_t)s->P) * sizeof *D->work);
     D->found = malloc((size_t)s->M + 1);
     if (!D->sfl || !D->sint || !D->q || !D->out || !D->knew || !D->cen || !D->ids || !D->ex || !D->sc ||
         !D->work || !D->found || D->pol->state_create(&D->p, &shape, &D->state)) {

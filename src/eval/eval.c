@@ -572,10 +572,11 @@ static int stats_tap_attend(void *state, const sparq_attn_params *p, const attn_
     const int64_t N = t->stride;
     float *Kf = t->work + (size_t)kv_head * t->work_floats;
     float *s = Kf + (size_t)N * d, *prob = s + N, *sh = prob + N, *sorted = sh + N, *absq = sorted + N;
-    /* iwork: idx_e, idx_a [N], top-k work [2N], mark [N] | comps [n_r + 1][d]; mark
-     * is all zero between calls */
+    /* iwork: idx_e, idx_a [N], top-k work [attn_topk_work(N)], mark [N] |
+     * comps [n_r + 1][d]; mark is all zero between calls */
     int32_t *idx_e = t->iwork + (size_t)kv_head * t->iwork_ints;
-    int32_t *idx_a = idx_e + N, *twork = idx_a + N, *mark = twork + 2 * N, *comps = mark + N;
+    int32_t *idx_a = idx_e + N, *twork = idx_a + N;
+    int32_t *mark = twork + attn_topk_work((size_t)N), *comps = mark + N;
 
     for (int64_t i = 0; i < S; i++) /* the keys in f32, whatever the cache holds */
         for (int j = 0; j < d; j++)
@@ -691,7 +692,7 @@ int eval_attn_stats(sparq_context *c, const int32_t *tokens, int n, const eval_s
 
     stats_tap tap = { c->policy, c->policy_state, out, g, NULL, NULL, 0, 0, n > d ? n : d, NULL };
     tap.work_floats = (size_t)tap.stride * d + 4 * (size_t)tap.stride + (size_t)d;
-    tap.iwork_ints = 5 * (size_t)tap.stride + (size_t)(out->n_r + 1) * d;
+    tap.iwork_ints = 3 * (size_t)tap.stride + attn_topk_work((size_t)tap.stride) + (size_t)(out->n_r + 1) * d;
     out->heads = calloc((size_t)hp->n_layer * hp->n_head, sizeof *out->heads);
     tap.pow_sums = calloc((size_t)hp->n_layer * hp->n_head * 4, sizeof *tap.pow_sums);
     tap.work = malloc((size_t)hp->n_kv_head * tap.work_floats * sizeof *tap.work);
