@@ -127,7 +127,7 @@ static void test_type(int type)
     const int n_lens = bs == 32 ? 4 : bs == 256 ? 2 : 5;
     /* rows: one group, a partial one, two and more (16-row groups, pairs
      * of them per kernel); tokens: within and past a 6-token tile */
-    const int shapes[][2] = { { 1, 1 }, { 3, 5 }, { 4, 4 }, { 9, 7 }, { 6, 2 }, { 16, 6 }, { 33, 13 }, { 48, 1 }, { 17, 12 } };
+    const int shapes[][2] = { { 1, 1 }, { 3, 5 }, { 4, 4 }, { 9, 7 }, { 6, 2 }, { 16, 6 }, { 33, 13 }, { 48, 1 }, { 17, 12 }, { 20, 10 } };
     int n_bitsame = 0, n_cases = 0;
     double worst_naive = 0, worst_dot = 0;
     for (int li = 0; li < n_lens; li++) {

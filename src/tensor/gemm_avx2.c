@@ -30,64 +30,76 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-enum { INT_NT2 = 2 }; /* tokens per tile: 2 halves x 2 tokens x (int + float) = 8 of 16 ymm */
+/* Tiles of NH 8-row halves of a 16-row group x T tokens. Prefill takes
+ * one half x up to INT_NT tokens: 8 int32 accumulators, the half's codes
+ * (and their absolute values), a broadcast token and a product fit the 16
+ * ymm registers (the float accumulators, touched once a block, may live on
+ * the stack), and each load of codes serves 8 tokens; a whole group x 2
+ * tokens ran a third slower, its accumulators spilled. One or two tokens
+ * (a decode step) take the whole group: it reads each row's codes in one
+ * pass, which is what a memory-bound step needs. */
+enum { INT_NT = 8, INT_NT_GROUP = 2 };
 
-INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
-                      float *out, size_t ldo, int n_rows, const int T, const int BS, const int MIN,
-                      const int SIGNED, const int SF16) /* 0: unsigned codes; 1: |v| * x signed by v; 2: |x| * v signed by x */
+INLINE void kern_int(const uint8_t *blk0, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
+                     float *out, size_t ldo, int n_rows, const int h0, const int NH, const int T, const int BS,
+                     const int MIN, const int SIGNED, const int SF16) /* 0: unsigned codes; 1: |v| * x signed by v; 2: |x| * v signed by x */
 {
-    __m256 acc[2][INT_NT2];
+    __m256 acc[2][INT_NT];
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++)
-#pragma GCC unroll 2
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[h][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < l->nb; b++) {
         const uint8_t *blk = blk0 + b * l->block_bytes, *xb = acts + b * BS;
-        __m256i ai[2][INT_NT2];
-#pragma GCC unroll 2
+        __m256i ai[2][INT_NT];
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             const __m256i st = SIGNED ? _mm256_setzero_si256()
                                       : _mm256_set1_epi32(((const int32_t *)(acts + t * ab + l->act_start))[b]);
-            ai[0][t] = ai[1][t] = st;
+#pragma GCC unroll 2
+            for (int h = 0; h < NH; h++) ai[h][t] = st;
         }
 #pragma GCC unroll 8
         for (int k = 0; k < BS / 4; k++) {
             __m256i w[2], wa[2];
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                w[h] = _mm256_loadu_si256((const __m256i *)(blk + 64 * k + 32 * h));
+            for (int h = 0; h < NH; h++) {
+                w[h] = wa[h] = _mm256_loadu_si256((const __m256i *)(blk + 64 * k + 32 * (h0 + h)));
                 if (SIGNED) w[h] = _mm256_xor_si256(w[h], flip);
                 if (SIGNED == 1) wa[h] = _mm256_abs_epi8(w[h]);
             }
-#pragma GCC unroll 2
+#pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 int32_t x4;
                 memcpy(&x4, xb + t * ab + 4 * k, 4);
                 const __m256i x = _mm256_set1_epi32(x4);
 #pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
+                for (int h = 0; h < NH; h++) {
                     const __m256i p = SIGNED == 1   ? _mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, w[h]))
                                       : SIGNED == 2 ? _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w[h], x))
                                                     : _mm256_maddubs_epi16(w[h], x);
                     ai[h][t] = _mm256_add_epi32(ai[h][t], _mm256_madd_epi16(p, ones));
+                    /* keeps each sum a chain: gcc otherwise reassociates the
+                     * unrolled block's products into a tree and spills */
+                    __asm__("" : "+x"(ai[h][t]));
                 }
             }
         }
         const uint8_t *sc = blk + GEMM_GROUP * BS;
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m256 sw = SF16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16 * h)))
-                                   : _mm256_loadu_ps((const float *)sc + 8 * h);
-#pragma GCC unroll 2
+        for (int h = 0; h < NH; h++) {
+            const __m256 sw = SF16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16 * (h0 + h))))
+                                   : _mm256_loadu_ps((const float *)sc + 8 * (h0 + h));
+#pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 const float dx = ((const float *)(acts + t * ab + l->act_dx))[b];
                 acc[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ai[h][t]), sw), _mm256_set1_ps(dx),
                                             acc[h][t]);
             }
             if (MIN) {
-                const __m256 mn = _mm256_loadu_ps((const float *)sc + GEMM_GROUP + 8 * h);
-#pragma GCC unroll 2
+                const __m256 mn = _mm256_loadu_ps((const float *)sc + GEMM_GROUP + 8 * (h0 + h));
+#pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
                     const float sx = ((const float *)(acts + t * ab + l->act_sx))[b];
                     acc[h][t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(sx), acc[h][t]);
@@ -95,36 +107,53 @@ INLINE void kern_int2(const uint8_t *blk0, const uint8_t *acts, size_t ab, const
             }
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        if (n_rows == GEMM_GROUP) {
-            _mm256_storeu_ps(out + t * ldo, acc[0][t]);
-            _mm256_storeu_ps(out + t * ldo + 8, acc[1][t]);
+        if (n_rows == 8 * NH) {
+#pragma GCC unroll 2
+            for (int h = 0; h < NH; h++) _mm256_storeu_ps(out + t * ldo + 8 * h, acc[h][t]);
         } else { /* the panel's last, partial group */
             float tmp[GEMM_GROUP];
-            _mm256_storeu_ps(tmp, acc[0][t]);
-            _mm256_storeu_ps(tmp + 8, acc[1][t]);
+#pragma GCC unroll 2
+            for (int h = 0; h < NH; h++) _mm256_storeu_ps(tmp + 8 * h, acc[h][t]);
             memcpy(out + t * ldo, tmp, (size_t)n_rows * sizeof(float));
         }
     }
 }
 
-typedef void (*int2_fn)(const uint8_t *, const uint8_t *, size_t, const gemm_int_layout *, float *, size_t, int);
+/* (w, x, ab, l, out, ldo, n_rows, h): rows [8h, 8h + n_rows) of the group
+ * for the half kernels, all n_rows from 0 (h = 0) for the whole-group ones */
+typedef void (*int_fn)(const uint8_t *, const uint8_t *, size_t, const gemm_int_layout *, float *, size_t, int,
+                       int);
 
-#define INT2_KERN(NAME, BS, MIN, SIGNED, SF16, T)                                                           \
-    static void NAME##_##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
-                           size_t ldo, int n_rows)                                                           \
+/* One function per token count (and half): T and h are constants in each. */
+#define INT_HALF(NAME, BS, MIN, SIGNED, SF16, T)                                                            \
+    static void NAME##_h##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
+                            size_t ldo, int n_rows, int h)                                                   \
     {                                                                                                        \
-        kern_int2(w, x, ab, l, o, ldo, n_rows, T, BS, MIN, SIGNED, SF16);                                    \
+        if (h) kern_int(w, x, ab, l, o, ldo, n_rows, 1, 1, T, BS, MIN, SIGNED, SF16);                        \
+        else kern_int(w, x, ab, l, o, ldo, n_rows, 0, 1, T, BS, MIN, SIGNED, SF16);                          \
     }
-#define INT2_KERNS(NAME, BS, MIN, SIGNED, SF16)                                                             \
-    INT2_KERN(NAME, BS, MIN, SIGNED, SF16, 1) INT2_KERN(NAME, BS, MIN, SIGNED, SF16, 2)                     \
-    static const int2_fn NAME##_tab[2] = { NAME##_1, NAME##_2 };
-INT2_KERNS(s32, 32, 0, 1, 1)  /* Q8_0, IQ4_NL (f16 scales) */
-INT2_KERNS(x32, 32, 0, 2, 0)  /* IQ4_XS */
-INT2_KERNS(u32, 32, 0, 0, 1)  /* Q4_0 (f16 scales) */
-INT2_KERNS(u32m, 32, 1, 0, 0) /* Q4_K, Q5_K */
-INT2_KERNS(u16, 16, 0, 0, 0)  /* Q6_K */
+#define INT_GROUP(NAME, BS, MIN, SIGNED, SF16, T)                                                           \
+    static void NAME##_g##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
+                            size_t ldo, int n_rows, int h)                                                   \
+    {                                                                                                        \
+        (void)h;                                                                                             \
+        kern_int(w, x, ab, l, o, ldo, n_rows, 0, 2, T, BS, MIN, SIGNED, SF16);                               \
+    }
+/* NAME_tab[T - 1]: the kernel for a tile of T tokens */
+#define INT_KERNS(NAME, BS, MIN, SIGNED, SF16)                                                              \
+    INT_GROUP(NAME, BS, MIN, SIGNED, SF16, 1) INT_GROUP(NAME, BS, MIN, SIGNED, SF16, 2)                     \
+    INT_HALF(NAME, BS, MIN, SIGNED, SF16, 3) INT_HALF(NAME, BS, MIN, SIGNED, SF16, 4)                       \
+    INT_HALF(NAME, BS, MIN, SIGNED, SF16, 5) INT_HALF(NAME, BS, MIN, SIGNED, SF16, 6)                       \
+    INT_HALF(NAME, BS, MIN, SIGNED, SF16, 7) INT_HALF(NAME, BS, MIN, SIGNED, SF16, 8)                       \
+    static const int_fn NAME##_tab[INT_NT] = { NAME##_g1, NAME##_g2, NAME##_h3, NAME##_h4,                   \
+                                               NAME##_h5, NAME##_h6, NAME##_h7, NAME##_h8 };
+INT_KERNS(s32, 32, 0, 1, 1)  /* Q8_0, IQ4_NL (f16 scales) */
+INT_KERNS(x32, 32, 0, 2, 0)  /* IQ4_XS */
+INT_KERNS(u32, 32, 0, 0, 1)  /* Q4_0 (f16 scales) */
+INT_KERNS(u32m, 32, 1, 0, 0) /* Q4_K, Q5_K */
+INT_KERNS(u16, 16, 0, 0, 0)  /* Q6_K */
 
 /* ---- float kinds ----------------------------------------------------------
  * R x T tiles (R, T <= 2) over the rows stored one after another: the
@@ -226,18 +255,22 @@ static void panel_avx2(uint32_t type, const void *rows, int nr, const void *acts
         panel_float(type, rows, nr, acts, nt, n, out, ldo);
         return;
     }
-    const int2_fn *tab = type == QT_IQ4_XS ? x32_tab : l.zp == 128 ? s32_tab : l.bs == 16 ? u16_tab
-                       : l.has_min ? u32m_tab : u32_tab;
+    const int_fn *tab = type == QT_IQ4_XS ? x32_tab : l.zp == 128 ? s32_tab : l.bs == 16 ? u16_tab
+                      : l.has_min ? u32m_tab : u32_tab;
     assert(l.zp == 128 ? l.bs == 32 && !l.has_min : l.zp <= 32);
     assert(l.scale_f16 == (type != QT_IQ4_XS && l.bs == 32 && !l.has_min));
     const size_t gstride = (size_t)l.nb * l.block_bytes;
     const int ng = (nr + GEMM_GROUP - 1) / GEMM_GROUP;
-    for (int t0 = 0; t0 < nt; t0 += INT_NT2) {
-        const int tt = nt - t0 < INT_NT2 ? nt - t0 : INT_NT2;
+    for (int t0 = 0; t0 < nt; t0 += INT_NT) {
+        const int tt = nt - t0 < INT_NT ? nt - t0 : INT_NT;
+        const int halves = tt > INT_NT_GROUP; /* the tile covers one half, else the whole group */
         for (int g = 0; g < ng; g++) {
             const int n_rows = nr - g * GEMM_GROUP < GEMM_GROUP ? nr - g * GEMM_GROUP : GEMM_GROUP;
-            tab[tt - 1]((const uint8_t *)rows + g * gstride, (const uint8_t *)acts + t0 * l.act_bytes, l.act_bytes,
-                        &l, out + t0 * ldo + g * GEMM_GROUP, ldo, n_rows);
+            for (int h = 0; h < (halves ? 2 : 1) && n_rows > 8 * h; h++) {
+                const int nh = !halves ? n_rows : n_rows - 8 * h < 8 ? n_rows - 8 * h : 8;
+                tab[tt - 1]((const uint8_t *)rows + g * gstride, (const uint8_t *)acts + t0 * l.act_bytes,
+                            l.act_bytes, &l, out + t0 * ldo + g * GEMM_GROUP + 8 * h, ldo, nh, h);
+            }
         }
     }
 }
