@@ -34,10 +34,10 @@
  * one half x up to INT_NT tokens: 8 int32 accumulators, the half's codes
  * (and their absolute values), a broadcast token and a product fit the 16
  * ymm registers (the float accumulators, touched once a block, may live on
- * the stack), and each load of codes serves 8 tokens; a whole group x 2
- * tokens ran a third slower, its accumulators spilled. One or two tokens
- * (a decode step) take the whole group: it reads each row's codes in one
- * pass, which is what a memory-bound step needs. */
+ * the stack), and each load of codes serves 8 tokens (the former whole
+ * group x 2 tokens spilled its accumulators: prefill took ~1.3x as long).
+ * One or two tokens (a decode step) take the whole group: it reads each
+ * row's codes in one pass, which is what a memory-bound step needs. */
 enum { INT_NT = 8, INT_NT_GROUP = 2 };
 
 INLINE void kern_int(const uint8_t *blk0, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
