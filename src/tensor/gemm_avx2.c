@@ -41,9 +41,10 @@
 enum { INT_NT = 8, INT_NT_GROUP = 2 };
 
 INLINE void kern_int(const uint8_t *blk0, const uint8_t *acts, size_t ab, const gemm_int_layout *l,
-                     float *out, size_t ldo, int n_rows, const int h0, const int NH, const int T, const int BS,
-                     const int MIN, const int SIGNED, const int SF16) /* 0: unsigned codes; 1: |v| * x signed by v; 2: |x| * v signed by x */
+                     float *out, size_t ldo, int n_rows, int h0, const int T, const int BS, const int MIN,
+                     const int SIGNED, const int SF16) /* 0: unsigned codes; 1: |v| * x signed by v; 2: |x| * v signed by x */
 {
+    const int NH = T <= INT_NT_GROUP ? 2 : 1; /* halves in the tile, from h0 */
     __m256 acc[2][INT_NT];
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
 #pragma GCC unroll 2
@@ -122,33 +123,26 @@ INLINE void kern_int(const uint8_t *blk0, const uint8_t *acts, size_t ab, const 
 }
 
 /* (w, x, ab, l, out, ldo, n_rows, h): rows [8h, 8h + n_rows) of the group
- * for the half kernels, all n_rows from 0 (h = 0) for the whole-group ones */
+ * for the half tiles (T > INT_NT_GROUP), all n_rows from 0 (h = 0) for the
+ * whole-group ones */
 typedef void (*int_fn)(const uint8_t *, const uint8_t *, size_t, const gemm_int_layout *, float *, size_t, int,
                        int);
 
-/* One function per token count (and half): T and h are constants in each. */
-#define INT_HALF(NAME, BS, MIN, SIGNED, SF16, T)                                                            \
-    static void NAME##_h##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
-                            size_t ldo, int n_rows, int h)                                                   \
+/* One function per token count: T is a constant in each. */
+#define INT_KERN(NAME, BS, MIN, SIGNED, SF16, T)                                                            \
+    static void NAME##_##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
+                           size_t ldo, int n_rows, int h)                                                    \
     {                                                                                                        \
-        if (h) kern_int(w, x, ab, l, o, ldo, n_rows, 1, 1, T, BS, MIN, SIGNED, SF16);                        \
-        else kern_int(w, x, ab, l, o, ldo, n_rows, 0, 1, T, BS, MIN, SIGNED, SF16);                          \
-    }
-#define INT_GROUP(NAME, BS, MIN, SIGNED, SF16, T)                                                           \
-    static void NAME##_g##T(const uint8_t *w, const uint8_t *x, size_t ab, const gemm_int_layout *l, float *o, \
-                            size_t ldo, int n_rows, int h)                                                   \
-    {                                                                                                        \
-        (void)h;                                                                                             \
-        kern_int(w, x, ab, l, o, ldo, n_rows, 0, 2, T, BS, MIN, SIGNED, SF16);                               \
+        kern_int(w, x, ab, l, o, ldo, n_rows, h, T, BS, MIN, SIGNED, SF16);                                  \
     }
 /* NAME_tab[T - 1]: the kernel for a tile of T tokens */
 #define INT_KERNS(NAME, BS, MIN, SIGNED, SF16)                                                              \
-    INT_GROUP(NAME, BS, MIN, SIGNED, SF16, 1) INT_GROUP(NAME, BS, MIN, SIGNED, SF16, 2)                     \
-    INT_HALF(NAME, BS, MIN, SIGNED, SF16, 3) INT_HALF(NAME, BS, MIN, SIGNED, SF16, 4)                       \
-    INT_HALF(NAME, BS, MIN, SIGNED, SF16, 5) INT_HALF(NAME, BS, MIN, SIGNED, SF16, 6)                       \
-    INT_HALF(NAME, BS, MIN, SIGNED, SF16, 7) INT_HALF(NAME, BS, MIN, SIGNED, SF16, 8)                       \
-    static const int_fn NAME##_tab[INT_NT] = { NAME##_g1, NAME##_g2, NAME##_h3, NAME##_h4,                   \
-                                               NAME##_h5, NAME##_h6, NAME##_h7, NAME##_h8 };
+    INT_KERN(NAME, BS, MIN, SIGNED, SF16, 1) INT_KERN(NAME, BS, MIN, SIGNED, SF16, 2)                       \
+    INT_KERN(NAME, BS, MIN, SIGNED, SF16, 3) INT_KERN(NAME, BS, MIN, SIGNED, SF16, 4)                       \
+    INT_KERN(NAME, BS, MIN, SIGNED, SF16, 5) INT_KERN(NAME, BS, MIN, SIGNED, SF16, 6)                       \
+    INT_KERN(NAME, BS, MIN, SIGNED, SF16, 7) INT_KERN(NAME, BS, MIN, SIGNED, SF16, 8)                       \
+    static const int_fn NAME##_tab[INT_NT] = { NAME##_1, NAME##_2, NAME##_3, NAME##_4,                       \
+                                               NAME##_5, NAME##_6, NAME##_7, NAME##_8 };
 INT_KERNS(s32, 32, 0, 1, 1)  /* Q8_0, IQ4_NL (f16 scales) */
 INT_KERNS(x32, 32, 0, 2, 0)  /* IQ4_XS */
 INT_KERNS(u32, 32, 0, 0, 1)  /* Q4_0 (f16 scales) */
