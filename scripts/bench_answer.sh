@@ -15,12 +15,13 @@
 #
 # Options: --out DIR (raw JSON, log, summary.md; default a temp dir),
 # --model FILE (default MODELS_DIR/llama-3.2-1b-q8_0.gguf, generated if
-# missing), --prompt N, --gen G, --reps R (default 1: a 16k prefill of a 1B
+# missing; with --init scaled llama-3.2-1b-q8_0-scaled.gguf, weights at a trained model's
+# scales), --prompt N, --gen G, --reps R (default 1: a 16k prefill of a 1B
 # model takes minutes). Run it on a quiet machine.
 set -eu
 cd "$(dirname "$0")/.."
 
-OUT=""; N=16384; G=128; REPS=1; MODEL=""
+OUT=""; N=16384; G=128; REPS=1; MODEL=""; INIT=plain
 while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT=$2; shift ;;
@@ -28,6 +29,8 @@ while [ $# -gt 0 ]; do
     --prompt) N=$2; shift ;;
     --gen) G=$2; shift ;;
     --reps) REPS=$2; shift ;;
+    --init) INIT=$2; shift
+            [ "$INIT" = plain ] || [ "$INIT" = scaled ] || { echo "bench_answer: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
     *) echo "bench_answer: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -45,7 +48,8 @@ if [ -n "$LLAMA_BENCH" ] && [ ! -x "$LLAMA_BENCH" ]; then
 fi
 if [ -z "$MODEL" ]; then
   MODEL=$MODELS_DIR/llama-3.2-1b-q8_0.gguf
-  [ -s "$MODEL" ] || "$SPARQ" gen-model --shape llama-3.2-1b --type Q8_0 -o "$MODEL" >&2
+  [ "$INIT" = plain ] || MODEL=$MODELS_DIR/llama-3.2-1b-q8_0-$INIT.gguf
+  [ -s "$MODEL" ] || "$SPARQ" gen-model --shape llama-3.2-1b --type Q8_0 --init "$INIT" -o "$MODEL" >&2
 fi
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 
@@ -53,6 +57,7 @@ log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
   echo "date: $(date -u +%FT%TZ)"
   echo "sparq: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+  echo "cpu_id: $(lscpu | sed -n 's/^CPU family: *//p;s/^Model: *//p;s/^Stepping: *//p' | paste -sd/ -) (family/model/stepping)"
   echo "model: $MODEL"
   echo "prompt: $N tokens, generated: $G, threads: $THREADS, reps: $REPS"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

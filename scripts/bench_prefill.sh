@@ -9,19 +9,22 @@
 #
 # Options: --quick (smollm2 pp512 only, 2 reps), --long (adds llama-3.2-1b
 # Q8_0 pp16384, one rep each: ~20 minutes, most of it llama-bench's), --out DIR (raw JSON, logs and
-# summary.md; default a temp dir). THREADS (default: all cores), REPS
+# summary.md; default a temp dir), --init plain|scaled (gen-model's weights; scaled: a trained
+# model's scales, no subnormal operand in either engine; files <shape>-<type>-scaled.gguf). THREADS (default: all cores), REPS
 # (default 3), MODELS_DIR (default /tmp/sparq-bench-models: the generated
 # files are kept for the next run).
 # Run it on a quiet machine: nothing else may use the cores.
 set -eu
 cd "$(dirname "$0")/.."
 
-QUICK=0; LONG=0; OUT=""
+QUICK=0; LONG=0; OUT=""; INIT=plain
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
     --long) LONG=1 ;;
     --out) OUT=$2; shift ;;
+    --init) INIT=$2; shift
+            [ "$INIT" = plain ] || [ "$INIT" = scaled ] || { echo "bench_prefill: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
     *) echo "bench_prefill: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -42,8 +45,9 @@ log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 
 model() { # model SHAPE TYPE -> path (generated once; scripts/bench.sh's names)
   local f
-  f="$MODELS_DIR/$1-$(echo "$2" | tr 'A-Z' 'a-z').gguf"
-  [ -s "$f" ] || "$SPARQ" gen-model --shape "$1" --type "$2" -o "$f" >&2
+  f="$MODELS_DIR/$1-$(echo "$2" | tr 'A-Z' 'a-z')"
+  [ "$INIT" = plain ] && f="$f.gguf" || f="$f-$INIT.gguf"
+  [ -s "$f" ] || "$SPARQ" gen-model --shape "$1" --type "$2" --init "$INIT" -o "$f" >&2
   echo "$f"
 }
 
@@ -51,7 +55,8 @@ model() { # model SHAPE TYPE -> path (generated once; scripts/bench.sh's names)
   echo "date: $(date -u +%FT%TZ)"
   echo "sparq: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
-  echo "threads: $THREADS  reps: $REPS"
+  echo "cpu_id: $(lscpu | sed -n 's/^CPU family: *//p;s/^Model: *//p;s/^Stepping: *//p' | paste -sd/ -) (family/model/stepping)"
+  echo "threads: $THREADS  reps: $REPS  weights: gen-model --init $INIT"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ -n "$LLAMA_BENCH" ]; then
     echo "llama_bench: $LLAMA_BENCH"
