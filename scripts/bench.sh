@@ -584,49 +584,10 @@ w("## Commands\n")
 w("```\n" + "\n".join(cmds) + "\n```\n")
 
 # The prefill, time-to-answer and serving runs have scripts of their own
-# (scripts/bench_prefill.sh, bench_answer.sh, bench_serve.sh), each writing its raw results, the machine and
-# commands, and a summary table made from them; the newest run of each is
-# copied here as it is. A serving run may cover one model shape or one
-# scenario (bench_serve.sh --only-llama-1b, --no-docs), so for them the newest
-# run of every (model, scenario) is copied (run directories sort by name:
-# date, then time).
-import glob
-docs = "docs"  # the script runs from the checkout's root
-titles = {"prefill": "Prefill", "answer": "Time to answer", "serve": "Serving"}
-
-def run_cases(d):
-    """The (model, scenario) pairs a serving run measured, from its run-*.json files' meta."""
-    cases = set()
-    for p in glob.glob(os.path.join(d, "run-*.json")):
-        try:
-            meta = json.load(open(p))["meta"]
-            cases.add((meta["model"], meta["scenario"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    return cases
-
-for kind, script in (("prefill", "scripts/bench_prefill.sh"), ("answer", "scripts/bench_answer.sh"),
-                     ("serve", "scripts/bench_serve.sh")):
-    runs = sorted(p for p in glob.glob(os.path.join(docs, "bench-results", kind + "-*")) if os.path.isdir(p))
-    if not runs:
-        continue
-    chosen = [runs[-1]]
-    if kind == "serve":
-        newest = {}
-        for d in runs:
-            for case in run_cases(d):
-                newest[case] = d
-        chosen = sorted(set(newest.values())) or chosen
-    for d in chosen:
-        w(f"## {titles[kind]} (`{script}`, raw results in `{os.path.relpath(d, docs)}`)\n")
-        for name in ("machine.txt", "commands.txt"):
-            p = os.path.join(d, name)
-            if os.path.exists(p):
-                w("```\n" + open(p).read().rstrip() + "\n```\n")
-        for name in ("summary.md", "report.md"):
-            p = os.path.join(d, name)
-            if os.path.exists(p):
-                w(open(p).read().rstrip() + "\n")
+# (scripts/bench_prefill.sh, bench_answer.sh, bench_serve.sh), each writing its
+# raw results, the machine and commands, and a summary table beside them. They
+# are not copied in: this report is one run on one machine, and another
+# directory's run may be another day's machine.
 with open(out, "w") as f:
     f.write("\n".join(doc))
 print(f"bench.sh: wrote {out}", file=sys.stderr)
