@@ -148,6 +148,18 @@ endif
 	install-python FORCE
 all: $(BUILD)/sparq $(BUILD)/libsparq.so $(BUILD)/sparq.pc
 
+# What the optional-library probes above found, as a file every object
+# depends on: `make run` installs the libraries the command needs and `make
+# test` the rest (Faiss), so a tree built before either would otherwise keep
+# objects compiled without the server or the HNSW index beside new ones that
+# expect them. Rewritten only when the findings change; ARCH, OPT and SAN
+# are the caller's to keep apart (BUILD=), as make test-asan does.
+BUILD_FEATURES = zlib=$(HAVE_ZLIB) server=$(HAVE_MHD) faiss=$(if $(FAISS_HDR),1)
+$(BUILD)/features: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(BUILD_FEATURES)' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+
 # Kernel twins: src/*/*_avx2.c and *_avx512.c alone are compiled for those
 # instruction sets (whatever ARCH says); util/cpu.c picks at run time which
 # twins run, so one binary runs (and never dies of SIGILL) on any x86-64
@@ -165,26 +177,26 @@ $(BUILD)/pic/%_avx512.o: SIMD = $(SIMD_AVX512)
 ifeq ($(IS_ARM64),1)
   SIMD_NEONDP := -march=armv8.2-a+dotprod
 endif
-$(BUILD)/obj/%_neondp.o: src/%_neon.c
+$(BUILD)/obj/%_neondp.o: src/%_neon.c $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD_NEONDP) -c $< -o $@
-$(BUILD)/pic/%_neondp.o: src/%_neon.c
+$(BUILD)/pic/%_neondp.o: src/%_neon.c $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD_NEONDP) $(PIC_FLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.c
+$(BUILD)/obj/%.o: src/%.c $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.cc
+$(BUILD)/obj/%.o: src/%.cc $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(DEPFLAGS) -c $< -o $@
 
-$(BUILD)/pic/%.o: src/%.c
+$(BUILD)/pic/%.o: src/%.c $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD) $(PIC_FLAGS) -c $< -o $@
 
-$(BUILD)/pic/%.o: src/%.cc
+$(BUILD)/pic/%.o: src/%.cc $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(DEPFLAGS) $(PIC_FLAGS) -c $< -o $@
 
@@ -247,7 +259,7 @@ $(WEBUI_C): $(WEBUI_HTML)
 	  echo 'const size_t srv_webui_html_len = sizeof srv_webui_html;'; } > $@.tmp
 	@mv $@.tmp $@
 
-$(BUILD)/obj/server/webui_html.o: $(WEBUI_C) src/server/webui.h
+$(BUILD)/obj/server/webui_html.o: $(WEBUI_C) src/server/webui.h $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -264,7 +276,7 @@ $(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 ifeq ($(IS_ARM64),1)
   TEST_CFLAGS := -fno-tree-vectorize
 endif
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a $(BUILD)/features
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ $(TEST_CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a \
 	    $(LDLIBS) $(SRV_LIBS)
