@@ -26,8 +26,10 @@
 # Every number in the report comes from this run's raw files; the commands
 # that produced them are listed in the report. Run it on a quiet machine: the
 # load average is recorded and a warning is printed in the report if it is
-# above 0.5. The default run takes about 15 minutes on 2 cores, most of it
-# llama-bench's prefills to the target depths.
+# above 0.5. With LLAMA_BENCH a run takes over half an hour on 2 cores, most
+# of it llama-bench's prefills to the target depths, and llama-bench's
+# q8_0-cache step (flash attention over a quantized cache, a scalar path on
+# the CPU) can take longer than all the rest together.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
