@@ -9,39 +9,17 @@
  * libmicrohttpd were installed would have left) and checks the next make
  * compiles the object again and settles. Run from the repository root. */
 #include "test.h"
-
-#include <stdarg.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "test_proc.h"
 
 #define OUT_MAX (1 << 16)
-
-/* Runs a shell command, its stdout and stderr into out (at most OUT_MAX-1
- * bytes). Returns the exit status, or -1. */
-static int sh(char *out, const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof cmd) return -1;
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t len = fread(out, 1, OUT_MAX - 1, p);
-    out[len] = 0;
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0) {}
-    int st = pclose(p);
-    return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* make OBJ in BUILD=dir; returns whether it compiled the source (-1 if make failed).
  * MAKEFLAGS is dropped so the sub-make does not join make test's jobserver. */
 static int make_compiles(const char *dir, const char *obj, const char *src, char *out)
 {
-    int rc = sh(out, "env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j1 BUILD='%s' '%s/%s' 2>&1",
-                dir, dir, obj);
+    int rc = proc_sh(out, OUT_MAX,
+                     "env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -j1 BUILD='%s' '%s/%s' 2>&1", dir,
+                     dir, obj);
     if (rc != 0) {
         fprintf(stderr, "make %s/%s failed (%d):\n%s\n", dir, obj, rc, out);
         return -1;
@@ -89,7 +67,7 @@ int main(void)
               "%s holds '%s', not the probes' '%s'", path, now, real);
         if (f) fclose(f);
     }
-    sh(out, "rm -rf '%s'", dir);
+    proc_sh(NULL, 0, "rm -rf '%s'", dir);
     free(out);
     return test_summary("test_build");
 }

@@ -8,42 +8,14 @@
  * its output with `sparq run`'s, and checks `make uninstall` removes every
  * installed file. Run from the repository root with $SPARQ_BUILD set. */
 #include "test.h"
+#include "test_proc.h"
 #include "util/paths.h"
 
 #include <dirent.h>
-#include <stdarg.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define OUT_MAX (1 << 20)
-
-/* Runs a shell command; its stdout (at most OUT_MAX-1 bytes) goes to out
- * when out is not NULL. Returns the exit status, or -1. */
-static int sh(char *out, const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof cmd) return -1;
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t len = 0;
-    char sink[4096];
-    for (;;) {
-        char *dst = out ? out + len : sink;
-        size_t room = out ? OUT_MAX - 1 - len : sizeof sink;
-        if (room == 0) { dst = sink; room = sizeof sink; }
-        size_t got = fread(dst, 1, room, p);
-        if (got == 0) break;
-        if (out && dst != sink) len += got;
-    }
-    if (out) out[len] = 0;
-    int st = pclose(p);
-    return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static int exists(const char *path)
 {
@@ -55,7 +27,7 @@ static int exists(const char *path)
  * of lib; every dynamic symbol lib defines must start with sparq_. */
 static void check_exports(const char *lib, char *buf)
 {
-    int rc = sh(buf, "nm -D --defined-only '%s' | awk '{print $3}'", lib);
+    int rc = proc_sh(buf, OUT_MAX, "nm -D --defined-only '%s' | awk '{print $3}'", lib);
     CHECK(rc == 0, "nm -D %s failed (%d)", lib, rc);
     if (rc) return;
     int n_syms = 0, foreign = 0;
@@ -143,17 +115,17 @@ int main(void)
     snprintf(so, sizeof so, "%s/libsparq.so", build);
     CHECK(exists(so), "%s was not built", so);
     check_exports(so, buf);
-    int rc = sh(buf, "readelf -d '%s' | grep SONAME", so);
+    int rc = proc_sh(buf, OUT_MAX, "readelf -d '%s' | grep SONAME", so);
     CHECK(rc == 0 && strstr(buf, "[libsparq.so.0]"), "soname of %s: %s", so, buf);
     /* A sanitizer build's library needs the example built the same way. */
-    const int asan = sh(NULL, "readelf -d '%s' | grep -q libasan", so) == 0;
+    const int asan = proc_sh(NULL, 0, "readelf -d '%s' | grep -q libasan", so) == 0;
 
     char tmp[] = "/tmp/sparq_install_XXXXXX";
     CHECK(mkdtemp(tmp) != NULL, "mkdtemp failed");
     /* MAKEFLAGS is dropped so the sub-make does not join make test's jobserver. */
-    rc = sh(buf, "env -u MAKEFLAGS -u MAKELEVEL make -s --no-print-directory install BUILD='%s' "
+    rc = proc_sh(buf, OUT_MAX, "env -u MAKEFLAGS -u MAKELEVEL make -s --no-print-directory install BUILD='%s' "
                  "PREFIX=/usr/local DESTDIR='%s' 2>&1",
-            build, tmp);
+                 build, tmp);
     CHECK(rc == 0, "make install DESTDIR=%s failed (%d): %s", tmp, rc, buf);
 
     static const char *const files[] = {
@@ -176,15 +148,15 @@ int main(void)
     char env[2048];
     snprintf(env, sizeof env,
              "PKG_CONFIG_PATH='%s/usr/local/lib/pkgconfig' PKG_CONFIG_SYSROOT_DIR='%s'", tmp, tmp);
-    rc = sh(buf, "%s pkg-config --cflags --libs sparq", env);
+    rc = proc_sh(buf, OUT_MAX, "%s pkg-config --cflags --libs sparq", env);
     CHECK(rc == 0 && strstr(buf, "-lsparq") && strstr(buf, tmp), "pkg-config --cflags --libs sparq: %s",
           buf);
-    rc = sh(buf, "%s cc -std=c11 -Wall -Wextra -Werror %s examples/simple.c "
+    rc = proc_sh(buf, OUT_MAX, "%s cc -std=c11 -Wall -Wextra -Werror %s examples/simple.c "
                  "$(%s pkg-config --cflags --libs sparq) -o '%s/simple' 2>&1",
-            env, asan ? "-fsanitize=address,undefined" : "", env, tmp);
+                 env, asan ? "-fsanitize=address,undefined" : "", env, tmp);
     CHECK(rc == 0, "building examples/simple.c with pkg-config failed: %s", buf);
     /* It must have linked the shared library, not the static one. */
-    rc = sh(buf, "readelf -d '%s/simple' | grep NEEDED", tmp);
+    rc = proc_sh(buf, OUT_MAX, "readelf -d '%s/simple' | grep NEEDED", tmp);
     CHECK(rc == 0 && strstr(buf, "libsparq.so.0"), "simple does not need libsparq.so.0: %s", buf);
 
     char model[4096];
@@ -192,40 +164,42 @@ int main(void)
         test_skip("stories260K.gguf not found: the example was built but not run");
     } else {
         const char *prompt = "Once upon a time";
-        rc = sh(buf, "LD_LIBRARY_PATH='%s/usr/local/lib' '%s/simple' '%s' '%s' 40", tmp, tmp, model, prompt);
-        CHECK(rc == 0, "examples/simple failed (%d)", rc);
-        int rc2 = sh(want, "'%s/sparq' run -m '%s' -p '%s' -n 40 --temp 0 -c 512 2>/dev/null", build, model,
+        rc = proc_sh(buf, OUT_MAX, "LD_LIBRARY_PATH='%s/usr/local/lib' '%s/simple' '%s' '%s' 40", tmp, tmp, model,
                      prompt);
+        CHECK(rc == 0, "examples/simple failed (%d)", rc);
+        int rc2 = proc_sh(want, OUT_MAX, "'%s/sparq' run -m '%s' -p '%s' -n 40 --temp 0 -c 512 2>/dev/null",
+                          build, model, prompt);
         CHECK(rc2 == 0, "sparq run failed (%d)", rc2);
         CHECK(rc == 0 && rc2 == 0 && strlen(want) > 20 && strcmp(buf, want) == 0,
               "examples/simple printed '%s', sparq run '%s'", buf, want);
         /* As the README writes it: a bare model name, which the installed
          * library finds in its share/sparq/models (from /, no search path) */
-        rc = sh(buf, "cd / && env -u SPARQ_MODEL_PATH LD_LIBRARY_PATH='%s/usr/local/lib' '%s/simple' "
-                     "stories260K.gguf '%s' 40", tmp, tmp, prompt);
+        rc = proc_sh(buf, OUT_MAX, "cd / && env -u SPARQ_MODEL_PATH LD_LIBRARY_PATH='%s/usr/local/lib' "
+                     "'%s/simple' stories260K.gguf '%s' 40", tmp, tmp, prompt);
         CHECK(rc == 0 && strcmp(buf, want) == 0, "simple with the bare name printed '%s' (%d)", buf, rc);
         /* The installed command runs too. */
-        rc = sh(buf, "'%s/usr/local/bin/sparq' run -m '%s' -p '%s' -n 40 --temp 0 -c 512 2>/dev/null", tmp,
-                model, prompt);
+        rc = proc_sh(buf, OUT_MAX, "'%s/usr/local/bin/sparq' run -m '%s' -p '%s' -n 40 --temp 0 -c 512 2>/dev/null",
+                     tmp, model, prompt);
         CHECK(rc == 0 && strcmp(buf, want) == 0, "installed sparq printed '%s'", buf);
         /* and finds its default model in PREFIX/share/sparq/models: no -m,
          * no SPARQ_MODEL_PATH, a cwd with no ../shared */
-        rc = sh(buf, "mkdir -p '%s/cwd' && cd '%s/cwd' && test ! -e ../shared && env -u SPARQ_MODEL_PATH "
-                     "'%s/usr/local/bin/sparq' run -p '%s' -n 40 --temp 0 -c 512 2>/dev/null", tmp, tmp, tmp, prompt);
+        rc = proc_sh(buf, OUT_MAX, "mkdir -p '%s/cwd' && cd '%s/cwd' && test ! -e ../shared && "
+                     "env -u SPARQ_MODEL_PATH '%s/usr/local/bin/sparq' run -p '%s' -n 40 --temp 0 -c 512 2>/dev/null",
+                     tmp, tmp, tmp, prompt);
         CHECK(rc == 0 && strcmp(buf, want) == 0, "installed sparq without -m printed '%s'", buf);
     }
 
-    rc = sh(buf, "env -u MAKEFLAGS -u MAKELEVEL make -s --no-print-directory uninstall BUILD='%s' "
+    rc = proc_sh(buf, OUT_MAX, "env -u MAKEFLAGS -u MAKELEVEL make -s --no-print-directory uninstall BUILD='%s' "
                  "PREFIX=/usr/local DESTDIR='%s' 2>&1",
-            build, tmp);
+                 build, tmp);
     CHECK(rc == 0, "make uninstall failed (%d): %s", rc, buf);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/usr/local/%s", tmp, files[i]);
         CHECK(!exists(path), "make uninstall left %s", path);
     }
-    rc = sh(buf, "find '%s/usr/local' -type f -o -type l | grep -v '^%s/simple$'", tmp, tmp);
+    rc = proc_sh(buf, OUT_MAX, "find '%s/usr/local' -type f -o -type l | grep -v '^%s/simple$'", tmp, tmp);
     CHECK(buf[0] == 0, "make uninstall left files: %s", buf);
-    sh(NULL, "rm -rf '%s'", tmp);
+    proc_sh(NULL, 0, "rm -rf '%s'", tmp);
     free(buf);
     free(want);
     return test_summary("test_install");

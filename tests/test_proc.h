@@ -1,12 +1,14 @@
-/* test_proc.h - what the tests that run servers share (test_server,
- * test_deploy, test_hardening, test_webui, ...): a monotonic clock, a
- * loopback connect, waiting for a started `sparq serve` to write the port
- * it bound to its port file, and starting and stopping one.
+/* test_proc.h - what the tests that run other processes share (test_server,
+ * test_deploy, test_hardening, test_webui, test_install, test_build, ...): a
+ * monotonic clock, a loopback connect, waiting for a started `sparq serve` to
+ * write the port it bound to its port file, starting and stopping one, and
+ * running a shell command for its output and exit status.
  */
 #ifndef SPARQ_TEST_PROC_H
 #define SPARQ_TEST_PROC_H
 
 #include <arpa/inet.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <netinet/in.h>
@@ -18,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void)
+static inline double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -26,7 +28,7 @@ static double now(void)
 }
 
 /* A connected socket to 127.0.0.1:port, or -1. */
-static int dial(int port)
+static inline int dial(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a;
@@ -43,7 +45,7 @@ static int dial(int port)
 
 /* Waits up to 60 s (loading under load can be slow) for the server *pid to
  * write its port to port_file: 0 and *port, or -1 (*pid = -1 when it died). */
-static int wait_port_file(pid_t *pid, const char *port_file, int *port, useconds_t poll_us)
+static inline int wait_port_file(pid_t *pid, const char *port_file, int *port, useconds_t poll_us)
 {
     for (double t0 = now(); now() - t0 < 60;) {
         FILE *f = fopen(port_file, "r");
@@ -115,6 +117,35 @@ static inline int proc_server_stop(proc_server *s)
     kill(s->pid, SIGKILL);
     waitpid(s->pid, &st, 0);
     return -1;
+}
+
+/* Runs a shell command (printf-style); the first out_size-1 bytes of its
+ * stdout go to out, NUL-terminated, when out is not NULL, and the rest is
+ * read and dropped so the command never blocks on a full pipe. Returns its
+ * exit status, or -1 if it could not run or did not exit. */
+__attribute__((format(printf, 3, 4)))
+static inline int proc_sh(char *out, size_t out_size, const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof cmd) return -1;
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t len = 0;
+    char sink[4096];
+    for (;;) {
+        const size_t room = out && out_size > 0 ? out_size - 1 - len : 0;
+        char *dst = room ? out + len : sink;
+        size_t got = fread(dst, 1, room ? room : sizeof sink, p);
+        if (got == 0) break;
+        if (room) len += got;
+    }
+    if (out && out_size > 0) out[len] = 0;
+    int st = pclose(p);
+    return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 #endif
