@@ -159,6 +159,7 @@ $(BUILD)/features: FORCE
 	@mkdir -p $(dir $@)
 	@echo '$(BUILD_FEATURES)' > $@.tmp
 	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(LIB_OBJ) $(PIC_OBJ) $(CLI_OBJ) $(SRV_OBJ) $(TEST_BIN): $(BUILD)/features
 
 # Kernel twins: src/*/*_avx2.c and *_avx512.c alone are compiled for those
 # instruction sets (whatever ARCH says); util/cpu.c picks at run time which
@@ -177,26 +178,26 @@ $(BUILD)/pic/%_avx512.o: SIMD = $(SIMD_AVX512)
 ifeq ($(IS_ARM64),1)
   SIMD_NEONDP := -march=armv8.2-a+dotprod
 endif
-$(BUILD)/obj/%_neondp.o: src/%_neon.c $(BUILD)/features
+$(BUILD)/obj/%_neondp.o: src/%_neon.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD_NEONDP) -c $< -o $@
-$(BUILD)/pic/%_neondp.o: src/%_neon.c $(BUILD)/features
+$(BUILD)/pic/%_neondp.o: src/%_neon.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD_NEONDP) $(PIC_FLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.c $(BUILD)/features
+$(BUILD)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD) -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.cc $(BUILD)/features
+$(BUILD)/obj/%.o: src/%.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(DEPFLAGS) -c $< -o $@
 
-$(BUILD)/pic/%.o: src/%.c $(BUILD)/features
+$(BUILD)/pic/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(SIMD) $(PIC_FLAGS) -c $< -o $@
 
-$(BUILD)/pic/%.o: src/%.cc $(BUILD)/features
+$(BUILD)/pic/%.o: src/%.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -O2 $(ARCH) -g -Wall -Wextra -fopenmp -Iinclude -Isrc $(DEPFLAGS) $(PIC_FLAGS) -c $< -o $@
 
@@ -259,7 +260,7 @@ $(WEBUI_C): $(WEBUI_HTML)
 	  echo 'const size_t srv_webui_html_len = sizeof srv_webui_html;'; } > $@.tmp
 	@mv $@.tmp $@
 
-$(BUILD)/obj/server/webui_html.o: $(WEBUI_C) src/server/webui.h $(BUILD)/features
+$(BUILD)/obj/server/webui_html.o: $(WEBUI_C) src/server/webui.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -276,7 +277,7 @@ $(BUILD)/sparq: $(CLI_OBJ) $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 ifeq ($(IS_ARM64),1)
   TEST_CFLAGS := -fno-tree-vectorize
 endif
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a $(BUILD)/features
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ $(TEST_CFLAGS) -Itests -o $@ $< $(BUILD)/libsparq-server.a $(BUILD)/libsparq.a \
 	    $(LDLIBS) $(SRV_LIBS)

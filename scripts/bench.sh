@@ -32,6 +32,7 @@
 # the CPU) can take longer than all the rest together.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/bench_model.sh
 
 QUICK=0
 PERF=1
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --results) RES="$2"; shift ;;
     --init) INIT="$2"; shift
-            [ "$INIT" = plain ] || [ "$INIT" = scaled ] || { echo "bench.sh: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
+            bench_init_ok "$INIT" || { echo "bench.sh: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -99,17 +100,9 @@ run() {
 make -s build/sparq >&2
 command -v gnuplot >/dev/null || scripts/setup.sh
 
-# model SHAPE TYPE -> the generated file (written once, kept for the next run)
-model() {
-  local f="$MODEL_DIR/$1-$(echo "$2" | tr 'A-Z' 'a-z')"
-  [ "$INIT" = plain ] && f="$f.gguf" || f="$f-$INIT.gguf"
-  [ -s "$f" ] || "$SPARQ" gen-model --shape "$1" --type "$2" --init "$INIT" -o "$f" >&2 || {
-    echo "bench.sh: cannot generate $f" >&2; exit 1; }
-  echo "$f"
-}
-SMOL=$(model smollm2-135m Q8_0)
-L1B=$(model llama-3.2-1b Q8_0)
-L1B_Q4=$(model llama-3.2-1b Q4_K_M)
+SMOL=$(bench_model "$MODEL_DIR" smollm2-135m Q8_0 "$INIT")
+L1B=$(bench_model "$MODEL_DIR" llama-3.2-1b Q8_0 "$INIT")
+L1B_Q4=$(bench_model "$MODEL_DIR" llama-3.2-1b Q4_K_M "$INIT")
 
 if [ -n "$STEPS" ]; then
   echo "rerun: steps ${STEPS:1:-1} at $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RES/machine.txt"
@@ -127,7 +120,7 @@ else {
   echo "quick: $QUICK"
   echo "threads: $THREADS"
   echo "weights: gen-model --init $INIT"
-  echo "cpu_id: $(lscpu | sed -n 's/^CPU family: *//p;s/^Model: *//p;s/^Stepping: *//p' | paste -sd/ -) (family/model/stepping)"
+  echo "cpu_id: $(bench_cpu_id) (family/model/stepping)"
   if [ -n "$LLAMA_BENCH" ]; then
     echo "llama_bench: $LLAMA_BENCH"
     echo "llama_build: $("$LLAMA_BENCH" --help >/dev/null 2>&1; git -C "$(dirname "$LLAMA_BENCH")/../.." rev-parse --short HEAD 2>/dev/null || echo unknown)"

@@ -20,6 +20,7 @@
 # model takes minutes). Run it on a quiet machine.
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench_model.sh
 
 OUT=""; N=16384; G=128; REPS=1; MODEL=""; INIT=plain
 while [ $# -gt 0 ]; do
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     --gen) G=$2; shift ;;
     --reps) REPS=$2; shift ;;
     --init) INIT=$2; shift
-            [ "$INIT" = plain ] || [ "$INIT" = scaled ] || { echo "bench_answer: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
+            bench_init_ok "$INIT" || { echo "bench_answer: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
     *) echo "bench_answer: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -47,9 +48,7 @@ if [ -n "$LLAMA_BENCH" ] && [ ! -x "$LLAMA_BENCH" ]; then
   echo "bench_answer: LLAMA_BENCH=$LLAMA_BENCH is not executable" >&2; exit 1
 fi
 if [ -z "$MODEL" ]; then
-  MODEL=$MODELS_DIR/llama-3.2-1b-q8_0.gguf
-  [ "$INIT" = plain ] || MODEL=$MODELS_DIR/llama-3.2-1b-q8_0-$INIT.gguf
-  [ -s "$MODEL" ] || "$SPARQ" gen-model --shape llama-3.2-1b --type Q8_0 --init "$INIT" -o "$MODEL" >&2
+  MODEL=$(bench_model "$MODELS_DIR" llama-3.2-1b Q8_0 "$INIT")
 fi
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 
@@ -57,7 +56,7 @@ log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
   echo "date: $(date -u +%FT%TZ)"
   echo "sparq: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
-  echo "cpu_id: $(lscpu | sed -n 's/^CPU family: *//p;s/^Model: *//p;s/^Stepping: *//p' | paste -sd/ -) (family/model/stepping)"
+  echo "cpu_id: $(bench_cpu_id) (family/model/stepping)"
   echo "model: $MODEL"
   echo "prompt: $N tokens, generated: $G, threads: $THREADS, reps: $REPS"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

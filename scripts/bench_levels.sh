@@ -21,6 +21,7 @@
 # Run it on a quiet machine: nothing else may use the cores.
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench_model.sh
 
 OUT=""
 while [ $# -gt 0 ]; do
@@ -48,11 +49,7 @@ CMDS=$OUT/commands.txt
 : > "$CMDS"
 log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 
-model() { # model SHAPE -> Q8_0 file with weights at a trained model's scales
-  local f=$MODELS_DIR/$1-q8_0-scaled.gguf
-  [ -s "$f" ] || "$SPARQ" gen-model --shape "$1" --type Q8_0 --init scaled -o "$f" >&2
-  echo "$f"
-}
+model() { bench_model "$MODELS_DIR" "$1" Q8_0 scaled; } # model SHAPE -> Q8_0 file, trained-scale weights
 
 # step NAME CMD...: stdout to NAME.json, stderr to the log; the command, the
 # load average at its start and its wall time go to commands.txt.

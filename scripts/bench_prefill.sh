@@ -16,6 +16,7 @@
 # Run it on a quiet machine: nothing else may use the cores.
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench_model.sh
 
 QUICK=0; LONG=0; OUT=""; INIT=plain
 while [ $# -gt 0 ]; do
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
     --long) LONG=1 ;;
     --out) OUT=$2; shift ;;
     --init) INIT=$2; shift
-            [ "$INIT" = plain ] || [ "$INIT" = scaled ] || { echo "bench_prefill: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
+            bench_init_ok "$INIT" || { echo "bench_prefill: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
     *) echo "bench_prefill: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -43,19 +44,13 @@ if [ -n "$LLAMA_BENCH" ] && [ ! -x "$LLAMA_BENCH" ]; then
 fi
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 
-model() { # model SHAPE TYPE -> path (generated once; scripts/bench.sh's names)
-  local f
-  f="$MODELS_DIR/$1-$(echo "$2" | tr 'A-Z' 'a-z')"
-  [ "$INIT" = plain ] && f="$f.gguf" || f="$f-$INIT.gguf"
-  [ -s "$f" ] || "$SPARQ" gen-model --shape "$1" --type "$2" --init "$INIT" -o "$f" >&2
-  echo "$f"
-}
+model() { bench_model "$MODELS_DIR" "$1" "$2" "$INIT"; } # model SHAPE TYPE -> path
 
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "sparq: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
-  echo "cpu_id: $(lscpu | sed -n 's/^CPU family: *//p;s/^Model: *//p;s/^Stepping: *//p' | paste -sd/ -) (family/model/stepping)"
+  echo "cpu_id: $(bench_cpu_id) (family/model/stepping)"
   echo "threads: $THREADS  reps: $REPS  weights: gen-model --init $INIT"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ -n "$LLAMA_BENCH" ]; then

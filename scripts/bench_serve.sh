@@ -98,6 +98,7 @@
 #   scripts/bench_serve.sh --quick                                   (smoke test, sparq only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/bench_model.sh
 
 N=16 D=4097 G=64 S=16384 DOCS=1 SHARED=1 PRIME=0 WARM=1 FAS="on off" KVUS=0 INIT=plain L1B=0 BAN=1
 RES=/tmp/sparq-bench-serve
@@ -118,7 +119,7 @@ while [ $# -gt 0 ]; do
     --kvu) KVUS="${2//,/ }"; shift
            for k in $KVUS; do [ "$k" = 0 ] || [ "$k" = 1 ] || die "--kvu takes 0, 1 or 0,1 (got '$2')"; done ;;
     --init) INIT="$2"; shift
-            [ "$INIT" = plain ] || [ "$INIT" = scaled ] || die "--init takes plain or scaled (got '$INIT')" ;;
+            bench_init_ok "$INIT" || die "--init takes plain or scaled (got '$INIT')" ;;
     -n) N="$2"; shift ;;
     -d) D="$2"; shift ;;
     -g) G="$2"; shift ;;
@@ -290,12 +291,9 @@ MODELS=("smollm2-135m")
 [ "$L1B" = 0 ] || MODELS+=("llama-3.2-1b")
 [ "$L1B" != 2 ] || MODELS=("llama-3.2-1b")
 for mname in "${MODELS[@]}"; do
-  mfile="$MODEL_DIR/$mname-q8_0.gguf" init_args=()
-  [ "$INIT" = plain ] || { mfile="$MODEL_DIR/$mname-q8_0-$INIT.gguf"; init_args=(--init "$INIT"); }
-  if [ ! -f "$mfile" ]; then
-    echo "$SPARQ gen-model --shape $mname --type Q8_0 ${init_args[*]} -o $mfile" >> "$CMDS"
-    "$SPARQ" gen-model --shape "$mname" --type Q8_0 "${init_args[@]}" -o "$mfile" >&2 || die "cannot generate $mfile"
-  fi
+  mfile=$(bench_model_path "$MODEL_DIR" "$mname" Q8_0 "$INIT")
+  [ -s "$mfile" ] || echo "$SPARQ gen-model --shape $mname --type Q8_0 --init $INIT -o $mfile" >> "$CMDS"
+  bench_model "$MODEL_DIR" "$mname" Q8_0 "$INIT" > /dev/null || die "cannot generate $mfile"
   echo "# model $mname: $mfile ($INIT weights)" >> "$CMDS"
   [ "$DOCS" = 0 ] || scenario "$mname" "$mfile" docs "$D" "$([ "$WARM" = 1 ] && echo 4096 || echo 0)" "$WARM"
   [ "$SHARED" = 0 ] || scenario "$mname" "$mfile" shared "$S" 4096 0 --shared
