@@ -1,8 +1,8 @@
 /* attn_avx2.h - inline AVX2 (+FMA) pieces the attention kernels share
  * (attn_kernels_avx2.c and attn_kernels_q8i_avx2.c for decode,
  * attn_prefill_avx2.c for prefill, core/forward_avx2.c's SiLU): the
- * softmax exps, horizontal sums and maxima, a row maximum and the
- * prefetch of gathered rows. The exps are attn_avx512.h's, term for term,
+ * softmax exps, horizontal sums and maxima and a row maximum (the
+ * prefetches are attn_prefetch.h's). The exps are attn_avx512.h's, term for term,
  * with 2^n built in the exponent bits where AVX-512 has scalef: with the
  * argument clamped as there, 2^n is a normal float and the product is the
  * same float, so the AVX2 and AVX-512 levels round every weight alike.
@@ -12,6 +12,7 @@
 #define SPARQ_ATTN_AVX2_H
 
 #include "attn/attn_exp.h"
+#include "attn/attn_prefetch.h"
 #include "util/simd_avx2.h"
 
 #include <immintrin.h>
@@ -120,16 +121,6 @@ static inline float max_of8(const float *x, int64_t n)
         vmx = _mm256_max_ps(v, vmx);
     }
     return hmax8(vmx);
-}
-
-/* Requests rows [from, to) of a gathered K or V into L2 (attn_avx512.h's
- * prefetch_rows says why not L1). */
-static inline void prefetch_rows8(const void *base, const int32_t *rows, int64_t from, int64_t to,
-                                  size_t row_bytes)
-{
-    for (int64_t i = from; i < to; i++)
-        for (size_t b = 0; b < row_bytes; b += 64)
-            _mm_prefetch((const char *)base + (size_t)rows[i] * row_bytes + b, _MM_HINT_T1);
 }
 
 #endif

@@ -1,12 +1,13 @@
 /* attn_avx512.h - inline AVX-512 pieces the attention kernels share
  * (attn_kernels_avx512.c and attn_kernels_q8i_avx512.c for decode,
  * attn_prefill_avx512.c for prefill): the tail mask, the softmax exps, a
- * row max and the prefetch of gathered rows, written once so decode and prefill round exactly alike. Include
- * only under ATTN_HAVE_AVX512. */
+ * row max, written once so decode and prefill round exactly alike (the
+ * prefetches are attn_prefetch.h's). Include only under ATTN_HAVE_AVX512. */
 #ifndef SPARQ_ATTN_AVX512_H
 #define SPARQ_ATTN_AVX512_H
 
 #include "attn/attn_exp.h"
+#include "attn/attn_prefetch.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -86,18 +87,6 @@ static inline float max_of(const float *x, int64_t n)
         vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
                                                       tail_mask(n - i), x + i));
     return _mm512_reduce_max_ps(vmx);
-}
-
-/* Requests rows [from, to) of a gathered K or V into L2. Not into L1: L1
- * prefetches wait for the few L1 miss buffers and stall the loads behind
- * them (2x slower gathers measured); the kernels' own loads then find the
- * rows in L2. */
-static inline void prefetch_rows(const void *base, const int32_t *rows, int64_t from,
-                                 int64_t to, size_t row_bytes)
-{
-    for (int64_t i = from; i < to; i++)
-        for (size_t b = 0; b < row_bytes; b += 64)
-            _mm_prefetch((const char *)base + (size_t)rows[i] * row_bytes + b, _MM_HINT_T1);
 }
 
 #endif

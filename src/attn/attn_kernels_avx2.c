@@ -176,7 +176,9 @@ static ALWAYS_INLINE int scores_rows(const attn_kv_view *kv, const float *q, int
 }
 
 /* Gathered rows: K rows this far ahead are requested; rows below v_rows
- * also get their V row requested, for the weighted sum that follows. */
+ * also get their V row requested, for the weighted sum that follows.
+ * Contiguous rows are requested stream_ahead_rows ahead, running on into V
+ * (attn_prefetch.h). */
 enum { SCORES_AHEAD = 64 };
 
 static ALWAYS_INLINE void scores_avx2(const attn_kv_view *kv, const float *q, int g, const int32_t *rows,
@@ -184,14 +186,18 @@ static ALWAYS_INLINE void scores_avx2(const attn_kv_view *kv, const float *q, in
 {
     const float scale = 1.0f / sqrtf((float)kv->d);
     const size_t row_bytes = kv_row_bytes(kv->d, f16);
+    const int64_t ahead = rows ? SCORES_AHEAD : stream_ahead_rows(row_bytes);
     int64_t read = 0;
-    if (rows) prefetch_rows8(kv->K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, row_bytes);
+    if (rows) prefetch_rows(kv->K, rows, 0, n < ahead ? n : ahead, row_bytes);
+    else prefetch_kv_stream(kv->K, kv->V, n, 0, ahead, row_bytes);
     for (int64_t i0 = 0; i0 < n; i0 += SC_ROWS) {
         const int nb = n - i0 < SC_ROWS ? (int)(n - i0) : SC_ROWS;
         if (rows) {
-            const int64_t a = i0 + SCORES_AHEAD, b = a + SC_ROWS < n ? a + SC_ROWS : n;
-            prefetch_rows8(kv->K, rows, a, b, row_bytes);
-            if (i0 < v_rows) prefetch_rows8(kv->V, rows, i0, i0 + nb, row_bytes);
+            const int64_t a = i0 + ahead, b = a + SC_ROWS < n ? a + SC_ROWS : n;
+            prefetch_rows(kv->K, rows, a, b, row_bytes);
+            if (i0 < v_rows) prefetch_rows(kv->V, rows, i0, i0 + nb, row_bytes);
+        } else {
+            prefetch_kv_stream(kv->K, kv->V, n, i0 + ahead, i0 + ahead + SC_ROWS, row_bytes);
         }
         read += scores_rows(kv, q, g, rows, i0, nb, scale, s, n, f16);
     }
@@ -308,7 +314,7 @@ static ALWAYS_INLINE void weighted_sum_avx2(const attn_kv_view *kv, const float 
     for (int64_t i0 = 0; i0 < n; i0 += WSUM_BLOCK) {
         const int64_t nb = n - i0 < WSUM_BLOCK ? n - i0 : WSUM_BLOCK;
         if (rows)
-            prefetch_rows8(kv->V, rows, i0 + WSUM_BLOCK, i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n, row_bytes);
+            prefetch_rows(kv->V, rows, i0 + WSUM_BLOCK, i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n, row_bytes);
         read += wsum_rows(kv, w + i0, n, g, rows, i0, nb, out, f16);
     }
     if (kv->meter) kv->meter->v += read;
@@ -349,7 +355,7 @@ static ALWAYS_INLINE void softmax_wsum_avx2(const attn_kv_view *kv, const float 
         for (int64_t i0 = 0; i0 < n; i0 += WSUM_BLOCK) {
             const int64_t nb = n - i0 < WSUM_BLOCK ? n - i0 : WSUM_BLOCK;
             if (rows)
-                prefetch_rows8(kv->V, rows, i0 + WSUM_BLOCK, i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n,
+                prefetch_rows(kv->V, rows, i0 + WSUM_BLOCK, i0 + 2 * WSUM_BLOCK < n ? i0 + 2 * WSUM_BLOCK : n,
                                row_bytes);
             for (int hh = 0; hh < hn; hh++) {
                 const float *x = s + (size_t)(hc + hh) * n + i0;

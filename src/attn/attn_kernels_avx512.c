@@ -225,7 +225,8 @@ static ALWAYS_INLINE int scores_rows16(const attn_kv_view *kv, const float *q, i
 
 /* Gathered rows: K rows this far ahead are requested (a row is 4 lines at
  * d = 128 f16; 64 ahead beat 16 and 32). Rows below v_rows also get their V
- * row requested, for the weighted sum that follows. */
+ * row requested, for the weighted sum that follows. Contiguous rows are
+ * requested stream_ahead_rows ahead, running on into V (attn_prefetch.h). */
 enum { SCORES_AHEAD = 64 };
 
 static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, int g,
@@ -234,14 +235,18 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
 {
     const float scale = 1.0f / sqrtf((float)kv->d);
     const size_t row_bytes = kv_row_bytes(kv->d, f16);
+    const int64_t ahead = rows ? SCORES_AHEAD : stream_ahead_rows(row_bytes);
     int64_t scored = 0; /* rows read, for kv->meter: one add per 16 rows */
-    if (rows) prefetch_rows(kv->K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, row_bytes);
+    if (rows) prefetch_rows(kv->K, rows, 0, n < ahead ? n : ahead, row_bytes);
+    else prefetch_kv_stream(kv->K, kv->V, n, 0, ahead, row_bytes);
     for (int64_t i0 = 0; i0 < n; i0 += 16) {
         const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
         if (rows) {
-            const int64_t a = i0 + SCORES_AHEAD, b = a + 16 < n ? a + 16 : n;
+            const int64_t a = i0 + ahead, b = a + 16 < n ? a + 16 : n;
             prefetch_rows(kv->K, rows, a, b, row_bytes);
             if (i0 < v_rows) prefetch_rows(kv->V, rows, i0, i0 + nb, row_bytes);
+        } else {
+            prefetch_kv_stream(kv->K, kv->V, n, i0 + ahead, i0 + ahead + 16, row_bytes);
         }
         scored += scores_rows16(kv, q, g, rows, i0, nb, scale, s + i0, n, f16);
     }

@@ -40,15 +40,6 @@ enum {
     V_AHEAD = 2 * ATTN_Q8I_CHUNK,             /* V rows requested this far ahead */
 };
 
-/* Requests rows [from, to) of contiguous rows (rb bytes each) into L2: the
- * hardware prefetcher alone leaves the integer kernels waiting on memory
- * (attn_kernels_q8i_avx512.c). */
-static ALWAYS_INLINE void prefetch_span(const uint8_t *base, int64_t from, int64_t to, size_t rb)
-{
-    const char *a = (const char *)base + (size_t)from * rb, *b = (const char *)base + (size_t)to * rb;
-    for (a = (const char *)((uintptr_t)a & ~(uintptr_t)63); a < b; a += 64) _mm_prefetch(a, _MM_HINT_T1);
-}
-
 /* The f16 scales at byte `at` of the 8 rows rp[0..8), as f32. */
 static ALWAYS_INLINE __m256 scales8(const uint8_t *const *rp, size_t at)
 {
@@ -114,14 +105,14 @@ static ALWAYS_INLINE void scores_q8i(const attn_kv_view *kv, const float *q, int
         for (int hh = 0; hh < HB; hh++)
             attn_q8i_query(q + (size_t)(h0 + hh) * d, d, scale, qi + hh * d, dqs + hh * nbk, corr + hh * nbk);
         if (h0 == 0) {
-            if (rows) prefetch_rows8(K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
+            if (rows) prefetch_rows(K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
             else prefetch_span(K, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
         }
         for (int64_t i0 = 0; i0 < n; i0 += 8) {
             const int nb = n - i0 < 8 ? (int)(n - i0) : 8;
             if (h0 == 0) {
                 const int64_t a = i0 + SCORES_AHEAD, b = a + 8 < n ? a + 8 : n;
-                if (rows) prefetch_rows8(K, rows, a, b, rb);
+                if (rows) prefetch_rows(K, rows, a, b, rb);
                 else if (a < b) prefetch_span(K, a, b, rb);
                 /* past the last K row the stream runs on into the first V
                  * rows, which the weighted sum reads next */
@@ -255,14 +246,14 @@ static ALWAYS_INLINE void wsum_heads(const uint8_t *V, size_t rb, const int32_t 
                                      double *z, wchunk *w, float (*o)[ATTN_Q8I_MAX_D])
 {
     if (h0 == 0) {
-        if (rows) prefetch_rows8(V, rows, 0, n < V_AHEAD ? n : V_AHEAD, rb);
+        if (rows) prefetch_rows(V, rows, 0, n < V_AHEAD ? n : V_AHEAD, rb);
         else prefetch_span(V, 0, n < V_AHEAD ? n : V_AHEAD, rb);
     }
     for (int64_t i0 = 0; i0 < n; i0 += ATTN_Q8I_CHUNK) {
         const int nc = n - i0 < ATTN_Q8I_CHUNK ? (int)(n - i0) : ATTN_Q8I_CHUNK;
         if (h0 == 0) {
             const int64_t a = i0 + V_AHEAD, b = a + ATTN_Q8I_CHUNK < n ? a + ATTN_Q8I_CHUNK : n;
-            if (rows) prefetch_rows8(V, rows, a, b, rb);
+            if (rows) prefetch_rows(V, rows, a, b, rb);
             else if (a < b) prefetch_span(V, a, b, rb);
         }
         const uint8_t *rp[ATTN_Q8I_CHUNK];

@@ -108,15 +108,6 @@ static ALWAYS_INLINE __m512 scales16_gpr(const rowset *rs, int i0, size_t at, co
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
-/* Requests rows [from, to) of contiguous rows (rb bytes each) into L2. The
- * hardware prefetcher alone left these kernels waiting on memory (they
- * compute less per byte than the f16 ones); every line has to be asked for. */
-static ALWAYS_INLINE void prefetch_span(const uint8_t *base, int64_t from, int64_t to, size_t rb)
-{
-    const char *a = (const char *)base + (size_t)from * rb, *b = (const char *)base + (size_t)to * rb;
-    for (a = (const char *)((uintptr_t)a & ~(uintptr_t)63); a < b; a += 64) _mm_prefetch(a, _MM_HINT_T1);
-}
-
 /* ---- scores ----------------------------------------------------------------- */
 
 /* qv[4c + k], lane L: dword 4L + k of the query's chunk c, four times. */
