@@ -12,6 +12,8 @@
 #   --report-only  measure nothing: rewrite the report from the results DIR
 #   --steps LIST   rerun only these steps (e.g. decode_weights,llama_weights),
 #                  keeping the other results; the report says which and when
+#   --skip LIST    a main run without these steps (e.g. llama_smol_kvq8, whose
+#                  scalar path takes hours); machine.txt names them
 #   --out FILE     the report (default RESULTS_DIR/REPORT.md)
 #   --results DIR  raw JSON, logs and profiles (default /tmp/sparq-bench-results)
 #   --init I       gen-model's weights: plain (default) or scaled (a trained
@@ -38,6 +40,7 @@ QUICK=0
 PERF=1
 REPORT_ONLY=0
 STEPS=""
+SKIP=""
 OUT=
 RES=/tmp/sparq-bench-results
 INIT=plain
@@ -47,11 +50,12 @@ while [ $# -gt 0 ]; do
     --no-perf) PERF=0 ;;
     --report-only) REPORT_ONLY=1 ;;
     --steps) STEPS=",$2,"; shift ;;
+    --skip) SKIP=",$2,"; shift ;;
     --out) OUT="$2"; shift ;;
     --results) RES="$2"; shift ;;
     --init) INIT="$2"; shift
             bench_init_ok "$INIT" || { echo "bench.sh: --init takes plain or scaled (got '$INIT')" >&2; exit 2; } ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^set /!p}' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -67,8 +71,8 @@ mkdir -p "$RES" "$MODEL_DIR" "$(dirname "$OUT")"
 if [ "$REPORT_ONLY" = 0 ]; then
 [ -n "$STEPS" ] || rm -f "$RES"/*.json "$RES"/*.perf.txt "$RES"/commands.txt
 CMDS="$RES/commands.txt"
-# selected: NAME is run (every step without --steps)
-selected() { [ -z "$STEPS" ] || [[ "$STEPS" == *",$1,"* ]]; }
+# selected: NAME is run (every step without --steps, less those --skip names)
+selected() { [[ "$SKIP" != *",$1,"* ]] && { [ -z "$STEPS" ] || [[ "$STEPS" == *",$1,"* ]]; }; }
 T_START=$(date +%s)
 
 log() { echo "bench.sh: $*" >&2; }
@@ -118,6 +122,7 @@ else {
   echo "dirty_files: $(git status --porcelain 2>/dev/null | wc -l)"
   echo "load_before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "quick: $QUICK"
+  [ -z "$SKIP" ] || echo "skipped: ${SKIP:1:-1}"
   echo "threads: $THREADS"
   echo "weights: gen-model --init $INIT"
   echo "cpu_id: $(bench_cpu_id) (family/model/stepping)"
