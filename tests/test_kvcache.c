@@ -55,14 +55,15 @@ static void check_type(int elem)
         for (int h = 0; h < H; h++) {
             attn_kv_view view;
             kv_view(&c, l, h, n, &view);
-            CHECK(view.S == n && view.d == d && view.elem == elem && view.kt_stride == cap, "view fields");
+            CHECK(view.S == n && view.d == d && view.elem == elem && view.kt_stride == kv_kt_len(elem, cap),
+                  "view fields");
             for (int j = 0; j < d; j++) {
                 double sum = 0;
                 for (int64_t p = 0; p < n; p++) {
                     /* the test values are multiples of 1/4: exact in f16 */
                     bad_rows += load(view.K, elem, (size_t)p * d + j) != value(l, h, p, j, 0);
                     bad_rows += load(view.V, elem, (size_t)p * d + j) != value(l, h, p, j, 1);
-                    bad_kt += load(view.KT, elem, (size_t)j * cap + p) != value(l, h, p, j, 0);
+                    bad_kt += load(view.KT, elem, (size_t)j * view.kt_stride + p) != value(l, h, p, j, 0);
                     sum += value(l, h, p, j, 1);
                 }
                 bad_sum += fabs(view.v_sum[j] - sum) > 1e-4;
@@ -75,6 +76,28 @@ static void check_type(int elem)
     CHECK(c.n == 0 && c.v_sum[0] == 0.0f, "reset");
     kv_free(&c);
     kv_free(&c); /* idempotent */
+}
+
+/* kv_kt_len against its rule, written out: f16/f32 rows of whole 64-byte
+ * lines, an odd number of them, the fewest that hold cap; Q8_0 rows as
+ * they are. */
+static void check_kt_len(void)
+{
+    int bad = 0;
+    for (int e = 0; e < 2; e++) {
+        const int elem = e ? KV_F16 : KV_F32, es = e ? 2 : 4;
+        for (int64_t cap = 1; cap <= 70000; cap += cap < 300 ? 1 : 997) {
+            const int64_t len = kv_kt_len(elem, cap), bytes = len * es;
+            int64_t want = (cap * es + 63) / 64; /* lines */
+            if (want % 2 == 0) want++;
+            bad += len < cap || bytes % 64 != 0 || (bytes / 64) % 2 != 1 || bytes / 64 != want;
+        }
+        /* the strides measured slow (an even 1026 lines) and fast (1024 is padded too) */
+        bad += kv_kt_len(elem, 65664 / es) * es != 1027 * 64;
+        bad += kv_kt_len(elem, 65536 / es) * es != 1025 * 64;
+    }
+    for (int64_t cap = 1; cap <= 5000; cap += 7) bad += kv_kt_len(KV_Q8_0, cap) != cap;
+    CHECK(bad == 0, "kv_kt_len: %d lengths break the rule", bad);
 }
 
 /* Writes positions [from, to) of the test values into c (and advances n). */
@@ -558,6 +581,7 @@ static void check_memory(sparq_model *m, const char *pol)
 
 int main(void)
 {
+    check_kt_len();
     check_type(KV_F32);
     check_type(KV_F16);
     check_shared(KV_F32);

@@ -47,7 +47,26 @@ static void v_sum_heads(float *sums, const uint8_t *v, size_t heads, size_t span
 static void kt_ref_drop(kv_cache *c);
 static int kt_rebuild(kv_cache *c, int layer, int head, int64_t from, int64_t to, float *work);
 
-/* Shape fields and kv_bytes; -1 with a message if the shape is bad. */
+int64_t kv_kt_len(int elem, int64_t cap)
+{
+    if (elem == KV_Q8_0 || cap <= 0) return cap;
+    const int64_t per_line = 64 / (elem == KV_F16 ? 2 : 4);
+    int64_t lines = (cap + per_line - 1) / per_line;
+    if (lines % 2 == 0) lines++;
+    return lines * per_line;
+}
+
+static void kt_set_split(kv_cache *c, int64_t split);
+
+/* K^T rows laid out for len positions from now on (before kt is reserved). */
+static void kt_set_len(kv_cache *c, int64_t len)
+{
+    c->kt_len = len;
+    kt_set_split(c, c->kt_split);
+}
+
+/* Shape fields and kv_bytes; -1 with a message if the shape is bad. K^T
+ * rows are cap long: a file's layout; fresh storage pads them (kt_set_len). */
 static int kv_shape(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
                     char *err, size_t err_size)
 {
@@ -71,8 +90,7 @@ static int kv_shape(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap,
                        (long long)cap, (unsigned long long)per_pos);
     }
     c->kv_bytes = (size_t)(per_pos * (uint64_t)cap);
-    c->kt_row_bytes = attn_kv_row_bytes(elem, cap);
-    c->kt_head_bytes = (size_t)d * c->kt_row_bytes;
+    kt_set_len(c, cap);
     return 0;
 }
 
@@ -83,6 +101,7 @@ int kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int e
     c->k = reserve(c->kv_bytes);
     c->v = reserve(c->kv_bytes);
     if (with_kt) {
+        kt_set_len(c, kv_kt_len(elem, cap));
         c->kt_bytes = (size_t)n_layer * n_kv_head * c->kt_head_bytes;
         c->kt = reserve(c->kt_bytes);
     }
@@ -139,6 +158,7 @@ int kv_create_borrowed(kv_cache *c, const kv_borrow *b, char *err, size_t err_si
         c->kt_borrowed = 1;
         c->kt_bytes = heads * c->kt_head_bytes;
     } else if (with_kt) {
+        kt_set_len(c, kv_kt_len(elem, cap));
         c->kt_bytes = heads * c->kt_head_bytes;
         c->kt = reserve(c->kt_bytes);
         if (c->kt) /* column s of head h's K^T = row s of its K */
@@ -190,7 +210,7 @@ static size_t kt_col(const kv_cache *c, int64_t s)
 static void kt_set_split(kv_cache *c, int64_t split)
 {
     c->kt_split = split;
-    c->kt_row_bytes = attn_kv_row_bytes(c->elem, c->cap - split);
+    c->kt_row_bytes = attn_kv_row_bytes(c->elem, c->kt_len - split);
     c->kt_head_bytes = (size_t)c->d * c->kt_row_bytes;
 }
 
@@ -203,14 +223,16 @@ static void kt_unsplit(kv_cache *c, int keep)
 {
     if (!c->kt_pre) return;
     const size_t rows = (size_t)c->n_layer * c->n_kv_head * c->d;
-    const size_t full = attn_kv_row_bytes(c->elem, c->cap), pre = attn_kv_row_bytes(c->elem, c->kt_split);
+    const size_t full = attn_kv_row_bytes(c->elem, c->kt_len), pre = attn_kv_row_bytes(c->elem, c->kt_split);
+    const size_t pre_full = attn_kv_row_bytes(c->elem, c->kt_pre_len);
     const size_t used = c->n > c->kt_split ? attn_kv_row_bytes(c->elem, c->n) - pre : 0;
     if (keep)
         for (size_t r = rows; r-- > 0;) {
             memmove(c->kt + r * full + pre, c->kt + r * c->kt_row_bytes, used);
-            memcpy(c->kt + r * full, c->kt_pre + r * full, pre);
+            memcpy(c->kt + r * full, c->kt_pre + r * pre_full, pre);
         }
     c->kt_pre = NULL;
+    c->kt_pre_len = 0;
     kt_ref_drop(c);
     kt_set_split(c, 0);
 }
@@ -349,15 +371,16 @@ void kv_view(const kv_cache *c, int layer, int head, int64_t S, attn_kv_view *ou
     out->K = c->k + base;
     out->V = c->v + base;
     out->KT = c->kt ? c->kt + kt_offset(c, layer, head) : NULL;
-    out->kt_stride = c->cap;
+    out->kt_stride = c->kt_len;
     out->KT_tail = NULL;
     out->kt_split = 0;
     out->kt_tail_stride = 0;
     if (c->kt_pre) { /* the prefix's rows, then ours */
         out->KT_tail = out->KT;
-        out->KT = c->kt_pre + ((size_t)layer * c->n_kv_head + head) * c->d * attn_kv_row_bytes(c->elem, c->cap);
+        out->KT = c->kt_pre + ((size_t)layer * c->n_kv_head + head) * c->d * attn_kv_row_bytes(c->elem, c->kt_pre_len);
+        out->kt_stride = c->kt_pre_len;
         out->kt_split = c->kt_split;
-        out->kt_tail_stride = c->cap - c->kt_split;
+        out->kt_tail_stride = c->kt_len - c->kt_split;
     }
     out->v_sum = c->v_sum ? c->v_sum + ((size_t)layer * c->n_kv_head + head) * c->d : NULL;
     out->meter = NULL;
@@ -459,6 +482,7 @@ int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **ou
         return -1;
     }
     kv_cache *v = &s->view;
+    kt_set_len(v, kv_kt_len(v->elem, cap));
     const size_t heads = (size_t)v->n_layer * v->n_kv_head;
     v->kt_bytes = heads * v->kt_head_bytes;
     s->off_v = page_up(v->kv_bytes);
@@ -495,7 +519,7 @@ int kv_shared_create(const kv_cache *src, int64_t n, int64_t cap, kv_shared **ou
         /* columns below src's split from its prefix, the rest from its own rows */
         const int64_t split = n < src->kt_split ? n : src->kt_split;
         const size_t used = attn_kv_row_bytes(v->elem, n), pre = attn_kv_row_bytes(v->elem, split);
-        const size_t src_full = attn_kv_row_bytes(v->elem, src->cap);
+        const size_t src_full = attn_kv_row_bytes(v->elem, src->kt_pre_len);
         for (size_t r = 0; r < heads * (size_t)v->d; r++) {
             if (pre) memcpy(v->kt + r * v->kt_row_bytes, src->kt_pre + r * src_full, pre);
             memcpy(v->kt + r * v->kt_row_bytes + pre, src->kt + r * src->kt_row_bytes, used - pre);
@@ -618,11 +642,13 @@ static uint8_t *map_private(const kv_shared *s, size_t off, size_t bytes)
 static int kv_attach_kt(kv_cache *c, const kv_cache *v, int64_t n)
 {
     const size_t rows = (size_t)c->n_layer * c->n_kv_head * c->d;
-    c->kt_bytes = rows * attn_kv_row_bytes(c->elem, c->cap); /* full width: kt_unsplit needs it */
+    c->kt_len = kv_kt_len(c->elem, c->cap);
+    c->kt_bytes = rows * attn_kv_row_bytes(c->elem, c->kt_len); /* full width: kt_unsplit needs it */
     c->kt = reserve(c->kt_bytes);
     if (!c->kt || kt_part_alloc(c)) return -1;
     const int64_t split = n / ATTN_EXP_BLOCK * ATTN_EXP_BLOCK;
     c->kt_pre = split ? v->kt : NULL;
+    c->kt_pre_len = split ? v->kt_len : 0;
     kt_set_split(c, split);
     const size_t pre = attn_kv_row_bytes(c->elem, split), used = attn_kv_row_bytes(c->elem, n) - pre;
     for (size_t r = 0; r < rows; r++) memcpy(c->kt + r * c->kt_row_bytes, v->kt + r * v->kt_row_bytes + pre, used);
@@ -715,6 +741,7 @@ int kv_copy_shared(kv_cache *c, kv_shared *s, int64_t n, int n_threads, char *er
     const size_t kt_rows = c->kt ? heads * (size_t)v->d : 0;
     if (split) {
         c->kt_pre = v->kt;
+        c->kt_pre_len = v->kt_len;
         c->kt_ref = s;
         kt_set_split(c, split);
     }

@@ -4,9 +4,10 @@
  * one sequential read:
  *   k, v  [n_layer][n_kv_head][cap][d]     element f16 (default), f32 or
  *                                          Q8_0 (rows of blocks, attn.h)
- *   kt    [n_layer][n_kv_head][d][cap]     K transposed, only when a policy
+ *   kt    [n_layer][n_kv_head][d][kt_len]  K transposed, only when a policy
  *                                          asks (SparQ reads r of its rows);
- *                                          Q8_0 blocks run along positions
+ *                                          Q8_0 blocks run along positions;
+ *                                          kt_len >= cap (kv_kt_len)
  *   v_sum [n_layer][n_kv_head][d]          f32 running sum of V (SparQ)
  * Storage is reserved with mmap(MAP_NORESERVE): capacity costs address
  * space, not memory, and pages are committed as tokens arrive, so
@@ -35,17 +36,20 @@ typedef struct kv_cache {
     size_t  elem_size;      /* whole bytes: 4, 2, or 1 for Q8_0 (really
                              * 34/32: kv_bytes_of counts its bytes)       */
     size_t  row_bytes;      /* one K or V row: attn_kv_row_bytes(elem, d) */
+    int64_t kt_len;         /* positions a row of kt is laid out for: cap,
+                             * or more for a stride kv_kt_len prefers     */
     size_t  kt_row_bytes;   /* one row of kt: attn_kv_row_bytes(elem,
-                             * cap - kt_split)                            */
+                             * kt_len - kt_split)                         */
     size_t  kt_head_bytes;  /* d rows of kt                               */
     /* A cache over a shared prefix reads K^T columns [0, kt_split) from
-     * the prefix's own K^T (kt_pre: rows of cap columns, read-only) and
-     * keeps columns [kt_split, cap) in kt, rows packed at kt_row_bytes,
+     * the prefix's own K^T (kt_pre: rows of kt_pre_len columns, read-only)
+     * and keeps columns [kt_split, cap) in kt, rows packed at kt_row_bytes,
      * so appending a position writes a few private pages, not one shared
      * page per K^T row (each copied on write). kt_split is a multiple of
      * ATTN_EXP_BLOCK; 0 and kt_pre NULL otherwise. kt is reserved at full
      * width either way, so dropping the split needs no allocation. */
     const uint8_t *kt_pre;
+    int64_t kt_pre_len;
     int64_t kt_split;
     /* a copied prefix (kv_copy_shared) whose K^T is read in place: the
      * shared prefix kt_pre points into, held until the split is dropped */
@@ -67,6 +71,14 @@ typedef struct kv_cache {
 int  kv_create(kv_cache *c, int n_layer, int n_kv_head, int d, int64_t cap, int elem,
                int with_kt, int with_vsum, char *err, size_t err_size);
 void kv_free(kv_cache *c);
+
+/* Positions a K^T row of a fresh cache of cap positions is laid out for:
+ * cap, padded for f16 and f32 to an odd number of 64-byte lines. SparQ
+ * reads r rows of K^T side by side, and rows an even number of lines
+ * apart a little above 64 KiB made that pass 1.7-2.1x slower on a Zen 5
+ * guest (docs/bench-results/kt-stride-2026-12-07-f26); odd counts never
+ * did. Q8_0 rows (34-byte blocks) did not show it and stay at cap. */
+int64_t kv_kt_len(int elem, int64_t cap);
 
 /* Storage someone else owns that a cache may run over (kv_create_borrowed). */
 typedef struct kv_borrow {
