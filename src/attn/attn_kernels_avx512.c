@@ -299,9 +299,10 @@ void attn_softmax_avx512(float *s, int g, int64_t n)
  * accumulators held in registers; `masked` tiles (the last, when
  * d % 64 != 0) load with lane masks. pf_n > 0: V is pf_n contiguous rows,
  * and each row visited has the row stream_ahead_rows on requested, one row
- * at a time (a block's rows requested at once stalled the loads behind
- * them: 25-45% slower; spread, 15-20% faster than none). Returns the V
- * elements it read: rows visited x the tile's columns. */
+ * at a time: a block's rows requested at once stalled the loads behind them
+ * (slower than no request at all), spread this way the 32k dense op ran
+ * 8-12% faster (docs/bench-results/dense-prefetch-ab-2026-12-07-f26).
+ * Returns the V elements it read: rows visited x the tile's columns. */
 static ALWAYS_INLINE int64_t wsum_tile(const attn_kv_view *kv, const float *wb, int64_t ws, int h0,
                                        const int HB, const int masked, const int32_t *rows,
                                        int64_t i0, int64_t nb, int j0, float *out, int64_t pf_n,
