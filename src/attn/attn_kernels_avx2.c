@@ -189,7 +189,7 @@ static ALWAYS_INLINE void scores_avx2(const attn_kv_view *kv, const float *q, in
     const int64_t ahead = rows ? SCORES_AHEAD : stream_ahead_rows(row_bytes);
     int64_t read = 0;
     if (rows) prefetch_rows(kv->K, rows, 0, n < ahead ? n : ahead, row_bytes);
-    else prefetch_kv_stream(kv->K, kv->V, n, 0, ahead, row_bytes);
+    else prefetch_kv_stream(kv->K, kv->V, n, n, 0, ahead, row_bytes);
     for (int64_t i0 = 0; i0 < n; i0 += SC_ROWS) {
         const int nb = n - i0 < SC_ROWS ? (int)(n - i0) : SC_ROWS;
         if (rows) {
@@ -197,7 +197,7 @@ static ALWAYS_INLINE void scores_avx2(const attn_kv_view *kv, const float *q, in
             prefetch_rows(kv->K, rows, a, b, row_bytes);
             if (i0 < v_rows) prefetch_rows(kv->V, rows, i0, i0 + nb, row_bytes);
         } else {
-            prefetch_kv_stream(kv->K, kv->V, n, i0 + ahead, i0 + ahead + SC_ROWS, row_bytes);
+            prefetch_kv_stream(kv->K, kv->V, n, n, i0 + ahead, i0 + ahead + SC_ROWS, row_bytes);
         }
         read += scores_rows(kv, q, g, rows, i0, nb, scale, s, n, f16);
     }

@@ -238,7 +238,7 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
     const int64_t ahead = rows ? SCORES_AHEAD : stream_ahead_rows(row_bytes);
     int64_t scored = 0; /* rows read, for kv->meter: one add per 16 rows */
     if (rows) prefetch_rows(kv->K, rows, 0, n < ahead ? n : ahead, row_bytes);
-    else prefetch_kv_stream(kv->K, kv->V, n, 0, ahead, row_bytes);
+    else prefetch_kv_stream(kv->K, kv->V, n, n, 0, ahead, row_bytes);
     for (int64_t i0 = 0; i0 < n; i0 += 16) {
         const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
         if (rows) {
@@ -246,7 +246,7 @@ static ALWAYS_INLINE void scores_avx512(const attn_kv_view *kv, const float *q, 
             prefetch_rows(kv->K, rows, a, b, row_bytes);
             if (i0 < v_rows) prefetch_rows(kv->V, rows, i0, i0 + nb, row_bytes);
         } else {
-            prefetch_kv_stream(kv->K, kv->V, n, i0 + ahead, i0 + ahead + 16, row_bytes);
+            prefetch_kv_stream(kv->K, kv->V, n, n, i0 + ahead, i0 + ahead + 16, row_bytes);
         }
         scored += scores_rows16(kv, q, g, rows, i0, nb, scale, s + i0, n, f16);
     }

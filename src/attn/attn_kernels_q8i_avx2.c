@@ -97,6 +97,7 @@ static ALWAYS_INLINE void scores_q8i(const attn_kv_view *kv, const float *q, int
     const size_t rb = attn_q8_row_bytes(d);
     const float scale = 1.0f / sqrtf((float)d);
     const uint8_t *K = (const uint8_t *)kv->K;
+    const int64_t vn = n < V_AHEAD ? n : V_AHEAD; /* V rows the K stream runs on into */
     int8_t qi[HB_MAX * ATTN_Q8I_MAX_D];
     float dqs[HB_MAX * MAX_NBK];
     int32_t corr[HB_MAX * MAX_NBK]; /* attn_q8i_query's offsets: the sign trick needs none */
@@ -106,18 +107,16 @@ static ALWAYS_INLINE void scores_q8i(const attn_kv_view *kv, const float *q, int
             attn_q8i_query(q + (size_t)(h0 + hh) * d, d, scale, qi + hh * d, dqs + hh * nbk, corr + hh * nbk);
         if (h0 == 0) {
             if (rows) prefetch_rows(K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
-            else prefetch_span(K, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
+            else prefetch_kv_stream(K, kv->V, n, vn, 0, SCORES_AHEAD, rb);
         }
         for (int64_t i0 = 0; i0 < n; i0 += 8) {
             const int nb = n - i0 < 8 ? (int)(n - i0) : 8;
             if (h0 == 0) {
-                const int64_t a = i0 + SCORES_AHEAD, b = a + 8 < n ? a + 8 : n;
-                if (rows) prefetch_rows(K, rows, a, b, rb);
-                else if (a < b) prefetch_span(K, a, b, rb);
+                const int64_t a = i0 + SCORES_AHEAD;
                 /* past the last K row the stream runs on into the first V
                  * rows, which the weighted sum reads next */
-                else if (kv->V && a - n < V_AHEAD)
-                    prefetch_span((const uint8_t *)kv->V, a - n, a - n + 8 < n ? a - n + 8 : n, rb);
+                if (rows) prefetch_rows(K, rows, a, a + 8 < n ? a + 8 : n, rb);
+                else prefetch_kv_stream(K, kv->V, n, vn, a, a + 8, rb);
             }
             const uint8_t *rp[8];
             for (int u = 0; u < 8; u++) { /* lanes past nb repeat a valid row, not stored */

@@ -181,6 +181,7 @@ static ALWAYS_INLINE void scores_q8i(const attn_kv_view *kv, const float *q, int
     const size_t rb = attn_q8_row_bytes(d);
     const float scale = 1.0f / sqrtf((float)d);
     const uint8_t *K = (const uint8_t *)kv->K;
+    const int64_t vn = n < V_AHEAD ? n : V_AHEAD; /* V rows the K stream runs on into */
     int8_t qi[HB_MAX * ATTN_Q8I_MAX_D] __attribute__((aligned(64)));
     float dqs[HB_MAX * MAX_NBK];
     int32_t corr[HB_MAX * MAX_NBK];
@@ -193,18 +194,16 @@ static ALWAYS_INLINE void scores_q8i(const attn_kv_view *kv, const float *q, int
         }
         if (h0 == 0) {
             if (rows) prefetch_rows(K, rows, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
-            else prefetch_span(K, 0, n < SCORES_AHEAD ? n : SCORES_AHEAD, rb);
+            else prefetch_kv_stream(K, kv->V, n, vn, 0, SCORES_AHEAD, rb);
         }
         for (int64_t i0 = 0; i0 < n; i0 += 16) {
             const int nb = n - i0 < 16 ? (int)(n - i0) : 16;
             if (h0 == 0) {
-                const int64_t a = i0 + SCORES_AHEAD, b = a + 16 < n ? a + 16 : n;
-                if (rows) prefetch_rows(K, rows, a, b, rb);
-                else if (a < b) prefetch_span(K, a, b, rb);
+                const int64_t a = i0 + SCORES_AHEAD;
                 /* past the last K row, the stream goes on into the first V
                  * rows: the weighted sum reads them next (attn_dense_part) */
-                else if (kv->V && a - n < V_AHEAD)
-                    prefetch_span((const uint8_t *)kv->V, a - n, a - n + 16 < n ? a - n + 16 : n, rb);
+                if (rows) prefetch_rows(K, rows, a, a + 16 < n ? a + 16 : n, rb);
+                else prefetch_kv_stream(K, kv->V, n, vn, a, a + 16, rb);
             }
             const uint8_t *rp[16];
             rowset rs = { K + (size_t)i0 * rb, rb, rp };

@@ -49,14 +49,14 @@ static inline int64_t stream_ahead_rows(size_t rb)
     return (int64_t)(ATTN_STREAM_AHEAD_BYTES / rb) + 1;
 }
 
-/* Requests rows [a, b) of the stream "K rows 0..n, then V rows 0..n": the
- * score pass runs on into V's first rows, which the weighted sum reads
- * next. V may be NULL (a scores-only view). */
-PREFETCH_INLINE void prefetch_kv_stream(const void *K, const void *V, int64_t n, int64_t a,
-                                      int64_t b, size_t rb)
+/* Requests rows [a, b) of the stream "K rows 0..n, then V rows 0..vn"
+ * (vn <= n): the score pass runs on into V's first rows, which the
+ * weighted sum reads next. V may be NULL (a scores-only view). */
+PREFETCH_INLINE void prefetch_kv_stream(const void *K, const void *V, int64_t n, int64_t vn,
+                                        int64_t a, int64_t b, size_t rb)
 {
     if (a < n) prefetch_span(K, a, b < n ? b : n, rb);
-    if (b > n && V) prefetch_span(V, a > n ? a - n : 0, b - n < n ? b - n : n, rb);
+    if (b > n && V && a - n < vn) prefetch_span(V, a > n ? a - n : 0, b - n < vn ? b - n : vn, rb);
 }
 
 #endif

@@ -642,8 +642,8 @@ static uint8_t *map_private(const kv_shared *s, size_t off, size_t bytes)
 static int kv_attach_kt(kv_cache *c, const kv_cache *v, int64_t n)
 {
     const size_t rows = (size_t)c->n_layer * c->n_kv_head * c->d;
-    c->kt_len = kv_kt_len(c->elem, c->cap);
-    c->kt_bytes = rows * attn_kv_row_bytes(c->elem, c->kt_len); /* full width: kt_unsplit needs it */
+    kt_set_len(c, kv_kt_len(c->elem, c->cap));
+    c->kt_bytes = rows * c->kt_row_bytes; /* full width (no split yet): kt_unsplit needs it */
     c->kt = reserve(c->kt_bytes);
     if (!c->kt || kt_part_alloc(c)) return -1;
     const int64_t split = n / ATTN_EXP_BLOCK * ATTN_EXP_BLOCK;
