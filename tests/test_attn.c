@@ -587,9 +587,12 @@ static double twin_case(rng *r, int d, int64_t n, int g, int elem, double *e_gro
         simd->weighted_sum(&kv, s1, g, rw, n, o2);
         e = fmax(e, rel_diff(o1, o2, (int64_t)g * d));
         if (q8i) continue;
-        attn_gather_group_ref(&kv, q, g, rw, n, o1, s1);
-        simd->gather_group(&kv, q, g, rw, n, o2, s2);
+        float lse1[32], lse2[32]; /* g <= 17 */
+        attn_gather_group_ref(&kv, q, g, rw, n, o1, s1, lse1);
+        simd->gather_group(&kv, q, g, rw, n, o2, s2, lse2);
         *e_group = fmax(*e_group, rel_diff(o1, o2, (int64_t)g * d));
+        for (int h = 0; h < g; h++) /* absolute: a log-sum-exp near 0 */
+            *e_group = fmax(*e_group, fabs(lse1[h] - lse2[h]) / (1 + fabs(lse1[h])));
     }
     for (int rr = 1; rr <= nc; rr += rr < 8 ? 1 : 8) { /* r = 1..8, 9, 17, 25, 33 */
         attn_kt_logits_ref(&kv, qs, comp, rr, g, S, s1);
@@ -714,7 +717,7 @@ typedef void (*ktl_fn)(const attn_kv_view *, const float *, const int32_t *, int
 typedef void (*kte_fn)(const attn_kv_view *, const float *, const int32_t *, int, int, int64_t, float *,
                        float *, float *);
 typedef void (*gather_fn)(const attn_kv_view *, const float *, int, const int32_t *, int64_t, float *,
-                          float *);
+                          float *, float *);
 
 typedef struct twin_set {
     const char *name;
@@ -755,7 +758,7 @@ static int meter_shape(const twin_set *t, int64_t n, int d, int g, int r, int el
         t->sws(&c.kv, s, g, rw, n, o, NULL);
         bad += !meter_is(&c.m, (meter_want){ 0, n * d, 0 });
         memset(&c.m, 0, sizeof c.m);
-        t->gather(&c.kv, q, g, rw, n, o, s);
+        t->gather(&c.kv, q, g, rw, n, o, s, NULL);
         bad += !meter_is(&c.m, (meter_want){ n * d, n * d, 0 });
     }
     memset(&c.m, 0, sizeof c.m);
@@ -777,18 +780,19 @@ done:
  * the last 16 rows, and one that scores every row twice. The meter check
  * must reject both (so it is not an identity). */
 static void gather_drops_tail(const attn_kv_view *kv, const float *q, int g, const int32_t *sel,
-                              int64_t n, float *out, float *scratch)
+                              int64_t n, float *out, float *scratch, float *lse)
 {
+    (void)lse;
     attn_scores_ref(kv, q, g, sel, n, scratch);
     attn_softmax_ref(scratch, g, n);
     attn_weighted_sum_ref(kv, scratch, g, sel, n / 16 * 16, out);
 }
 
 static void gather_twice(const attn_kv_view *kv, const float *q, int g, const int32_t *sel,
-                         int64_t n, float *out, float *scratch)
+                         int64_t n, float *out, float *scratch, float *lse)
 {
     attn_scores_ref(kv, q, g, sel, n, scratch);
-    attn_gather_group_ref(kv, q, g, sel, n, out, scratch);
+    attn_gather_group_ref(kv, q, g, sel, n, out, scratch, lse);
 }
 
 static void test_meters(void)
@@ -1619,7 +1623,7 @@ static void golden_dense(const char *dir, const char *js, int *n_ok)
                     } else { /* any other mask: gathered attention over the kept rows */
                         attn_kv_view kv = { S, (int)d, KV_F32, K + bh * S * d, V + bh * S * d,
                                             NULL, 0, NULL, NULL, NULL, 0, 0 };
-                        attn_gather_group(&kv, q, (int)g, rows, n, out, sc);
+                        attn_gather_group(&kv, q, (int)g, rows, n, out, sc, NULL);
                     }
                     for (long gi = 0; gi < g; gi++)
                         for (long j = 0; j < d; j++) {

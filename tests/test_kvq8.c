@@ -547,13 +547,13 @@ static void test_kernels(void)
                               rel_err(l1, l2, S) <= tol,
                           "%s %s: K^T exp", k, what);
                     /* gathered group attention (scratch g * n_sel) and dense */
-                    (simd ? attn_gather_group : attn_gather_group_ref)(&f.q8, q, g, rows, n_sel, o1, s1);
+                    (simd ? attn_gather_group : attn_gather_group_ref)(&f.q8, q, g, rows, n_sel, o1, s1, NULL);
                     if (q8i) { /* against f32 weighted sums of the integer scores */
                         (simd ? attn_scores : attn_scores_ref)(&f.q8, q, g, rows, n_sel, s1);
                         attn_softmax_weighted_sum_ref(&f.f32, s1, g, rows, n_sel, o2, NULL);
                         CHECK(wsum_within(o1, o2, s1, g, f.Vq, d, rows, n_sel), "%s %s: integer gather group", k, what);
                     } else {
-                        (simd ? attn_gather_group : attn_gather_group_ref)(&f.f32, q, g, rows, n_sel, o2, s2);
+                        (simd ? attn_gather_group : attn_gather_group_ref)(&f.f32, q, g, rows, n_sel, o2, s2, NULL);
                         CHECK(rel_err(o1, o2, g * d) <= tol, "%s %s: gather group", k, what);
                     }
                 }

@@ -268,7 +268,7 @@ void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out,
 {
     const int parts = attn_dense_parts(kv->S);
     if (parts == 1) {
-        attn_gather_group(kv, q, g, NULL, kv->S, out, scratch);
+        attn_gather_group(kv, q, g, NULL, kv->S, out, scratch, NULL);
         return;
     }
     /* The scores of a part (< 2 ATTN_PART positions) take the front of the
@@ -285,9 +285,9 @@ void attn_dense_group(const attn_kv_view *kv, const float *q, int g, float *out,
 }
 
 void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
-                       const int32_t *sel, int64_t n_sel, float *out, float *scratch)
+                       const int32_t *sel, int64_t n_sel, float *out, float *scratch, float *lse)
 {
-    K()->gather_group(kv, q, g, sel, n_sel, out, scratch);
+    K()->gather_group(kv, q, g, sel, n_sel, out, scratch, lse);
 }
 
 void attn_sum_heads(const float *x, int g, int64_t n, float *out)

@@ -191,9 +191,11 @@ void attn_merge_part(int g, int d, float *out, float *lse, const float *part_out
                      const float *part_lse);
 
 /* Gathered attention over positions sel[0..n_sel) (any order):
- * out[h] = softmax(q_h . K[sel] / sqrt(d)) V[sel]; scratch >= g*n_sel. */
+ * out[h] = softmax(q_h . K[sel] / sqrt(d)) V[sel]; scratch >= g*n_sel.
+ * lse (NULL: not wanted) gets each head's log-sum-exp of its scores, -inf
+ * over no rows (attn_merge_part). */
 void attn_gather_group(const attn_kv_view *kv, const float *q, int g,
-                       const int32_t *sel, int64_t n_sel, float *out, float *scratch);
+                       const int32_t *sel, int64_t n_sel, float *out, float *scratch, float *lse);
 
 /* O(S) selection of the k largest values of x[0..n) (k <= n): writes their
  * indices to idx[0..k) in no particular order. Ties broken toward the lower

@@ -12,6 +12,7 @@
 #ifndef SPARQ_ATTN_KERNELS_H
 #define SPARQ_ATTN_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -36,6 +37,15 @@ static inline uint32_t attn_topk_key(float v)
 
 /* Positions per block of attn_kt_exp's running maximum. */
 enum { ATTN_EXP_BLOCK = 256 };
+
+/* attn_gather_group over no rows: out 0, and lse (unless NULL) -inf, which
+ * attn_merge_part gives no weight. */
+static inline void attn_gather_none(int g, int d, float *out, float *lse)
+{
+    memset(out, 0, (size_t)g * d * sizeof *out);
+    if (lse)
+        for (int h = 0; h < g; h++) lse[h] = -INFINITY;
+}
 
 /* ---- integer kernels for Q8_0 caches (attn_kernels_q8i_*.c) ------------
  * A Q8_0 cache whose head size is a multiple of 64 is read in integers:
@@ -108,7 +118,7 @@ void attn_kt_logits_ref(const attn_kv_view *kv, const float *qs, const int32_t *
 /* attn_gather_group's twins: _ref runs the scores and softmax_weighted_sum
  * _ref kernels; _avx2 and _avx512 their own level's. */
 void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
-                           const int32_t *sel, int64_t n_sel, float *out, float *scratch);
+                           const int32_t *sel, int64_t n_sel, float *out, float *scratch, float *lse);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define ATTN_HAVE_AVX512 1
 #endif
@@ -132,7 +142,7 @@ void attn_weighted_sum_avx512(const attn_kv_view *kv, const float *w, int g,
 void attn_kt_logits_avx512(const attn_kv_view *kv, const float *qs, const int32_t *comp,
                            int r, int g, int64_t n, float *s);
 void attn_gather_group_avx512(const attn_kv_view *kv, const float *q, int g,
-                              const int32_t *sel, int64_t n_sel, float *out, float *scratch);
+                              const int32_t *sel, int64_t n_sel, float *out, float *scratch, float *lse);
 int64_t attn_topk_filter_avx2(const float *x, int64_t n, float t, int32_t *idx, uint32_t *key);
 int64_t attn_topk_partition_avx2(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out,
                                  int64_t *n_lo);
@@ -153,7 +163,7 @@ void attn_weighted_sum_avx2(const attn_kv_view *kv, const float *w, int g,
 void attn_kt_logits_avx2(const attn_kv_view *kv, const float *qs, const int32_t *comp,
                          int r, int g, int64_t n, float *s);
 void attn_gather_group_avx2(const attn_kv_view *kv, const float *q, int g,
-                            const int32_t *sel, int64_t n_sel, float *out, float *scratch);
+                            const int32_t *sel, int64_t n_sel, float *out, float *scratch, float *lse);
 
 /* One level's kernel building blocks (attn.h's un-suffixed functions call
  * through the table of the level running). */
@@ -174,7 +184,7 @@ typedef struct attn_kernels {
     int64_t (*topk_above)(const uint32_t *key, const int32_t *pos, int64_t m, uint32_t t, int32_t *idx);
     int64_t (*topk_partition)(const uint32_t *key, int64_t m, uint32_t p, uint32_t *out, int64_t *n_lo);
     void (*gather_group)(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t n_sel,
-                         float *out, float *scratch);
+                         float *out, float *scratch, float *lse);
 } attn_kernels;
 extern const attn_kernels attn_kernels_ref, attn_kernels_avx2, attn_kernels_avx512;
 /* ARM64: attn_kernels_neon.c's two builds (Makefile) */

@@ -787,10 +787,10 @@ uint32_t attn_topk_kth_key_avx2(const uint32_t *key, int64_t m, int64_t k)
  * AVX-512 twin: gathered V rows are requested into L2 while the scores
  * pass waits on K, so the second pass finds them there. */
 void attn_gather_group_avx2(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t n_sel,
-                            float *out, float *scratch)
+                            float *out, float *scratch, float *lse)
 {
     if (n_sel <= 0) {
-        memset(out, 0, (size_t)g * kv->d * sizeof *out);
+        attn_gather_none(g, kv->d, out, lse);
         return;
     }
     /* V rows requested during the scores pass: up to 512 KiB, which stays in L2 */
@@ -800,7 +800,7 @@ void attn_gather_group_avx2(const attn_kv_view *kv, const float *q, int g, const
     else if (kv->elem == KV_Q8_0) scores_avx2(kv, q, g, sel, n_sel, scratch, v_rows, KQ8);
     else if (kv->elem == KV_F16) scores_avx2(kv, q, g, sel, n_sel, scratch, v_rows, 1);
     else scores_avx2(kv, q, g, sel, n_sel, scratch, v_rows, 0);
-    attn_softmax_weighted_sum_avx2(kv, scratch, g, sel, n_sel, out, NULL);
+    attn_softmax_weighted_sum_avx2(kv, scratch, g, sel, n_sel, out, lse);
 }
 
 const attn_kernels attn_kernels_avx2 = {

@@ -233,14 +233,14 @@ void NEON_TWIN(attn_softmax_weighted_sum)(const attn_kv_view *kv, const float *s
 }
 
 void NEON_TWIN(attn_gather_group)(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t n_sel,
-                                  float *out, float *scratch)
+                                  float *out, float *scratch, float *lse)
 {
     if (n_sel <= 0) {
-        memset(out, 0, (size_t)g * kv->d * sizeof *out);
+        attn_gather_none(g, kv->d, out, lse);
         return;
     }
     NEON_TWIN(attn_scores)(kv, q, g, sel, n_sel, scratch);
-    NEON_TWIN(attn_softmax_weighted_sum)(kv, scratch, g, sel, n_sel, out, NULL);
+    NEON_TWIN(attn_softmax_weighted_sum)(kv, scratch, g, sel, n_sel, out, lse);
 }
 
 /* ---- SparQ's K^T scans ---------------------------------------------------- */

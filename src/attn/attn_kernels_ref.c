@@ -205,14 +205,14 @@ uint32_t attn_topk_kth_key_ref(const uint32_t *key, int64_t m, int64_t k)
 /* ---- gather and the reference table ---------------------------------------- */
 
 void attn_gather_group_ref(const attn_kv_view *kv, const float *q, int g,
-                           const int32_t *sel, int64_t n_sel, float *out, float *scratch)
+                           const int32_t *sel, int64_t n_sel, float *out, float *scratch, float *lse)
 {
     if (n_sel <= 0) {
-        memset(out, 0, (size_t)g * kv->d * sizeof *out);
+        attn_gather_none(g, kv->d, out, lse);
         return;
     }
     attn_scores_ref(kv, q, g, sel, n_sel, scratch);
-    attn_softmax_weighted_sum_ref(kv, scratch, g, sel, n_sel, out, NULL);
+    attn_softmax_weighted_sum_ref(kv, scratch, g, sel, n_sel, out, lse);
 }
 
 const attn_kernels attn_kernels_ref = {

@@ -410,7 +410,7 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
         for (int64_t t = 0; t < l; t++) s.sel[k - l + t] = (int32_t)(S - l + t);
 
         /* 4. exact attention over the selection */
-        attn_gather_group(kv, q, g, s.sel, k, out, s.w);
+        attn_gather_group(kv, q, g, s.sel, k, out, s.w, NULL);
 
         /* 5. alpha: the approximate mass selected (sparq_alpha) */
         for (int h = 0; h < g; h++)

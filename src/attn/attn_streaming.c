@@ -53,7 +53,7 @@ static int streaming_attend(void *state, const sparq_attn_params *p, const attn_
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *kv;
     v.meter = &m;
-    attn_gather_group(&v, q, g, sel, k, out, step->scratch->f);
+    attn_gather_group(&v, q, g, sel, k, out, step->scratch->f, NULL);
     if (step->counts) { /* measured by the kernels */
         step->counts->read += attn_meter_total(&m);
         step->counts->written += 2 * (int64_t)kv->d;
