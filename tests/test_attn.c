@@ -1144,9 +1144,11 @@ static void check_case(const case_data *c, const char *tag)
     }
     /* sparq: a few (r, k, l, select, realloc) per shape */
     const int rs[] = { 1, d / 4 > 0 ? d / 4 : 1, d };
-    const int kl[][2] = { { 1, 0 }, { 16, 4 }, { 16, 0 }, { 128, 32 }, { 4, 4 } };
+    /* k = 2000: the selection spans every part of a long step (and is all
+     * of a short one) */
+    const int kl[][2] = { { 1, 0 }, { 16, 4 }, { 16, 0 }, { 128, 32 }, { 4, 4 }, { 2000, 500 } };
     for (size_t a = 0; a < 3; a++)
-        for (size_t b = 0; b < 5; b++)
+        for (size_t b = 0; b < 6; b++)
             for (int variant = 0; variant < 3; variant++) {
                 const int r = rs[a], k = kl[b][0], l = kl[b][1];
                 if (variant && !(a == 1 && b == 1)) continue; /* variants on one setting */
@@ -1732,6 +1734,69 @@ static void test_identities(void)
 /* A cache without K^T or a running V sum: SparQ still computes the same
  * (K columns instead of K^T rows, V summed on the spot) and counts the
  * extra reads. */
+/* The staged protocol of a policy's long steps (attn.h: n_parts, select,
+ * attend_part, finish) gives exactly what its attend gives, in whatever
+ * order the caller runs the parts (the model's threads take them in any
+ * order): here last part first. SparQ with K^T and without (K columns
+ * read), select_logits, no_realloc, k >= S (dense attention's parts), and
+ * dense itself; the counts agree too. */
+static void test_staged_parts(void)
+{
+    rng r = { 41 };
+    const int d = 64, g = 3;
+    const int64_t S = 3 * ATTN_PART + 100;
+    case_data c;
+    case_make(&c, &r, S, d, g, KV_F32);
+    float *KT = malloc((size_t)d * S * sizeof *KT), *vsum = calloc((size_t)d, sizeof *vsum);
+    for (int64_t i = 0; i < S; i++)
+        for (int j = 0; j < d; j++) {
+            KT[(size_t)j * S + i] = c.K[i * d + j];
+            vsum[j] += c.V[i * d + j];
+        }
+    struct { const char *policy; int r, k, l, logits, no_realloc, with_kt; } cases[] = {
+        { "sparq", 16, 2000, 250, 0, 0, 1 }, { "sparq", 8, 3000, 0, 1, 0, 1 }, { "sparq", 16, 1100, 100, 0, 0, 0 },
+        { "sparq", 4, 1600, 16, 0, 1, 1 }, { "sparq", 16, 1 << 20, 0, 0, 0, 1 }, { "dense", 0, 0, -1, 0, 0, 1 },
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        sparq_attn_params p = params(cases[t].policy, cases[t].r, cases[t].k, cases[t].l);
+        p.select_logits = cases[t].logits;
+        p.no_realloc = cases[t].no_realloc;
+        const attn_policy *pol = attn_policy_find(p.policy);
+        char err[128];
+        CHECK(pol->resolve(&p, d, err, sizeof err) == 0, "resolve: %s", err);
+        enum { MAX_PARTS = 8 };
+        const int parts = pol->n_parts(&p, S);
+        CHECK(parts > 1 && parts <= MAX_PARTS, "%s k=%d: %d parts at S = %lld", p.policy, p.k, parts,
+              (long long)S);
+        if (parts <= 1 || parts > MAX_PARTS) continue;
+        const size_t nf = attn_pad16(pol->scratch_floats(&p, S, d, g));
+        const size_t ns = pol->shared_floats ? pol->shared_floats(&p, S, d, g) : 0;
+        attn_scratch scr = { aligned_alloc(64, nf * 4), nf, aligned_alloc(64, nf * 4), NULL, 0 };
+        float *shared = ns ? malloc(ns * sizeof *shared) : NULL;
+        float want[3 * 64], got[3 * 64], part[MAX_PARTS][3 * 64 + 3];
+        attn_kv_view kv = { S, d, KV_F32, c.K, c.V, cases[t].with_kt ? KT : NULL, S, vsum, NULL, NULL, 0, 0 };
+        attn_counts cw = { 0, 0 }, cg = { 0, 0 };
+        CHECK(pol->attend(NULL, &p, &(attn_step){ 0, 0, &kv, c.q, g, want, &scr, &cw, NULL }) == 0, "attend");
+        int ok = 1;
+        if (pol->select)
+            ok &= pol->select(NULL, &p, &(attn_step){ 0, 0, &kv, c.q, g, NULL, &scr, &cg, NULL }, shared) == 0;
+        for (int q = parts - 1; q >= 0; q--)
+            ok &= pol->attend_part(NULL, &p, &(attn_step){ 0, 0, &kv, c.q, g, part[q], &scr, &cg, NULL }, q,
+                                   part[q] + g * d, shared) == 0;
+        memcpy(got, part[0], sizeof got);
+        for (int q = 1; q < parts; q++) attn_merge_part(g, d, got, part[0] + g * d, part[q], part[q] + g * d);
+        if (pol->finish) pol->finish(NULL, &p, &(attn_step){ 0, 0, &kv, c.q, g, got, &scr, &cg, NULL }, shared);
+        CHECK(ok && memcmp(got, want, sizeof got) == 0, "%s r=%d k=%d logits=%d K^T=%d: staged parts != attend",
+              p.policy, p.r, p.k, p.select_logits, cases[t].with_kt);
+        CHECK(cg.read == cw.read && cg.written == cw.written,
+              "%s k=%d: staged counts %lld + %lld, attend %lld + %lld", p.policy, p.k, (long long)cg.read,
+              (long long)cg.written, (long long)cw.read, (long long)cw.written);
+        free(scr.f); free(scr.i); free(shared);
+    }
+    free(KT); free(vsum);
+    case_free(&c);
+}
+
 static void test_sparq_fallbacks(void)
 {
     rng r = { 23 };
@@ -1997,6 +2062,7 @@ int main(void)
     test_kt_exp_no_subnormal();
     test_kt_split();
     test_policies_naive();
+    test_staged_parts();
     test_h2o_steps();
     test_golden();
     test_identities();

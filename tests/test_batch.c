@@ -353,9 +353,15 @@ static void check_model(const char *path, const char *label)
  * k >= S runs the same parts one after the other inside attn_dense_group:
  * a step at depth >= 2 ATTN_PART must give the same bits on 1 or 2 threads,
  * alone or in a batch, and as that SparQ, for f16 and q8_0 caches
- * (head size 64: the q8_0 integer kernels). The caches hold seeded random
- * keys and values (sparq_context_fill_random): no prefill of 9k tokens. */
-static void check_long_parts(const char *path)
+ * (head size 64: the q8_0 integer kernels; F32 weights, so that an ulp
+ * of attention reaches the logits instead of vanishing in a Q8_0
+ * activation's rounding). With sparq_k, SparQ with that
+ * k instead: alone, the model runs its step in stages (one select a head,
+ * then the gathers in parts on every thread); in a batch of four, each
+ * head whole (attend, the parts in turn): the same bits either way, on 1
+ * or 2 threads. The caches hold seeded random keys and values
+ * (sparq_context_fill_random): no prefill of 9k tokens. */
+static void check_long_parts(const char *path, int sparq_k)
 {
     char err[256];
     sparq_model *m = NULL;
@@ -365,56 +371,66 @@ static void check_long_parts(const char *path)
     }
     const int V = sparq_model_n_vocab(m);
     const int64_t depth = 3 * 4096 + 777; /* three parts: merge order matters */
+    /* 0: alone, its parts on 2 threads; 1: on 1 thread; 2..2+nb: a batch
+     * (SparQ: of four, whose 8 KV heads on 2 threads take one task each,
+     * where one sequence's 2 are staged); dense only, last: SparQ with
+     * k >= S, which runs the parts one after the other inside
+     * attn_dense_group (so the threads' merge is checked against the plain
+     * one, not only against itself) */
+    enum { MAX_CTX = 7 };
+    const int nb = sparq_k ? 4 : 2, n_ctx = 2 + nb + (sparq_k ? 0 : 1);
     for (int kt = 0; kt < 2; kt++) {
-        /* 0: dense, its parts on 2 threads; 1: on 1 thread; 2, 3: a batch of
-         * two; 4: SparQ with k >= S, which runs the parts one after the
-         * other inside attn_dense_group (so the threads' merge is checked
-         * against the plain one, not only against itself) */
-        sparq_context *c[5] = { 0 };
-        const int threads[5] = { 2, 1, 2, 2, 2 };
+        sparq_context *c[MAX_CTX] = { 0 };
         int ok = 1;
-        for (int i = 0; i < 5 && ok; i++) {
+        for (int i = 0; i < n_ctx && ok; i++) {
             sparq_context_params cp = sparq_context_default_params();
             cp.n_ctx = 16384;
-            cp.n_threads = threads[i];
+            cp.n_threads = i == 1 ? 1 : 2;
             cp.kv_type = kt ? SPARQ_KV_Q8_0 : SPARQ_KV_F16;
-            if (i == 4) {
+            if (sparq_k) { /* SparQ's staged step: one select a head, then its gathers in parts */
+                cp.attn.policy = "sparq";
+                cp.attn.k = sparq_k;
+            } else if (i == 2 + nb) {
                 cp.attn.policy = "sparq";
                 cp.attn.k = 1 << 20;
             }
+            /* the batch's others at other depths */
+            const int64_t dp = i > 2 && i < 2 + nb ? depth + 100 * (i - 2) : depth;
             ok = sparq_context_create(m, &cp, &c[i], err, sizeof err) == 0 &&
-                 sparq_context_fill_random(c[i], i == 3 ? depth + 100 : depth, 11) == 0;
+                 sparq_context_fill_random(c[i], dp, 11 + (i > 2 && i < 2 + nb ? i : 0)) == 0;
             CHECK(ok, "long context %d: %s", i, err);
         }
         float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
-        float *bt = malloc((size_t)2 * V * sizeof *bt);
+        float *bt = malloc((size_t)nb * V * sizeof *bt);
         if (ok && a && b && bt) {
             int same_threads = 1, same_batch = 1, same_sparq = 1;
             for (int step = 0; step < 3; step++) {
-                const int32_t tok = 5 + 7 * step, toks[2] = { tok, 9 };
-                sparq_context *pair[2] = { c[2], c[3] };
+                const int32_t tok = 5 + 7 * step, toks[4] = { tok, 9, 11, 13 };
                 if (sparq_eval(c[0], &tok, 1, a) || sparq_eval(c[1], &tok, 1, b) ||
-                    sparq_decode_batch(pair, toks, 2, bt)) {
+                    sparq_decode_batch(c + 2, toks, nb, bt)) {
                     CHECK(0, "long decode step %d failed", step);
                     break;
                 }
                 same_threads &= memcmp(a, b, (size_t)V * sizeof *a) == 0;
                 same_batch &= memcmp(a, bt, (size_t)V * sizeof *a) == 0;
-                if (sparq_eval(c[4], &tok, 1, b)) {
+                if (sparq_k) continue;
+                if (sparq_eval(c[2 + nb], &tok, 1, b)) {
                     CHECK(0, "long SparQ step %d failed", step);
                     break;
                 }
                 same_sparq &= memcmp(a, b, (size_t)V * sizeof *a) == 0;
             }
-            CHECK(same_sparq, "%s cache, depth %lld: dense in parts on threads = SparQ k >= S (parts in turn)",
+            const char *what = sparq_k ? "SparQ" : "dense";
+            if (!sparq_k)
+                CHECK(same_sparq, "%s cache, depth %lld: dense in parts on threads = SparQ k >= S (parts in turn)",
+                      kt ? "q8_0" : "f16", (long long)depth);
+            CHECK(same_threads, "%s %s cache, depth %lld: same logits on 1 and 2 threads", what,
                   kt ? "q8_0" : "f16", (long long)depth);
-            CHECK(same_threads, "%s cache, depth %lld: same logits on 1 and 2 threads", kt ? "q8_0" : "f16",
-                  (long long)depth);
-            CHECK(same_batch, "%s cache, depth %lld: same logits alone and in a batch", kt ? "q8_0" : "f16",
-                  (long long)depth);
+            CHECK(same_batch, "%s %s cache, depth %lld: same logits alone and in a batch of %d", what,
+                  kt ? "q8_0" : "f16", (long long)depth, nb);
         }
         free(a); free(b); free(bt);
-        for (int i = 0; i < 5; i++) sparq_context_free(c[i]);
+        for (int i = 0; i < MAX_CTX; i++) sparq_context_free(c[i]);
     }
     sparq_model_free(m);
 }
@@ -449,11 +465,12 @@ int main(void)
     /* the long-step parts, on a model whose head size takes the q8_0 integer kernels */
     snprintf(path, sizeof path, "/tmp/sparq_test_batch_long_%d.gguf", (int)getpid());
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%.900s gen-model --shape tiny-d64 --type Q8_0 --seed 3 -c 16384 -o %.900s >/dev/null 2>&1",
+    snprintf(cmd, sizeof cmd, "%.900s gen-model --shape tiny-d64 --type F32 --seed 3 -c 16384 -o %.900s >/dev/null 2>&1",
              bin, path);
     const int st = system(cmd);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "gen-model tiny-d64");
-    check_long_parts(path);
+    check_long_parts(path, 0);
+    check_long_parts(path, 1024);
     unlink(path);
 
     static const struct { const char *shape, *type; } gens[] = {

@@ -147,7 +147,17 @@ typedef struct attn_policy {
      * caller); merging every part must give exactly attend's output. */
     int  (*n_parts)(const sparq_attn_params *p, int64_t S);
     int  (*attend_part)(void *state, const sparq_attn_params *p, const attn_step *step, int part,
-                        float *lse);
+                        float *lse, const float *shared);
+    /* Optional, all three together, for a step whose parts need one
+     * decision over every position first (SparQ's top-k). The caller keeps
+     * shared_floats(p, S, d, g) floats per (sequence, KV head) for the
+     * step, calls select once, then attend_part for every part (any order,
+     * any thread) with the same shared, merges the parts in order and calls
+     * finish on the merged step->out. Without them attend_part gets
+     * shared = NULL. */
+    size_t (*shared_floats)(const sparq_attn_params *p, int64_t S, int d, int g);
+    int  (*select)(void *state, const sparq_attn_params *p, const attn_step *step, float *shared);
+    void (*finish)(void *state, const sparq_attn_params *p, const attn_step *step, const float *shared);
 } attn_policy;
 
 /* Registry lookup by name; NULL if unknown. */

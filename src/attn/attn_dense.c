@@ -55,8 +55,9 @@ static int dense_n_parts(const sparq_attn_params *p, int64_t S)
 }
 
 static int dense_attend_part(void *state, const sparq_attn_params *p, const attn_step *step, int part,
-                             float *lse)
+                             float *lse, const float *shared)
 {
+    (void)shared;
     const attn_kv_view *kv = step->kv;
     const float *q = step->q;
     int g = step->g;

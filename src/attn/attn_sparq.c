@@ -47,6 +47,7 @@
 #include "util/err.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -100,6 +101,7 @@ typedef struct sparq_scratch {
     float   *qs;    /* [g][r] q_h[i1] / tau_h                              */
     float   *absq;  /* [d] sum_h |q_h|                                     */
     float   *alpha; /* [g]                                                 */
+    float   *merge; /* [g*d + 2g] a gather part's out and lse, the running lse */
     int32_t *work;  /* top-k work: attn_topk_work(max(S, d))               */
     int32_t *sel;   /* [k]                                                 */
     int32_t *i1;    /* [d]                                                 */
@@ -130,6 +132,7 @@ static sparq_scratch sparq_layout(float *f, int32_t *iw, const sparq_attn_params
     s.qs = f ? f + o : NULL;    o += attn_pad16((size_t)g * d);
     s.absq = f ? f + o : NULL;  o += attn_pad16((size_t)d);
     s.alpha = f ? f + o : NULL; o += attn_pad16((size_t)g);
+    s.merge = f ? f + o : NULL; o += attn_pad16((size_t)g * d + 2 * (size_t)g);
     s.H = s.xw = NULL;
     if (ad) { /* doubles in 64-byte aligned float slots */
         s.H = f ? (double *)(void *)(f + o) : NULL;  o += attn_pad16(2 * (size_t)g);
@@ -158,24 +161,26 @@ static size_t sparq_scratch_floats(const sparq_attn_params *p, int64_t S, int d,
     return s.n_f > s.n_i ? s.n_f : s.n_i;
 }
 
-/* Steps 1-2 input: i1 and the pre-scaled query components qs[h][c]. */
-static void sparq_components(const float *q, int g, int d, int r, sparq_scratch *s)
+/* Steps 1-2 input: i1[r] and the pre-scaled query components qs[g][r];
+ * absq: d floats, work: attn_topk_work(d). */
+static void sparq_components(const float *q, int g, int d, int r, float *absq, int32_t *i1, float *qs,
+                             int32_t *work)
 {
     for (int j = 0; j < d; j++) {
         float a = 0;
         for (int h = 0; h < g; h++) a += fabsf(q[h * d + j]);
-        s->absq[j] = a;
+        absq[j] = a;
     }
-    attn_topk_indices(s->absq, d, r, s->i1, s->work);
+    attn_topk_indices(absq, d, r, i1, work);
     for (int h = 0; h < g; h++) {
         const float *qh = q + (size_t)h * d;
         float l1 = 0, l1_sel = 0;
         for (int j = 0; j < d; j++) l1 += fabsf(qh[j]);
-        for (int c = 0; c < r; c++) l1_sel += fabsf(qh[s->i1[c]]);
+        for (int c = 0; c < r; c++) l1_sel += fabsf(qh[i1[c]]);
         /* tau -> 0 (the head is zero on i1) would make 0/0 logits: use
          * uniform scores instead, which is their limit for a zero query. */
         const float inv_tau = l1_sel > 0 ? 1.0f / sqrtf((float)d * l1_sel / l1) : 0.0f;
-        for (int c = 0; c < r; c++) s->qs[h * r + c] = qh[s->i1[c]] * inv_tau;
+        for (int c = 0; c < r; c++) qs[h * r + c] = qh[i1[c]] * inv_tau;
     }
 }
 
@@ -349,6 +354,185 @@ static int64_t adaptive_attend(const attn_kv_view *kv, const sparq_attn_params *
     return u;
 }
 
+/* ---- long steps in parts ------------------------------------------------------
+ * Step 4 of a step over S >= 2 * ATTN_PART positions reads its k rows in
+ * sparq_gather_parts(p, S) parts of about SPARQ_GATHER_ROWS rows each (the
+ * selection in its own order, an equal count each), merged in order by
+ * their log-sum-exp; the model runs steps 1-3 and alpha (select) as one
+ * task per KV head, the parts as tasks on every thread, then step 5
+ * (finish) after the merge, so that a layer whose few KV heads would idle
+ * threads (smollm2's 3 on 2 cores: a third of every layer) shares the
+ * gathers instead. Steps 1-3 stay whole: their scores live in the thread's
+ * scratch, where a split would move g x S floats a head between threads.
+ * sparq_attend reads the same parts in turn, so a step gives the same bits
+ * on any number of threads, alone or in a batch. With k >= S (and not
+ * select_always) the parts are dense attention's (attn_dense_part), which
+ * attn_dense_group merges in the same order. */
+enum { SPARQ_GATHER_ROWS = 512, SPARQ_GATHER_PARTS_MAX = 64 };
+
+static int sparq_everything(const sparq_attn_params *p, int64_t S)
+{
+    return p->k >= S && !p->select_always;
+}
+
+static int sparq_gather_parts(const sparq_attn_params *p, int64_t S)
+{
+    if (p->adaptive_k || S < 2 * ATTN_PART) return 1;
+    const int64_t k = p->k < S ? p->k : S, n = k / SPARQ_GATHER_ROWS;
+    return n < 1 ? 1 : n > SPARQ_GATHER_PARTS_MAX ? SPARQ_GATHER_PARTS_MAX : (int)n;
+}
+
+static int sparq_n_parts(const sparq_attn_params *p, int64_t S)
+{
+    if (p->adaptive_k) return 1;
+    return sparq_everything(p, S) ? attn_dense_parts(S) : sparq_gather_parts(p, S);
+}
+
+/* Rows [j0, j1) of the selection's k: part `part` of `parts`. */
+static void gather_part_range(int64_t k, int parts, int part, int64_t *j0, int64_t *j1)
+{
+    *j0 = k * part / parts;
+    *j1 = k * (part + 1) / parts;
+}
+
+/* Step 4: out[g][d] over sel[0..k) in `parts` parts merged in order (one:
+ * the plain gather). w: the gather's scores, merge: g*d + 2g floats. */
+static void sparq_gather(const attn_kv_view *kv, const float *q, int g, const int32_t *sel, int64_t k,
+                         int parts, float *out, float *w, float *merge)
+{
+    if (parts == 1) {
+        attn_gather_group(kv, q, g, sel, k, out, w, NULL);
+        return;
+    }
+    const int d = kv->d;
+    float *part_out = merge, *part_lse = merge + (size_t)g * d, *lse = part_lse + g;
+    for (int part = 0; part < parts; part++) {
+        int64_t j0, j1;
+        gather_part_range(k, parts, part, &j0, &j1);
+        attn_gather_group(kv, q, g, sel + j0, j1 - j0, part ? part_out : out, w, part ? part_lse : lse);
+        if (part) attn_merge_part(g, d, out, lse, part_out, part_lse);
+    }
+}
+
+/* Step 5: out = alpha out + (1 - alpha) v_sum / S per head (vmean: d floats). */
+static void sparq_realloc(const attn_kv_view *kv, const sparq_attn_params *p, int g, const float *alpha,
+                          float *out, float *vmean)
+{
+    if (p->no_realloc) return;
+    const int d = kv->d;
+    mean_value(kv, vmean);
+    for (int h = 0; h < g; h++)
+        for (int j = 0; j < d; j++) out[h * d + j] = alpha[h] * out[h * d + j] + (1.0f - alpha[h]) * vmean[j];
+}
+
+/* Steps 2-3 and alpha (not adaptive_k, not everything), after step 1
+ * (s->qs, s->i1): s->sel[0..k) and s->alpha[g], in s's scratch. */
+static void sparq_choose(const attn_kv_view *kv, const sparq_attn_params *p, int g, sparq_scratch *s)
+{
+    const int64_t S = kv->S;
+    const int r = p->r;
+    const int64_t k = p->k < S ? p->k : S, l = p->l < k ? p->l : k,
+                  nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
+    /* 2. approximate scores over all S positions: s_hat_h[i] =
+     * scale[h][block of i] * e[h][i], never stored whole */
+    float *lsum = p->select_logits ? s->score : NULL;
+    if (kv->KT) attn_kt_exp(kv, s->qs, s->i1, r, g, S, s->e, s->scale, lsum);
+    else exp_from_k(kv, s->qs, s->i1, r, g, S, s->e, s->scale, lsum);
+    if (!p->select_logits) attn_scaled_head_sum(s->e, s->scale, g, S, S - l, s->score);
+    /* 3. selection: top (k - l) of the older positions, then the window */
+    attn_topk_indices(s->score, S - l, k - l, s->sel, s->work);
+    for (int64_t t = 0; t < l; t++) s->sel[k - l + t] = (int32_t)(S - l + t);
+    /* 5. alpha: the approximate mass selected (sparq_alpha) */
+    for (int h = 0; h < g; h++)
+        s->alpha[h] = p->no_realloc || k >= S ? 1.0f
+                    : sparq_alpha(selected_mass(s->e + h * S, s->scale + h * nb, s->sel, k));
+}
+
+/* What a staged step's select leaves for its parts and finish. */
+typedef struct sparq_shared {
+    int32_t *sel;   /* [k]: the selection                     */
+    float   *alpha; /* [g]                                    */
+    size_t   n_f;
+} sparq_shared;
+
+static sparq_shared shared_layout(const float *f, const sparq_attn_params *p, int64_t S, int g)
+{
+    sparq_shared sh;
+    const size_t kk = (size_t)(p->k < S ? p->k : S);
+    float *w = (float *)(uintptr_t)f; /* read only where the caller's shared is const */
+    sh.alpha = w;
+    sh.sel = w ? (int32_t *)(void *)(w + attn_pad16((size_t)g)) : NULL; /* int32 in float slots */
+    sh.n_f = attn_pad16((size_t)g) + attn_pad16(kk);
+    return sh;
+}
+
+static size_t sparq_shared_floats(const sparq_attn_params *p, int64_t S, int d, int g)
+{
+    (void)d;
+    return shared_layout(NULL, p, S, g).n_f;
+}
+
+static void count(const attn_step *step, const attn_meter *m, int64_t written)
+{
+    if (!step->counts) return;
+    step->counts->read += attn_meter_total(m);
+    step->counts->written += written;
+}
+
+static int sparq_select(void *state, const sparq_attn_params *p, const attn_step *step, float *shared)
+{
+    const int64_t S = step->kv->S;
+    (void)state;
+    if (sparq_everything(p, S)) return 0;
+    sparq_scratch s = sparq_layout(step->scratch->f, step->scratch->i, p, S, step->kv->d, step->g);
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view v = *step->kv;
+    v.meter = &m;
+    sparq_components(step->q, step->g, step->kv->d, p->r, s.absq, s.i1, s.qs, s.work);
+    sparq_choose(&v, p, step->g, &s);
+    const sparq_shared sh = shared_layout(shared, p, S, step->g);
+    memcpy(sh.sel, s.sel, (size_t)(p->k < S ? p->k : S) * sizeof *sh.sel);
+    memcpy(sh.alpha, s.alpha, (size_t)step->g * sizeof *sh.alpha);
+    count(step, &m, 0);
+    return 0;
+}
+
+static int sparq_attend_part(void *state, const sparq_attn_params *p, const attn_step *step, int part,
+                             float *lse, const float *shared)
+{
+    const int64_t S = step->kv->S;
+    (void)state;
+    attn_meter m = { 0, 0, 0, 0 };
+    attn_kv_view v = *step->kv;
+    v.meter = &m;
+    if (sparq_everything(p, S)) {
+        attn_dense_part(&v, step->q, step->g, part, step->out, lse, step->scratch->f);
+    } else {
+        const sparq_shared sh = shared_layout(shared, p, S, step->g);
+        int64_t j0, j1;
+        gather_part_range(p->k < S ? p->k : S, sparq_gather_parts(p, S), part, &j0, &j1);
+        attn_gather_group(&v, step->q, step->g, sh.sel + j0, j1 - j0, step->out, step->scratch->f, lse);
+    }
+    count(step, &m, 0);
+    return 0;
+}
+
+static void sparq_finish(void *state, const sparq_attn_params *p, const attn_step *step, const float *shared)
+{
+    const int64_t S = step->kv->S;
+    const int d = step->kv->d;
+    (void)state;
+    attn_meter m = { 0, 0, 0, 0 };
+    if (sparq_everything(p, S)) {
+        count(step, &m, 2 * (int64_t)d);
+        return;
+    }
+    attn_kv_view v = *step->kv;
+    v.meter = &m;
+    sparq_realloc(&v, p, step->g, shared_layout(shared, p, S, step->g).alpha, step->out, step->scratch->f);
+    count(step, &m, 3 * (int64_t)d); /* k, v appended; v_sum updated (by the cache) */
+}
+
 static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step *step)
 {
     const attn_kv_view *kv = step->kv;
@@ -366,7 +550,7 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
     mv.meter = &m;
     kv = &mv;
 
-    sparq_components(q, g, d, r, &s);
+    sparq_components(q, g, d, r, s.absq, s.i1, s.qs, s.work);
     if (tr) {
         if (tr->i1) memcpy(tr->i1, s.i1, (size_t)r * sizeof *s.i1);
         tr->n_i1 = r;
@@ -388,43 +572,24 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
         goto done;
     }
 
-    /* 2. approximate scores over all S positions: s_hat_h[i] =
-     * scale[h][block of i] * e[h][i], never stored whole */
-    const int64_t k = p->k < S ? p->k : S, l = p->l < k ? p->l : k,
-                  nb = (S + ATTN_EXP_BLOCK - 1) / ATTN_EXP_BLOCK;
-    float *lsum = p->select_logits ? s.score : NULL;
-    if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
-    else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
-
+    const int64_t k = p->k < S ? p->k : S, l = p->l < k ? p->l : k;
     float *alpha = s.alpha;
     int64_t n_read = k; /* positions read in step 4 */
     if (p->adaptive_k) {
+        /* 2. approximate scores over all S positions, then adaptive_k's steps 3-4 */
+        float *lsum = p->select_logits ? s.score : NULL;
+        if (kv->KT) attn_kt_exp(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
+        else exp_from_k(kv, s.qs, s.i1, r, g, S, s.e, s.scale, lsum);
         n_read = adaptive_attend(kv, p, q, g, k, l, &s, out);
         if (p->no_realloc)
             for (int h = 0; h < g; h++) alpha[h] = 1.0f;
     } else {
-        if (!p->select_logits) attn_scaled_head_sum(s.e, s.scale, g, S, S - l, s.score);
-
-        /* 3. selection: top (k - l) of the older positions, then the window */
-        attn_topk_indices(s.score, S - l, k - l, s.sel, s.work);
-        for (int64_t t = 0; t < l; t++) s.sel[k - l + t] = (int32_t)(S - l + t);
-
+        sparq_choose(kv, p, g, &s); /* 2, 3 and alpha */
         /* 4. exact attention over the selection */
-        attn_gather_group(kv, q, g, s.sel, k, out, s.w, NULL);
-
-        /* 5. alpha: the approximate mass selected (sparq_alpha) */
-        for (int h = 0; h < g; h++)
-            alpha[h] = p->no_realloc || k >= S ? 1.0f
-                     : sparq_alpha(selected_mass(s.e + h * S, s.scale + h * nb, s.sel, k));
+        sparq_gather(kv, q, g, s.sel, k, sparq_gather_parts(p, S), out, s.w, s.merge);
     }
-    /* 5. mean-value reallocation */
-    if (!p->no_realloc) {
-        float *vmean = s.qs; /* qs is spent; reuse its >= d floats */
-        mean_value(kv, vmean);
-        for (int h = 0; h < g; h++)
-            for (int j = 0; j < d; j++)
-                out[h * d + j] = alpha[h] * out[h * d + j] + (1.0f - alpha[h]) * vmean[j];
-    }
+    /* 5. mean-value reallocation (qs is spent; its >= d floats hold v_sum / S) */
+    sparq_realloc(kv, p, g, alpha, out, s.qs);
     cnt.written += 3 * d; /* k, v appended; v_sum updated (by the cache) */
     if (tr) {
         if (tr->sel) memcpy(tr->sel, s.sel, (size_t)n_read * sizeof *s.sel);
@@ -458,4 +623,9 @@ const attn_policy attn_policy_sparq = {
     .scratch_floats = sparq_scratch_floats,
     .attend = sparq_attend,
     .transfer_formula = sparq_transfer,
+    .n_parts = sparq_n_parts,
+    .attend_part = sparq_attend_part,
+    .shared_floats = sparq_shared_floats,
+    .select = sparq_select,
+    .finish = sparq_finish,
 };

@@ -74,6 +74,7 @@ static void run_state_free(run_state *rs)
     free(rs->x); free(rs->xn); free(rs->q); free(rs->k); free(rs->v); free(rs->att);
     free(rs->gate); free(rs->up); free(rs->rope_cs); free(rs->xq); free(rs->logits);
     free(rs->attn_scratch); free(rs->attn_iscratch); free(rs->colsum); free(rs->attn_parts);
+    free(rs->attn_shared); free(rs->attn_selected);
     memset(rs, 0, sizeof *rs);
 }
 
@@ -121,12 +122,20 @@ static int run_state_alloc(sparq_context *c, char *err, size_t err_size)
         rs->colsum = alloc_aligned((size_t)hp->n_kv_head * c->kv.cap * sizeof(float));
     /* parts of a long decode step (attn_policy.n_parts) at the longest */
     const int max_parts = c->policy->attend_part ? c->policy->n_parts(&c->params.attn, c->kv.cap) : 1;
+    rs->attn_max_parts = max_parts;
     if (max_parts > 1)
         rs->attn_parts = alloc_aligned((size_t)hp->n_kv_head * max_parts * ((size_t)g * hp->head_dim + g) *
                                        sizeof(float));
+    const int staged = max_parts > 1 && c->policy->select;
+    if (staged) {
+        rs->shared_floats = attn_pad16(c->policy->shared_floats(&c->params.attn, c->kv.cap, hp->head_dim, g));
+        rs->attn_shared = alloc_aligned((size_t)hp->n_kv_head * rs->shared_floats * sizeof(float));
+        rs->attn_selected = alloc_aligned((size_t)hp->n_kv_head * sizeof(int));
+    }
     if (!rs->x || !rs->xn || !rs->q || !rs->k || !rs->v || !rs->att || !rs->gate || !rs->up ||
         !rs->rope_cs || !rs->xq || !rs->logits || !rs->attn_scratch || !rs->attn_iscratch ||
-        ((c->policy->needs & ATTN_NEEDS_COLSUM) && !rs->colsum) || (max_parts > 1 && !rs->attn_parts)) {
+        ((c->policy->needs & ATTN_NEEDS_COLSUM) && !rs->colsum) || (max_parts > 1 && !rs->attn_parts) ||
+        (staged && (!rs->attn_shared || !rs->attn_selected))) {
         return err_set(err, err_size, "context: out of memory for scratch buffers (batch %d, ctx %lld)",
                        rs->n_batch, (long long)c->kv.cap);
     }

@@ -475,29 +475,102 @@ static int attend_prefill(sparq_context *c, int il, int64_t pos0, int n)
  * contexts at once (a batched step) or one. A policy that splits long
  * steps (attn_policy.n_parts) gets (KV head, part) tasks, merged per head
  * in order afterwards, which gives what its attend gives as a whole;
- * otherwise one task per KV head. The tasks of all contexts share the
- * threads (smollm2's 3 KV heads alone would idle one of 2 cores a third of
- * the time); a task computes the same on whichever thread runs it, so a
- * context's output does not depend on the others. Context i's query is in
- * its rs.q, its output goes to rs.att, its new token is at pos[i]; nt
- * threads, at most any context's n_threads (each has scratch for those).
- * Returns 0, or -1 with each failing context's first message in its error. */
+ * otherwise one task per KV head. A policy whose parts need one decision
+ * over every position first (select: SparQ's top-k) gets one select task
+ * per KV head ahead of all parts, and finish after the merge; a part waits
+ * only for its own head's select, so while one thread selects for the
+ * last head the others read the parts of the heads already selected. The
+ * tasks of all contexts share the threads (smollm2's 3 KV heads alone
+ * would idle one of 2 cores a third of the time); a task computes the
+ * same on whichever thread runs it, so a context's output does not depend
+ * on the others. Context i's query is in its rs.q, its output goes to
+ * rs.att, its new token is at pos[i]; nt threads, at most any context's
+ * n_threads (each has scratch for those). Returns 0, or -1 with each
+ * failing context's first message in its error. */
 enum { ATTEND_MANY_MAX = 256 }; /* contexts per call: sparq_decode_batch splits larger batches */
+
+/* Context c's step of KV head h at position pos (kv: its view), into out. */
+static attn_step decode_step(const sparq_context *c, int il, int h, const attn_kv_view *kv, float *out,
+                             attn_scratch *s, attn_counts *cnt)
+{
+    const int g = c->model->hp.n_head / c->model->hp.n_kv_head, d = c->model->hp.head_dim;
+    return (attn_step){ .layer = il, .kv_head = h, .kv = kv, .q = c->rs.q + (size_t)h * g * d, .g = g,
+                        .out = out, .scratch = s, .counts = cnt, .trace = NULL };
+}
+
+/* Spins a thread that waits for another's select (tens of us) */
+static inline void spin_pause(void)
+{
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void decode_failed(sparq_context *c, int *failed, int il, int h, const char *err)
+{
+#pragma omp critical(attend_decode_error)
+    if (!*failed) {
+        __atomic_store_n(failed, 1, __ATOMIC_RELAXED); /* parts of other heads read it as they start */
+        err_set(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %.200s", c->policy->name, il, h,
+                err[0] ? err : "failed");
+    }
+}
+
+/* Context c's select for KV head h at position pos, unless a thread has
+ * taken it already; with wait, returns only once it is done (the part
+ * calling reads what it leaves). Whichever thread comes first runs it, so
+ * no order of handing out the tasks can leave a part waiting on a select
+ * nobody runs. */
+static void select_once(sparq_context *c, int il, int h, int64_t pos, attn_scratch *s, int *failed,
+                        int64_t *read, int wait)
+{
+    int *state = &c->rs.attn_selected[h], idle = 0; /* 0 pending, 1 running, 2 done */
+    if (__atomic_compare_exchange_n(state, &idle, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        attn_kv_view kv;
+        attn_counts cnt = { 0, 0 };
+        kv_view(&c->kv, il, h, pos + 1, &kv);
+        const attn_step step = decode_step(c, il, h, &kv, NULL, s, &cnt);
+        s->err[0] = 0;
+        if (c->policy->select(c->policy_state, &c->params.attn, &step,
+                              c->rs.attn_shared + (size_t)h * c->rs.shared_floats))
+            decode_failed(c, failed, il, h, s->err);
+#pragma omp atomic
+        *read += cnt.read;
+        __atomic_store_n(state, 2, __ATOMIC_RELEASE);
+        return;
+    }
+    while (wait && __atomic_load_n(state, __ATOMIC_ACQUIRE) != 2) spin_pause();
+}
+
 static int attend_decode_many(sparq_context *const *cs, int nc, int il, const int64_t *pos, int nt, int exact)
 {
     assert(nc >= 1 && nc <= ATTEND_MANY_MAX);
     const model_hparams *hp = &cs[0]->model->hp;
     const int g = hp->n_head / hp->n_kv_head, d = hp->head_dim, n_kv = hp->n_kv_head;
     const size_t part_floats = (size_t)g * d + (size_t)g; /* a part's out[g][d], lse[g] */
-    int parts[ATTEND_MANY_MAX], failed[ATTEND_MANY_MAX];
-    int64_t first[ATTEND_MANY_MAX + 1], read[ATTEND_MANY_MAX], written[ATTEND_MANY_MAX];
-    first[0] = 0;
+    int parts[ATTEND_MANY_MAX], failed[ATTEND_MANY_MAX], staged[ATTEND_MANY_MAX];
+    int64_t first[ATTEND_MANY_MAX + 1], first_sel[ATTEND_MANY_MAX + 1];
+    int64_t read[ATTEND_MANY_MAX], written[ATTEND_MANY_MAX];
+    first[0] = first_sel[0] = 0;
+    /* A staged step pays for its selects running first, each a barrier to
+     * its head's parts (a batch of 16 sequences was ~2.5% slower that way);
+     * with 4 or more KV heads a thread the heads alone keep the threads
+     * busy, and attend gives the same bits in one task. */
+    const int stage = nc * n_kv < 4 * nt;
     for (int i = 0; i < nc; i++) {
-        const sparq_context *c = cs[i];
+        sparq_context *c = cs[i];
         parts[i] = !exact && c->rs.attn_parts ? c->policy->n_parts(&c->params.attn, pos[i] + 1) : 1;
+        /* attend computes what the parts do, in turn: SparQ with k >= S
+         * below the capacity can have more (dense) parts than room here */
+        if (parts[i] > c->rs.attn_max_parts || (parts[i] > 1 && c->policy->select && !stage)) parts[i] = 1;
+        staged[i] = parts[i] > 1 && c->policy->select;
         first[i + 1] = first[i] + (int64_t)n_kv * parts[i];
+        first_sel[i + 1] = first_sel[i] + (staged[i] ? n_kv : 0);
         failed[i] = 0;
         read[i] = written[i] = 0;
+        if (staged[i]) memset(c->rs.attn_selected, 0, (size_t)n_kv * sizeof *c->rs.attn_selected);
     }
     /* Every task of a thread works in one scratch, the batch's largest (each
      * context sizes its own for its capacity and policy, and a larger one
@@ -510,19 +583,32 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
 #pragma omp parallel num_threads(nt)
     {
         char err[256] = "";
+        attn_scratch s = thread_scratch(big, omp_get_thread_num());
+        s.err = err;
+        s.err_size = sizeof err;
         /* Tasks handed out as threads free up: the tasks are alike, but the
          * threads are not (on a shared host one vCPU ran them ~30% slower,
-         * and a static half left the other waiting a quarter of the step) */
+         * and a static half left the other waiting a quarter of the step).
+         * The selects first, then every part, in one loop: a thread that
+         * finishes a select goes on to parts of heads already selected. */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < first[nc]; task++) {
+        for (int64_t task = 0; task < first_sel[nc] + first[nc]; task++) {
+            if (task < first_sel[nc]) {
+                int i = 0;
+                while (task >= first_sel[i + 1]) i++;
+                select_once(cs[i], il, (int)(task - first_sel[i]), pos[i], &s, &failed[i], &read[i], 0);
+                continue;
+            }
+            const int64_t pt = task - first_sel[nc];
             int i = 0;
-            while (task >= first[i + 1]) i++;
+            while (pt >= first[i + 1]) i++;
             sparq_context *c = cs[i];
-            attn_scratch s = thread_scratch(big, omp_get_thread_num());
+            const int t = (int)(pt - first[i]), h = t / parts[i], p = t % parts[i];
+            if (staged[i]) {
+                select_once(c, il, h, pos[i], &s, &failed[i], &read[i], 1);
+                if (__atomic_load_n(&failed[i], __ATOMIC_RELAXED)) continue; /* no selection to attend over */
+            }
             err[0] = 0;
-            s.err = err;
-            s.err_size = sizeof err;
-            const int t = (int)(task - first[i]), h = t / parts[i], p = t % parts[i];
             attn_kv_view kv;
             attn_counts cnt = { 0, 0 };
             kv_view(&c->kv, il, h, pos[i] + 1, &kv);
@@ -531,22 +617,16 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
             int rc = 0;
             if (exact) /* a one-token prefill chunk: attend_prefill_rows' computation */
                 attn_dense_group(&kv, c->rs.q + off, g, c->rs.att + off, s.f);
-            else {
-                const attn_step step = { .layer = il, .kv_head = h, .kv = &kv, .q = c->rs.q + off, .g = g,
-                                         .out = parts[i] > 1 ? po : c->rs.att + off, .scratch = &s,
-                                         .counts = &cnt, .trace = NULL };
-                rc = parts[i] > 1
-                    ? c->policy->attend_part(c->policy_state, &c->params.attn, &step, p, po + (size_t)g * d)
-                    : c->policy->attend(c->policy_state, &c->params.attn, &step);
+            else if (parts[i] > 1) {
+                const attn_step step = decode_step(c, il, h, &kv, po, &s, &cnt);
+                rc = c->policy->attend_part(c->policy_state, &c->params.attn, &step, p, po + (size_t)g * d,
+                                            staged[i] ? c->rs.attn_shared + (size_t)h * c->rs.shared_floats
+                                                       : NULL);
+            } else {
+                const attn_step step = decode_step(c, il, h, &kv, c->rs.att + off, &s, &cnt);
+                rc = c->policy->attend(c->policy_state, &c->params.attn, &step);
             }
-            if (rc) {
-#pragma omp critical(attend_decode_error)
-                if (!failed[i]) {
-                    failed[i] = 1;
-                    err_set(c->error, sizeof c->error, "attention (%s), layer %d, kv head %d: %.200s",
-                            c->policy->name, il, h, err[0] ? err : "failed");
-                }
-            }
+            if (rc) decode_failed(c, &failed[i], il, h, err);
 #pragma omp atomic
             read[i] += cnt.read;
 #pragma omp atomic
@@ -555,7 +635,7 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
 #pragma omp for schedule(static)
         for (int64_t ih = 0; ih < (int64_t)nc * n_kv; ih++) {
             const int i = (int)(ih / n_kv), h = (int)(ih % n_kv);
-            if (parts[i] == 1) continue;
+            if (parts[i] == 1 || failed[i]) continue;
             sparq_context *c = cs[i];
             float *p0 = c->rs.attn_parts + (size_t)h * parts[i] * part_floats;
             float *out = c->rs.att + (size_t)h * g * d, *lse = p0 + (size_t)g * d; /* part 0's, merged into */
@@ -563,6 +643,18 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
             for (int p = 1; p < parts[i]; p++) {
                 const float *pp = p0 + (size_t)p * part_floats;
                 attn_merge_part(g, d, out, lse, pp, pp + (size_t)g * d);
+            }
+            if (staged[i]) {
+                attn_kv_view kv;
+                attn_counts cnt = { 0, 0 };
+                kv_view(&c->kv, il, h, pos[i] + 1, &kv);
+                const attn_step step = decode_step(c, il, h, &kv, out, &s, &cnt);
+                c->policy->finish(c->policy_state, &c->params.attn, &step,
+                                  c->rs.attn_shared + (size_t)h * c->rs.shared_floats);
+#pragma omp atomic
+                read[i] += cnt.read;
+#pragma omp atomic
+                written[i] += cnt.written;
             }
         }
     }

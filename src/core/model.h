@@ -110,6 +110,12 @@ typedef struct run_state {
     float  *colsum;             /* [n_kv_head][n_ctx] for H2O, or NULL     */
     float  *attn_parts;         /* [n_kv_head][parts][g*hd + g] for a policy
                                  * that splits long steps (n_parts), or NULL */
+    int     attn_max_parts;     /* parts it has room for (n_parts at n_ctx) */
+    float  *attn_shared;        /* [n_kv_head][shared_floats] what a split
+                                 * step's select leaves its parts, or NULL */
+    size_t  shared_floats;      /* per KV head                             */
+    int    *attn_selected;      /* [n_kv_head] its select: 0 pending, 1
+                                 * running, 2 done (this layer's step)     */
 } run_state;
 
 struct sparq_context {
