@@ -555,7 +555,7 @@ static int attend_decode_many(sparq_context *const *cs, int nc, int il, const in
     int64_t read[ATTEND_MANY_MAX], written[ATTEND_MANY_MAX];
     first[0] = first_sel[0] = 0;
     /* A staged step pays for its selects running first, each a barrier to
-     * its head's parts (a batch of 16 sequences was ~2.5% slower that way);
+     * its head's parts (a batch of 16 sequences ran slower that way);
      * with 4 or more KV heads a thread the heads alone keep the threads
      * busy, and attend gives the same bits in one task. */
     const int stage = nc * n_kv < 4 * nt;

@@ -337,16 +337,18 @@ static int sched_reap(sched *q, double now)
             } else if (now > r->deadline) slot_finish(s, &q->slots[i], "length", 504, "request timed out");
         }
         if (r->state == REQ_DONE) {
+            q->slots[i].r = NULL;
+            s->n_active--;
+            pthread_mutex_unlock(&s->lock);
+            slot_release(s, &q->slots[i], i); /* publishes the cache it keeps (n_cache) */
+            pthread_mutex_lock(&s->lock);
+            /* idle in /slots only now: a client that sees the slot idle sees
+             * the cache it kept, not the 0 of the request that took it */
             if (s->slot_pub) {
                 s->slot_pub[i].r = NULL;
                 s->slot_pub[i].n_decoded = r->n_gen;
             }
             srv_request_release(r);
-            q->slots[i].r = NULL;
-            s->n_active--;
-            pthread_mutex_unlock(&s->lock);
-            slot_release(s, &q->slots[i], i);
-            pthread_mutex_lock(&s->lock);
             continue;
         }
         active++;

@@ -48,6 +48,18 @@ def call(base, path, body=None, method=None, raw=None):
         return e.code, json.loads(e.read())
 
 
+def idle_slots(base, timeout=10.0):
+    """/slots once no slot is processing: a reply can reach the client before
+    the server has released its slot and published the cache it kept."""
+    end = time.time() + timeout
+    while True:
+        st, slots = call(base, "/slots")
+        assert st == 200, slots
+        if not any(s["is_processing"] for s in slots) or time.time() > end:
+            return slots
+        time.sleep(0.01)
+
+
 def complete(base, prompt=PROMPT, **kw):
     body = {"prompt": prompt, "max_tokens": 12, "temperature": 0}
     body.update(kw)
@@ -100,7 +112,7 @@ def test_save_restore_round_trip(sparq_bin, model_path):
     with serve(sparq_bin, model_path, "--slot-save-path", d) as base:
         first = complete(base)
         assert first["usage"]["prompt_tokens"] == 40 and first["timings"]["cache_n"] == 0
-        st, slots = call(base, "/slots")
+        slots = idle_slots(base)
         sid = [s["id"] for s in slots if s["id_task"] == 0][0]
         n_cached = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1  # the last is not fed
         assert slots[sid]["sparq"]["n_cache"] == n_cached
@@ -117,8 +129,9 @@ def test_save_restore_round_trip(sparq_bin, model_path):
         again = complete(base)
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
         assert again["timings"]["cache_n"] == 32 and again["timings"]["prompt_n"] == 8, again["timings"]
-        # the restored slot served it: its cache is now this request's
-        st, slots = call(base, "/slots")
+        # the restored slot served it: its cache is now this request's, once
+        # the slot is idle (the reply can reach us before the slot is released)
+        slots = idle_slots(base)
         assert slots[1]["id_task"] == 0 and slots[1]["sparq"]["n_cache"] == n_cached
         st, r = call(base, "/slots/1?action=erase", {})
         assert st == 200 and r == {"id_slot": 1, "n_erased": n_cached}
