@@ -488,11 +488,11 @@ static int sparq_select(void *state, const sparq_attn_params *p, const attn_step
     attn_meter m = { 0, 0, 0, 0 };
     attn_kv_view v = *step->kv;
     v.meter = &m;
+    const sparq_shared sh = shared_layout(shared, p, S, step->g);
+    s.sel = sh.sel; /* the selection and alpha go straight to the parts */
+    s.alpha = sh.alpha;
     sparq_components(step->q, step->g, step->kv->d, p->r, s.absq, s.i1, s.qs, s.work);
     sparq_choose(&v, p, step->g, &s);
-    const sparq_shared sh = shared_layout(shared, p, S, step->g);
-    memcpy(sh.sel, s.sel, (size_t)(p->k < S ? p->k : S) * sizeof *sh.sel);
-    memcpy(sh.alpha, s.alpha, (size_t)step->g * sizeof *sh.alpha);
     count(step, &m, 0);
     return 0;
 }
@@ -559,7 +559,7 @@ static int sparq_attend(void *state, const sparq_attn_params *p, const attn_step
     /* everything selected, alpha = 1: dense attention (select_always runs
      * the selection below instead, with k = S, so a test can hold that path
      * to this identity) */
-    if (p->k >= S && !p->select_always) {
+    if (sparq_everything(p, S)) {
         attn_dense_group(kv, q, g, out, s.e);
         cnt.written = 2 * (int64_t)d;
         if (tr) {
