@@ -137,7 +137,7 @@ static void test_tables(void)
                   a->topk_above && a->topk_partition && a->gather_group,
               "attn table at %s", cpu_level_name(lv));
         const attn_pf_ops *p = attn_pf_ops_at(lv);
-        CHECK(p && p->scores && p->expsum && p->pv, "prefill ops at %s", cpu_level_name(lv));
+        CHECK(p && p->scores && p->rowmax && p->expsum && p->pv, "prefill ops at %s", cpu_level_name(lv));
         const idx_kernels *ix = idx_kernels_at(lv);
         CHECK(ix && ix->block_scores && ix->topk_push16 && ix->pack_rows && ix->assign, "index table at %s",
               cpu_level_name(lv));

@@ -157,9 +157,39 @@ static void no_subnormal_weights(void)
     CHECK_NEAR(sum, want_sum, 1e-6 * want_sum);
 }
 
+/* The level's row max equals the plain loop's on every length up to a
+ * tile (the vector body and the tails), with the maximum in each place,
+ * NaN scores (skipped), -inf and a running max above every score. */
+static void row_max(void)
+{
+    const attn_pf_ops *ops = attn_pf_ops_at(cpu_level_get());
+    if (ops == &attn_pf_ops_ref) {
+        test_skip("no prefill twins at SIMD level ref");
+        return;
+    }
+    float s[ATTN_PF_BK];
+    int bad = 0, cases = 0;
+    for (int nk = 1; nk <= ATTN_PF_BK; nk++)
+        for (int at = 0; at < nk; at++)
+            for (int kind = 0; kind < 4; kind++) {
+                for (int k = 0; k < nk; k++) s[k] = -1.0f - 0.25f * (float)((k * 7) % 13);
+                s[at] = 3.0f + (float)at;
+                if (kind == 1) s[(at + 1) % nk] = NAN;
+                if (kind == 2) s[(at + nk - 1) % nk] = -INFINITY;
+                const float m = kind == 3 ? 100.0f : -INFINITY;
+                float want = m;
+                for (int k = 0; k < nk; k++) want = s[k] > want ? s[k] : want;
+                const float got = ops->rowmax(s, nk, m);
+                bad += !(got == want);
+                cases++;
+            }
+    CHECK(bad == 0, "row max differs from the loop's in %d of %d cases", bad, cases);
+}
+
 int main(void)
 {
     no_subnormal_weights();
+    row_max();
     const int gs[] = { 1, 3, 4, 8 };
     for (int f16 = 0; f16 < 2; f16++)
         for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++) {

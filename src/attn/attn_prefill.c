@@ -88,8 +88,7 @@ static void block_run(const attn_pf_ops *op, const attn_kv_view *kv, const attn_
                         memset(sr, 0, nk * sizeof(float));
                         continue;
                     }
-                    float mx = m[i];
-                    for (int k = 0; k < nki[r]; k++) mx = sr[k] > mx ? sr[k] : mx;
+                    const float mx = op->rowmax(sr, nki[r], m[i]);
                     /* the old sums' rescale; 0 below e^-87, as the kernels'
                      * exps (attn_avx512.h: no subnormals reach the FMAs) */
                     c[r] = m[i] == -INFINITY || m[i] - mx < ATTN_EXP_MIN ? 0.0f : mx == m[i] ? 1.0f : expf(m[i] - mx);
@@ -159,6 +158,12 @@ static void scores_ref(const float *const *q, int nr, const float *kt, int d, fl
     }
 }
 
+static float rowmax_ref(const float *s, int nk, float m)
+{
+    for (int k = 0; k < nk; k++) m = s[k] > m ? s[k] : m;
+    return m;
+}
+
 static float expsum_ref(float *s, int nk, float m)
 {
     float sum = 0;
@@ -175,7 +180,7 @@ static void pv_ref(const float *p, int nr, const float *v, int nk, int d, const 
     }
 }
 
-const attn_pf_ops attn_pf_ops_ref = { scores_ref, expsum_ref, pv_ref };
+const attn_pf_ops attn_pf_ops_ref = { scores_ref, rowmax_ref, expsum_ref, pv_ref };
 
 /* ---- entry points ----------------------------------------------------------------- */
 

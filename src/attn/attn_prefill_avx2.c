@@ -49,6 +49,17 @@ static void scores_avx2(const float *const *q, int nr, const float *kt, int d, f
     }
 }
 
+/* max_ps(x, acc) is x > acc ? x : acc per lane (a NaN x yields acc) */
+static float rowmax_avx2(const float *s, int nk, float m)
+{
+    __m256 acc = _mm256_set1_ps(m);
+    int k = 0;
+    for (; k + 8 <= nk; k += 8) acc = _mm256_max_ps(_mm256_loadu_ps(s + k), acc);
+    float mx = hmax8(acc);
+    for (; k < nk; k++) mx = s[k] > mx ? s[k] : mx;
+    return mx;
+}
+
 static float expsum_avx2(float *s, int nk, float m)
 {
     const __m256 mv = _mm256_set1_ps(m);
@@ -114,7 +125,7 @@ static void pv_avx2(const float *p, int nr, const float *v, int nk, int d, const
     }
 }
 
-const attn_pf_ops attn_pf_ops_avx2 = { scores_avx2, expsum_avx2, pv_avx2 };
+const attn_pf_ops attn_pf_ops_avx2 = { scores_avx2, rowmax_avx2, expsum_avx2, pv_avx2 };
 #else
 typedef int attn_prefill_avx2_unused; /* ISO C forbids an empty translation unit */
 #endif

@@ -49,6 +49,17 @@ static void scores_avx512(const float *const *q, int nr, const float *kt, int d,
     }
 }
 
+/* max_ps(x, acc) is x > acc ? x : acc per lane (a NaN x yields acc) */
+static float rowmax_avx512(const float *s, int nk, float m)
+{
+    __m512 acc = _mm512_set1_ps(m);
+    for (int k = 0; k < nk; k += 16) {
+        const __mmask16 mk = tail_mask(nk - k);
+        acc = _mm512_mask_max_ps(acc, mk, _mm512_maskz_loadu_ps(mk, s + k), acc);
+    }
+    return _mm512_reduce_max_ps(acc);
+}
+
 static float expsum_avx512(float *s, int nk, float m)
 {
     const __m512 mv = _mm512_set1_ps(m);
@@ -106,7 +117,7 @@ static void pv_avx512(const float *p, int nr, const float *v, int nk, int d, con
     }
 }
 
-const attn_pf_ops attn_pf_ops_avx512 = { scores_avx512, expsum_avx512, pv_avx512 };
+const attn_pf_ops attn_pf_ops_avx512 = { scores_avx512, rowmax_avx512, expsum_avx512, pv_avx512 };
 #else
 typedef int attn_prefill_avx512_unused; /* ISO C forbids an empty translation unit */
 #endif

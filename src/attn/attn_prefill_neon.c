@@ -63,6 +63,26 @@ INLINE float32x4_t exp_neg4(float32x4_t x)
     return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(r), normal));
 }
 
+/* x > acc ? x : acc per lane by a compare and a select (vmaxq_f32 would
+ * return a NaN x) */
+static float rowmax_neon(const float *s, int nk, float m)
+{
+    float32x4_t acc = vdupq_n_f32(m);
+    int k = 0;
+    for (; k + 4 <= nk; k += 4) {
+        const float32x4_t x = vld1q_f32(s + k);
+        acc = vbslq_f32(vcgtq_f32(x, acc), x, acc);
+    }
+    float mx = m;
+    for (int j = 0; j < 4; j++) {
+        const float a = vgetq_lane_f32(acc, 0);
+        mx = a > mx ? a : mx;
+        acc = vextq_f32(acc, acc, 1);
+    }
+    for (; k < nk; k++) mx = s[k] > mx ? s[k] : mx;
+    return mx;
+}
+
 /* 8 lanes (lo: 0-3, hi: 4-7) summed in the AVX2 twin's order. */
 static float expsum_neon(float *s, int nk, float m)
 {
@@ -122,7 +142,7 @@ static void pv_neon(const float *p, int nr, const float *v, int nk, int d, const
     }
 }
 
-const attn_pf_ops NEON_TWIN(attn_pf_ops) = { scores_neon, expsum_neon, pv_neon };
+const attn_pf_ops NEON_TWIN(attn_pf_ops) = { scores_neon, rowmax_neon, expsum_neon, pv_neon };
 #else
 typedef int attn_prefill_neon_unused; /* ISO C forbids an empty translation unit */
 #endif
