@@ -13,7 +13,8 @@
 # build/sparq of the same commit built with `make ARCH=-march=native`.
 # MODELS_DIR (default /tmp/sparq-bench-models) holds the generated files
 # (`gen-model --init scaled`, written when missing). THREADS (default: all
-# cores), REPS (default 3), ROUNDS (native A/B pairs, default 7); SMOL_MODEL,
+# cores), REPS (default 3), ROUNDS (native A/B pairs, default 7), PEER_ROUNDS
+# (interleaved rounds of sparq avx2 and llama.cpp prefill, default 5); SMOL_MODEL,
 # L1B_MODEL, DEPTH (default 32768) and PROMPTS (default "512 4096") replace
 # the files, the depth and the prompt lengths for a quick check of the script;
 # STEPS=NAME,NAME,... runs only those steps (the names in commands.txt).
@@ -35,6 +36,7 @@ done
 THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-3}
 ROUNDS=${ROUNDS:-7}
+PEER_ROUNDS=${PEER_ROUNDS:-5}
 MODELS_DIR=${MODELS_DIR:-/tmp/sparq-bench-models}
 LLAMA_BENCH=${LLAMA_BENCH:-}
 NATIVE=${NATIVE:-}
@@ -70,7 +72,7 @@ level() { local lv=$1; shift; env SPARQ_CPU="$lv" "$@"; }
   echo "sparq --version: $("$SPARQ" --version 2>&1 | tr '\n' ' ')"
   [ -z "$NATIVE" ] || echo "native: $NATIVE ($("$NATIVE" --version 2>&1 | tr '\n' ' '))"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
-  echo "threads: $THREADS  reps: $REPS  rounds: $ROUNDS"
+  echo "threads: $THREADS  reps: $REPS  rounds: $ROUNDS  peer rounds: $PEER_ROUNDS"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ -n "$LLAMA_BENCH" ]; then
     echo "llama_bench: $LLAMA_BENCH"
@@ -116,6 +118,16 @@ done
 prompts=$(echo ${PROMPTS:-512 4096} | tr ' ' ,)
 [ -z "$LLAMA_BENCH" ] || step llama-prefill-l1b "$LLAMA_BENCH" -m "$l1b" -p "$prompts" -n 0 -fa 0,1 \
   -t "$THREADS" -r "$REPS" -o json
+# The same prefill ratio in interleaved rounds: one repetition of each
+# engine after the other, so the guest's drift over minutes (6% between
+# runs half an hour apart, as much as a target's margin) reaches both
+# alike; the summary takes each round's ratio and their median.
+if [ -n "$LLAMA_BENCH" ]; then
+  for i in $(seq "$PEER_ROUNDS"); do
+    step "peer-$i-sparq" level avx2 "$SPARQ" bench prefill -m "$l1b" -p "$prompts" -t "$THREADS" -r 1 --json
+    step "peer-$i-llama" "$LLAMA_BENCH" -m "$l1b" -p "$prompts" -n 0 -fa 0,1 -t "$THREADS" -r 1 -o json
+  done
+fi
 for lv in avx2 avx512; do
   step "prefill-smol-512-$lv" level $lv "$SPARQ" bench prefill -m "$smol" -p 512 -t "$THREADS" \
     -r "$REPS" --json

@@ -110,6 +110,8 @@ def main():
     print("| smollm2-135m Q8_0 | 512 | - | %s | - | %s | %s |" % (cs[0], cs[1], cs[2]))
     print()
 
+    peer_rounds(out)
+
     ab = sorted(glob.glob(os.path.join(out, "ab-*-portable-decode.json")))
     if ab:
         print("## Run-time dispatch: portable build at avx512 against a -march=native build")
@@ -135,6 +137,39 @@ def main():
             print()
             print("portable / native, medians: decode %.3f, prefill %.3f (decode: the median step's rate of 64 "
                   "tokens at depth 0; prefill: one 512-token prompt)" % (md["pd"] / md["nd"], md["pp"] / md["np"]))
+
+
+def peer_rounds(out):
+    """Interleaved prefill rounds: per round and prompt length, sparq avx2
+    over llama.cpp's better -fa of that round; the median of those ratios."""
+    ratios, rows = {}, []
+    i = 1
+    while True:
+        sp = load(os.path.join(out, "peer-%d-sparq.json" % i))
+        ll = load(os.path.join(out, "peer-%d-llama.json" % i))
+        if not sp or not ll:
+            break
+        for r in sp:
+            n = r["n_prompt"]
+            b = best_llama(ll, n_prompt=n, n_gen=0)
+            if b:
+                ratios.setdefault(n, []).append(r["tok_s"] / b["avg_ts"])
+                rows.append((i, n, r["tok_s"], b["avg_ts"], b["flash_attn"]))
+        i += 1
+    if not rows:
+        return
+    print("## Prefill in interleaved rounds: sparq avx2 against llama.cpp AVX2, one repetition each")
+    print()
+    print("| round | prompt | sparq avx2 | llama.cpp AVX2 (better -fa) | ratio |")
+    print("|---:|---:|---:|---:|---:|")
+    for i, n, s, l, fa in rows:
+        print("| %d | %d | %.1f | %.2f (-fa %s) | %.3f |" % (i, n, s, l, fa, s / l))
+    print()
+    for n in sorted(ratios):
+        v = ratios[n]
+        print("prompt %d: median ratio %.3f (%.3f..%.3f) over %d rounds" % (
+            n, statistics.median(v), min(v), max(v), len(v)))
+    print()
 
 
 if __name__ == "__main__":
