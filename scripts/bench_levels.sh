@@ -18,7 +18,8 @@
 # L1B_MODEL, DEPTH (default 32768) and PROMPTS (default "512 4096") replace
 # the files, the depth and the prompt lengths for a quick check of the script;
 # STEPS=NAME,NAME,... runs only those steps (the names in commands.txt).
-# Takes about an hour on 2 cores, most of it llama-bench's prefill to 32k.
+# Takes about an hour on 2 cores, most of it llama-bench's prefill to 32k,
+# and ~4 minutes more per peer round.
 # Run it on a quiet machine: nothing else may use the cores.
 set -eu
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ OUT=""
 while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "bench_levels: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
