@@ -64,7 +64,7 @@ INLINE float32x4_t exp_neg4(float32x4_t x)
 }
 
 /* x > acc ? x : acc per lane by a compare and a select (vmaxq_f32 would
- * return a NaN x) */
+ * return a NaN x); the lanes never hold a NaN, so vmaxvq_f32 reduces them */
 static float rowmax_neon(const float *s, int nk, float m)
 {
     float32x4_t acc = vdupq_n_f32(m);
@@ -73,12 +73,7 @@ static float rowmax_neon(const float *s, int nk, float m)
         const float32x4_t x = vld1q_f32(s + k);
         acc = vbslq_f32(vcgtq_f32(x, acc), x, acc);
     }
-    float mx = m;
-    for (int j = 0; j < 4; j++) {
-        const float a = vgetq_lane_f32(acc, 0);
-        mx = a > mx ? a : mx;
-        acc = vextq_f32(acc, acc, 1);
-    }
+    float mx = vmaxvq_f32(acc);
     for (; k < nk; k++) mx = s[k] > mx ? s[k] : mx;
     return mx;
 }
